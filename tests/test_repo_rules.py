@@ -1,0 +1,40 @@
+"""Project-wide rules that every change must keep."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+PACKAGE = Path(__file__).resolve().parents[1] / "diffserve"
+MAX_LINES = 400
+
+
+def test_no_module_exceeds_line_budget() -> None:
+    too_long = {
+        str(p.relative_to(PACKAGE.parent)): n
+        for p in PACKAGE.rglob("*.py")
+        if (n := len(p.read_text(encoding="utf-8").splitlines())) > MAX_LINES
+    }
+    assert not too_long, f"files over {MAX_LINES} lines (split them by concept): {too_long}"
+
+
+def test_import_is_cheap_and_side_effect_free() -> None:
+    code = (
+        "import sys, logging, diffserve, diffserve.errors, diffserve.logging;"
+        "heavy = [m for m in ('torch', 'transformers', 'diffusers', 'fastapi') if m in sys.modules];"
+        "assert not heavy, heavy;"
+        "assert not logging.getLogger('diffserve').handlers"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_no_print_outside_cli() -> None:
+    offenders = []
+    for path in PACKAGE.rglob("*.py"):
+        if "entrypoints" in path.parts:
+            continue
+        for lineno, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+            if line.lstrip().startswith("print("):
+                offenders.append(f"{path.relative_to(PACKAGE.parent)}:{lineno}")
+    assert not offenders, offenders
