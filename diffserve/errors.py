@@ -78,3 +78,11 @@ class WorkerError(DiffserveError, RuntimeError):
         self.remote_type = remote_type
         self.remote_traceback = remote_traceback
         super().__init__(message)
+
+
+class EngineOverloadedError(DiffserveError, RuntimeError):
+    """The engine's request queue is full (HTTP 429); retry later."""
+
+
+class EngineNotReadyError(DiffserveError, RuntimeError):
+    """The engine is still loading or warming up (HTTP 503)."""

@@ -1,0 +1,115 @@
+"""The request and output envelopes shared by the engine, the executors, the worker and the pipeline."""
+
+from __future__ import annotations
+
+import secrets
+import uuid
+from dataclasses import dataclass, field, replace
+from typing import Any, Literal
+
+from diffserve.errors import RequestError
+
+OutputType = Literal["pil", "latent", "pt"]
+MAX_SEED = 2**63 - 1
+
+
+@dataclass(frozen=True)
+class GenerationRequest:
+    """One text-to-image request. ``n`` images share the prompt; image ``i`` uses seed ``seed + i``.
+
+    ``height``/``width`` of ``None`` mean the model's default sample size. A ``seed`` of ``None`` is
+    replaced by a random one at admission and reported in the output, so every image is reproducible.
+    """
+
+    prompt: str
+    negative_prompt: str | None = None
+    height: int | None = None
+    width: int | None = None
+    num_inference_steps: int = 28
+    guidance_scale: float = 3.5
+    true_cfg_scale: float = 1.0
+    seed: int | None = None
+    n: int = 1
+    max_sequence_length: int = 512
+    output_type: OutputType = "pil"
+    request_id: str = field(default_factory=lambda: uuid.uuid4().hex)
+    # Warmup requests run through the normal path but are excluded from counters and metrics.
+    is_warmup: bool = False
+
+    def validate(self) -> None:
+        """Raise ``RequestError`` naming the bad value and the fix. Model-independent checks only."""
+        if not isinstance(self.prompt, str) or not self.prompt.strip():
+            raise RequestError("prompt must be a non-empty string", param="prompt")
+        for name in ("height", "width"):
+            value = getattr(self, name)
+            if value is None:
+                continue
+            if not isinstance(value, int) or isinstance(value, bool) or value < 16 or value % 16:
+                raise RequestError(
+                    f"{name}={value!r} must be a positive multiple of 16 (e.g. {max(16, (int(value or 0) // 16) * 16)})",
+                    param=name,
+                )
+        if not isinstance(self.num_inference_steps, int) or self.num_inference_steps < 1:
+            raise RequestError(
+                f"num_inference_steps={self.num_inference_steps!r} must be an integer >= 1",
+                param="num_inference_steps",
+            )
+        if not isinstance(self.n, int) or self.n < 1:
+            raise RequestError(f"n={self.n!r} must be an integer >= 1", param="n")
+        if self.guidance_scale < 0:
+            raise RequestError(f"guidance_scale={self.guidance_scale!r} must be >= 0", param="guidance_scale")
+        if self.true_cfg_scale < 1.0 and self.true_cfg_scale != 0:
+            raise RequestError(
+                f"true_cfg_scale={self.true_cfg_scale!r} must be >= 1 (1 disables true CFG)",
+                param="true_cfg_scale",
+            )
+        if self.seed is not None and not (0 <= self.seed <= MAX_SEED - self.n):
+            raise RequestError(f"seed={self.seed!r} must be in [0, 2**63 - 1 - n]", param="seed")
+        if not isinstance(self.max_sequence_length, int) or not 1 <= self.max_sequence_length <= 512:
+            raise RequestError(
+                f"max_sequence_length={self.max_sequence_length!r} must be in [1, 512]",
+                param="max_sequence_length",
+            )
+        if self.output_type not in ("pil", "latent", "pt"):
+            raise RequestError(f"output_type={self.output_type!r} must be one of pil, latent, pt",
+                               param="output_type")
+
+    def with_seed(self) -> GenerationRequest:
+        """Return this request with a concrete seed (a random one if none was given)."""
+        if self.seed is not None:
+            return self
+        return replace(self, seed=secrets.randbelow(2**31))
+
+    @property
+    def seeds(self) -> list[int]:
+        """The seed of each image. Image i of a request equals a single-image request with seeds[i]."""
+        if self.seed is None:
+            raise RequestError("request has no seed yet; call with_seed() first", param="seed")
+        return [self.seed + i for i in range(self.n)]
+
+
+@dataclass
+class RequestOutput:
+    """The result of one request: images (PIL, unless ``output_type`` asked for tensors), their seeds,
+    per-phase timings in milliseconds, and the attestation of what ran."""
+
+    request_id: str
+    images: list[Any]
+    seeds: list[int]
+    timings: dict[str, float]
+    attestation: dict[str, Any]
+    config_fingerprint: str
+    width: int = 0
+    height: int = 0
+    num_inference_steps: int = 0
+    prompt: str = ""
+    finished: bool = True
+
+
+@dataclass(frozen=True)
+class ProgressEvent:
+    """Emitted once per denoise step of a request (``step`` counts from 1 to ``total_steps``)."""
+
+    request_id: str
+    step: int
+    total_steps: int
