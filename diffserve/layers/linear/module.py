@@ -1,0 +1,50 @@
+"""``Linear``: an ``nn.Linear``-shaped module whose kernel is a backend object fixed at construction."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+from diffserve.layers.attestation import KernelCounters
+from diffserve.layers.linear.base import LinearBackend
+
+
+class Linear(nn.Module):
+    """``y = x @ weight.T + bias`` through ``backend.linear``; each call is counted under ``backend_name``.
+
+    The backend method is looked up on every call (never captured), so a patched backend class is seen.
+    """
+
+    def __init__(self, in_features: int, out_features: int, bias: bool = True, *,
+                 backend: LinearBackend, counters: KernelCounters,
+                 device: torch.device | str | None = None, dtype: torch.dtype | None = None) -> None:
+        super().__init__()
+        self.in_features = in_features
+        self.out_features = out_features
+        self.backend = backend
+        self.backend_name = backend.name
+        self.counters = counters
+        self.weight = nn.Parameter(torch.empty(out_features, in_features, device=device, dtype=dtype))
+        self.bias = nn.Parameter(torch.empty(out_features, device=device, dtype=dtype)) if bias else None
+        if self.weight.device.type != "meta":
+            self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        # Same init as nn.Linear, so a freshly built module is usable without weights (tests).
+        nn.init.kaiming_uniform_(self.weight, a=math.sqrt(5))
+        if self.bias is not None:
+            bound = 1 / math.sqrt(self.in_features) if self.in_features > 0 else 0
+            nn.init.uniform_(self.bias, -bound, bound)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # Inside a torch.compile graph the Python increment would be traced away or force a recompile;
+        # compiled blocks are counted by their owner from a static tally instead.
+        if not torch.compiler.is_compiling():
+            self.counters.count_linear(self.backend_name)
+        return self.backend.linear(x, self.weight, self.bias)
+
+    def extra_repr(self) -> str:
+        return (f"in_features={self.in_features}, out_features={self.out_features}, "
+                f"bias={self.bias is not None}, backend={self.backend_name}")
