@@ -1,0 +1,144 @@
+"""The FastAPI application factory of the OpenAI-compatible server.
+
+``create_app`` wires the engine host (background load + readiness), the images handler, the probes,
+metrics and config endpoints, and the pre-parsing middleware (metrics, API key, body size).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from diffserve import __version__
+from diffserve.entrypoints.openai.config_view import config_view
+from diffserve.entrypoints.openai.engine_host import EngineFactory, EngineHost
+from diffserve.entrypoints.openai.errors import APIError, engine_dead, not_ready, to_api_error
+from diffserve.entrypoints.openai.image_store import ImageStore
+from diffserve.entrypoints.openai.images import ImagesHandler
+from diffserve.entrypoints.openai.metrics import CONTENT_TYPE, ServerMetrics
+from diffserve.entrypoints.openai.middleware import APIKeyMiddleware, BodyLimitMiddleware, MetricsMiddleware
+from diffserve.entrypoints.openai.protocol import ServerLimits
+from diffserve.logging import get_logger
+
+logger = get_logger(__name__)
+
+
+def error_response(error: APIError) -> JSONResponse:
+    return JSONResponse(error.body(), status_code=error.status, headers=error.headers())
+
+
+def create_app(engine: Any | None = None, *, engine_factory: EngineFactory | None = None,
+               config: Any | None = None, served_model_name: str = "diffserve",
+               model_aliases: tuple[str, ...] = (), api_key: str | None = None,
+               limits: ServerLimits | None = None, image_ttl_s: float = 600.0) -> FastAPI:
+    """Build the app around a ready engine, or around a factory that builds one after startup.
+
+    ``config`` is the ``ResolvedConfig`` the engine was built from (for limits and ``/v1/config``);
+    without it the engine's own ``.config`` is used once loaded.
+    """
+    host = EngineHost(engine=engine, factory=engine_factory)
+    metrics = ServerMetrics()
+    metrics.bind_engine_state(queue_depth=host.queue_depth, ready=lambda: float(host.is_ready))
+    if limits is None:
+        cfg = config if config is not None else getattr(engine, "config", None)
+        limits = ServerLimits.from_config(getattr(cfg, "server", None))
+    store = ImageStore(ttl_s=image_ttl_s)
+    names = frozenset({served_model_name, *model_aliases})
+    handler = ImagesHandler(host, limits, store, metrics, names)
+    created = int(time.time())
+
+    @asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        await host.start()
+        try:
+            yield
+        finally:
+            await host.shutdown()
+
+    app = FastAPI(title="diffserve", version=__version__, lifespan=lifespan, docs_url=None, redoc_url=None,
+                  openapi_url=None)
+    app.state.host = host
+    app.state.metrics = metrics
+    app.state.limits = limits
+
+    @app.exception_handler(APIError)
+    async def _api_error(_: Request, exc: APIError) -> JSONResponse:
+        return error_response(exc)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http_error(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+        code = "not_found" if exc.status_code == 404 else "http_error"
+        return error_response(APIError(exc.status_code, str(exc.detail), code=code))
+
+    @app.exception_handler(Exception)
+    async def _any_error(_: Request, exc: Exception) -> JSONResponse:
+        return error_response(to_api_error(exc))
+
+    @app.post("/v1/images/generations")
+    async def generations(request: Request) -> Response:
+        try:
+            return await handler.create(request)
+        except Exception as exc:  # noqa: BLE001 - every failure becomes an OpenAI-shaped error
+            return error_response(to_api_error(exc))
+
+    @app.get("/v1/images/{name}", name="get_image")
+    async def get_image(name: str) -> Response:
+        item = store.get(name)
+        if item is None:
+            raise APIError(404, "image not found (urls expire after "
+                                f"{int(store.ttl_s)} s)", param="name", code="image_not_found")
+        return Response(item.data, media_type=item.media_type,
+                        headers={"Cache-Control": f"private, max-age={int(store.ttl_s)}"})
+
+    @app.get("/health")
+    async def health() -> Response:
+        # Liveness: the process answers; a dead engine fails it so orchestrators restart the server.
+        if host.is_dead:
+            return error_response(engine_dead())
+        return JSONResponse({"status": "ok"})
+
+    @app.get("/ready")
+    async def ready() -> Response:
+        if host.is_dead:
+            return error_response(engine_dead())
+        if not host.is_ready:
+            return error_response(not_ready())
+        return JSONResponse({"status": "ready", "model": served_model_name})
+
+    @app.get("/v1/models")
+    async def models() -> dict[str, Any]:
+        return {"object": "list", "data": [_model_card(served_model_name, created)]}
+
+    @app.get("/v1/models/{model_id:path}")
+    async def model(model_id: str) -> dict[str, Any]:
+        if model_id not in names:
+            raise APIError(404, f"model {model_id!r} is not served here", param="model", code="model_not_found")
+        return _model_card(served_model_name, created)
+
+    @app.get("/v1/config")
+    async def resolved_config() -> dict[str, Any]:
+        cfg = config if config is not None else getattr(host.engine, "config", None)
+        if cfg is None:
+            raise not_ready()
+        return config_view(cfg)
+
+    @app.get("/metrics")
+    async def prometheus() -> Response:
+        return Response(metrics.render(), media_type=CONTENT_TYPE)
+
+    # Added last = runs first: metrics see every response, auth runs before the body is read.
+    app.add_middleware(BodyLimitMiddleware, max_bytes=limits.max_body_bytes)
+    if api_key:
+        app.add_middleware(APIKeyMiddleware, api_key=api_key)
+    app.add_middleware(MetricsMiddleware, metrics=metrics)
+    return app
+
+
+def _model_card(name: str, created: int) -> dict[str, Any]:
+    return {"id": name, "object": "model", "created": created, "owned_by": "diffserve"}

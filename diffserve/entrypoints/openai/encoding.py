@@ -1,0 +1,49 @@
+"""Encode generated images as PNG / JPEG / WEBP bytes.
+
+PNGs carry the prompt, seed, steps and config fingerprint as text chunks so a file found later on
+disk still says how to reproduce it. Encoding is CPU work: callers run it off the event loop.
+"""
+
+from __future__ import annotations
+
+import io
+from typing import Any
+
+MIME_TYPES = {"png": "image/png", "jpeg": "image/jpeg", "webp": "image/webp"}
+# Quality used for lossy formats when the request gives no output_compression (OpenAI's default).
+DEFAULT_QUALITY = 100
+
+
+def encode_image(image: Any, output_format: str, *, compression: int | None = None,
+                 metadata: dict[str, str] | None = None) -> bytes:
+    """Encode one PIL image. ``compression`` (0-100) is the quality of jpeg/webp and, for png,
+    maps onto zlib levels 0-9 (png stays lossless)."""
+    from PIL import PngImagePlugin
+
+    buf = io.BytesIO()
+    if output_format == "png":
+        info = PngImagePlugin.PngInfo()
+        for key, value in (metadata or {}).items():
+            info.add_text(key, str(value))
+        level = 6 if compression is None else round(compression * 9 / 100)
+        image.save(buf, format="PNG", pnginfo=info, compress_level=level)
+    elif output_format == "jpeg":
+        image.convert("RGB").save(buf, format="JPEG", quality=_quality(compression))
+    elif output_format == "webp":
+        image.save(buf, format="WEBP", quality=_quality(compression))
+    else:  # protocol.py only admits the three formats above
+        raise ValueError(f"unsupported output_format {output_format!r}")
+    return buf.getvalue()
+
+
+def _quality(compression: int | None) -> int:
+    # PIL's JPEG quality tops out at 95 in its docs; 100 still works and is what OpenAI means by default.
+    return DEFAULT_QUALITY if compression is None else max(1, compression)
+
+
+def encode_all(images: list[Any], seeds: list[int], output_format: str, compression: int | None,
+               base_metadata: dict[str, str]) -> list[bytes]:
+    """Encode every image of a request, each PNG tagged with its own seed."""
+    return [encode_image(img, output_format, compression=compression,
+                         metadata={**base_metadata, "seed": str(seed)})
+            for img, seed in zip(images, seeds, strict=True)]

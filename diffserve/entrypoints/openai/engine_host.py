@@ -1,0 +1,95 @@
+"""Owns the engine inside the server process: builds it in the background, answers liveness and
+readiness, and hands it to handlers only when it can serve.
+
+The engine is built *after* the server starts listening, so ``GET /health`` answers while the model
+loads and ``GET /ready`` flips once it is loaded and warmed (load balancers route on /ready).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import inspect
+from collections.abc import Callable
+from typing import Any
+
+from diffserve.errors import EngineDeadError, EngineNotReadyError
+from diffserve.logging import get_logger
+
+logger = get_logger(__name__)
+
+EngineFactory = Callable[[], Any]
+
+
+class EngineHost:
+    def __init__(self, engine: Any | None = None, factory: EngineFactory | None = None) -> None:
+        if (engine is None) == (factory is None):
+            raise ValueError("give exactly one of engine or factory")
+        self.engine = engine
+        self._factory = factory
+        self._load_task: asyncio.Task[None] | None = None
+        self.load_error: BaseException | None = None
+
+    async def start(self) -> None:
+        """Begin loading (non-blocking). Called from the app's lifespan."""
+        if self._factory is not None and self._load_task is None:
+            self._load_task = asyncio.create_task(self._load(), name="diffserve-engine-load")
+
+    async def _load(self) -> None:
+        assert self._factory is not None
+        try:
+            # Loading weights and warming up is blocking CPU/GPU work: keep the event loop free.
+            engine = await asyncio.to_thread(self._factory)
+            starter = getattr(engine, "start", None)
+            if starter is not None and inspect.iscoroutinefunction(starter):
+                await starter()
+            self.engine = engine
+            logger.info("engine loaded; ready=%s", self.is_ready)
+        except BaseException as exc:  # noqa: BLE001 - recorded and reported through /health and 503s
+            self.load_error = exc
+            logger.error("engine failed to load: %s: %s", type(exc).__name__, exc)
+            if isinstance(exc, asyncio.CancelledError):
+                raise
+
+    async def wait_loaded(self) -> None:
+        if self._load_task is not None:
+            await asyncio.shield(self._load_task)
+
+    @property
+    def is_dead(self) -> bool:
+        if self.load_error is not None:
+            return True
+        return bool(self.engine is not None and getattr(self.engine, "is_dead", False))
+
+    @property
+    def is_ready(self) -> bool:
+        if self.engine is None or self.is_dead:
+            return False
+        return bool(getattr(self.engine, "is_ready", True))
+
+    def queue_depth(self) -> float:
+        if self.engine is None:
+            return 0.0
+        return float(getattr(self.engine, "queue_depth", 0) or 0)
+
+    def require(self) -> Any:
+        """The engine, or the error a request must get (503) when it cannot be served."""
+        if self.load_error is not None:
+            raise EngineDeadError(f"the engine failed to load: {type(self.load_error).__name__}: "
+                                  f"{self.load_error}")
+        if self.engine is None or not self.is_ready:
+            if self.is_dead:
+                raise EngineDeadError("the engine is dead (a worker exited); restart the server")
+            raise EngineNotReadyError("the model is still loading; poll GET /ready")
+        return self.engine
+
+    async def shutdown(self) -> None:
+        if self._load_task is not None and not self._load_task.done():
+            # A thread cannot be interrupted: wait for the build to finish so its workers get shut down.
+            with contextlib.suppress(Exception, asyncio.CancelledError):  # already logged by _load
+                await self._load_task
+        if self.engine is None:
+            return
+        result = self.engine.shutdown()
+        if inspect.isawaitable(result):
+            await result

@@ -1,0 +1,79 @@
+"""Map diffserve exceptions to HTTP statuses and OpenAI-shaped error bodies.
+
+Every error the server returns is ``{"error": {"message", "type", "param", "code"}}`` so the
+official SDK raises its typed exception (BadRequestError, AuthenticationError, ...) with our message.
+"""
+
+from __future__ import annotations
+
+from diffserve.entrypoints.openai.protocol import LimitExceededError
+from diffserve.errors import (
+    EngineDeadError,
+    EngineNotReadyError,
+    EngineOverloadedError,
+    RequestAbortedError,
+    RequestError,
+)
+from diffserve.logging import get_logger
+
+logger = get_logger(__name__)
+
+# Seconds a client should wait before retrying a 429/503.
+RETRY_AFTER_S = 1
+
+
+class APIError(Exception):
+    """An error already decided at the HTTP layer (auth, unknown model, body too large)."""
+
+    def __init__(self, status: int, message: str, *, type: str = "invalid_request_error",
+                 param: str | None = None, code: str | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.type = type
+        self.param = param
+        self.code = code
+
+    def body(self) -> dict[str, dict[str, str | None]]:
+        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
+
+    def headers(self) -> dict[str, str]:
+        if self.status in (429, 503):
+            return {"Retry-After": str(RETRY_AFTER_S)}
+        if self.status == 401:
+            return {"WWW-Authenticate": "Bearer"}
+        return {}
+
+
+def to_api_error(exc: BaseException) -> APIError:
+    """The HTTP error for an exception raised while serving a request."""
+    if isinstance(exc, APIError):
+        return exc
+    if isinstance(exc, LimitExceededError):
+        return APIError(422, str(exc), param=exc.param, code=exc.code)
+    if isinstance(exc, RequestError):
+        return APIError(400, str(exc), param=exc.param, code=exc.code)
+    if isinstance(exc, EngineOverloadedError):
+        return APIError(429, str(exc) or "request queue is full; retry later", type="rate_limit_error",
+                        code="queue_full")
+    if isinstance(exc, EngineNotReadyError):
+        return APIError(503, str(exc) or "the model is still loading", type="server_error",
+                        code="engine_not_ready")
+    if isinstance(exc, EngineDeadError):
+        return APIError(503, str(exc) or "the engine is dead; restart the server", type="server_error",
+                        code="engine_dead")
+    if isinstance(exc, RequestAbortedError):
+        # 499 is nginx's "client closed request": only visible in logs and metrics.
+        return APIError(499, str(exc) or "request aborted", type="invalid_request_error", code="aborted")
+    logger.exception("unexpected error while serving a request", exc_info=exc)
+    return APIError(500, f"internal error: {type(exc).__name__}: {exc}", type="server_error",
+                    code="internal_error")
+
+
+def not_ready() -> APIError:
+    return to_api_error(EngineNotReadyError("the model is still loading; poll GET /ready"))
+
+
+def engine_dead(detail: str = "") -> APIError:
+    return to_api_error(EngineDeadError(f"the engine is dead{': ' + detail if detail else ''}; "
+                                        "restart the server"))

@@ -1,0 +1,187 @@
+"""``POST /v1/images/generations``: parse, run on the engine, encode, answer (JSON or SSE).
+
+The handler never blocks the event loop: images are encoded in a worker thread. A client that goes
+away aborts its request in the engine, so no GPU time is spent on an answer nobody will read.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import time
+import uuid
+from collections.abc import AsyncIterator
+from typing import Any
+
+import anyio
+from fastapi import Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+
+from diffserve import __version__
+from diffserve.engine.request import GenerationRequest, ProgressEvent, RequestOutput
+from diffserve.entrypoints.openai.encoding import MIME_TYPES, encode_all
+from diffserve.entrypoints.openai.engine_host import EngineHost
+from diffserve.entrypoints.openai.errors import APIError, to_api_error
+from diffserve.entrypoints.openai.image_store import ImageStore
+from diffserve.entrypoints.openai.metrics import ServerMetrics
+from diffserve.entrypoints.openai.protocol import (
+    DiffserveInfo,
+    ImageData,
+    ImageGenerationRequest,
+    ImagesResponse,
+    ServerLimits,
+    parse_body,
+    to_generation_request,
+)
+from diffserve.errors import RequestAbortedError
+from diffserve.logging import get_logger
+
+logger = get_logger(__name__)
+
+
+class ImagesHandler:
+    def __init__(self, host: EngineHost, limits: ServerLimits, store: ImageStore, metrics: ServerMetrics,
+                 model_names: frozenset[str]) -> None:
+        self.host = host
+        self.limits = limits
+        self.store = store
+        self.metrics = metrics
+        self.model_names = model_names
+
+    async def create(self, request: Request) -> Response:
+        body = parse_body(await request.body())
+        if body.model is not None and body.model not in self.model_names:
+            raise APIError(404, f"model {body.model!r} is not served here; GET /v1/models lists "
+                                f"{sorted(self.model_names)}", param="model", code="model_not_found")
+        gen = to_generation_request(body, self.limits, request_id=f"img-{uuid.uuid4().hex}")
+        engine = self.host.require()
+        if body.user:
+            logger.debug("request %s from user %r", gen.request_id, body.user)
+        events = aiter_events(engine, gen)
+        if body.stream:
+            # Pull the first event before answering 200: admission errors (429, 503) keep their status.
+            first = await anext_or_abort(engine, gen.request_id, events)
+            return StreamingResponse(self._sse(request, engine, body, gen, events, first), media_type="text/event-stream",
+                                     headers={"X-Request-Id": gen.request_id, "Cache-Control": "no-cache"})
+        self.metrics.inflight.inc()
+        try:
+            output = await self._run_until_disconnect(request, engine, gen, events)
+            payload = await self._respond(request, body, gen, output)
+        finally:
+            self.metrics.inflight.dec()
+        return JSONResponse(payload, headers={"X-Request-Id": gen.request_id})
+
+    async def _run_until_disconnect(self, request: Request, engine: Any, gen: GenerationRequest,
+                                    events: AsyncIterator[Any]) -> RequestOutput:
+        async def consume() -> RequestOutput:
+            async for event in events:
+                if isinstance(event, RequestOutput):
+                    return event
+            raise RequestAbortedError(f"request {gen.request_id} ended without an output")
+
+        async def disconnected() -> None:
+            while (await request.receive())["type"] != "http.disconnect":
+                pass
+
+        work = asyncio.create_task(consume())
+        watch = asyncio.create_task(disconnected())
+        try:
+            await asyncio.wait({work, watch}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            watch.cancel()
+            if not work.done():
+                work.cancel()
+                logger.info("client went away; aborting %s", gen.request_id)
+                await abort_quietly(engine, gen.request_id)
+        if work.cancelled():
+            raise RequestAbortedError(f"client disconnected; request {gen.request_id} aborted")
+        return work.result()
+
+    async def _respond(self, request: Request, body: ImageGenerationRequest, gen: GenerationRequest,
+                       output: RequestOutput) -> dict[str, Any]:
+        start = time.perf_counter()
+        metadata = {"prompt": gen.prompt, "steps": str(output.num_inference_steps or gen.num_inference_steps),
+                    "config_fingerprint": output.config_fingerprint, "size": f"{output.width}x{output.height}",
+                    "guidance_scale": str(gen.guidance_scale), "software": f"diffserve {__version__}"}
+        if gen.negative_prompt:
+            metadata["negative_prompt"] = gen.negative_prompt
+        encoded = await asyncio.to_thread(encode_all, output.images, output.seeds, body.output_format,
+                                          body.output_compression, metadata)
+        timings = {**{k: float(v) for k, v in output.timings.items()},
+                   "image_encode": (time.perf_counter() - start) * 1000.0}
+        data = []
+        for blob in encoded:
+            if body.response_format == "url":
+                name = self.store.put(blob, MIME_TYPES[body.output_format], body.output_format)
+                data.append(ImageData(url=str(request.url_for("get_image", name=name))))
+            else:
+                data.append(ImageData(b64_json=base64.b64encode(blob).decode("ascii")))
+        self.metrics.observe_output(timings, output.attestation, len(encoded))
+        response = ImagesResponse(
+            created=int(time.time()), data=data, output_format=body.output_format,
+            size=f"{output.width}x{output.height}",
+            diffserve=DiffserveInfo(request_id=gen.request_id, seeds=list(output.seeds),
+                                    num_inference_steps=output.num_inference_steps or gen.num_inference_steps,
+                                    timings_ms=timings, attestation=jsonable(output.attestation),
+                                    config_fingerprint=output.config_fingerprint))
+        return response.model_dump(mode="json")
+
+    async def _sse(self, request: Request, engine: Any, body: ImageGenerationRequest, gen: GenerationRequest,
+                   events: AsyncIterator[Any], first: Any) -> AsyncIterator[str]:
+        finished = False
+        self.metrics.inflight.inc()
+        try:
+            event = first
+            while True:
+                if isinstance(event, ProgressEvent):
+                    yield sse({"type": "progress", "request_id": gen.request_id, "step": event.step,
+                               "total_steps": event.total_steps})
+                elif isinstance(event, RequestOutput):
+                    payload = await self._respond(request, body, gen, event)
+                    finished = True
+                    yield sse({"type": "result", **payload})
+                    yield "data: [DONE]\n\n"
+                    return
+                event = await events.__anext__()
+        except StopAsyncIteration:
+            finished = True
+            yield sse({"type": "error", **to_api_error(
+                RequestAbortedError(f"request {gen.request_id} ended without an output")).body()})
+        except Exception as exc:  # noqa: BLE001 - after the 200 header, errors travel as an event
+            finished = True
+            yield sse({"type": "error", **to_api_error(exc).body()})
+        finally:
+            self.metrics.inflight.dec()
+            if not finished:
+                # Client disconnect cancels this generator; the abort must still reach the engine.
+                with anyio.CancelScope(shield=True):
+                    logger.info("stream closed early; aborting %s", gen.request_id)
+                    await abort_quietly(engine, gen.request_id)
+
+
+def aiter_events(engine: Any, gen: GenerationRequest) -> AsyncIterator[Any]:
+    return engine.generate(gen).__aiter__()
+
+
+async def anext_or_abort(engine: Any, request_id: str, events: AsyncIterator[Any]) -> Any:
+    try:
+        return await events.__anext__()
+    except StopAsyncIteration as exc:
+        raise RequestAbortedError(f"request {request_id} ended without an output") from exc
+
+
+async def abort_quietly(engine: Any, request_id: str) -> None:
+    try:
+        await engine.abort(request_id)
+    except Exception as exc:  # noqa: BLE001 - a failed abort must not mask the original outcome
+        logger.warning("abort of %s failed: %s", request_id, exc)
+
+
+def sse(obj: dict[str, Any]) -> str:
+    return f"data: {json.dumps(obj, separators=(',', ':'))}\n\n"
+
+
+def jsonable(value: Any) -> Any:
+    """Attestation values come from workers; make sure they serialise (tuples, numpy ints, ...)."""
+    return json.loads(json.dumps(value, default=str))

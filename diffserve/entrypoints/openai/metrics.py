@@ -1,0 +1,89 @@
+"""Prometheus metrics of one server, in a registry of its own (several apps may live in one process).
+
+Everything here is observed by the HTTP layer itself: request status and latency, the engine's
+per-phase timings and kernel attestation reported in each output, the queue depth it exposes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
+LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
+BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64)
+CONTENT_TYPE = CONTENT_TYPE_LATEST
+
+
+class ServerMetrics:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        r = self.registry
+        self.http_requests = Counter(
+            "diffserve_http_requests", "HTTP requests by endpoint and status code",
+            ["endpoint", "status"], registry=r)
+        self.http_latency = Histogram(
+            "diffserve_http_request_duration_seconds", "Time from request start to the last response byte",
+            ["endpoint"], buckets=LATENCY_BUCKETS, registry=r)
+        self.phase_latency = Histogram(
+            "diffserve_request_phase_seconds",
+            "Per-request time in each phase (engine timings plus the server's image encoding)",
+            ["phase"], buckets=LATENCY_BUCKETS, registry=r)
+        self.images = Counter("diffserve_images_generated", "Images returned to clients", registry=r)
+        self.batch_size = Histogram(
+            "diffserve_batch_size", "Requests per executed batch, as reported by the engine",
+            buckets=BATCH_BUCKETS, registry=r)
+        self.kernel_calls = Counter(
+            "diffserve_kernel_calls", "Kernel calls attested by the worker, by kind and backend",
+            ["kind", "backend"], registry=r)
+        self.inflight = Gauge("diffserve_inflight_requests", "Generation requests being served", registry=r)
+        self.queue_depth = Gauge("diffserve_queue_depth", "Requests waiting in the engine's queue",
+                                 registry=r)
+        self.ready = Gauge("diffserve_engine_ready", "1 when the model is loaded and warmed", registry=r)
+
+    def bind_engine_state(self, queue_depth: Callable[[], float], ready: Callable[[], float]) -> None:
+        """Gauges read live from the engine at scrape time."""
+        self.queue_depth.set_function(queue_depth)
+        self.ready.set_function(ready)
+
+    def observe_output(self, timings_ms: dict[str, float], attestation: dict[str, Any], n_images: int) -> None:
+        for phase, ms in timings_ms.items():
+            if isinstance(ms, (int, float)):
+                self.phase_latency.labels(phase=phase).observe(ms / 1000.0)
+        self.images.inc(n_images)
+        batch = attestation.get("batch_size")
+        if isinstance(batch, int) and batch > 0:
+            self.batch_size.observe(batch)
+        for kind, backend, calls in kernel_calls(attestation):
+            self.kernel_calls.labels(kind=kind, backend=backend).inc(calls)
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)
+
+
+def kernel_calls(attestation: dict[str, Any]) -> list[tuple[str, str, int]]:
+    """``(kind, backend, calls)`` from an attestation's counters snapshot.
+
+    The worker reports ``{"linear": {backend: calls}, "attention": {backend: calls}}``, either at the
+    top level or under ``counters`` (per rank lists are summed).
+    """
+    found: list[tuple[str, str, int]] = []
+    sources: list[Any] = [attestation, attestation.get("counters")]
+    ranks = attestation.get("ranks")
+    if isinstance(ranks, list):
+        sources.extend(r.get("counters", r) for r in ranks if isinstance(r, dict))
+    for source in sources:
+        if not isinstance(source, dict):
+            continue
+        for kind in ("linear", "attention"):
+            per_backend = source.get(kind)
+            if not isinstance(per_backend, dict):
+                continue
+            for backend, calls in per_backend.items():
+                if isinstance(calls, int) and not isinstance(calls, bool) and calls > 0:
+                    found.append((kind, str(backend), calls))
+        if found:
+            break
+    return found

@@ -1,0 +1,186 @@
+"""The HTTP API's request and response models (OpenAI's images API plus diffserve extensions).
+
+Parsing is strict: unknown fields, wrong types and out-of-range values are errors naming the field,
+never silently ignored or coerced (``"2"`` is not ``2``). Limits that the *deployment* sets
+(``server.max_n`` ...) are checked in :func:`to_generation_request`, which turns a parsed body into
+the engine's ``GenerationRequest``.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from diffserve.engine.request import MAX_SEED, GenerationRequest
+from diffserve.errors import RequestError
+
+OutputFormat = Literal["png", "jpeg", "webp"]
+ResponseFormat = Literal["b64_json", "url"]
+
+# OpenAI parameters the SDK may send that have no meaning for a FLUX server. They are refused with
+# a clear message instead of being accepted and ignored.
+UNSUPPORTED_OPENAI_PARAMS = frozenset({
+    "background", "moderation", "quality", "style", "partial_images", "complexity", "frame_count",
+    "frame_duration_ms", "svg",
+})
+
+_SIZE_RE = re.compile(r"^(\d{1,5})x(\d{1,5})$")
+
+
+class LimitExceededError(RequestError):
+    """A value is well-formed but above what this deployment allows (HTTP 422)."""
+
+    def __init__(self, message: str, *, param: str) -> None:
+        super().__init__(message, param=param, code="limit_exceeded")
+
+
+class ImageGenerationRequest(BaseModel):
+    """Body of ``POST /v1/images/generations``."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    prompt: str = Field(min_length=1)
+    model: str | None = None
+    n: int = Field(default=1, ge=1)
+    size: str | None = None
+    response_format: ResponseFormat = "b64_json"
+    output_format: OutputFormat = "png"
+    output_compression: int | None = Field(default=None, ge=0, le=100)
+    user: str | None = None
+    # diffserve extensions (the SDK sends them through ``extra_body``).
+    negative_prompt: str | None = None
+    num_inference_steps: int | None = Field(default=None, ge=1)
+    guidance_scale: float | None = Field(default=None, ge=0)
+    true_cfg_scale: float | None = None
+    seed: int | None = Field(default=None, ge=0, le=MAX_SEED)
+    stream: bool = False
+
+
+@dataclass(frozen=True)
+class ServerLimits:
+    """Per-deployment request limits (from ``ResolvedConfig.server``)."""
+
+    max_n: int = 4
+    max_pixels: int = 1024 * 1024
+    max_steps: int = 100
+    max_body_bytes: int = 1 << 20
+
+    @classmethod
+    def from_config(cls, server: Any) -> ServerLimits:
+        """Read the limits off a ``ServerConfig``; fields it does not define keep the defaults."""
+        kwargs = {name: getattr(server, name) for name in ("max_n", "max_pixels", "max_steps", "max_body_bytes")
+                  if getattr(server, name, None) is not None}
+        return cls(**kwargs)
+
+
+def parse_body(raw: bytes) -> ImageGenerationRequest:
+    """Parse a raw JSON body. Raises ``RequestError`` (HTTP 400) naming the first bad field."""
+    try:
+        data = json.loads(raw)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise RequestError(f"request body is not valid JSON: {exc}", param=None, code="invalid_json") from exc
+    if not isinstance(data, dict):
+        raise RequestError("request body must be a JSON object", param=None, code="invalid_json")
+    unsupported = sorted(UNSUPPORTED_OPENAI_PARAMS & data.keys())
+    if unsupported:
+        raise RequestError(f"parameter {unsupported[0]!r} is not supported by this server (FLUX models)",
+                           param=unsupported[0], code="unsupported_parameter")
+    try:
+        return ImageGenerationRequest.model_validate(data)
+    except ValidationError as exc:
+        raise _request_error(exc) from exc
+
+
+def _request_error(exc: ValidationError) -> RequestError:
+    err = exc.errors(include_url=False)[0]
+    param = ".".join(str(p) for p in err.get("loc", ())) or None
+    if err.get("type") == "extra_forbidden":
+        return RequestError(f"unknown parameter {param!r}", param=param, code="unknown_parameter")
+    if err.get("type") == "missing":
+        return RequestError(f"missing required parameter {param!r}", param=param, code="missing_parameter")
+    got = err.get("input")
+    shown = json.dumps(got) if isinstance(got, (str, int, float, bool, type(None))) else type(got).__name__
+    return RequestError(f"{param}={shown}: {err.get('msg', 'invalid value')}", param=param,
+                        code="invalid_value")
+
+
+def parse_size(size: str | None) -> tuple[int | None, int | None]:
+    """``"WxH"`` -> ``(width, height)``; ``None`` or ``"auto"`` -> the model's default size."""
+    if size is None or size == "auto":
+        return None, None
+    match = _SIZE_RE.match(size)
+    if not match:
+        raise RequestError(f"size={size!r} must look like 'WIDTHxHEIGHT', e.g. '512x512'", param="size")
+    width, height = int(match.group(1)), int(match.group(2))
+    for value in (width, height):
+        if value < 16 or value % 16:
+            raise RequestError(f"size={size!r}: width and height must be positive multiples of 16",
+                               param="size")
+    return width, height
+
+
+def to_generation_request(body: ImageGenerationRequest, limits: ServerLimits,
+                          request_id: str) -> GenerationRequest:
+    """Check the deployment's limits (422) and build the engine request (its own checks give 400)."""
+    if body.n > limits.max_n:
+        raise LimitExceededError(f"n={body.n} is above this server's limit of {limits.max_n}", param="n")
+    width, height = parse_size(body.size)
+    if width is not None and height is not None and width * height > limits.max_pixels:
+        raise LimitExceededError(
+            f"size={body.size} has {width * height} pixels, above this server's limit of {limits.max_pixels}",
+            param="size")
+    if body.num_inference_steps is not None and body.num_inference_steps > limits.max_steps:
+        raise LimitExceededError(
+            f"num_inference_steps={body.num_inference_steps} is above this server's limit of {limits.max_steps}",
+            param="num_inference_steps")
+    kwargs: dict[str, Any] = {"prompt": body.prompt, "n": body.n, "width": width, "height": height,
+                              "negative_prompt": body.negative_prompt, "seed": body.seed,
+                              "request_id": request_id}
+    # Unset extensions keep the engine's defaults instead of being overwritten with None.
+    for name in ("num_inference_steps", "guidance_scale", "true_cfg_scale"):
+        value = getattr(body, name)
+        if value is not None:
+            kwargs[name] = value
+    request = GenerationRequest(**kwargs)
+    request.validate()
+    return request
+
+
+class ImageData(BaseModel):
+    b64_json: str | None = None
+    url: str | None = None
+    revised_prompt: str | None = None
+
+
+class DiffserveInfo(BaseModel):
+    """What ran: the seed of every image, per-phase timings, kernel attestation, config fingerprint."""
+
+    request_id: str
+    seeds: list[int]
+    num_inference_steps: int
+    timings_ms: dict[str, float]
+    attestation: dict[str, Any]
+    config_fingerprint: str
+
+
+class ImagesResponse(BaseModel):
+    created: int
+    data: list[ImageData]
+    output_format: OutputFormat
+    size: str
+    diffserve: DiffserveInfo
+
+
+class ErrorBody(BaseModel):
+    message: str
+    type: str
+    param: str | None = None
+    code: str | None = None
+
+
+class ErrorResponse(BaseModel):
+    error: ErrorBody
