@@ -1,0 +1,125 @@
+"""The native FLUX transformer (reference shape: embed, double blocks, single blocks, final layer)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from diffserve.layers.attention.module import Attention
+from diffserve.layers.kernels import KernelSet, build_kernel_set
+from diffserve.layers.linear.module import Linear
+from diffserve.logging import get_logger
+from diffserve.models.flux.blocks import DoubleStreamBlock, LastLayer, SingleStreamBlock
+from diffserve.models.flux.embeddings import MLPEmbedder, rope, timestep_embedding
+from diffserve.models.flux.params import FluxParams
+from diffserve.models.flux.weights import convert_diffusers_state_dict
+from diffserve.models.loader import load_strict, read_config, read_safetensors
+
+logger = get_logger(__name__)
+
+ATTENTION_ROLES = ("double_block", "single_block")
+
+
+class FluxTransformer(nn.Module):
+    """Flow-matching transformer on packed 2x2 latent patches, built from ``diffserve.layers``."""
+
+    def __init__(self, params: FluxParams, kernels: KernelSet) -> None:
+        super().__init__()
+        self.params = params
+        self.kernels = kernels
+        self.counters = kernels.counters
+        h = params.hidden_size
+        self.img_in = kernels.make_linear(params.in_channels, h)
+        self.time_in = MLPEmbedder(256, h, kernels)
+        self.vector_in = MLPEmbedder(params.vec_in_dim, h, kernels)
+        self.guidance_in = MLPEmbedder(256, h, kernels) if params.guidance_embed else None
+        self.txt_in = kernels.make_linear(params.context_in_dim, h)
+        self.double_blocks = nn.ModuleList(
+            DoubleStreamBlock(h, params.num_heads, params.mlp_ratio, params.qkv_bias, kernels)
+            for _ in range(params.depth)
+        )
+        self.single_blocks = nn.ModuleList(
+            SingleStreamBlock(h, params.num_heads, params.mlp_ratio, kernels)
+            for _ in range(params.depth_single_blocks)
+        )
+        self.final_layer = LastLayer(h, params.out_channels, kernels)
+        # Set by compile_blocks(): compiled modules cannot count, so their calls are added per block.
+        self._block_tallies: dict[type, dict[str, Any]] | None = None
+
+    def rope(self, txt_ids: Tensor, img_ids: Tensor) -> Tensor:
+        """Rotation table for the joint (text then image) sequence; compute once per request."""
+        return rope(torch.cat((txt_ids, img_ids), dim=0), self.params.axes_dim, self.params.theta)
+
+    def forward(self, img: Tensor, img_ids: Tensor | None, txt: Tensor, txt_ids: Tensor | None,
+                timesteps: Tensor, y: Tensor, guidance: Tensor | None = None,
+                pe: Tensor | None = None) -> Tensor:
+        """``img`` [B, L_img, in_channels], ``txt`` [B, L_txt, context_in_dim], ``timesteps`` [B] in [0, 1],
+        ``y`` [B, vec_in_dim]; ``pe`` from ``rope()`` (else built from the ids). Returns the velocity."""
+        if img.ndim != 3 or txt.ndim != 3:
+            raise ValueError(f"img and txt must be [B, L, C], got {tuple(img.shape)} and {tuple(txt.shape)}")
+        self.counters.count_forward()
+        if pe is None:
+            pe = self.rope(txt_ids, img_ids)
+
+        # timesteps are scaled in the model dtype, as the reference and diffusers do
+        img = self.img_in(img)
+        vec = self.time_in(timestep_embedding(timesteps.to(img.dtype) * 1000, 256).to(img.dtype))
+        if self.guidance_in is not None:
+            if guidance is None:
+                raise ValueError("this model is guidance-distilled and needs a guidance value")
+            vec = vec + self.guidance_in(timestep_embedding(guidance.to(img.dtype) * 1000, 256).to(img.dtype))
+        vec = vec + self.vector_in(y)
+        txt = self.txt_in(txt)
+
+        for block in self.double_blocks:
+            self._count_compiled(block)
+            img, txt = block(img, txt, vec, pe)
+
+        x = torch.cat((txt, img), dim=1)
+        for block in self.single_blocks:
+            self._count_compiled(block)
+            x = block(x, vec, pe)
+        return self.final_layer(x[:, txt.shape[1] :], vec)
+
+    def _count_compiled(self, block: nn.Module) -> None:
+        if self._block_tallies is not None:
+            self.counters.add(self._block_tallies[type(block)])
+
+    def compile_blocks(self) -> None:
+        """``torch.compile`` every block (dynamic shapes), lazily: the first forward pays the compile cost."""
+        tallies: dict[type, dict[str, Any]] = {}
+        for block in (*self.double_blocks, *self.single_blocks):
+            tallies.setdefault(type(block), _static_tally(block))
+            block.compile(dynamic=True)
+        self._block_tallies = tallies
+        logger.info("transformer blocks will be compiled on first use (dynamic shapes)")
+
+
+def _static_tally(block: nn.Module) -> dict[str, Any]:
+    """Calls per backend of one forward of ``block`` (every Linear and Attention runs exactly once)."""
+    tally: dict[str, dict[str, int]] = {"linear": {}, "attention": {}}
+    for module in block.modules():
+        kind = "linear" if isinstance(module, Linear) else "attention" if isinstance(module, Attention) else None
+        if kind:
+            tally[kind][module.backend_name] = tally[kind].get(module.backend_name, 0) + 1
+    return tally
+
+
+def load_flux_transformer(transformer_dir: str | Path, *, dtype: torch.dtype = torch.float32,
+                          device: torch.device | str = "cpu", linear_backend: str = "auto",
+                          attention_backend: Any = "auto") -> FluxTransformer:
+    """Build the native transformer for a diffusers-format ``transformer/`` directory and load its weights."""
+    params = FluxParams.from_diffusers_config(read_config(transformer_dir))
+    kernels = build_kernel_set(linear_backend, attention_backend, roles=ATTENTION_ROLES, device=device,
+                               dtype=dtype)
+    state_dict = convert_diffusers_state_dict(read_safetensors(transformer_dir), params)
+    # Built on the meta device: no memory is touched until the real weights are assigned.
+    with torch.device("meta"):
+        model = FluxTransformer(params, kernels)
+    load_strict(model, state_dict, dtype=dtype, device=device)
+    logger.info("loaded FLUX transformer (%d double, %d single blocks) with kernels %s", params.depth,
+                params.depth_single_blocks, kernels.describe())
+    return model.eval().requires_grad_(False)

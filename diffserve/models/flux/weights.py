@@ -1,0 +1,95 @@
+"""Map a diffusers ``FluxTransformer2DModel`` state dict onto the native module, fusing projections.
+
+Q/K/V become one ``qkv`` weight per stream, and in single blocks Q/K/V plus the MLP input become
+one ``linear1``, by concatenating rows at load time (one GEMM instead of three or four).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+from torch import Tensor
+
+from diffserve.errors import ModelLoadError
+from diffserve.models.flux.params import FluxParams
+
+Rule = tuple[tuple[str, ...], Callable[[list[Tensor]], Tensor]]
+
+
+def _cat(tensors: list[Tensor]) -> Tensor:
+    return tensors[0] if len(tensors) == 1 else torch.cat(tensors, dim=0)
+
+
+def _swap_halves(tensors: list[Tensor]) -> Tensor:
+    # diffusers stores the final modulation as (scale, shift); the reference order is (shift, scale).
+    scale, shift = tensors[0].chunk(2, dim=0)
+    return torch.cat((shift, scale), dim=0)
+
+
+def _linear(rules: dict[str, Rule], native: str, *sources: str, fn: Callable = _cat, bias: bool = True) -> None:
+    for suffix in ("weight", "bias") if bias else ("weight",):
+        rules[f"{native}.{suffix}"] = (tuple(f"{s}.{suffix}" for s in sources), fn)
+
+
+def _norms(rules: dict[str, Rule], native: str, q: str, k: str) -> None:
+    rules[f"{native}.query_norm.scale"] = ((f"{q}.weight",), _cat)
+    rules[f"{native}.key_norm.scale"] = ((f"{k}.weight",), _cat)
+
+
+def conversion_rules(params: FluxParams) -> dict[str, Rule]:
+    """native key -> (diffusers keys, combine function) for every native parameter."""
+    rules: dict[str, Rule] = {}
+    _linear(rules, "img_in", "x_embedder")
+    _linear(rules, "txt_in", "context_embedder")
+    _linear(rules, "time_in.in_layer", "time_text_embed.timestep_embedder.linear_1")
+    _linear(rules, "time_in.out_layer", "time_text_embed.timestep_embedder.linear_2")
+    _linear(rules, "vector_in.in_layer", "time_text_embed.text_embedder.linear_1")
+    _linear(rules, "vector_in.out_layer", "time_text_embed.text_embedder.linear_2")
+    if params.guidance_embed:
+        _linear(rules, "guidance_in.in_layer", "time_text_embed.guidance_embedder.linear_1")
+        _linear(rules, "guidance_in.out_layer", "time_text_embed.guidance_embedder.linear_2")
+    for i in range(params.depth):
+        n, d = f"double_blocks.{i}", f"transformer_blocks.{i}"
+        _linear(rules, f"{n}.img_mod.lin", f"{d}.norm1.linear")
+        _linear(rules, f"{n}.txt_mod.lin", f"{d}.norm1_context.linear")
+        _linear(rules, f"{n}.img_attn.qkv", f"{d}.attn.to_q", f"{d}.attn.to_k", f"{d}.attn.to_v")
+        _linear(rules, f"{n}.txt_attn.qkv", f"{d}.attn.add_q_proj", f"{d}.attn.add_k_proj", f"{d}.attn.add_v_proj")
+        _norms(rules, f"{n}.img_attn.norm", f"{d}.attn.norm_q", f"{d}.attn.norm_k")
+        _norms(rules, f"{n}.txt_attn.norm", f"{d}.attn.norm_added_q", f"{d}.attn.norm_added_k")
+        _linear(rules, f"{n}.img_attn.proj", f"{d}.attn.to_out.0")
+        _linear(rules, f"{n}.txt_attn.proj", f"{d}.attn.to_add_out")
+        _linear(rules, f"{n}.img_mlp.0", f"{d}.ff.net.0.proj")
+        _linear(rules, f"{n}.img_mlp.2", f"{d}.ff.net.2")
+        _linear(rules, f"{n}.txt_mlp.0", f"{d}.ff_context.net.0.proj")
+        _linear(rules, f"{n}.txt_mlp.2", f"{d}.ff_context.net.2")
+    for i in range(params.depth_single_blocks):
+        n, d = f"single_blocks.{i}", f"single_transformer_blocks.{i}"
+        _linear(rules, f"{n}.linear1", f"{d}.attn.to_q", f"{d}.attn.to_k", f"{d}.attn.to_v", f"{d}.proj_mlp")
+        _linear(rules, f"{n}.linear2", f"{d}.proj_out")
+        _norms(rules, f"{n}.norm", f"{d}.attn.norm_q", f"{d}.attn.norm_k")
+        _linear(rules, f"{n}.modulation.lin", f"{d}.norm.linear")
+    _linear(rules, "final_layer.adaLN_modulation.1", "norm_out.linear", fn=_swap_halves)
+    _linear(rules, "final_layer.linear", "proj_out")
+    return rules
+
+
+def convert_diffusers_state_dict(state_dict: dict[str, Tensor], params: FluxParams) -> dict[str, Tensor]:
+    """Return the native state dict; any missing or unexpected diffusers key is a ``ModelLoadError``."""
+    rules = conversion_rules(params)
+    needed = {src for sources, _ in rules.values() for src in sources}
+    missing = sorted(needed - state_dict.keys())
+    unexpected = sorted(state_dict.keys() - needed)
+    if missing or unexpected:
+        raise ModelLoadError(
+            "transformer weights do not match its config.json: "
+            f"missing keys {_preview(missing)}; unexpected keys {_preview(unexpected)}"
+        )
+    return {native: fn([state_dict[s] for s in sources]) for native, (sources, fn) in rules.items()}
+
+
+def _preview(keys: list[str], limit: int = 20) -> str:
+    if not keys:
+        return "none"
+    more = f" ... and {len(keys) - limit} more" if len(keys) > limit else ""
+    return f"({len(keys)}) " + ", ".join(keys[:limit]) + more

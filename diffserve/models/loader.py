@@ -1,0 +1,61 @@
+"""Read safetensors weights (one file or a sharded index) and load them strictly into a module."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file
+from torch import nn
+
+from diffserve.errors import ModelLoadError
+from diffserve.logging import get_logger
+
+logger = get_logger(__name__)
+
+
+def read_config(component_dir: str | Path) -> dict:
+    path = Path(component_dir) / "config.json"
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError as exc:
+        raise ModelLoadError(f"{path} is missing") from exc
+    except json.JSONDecodeError as exc:
+        raise ModelLoadError(f"{path} is not valid JSON: {exc}") from exc
+
+
+def read_safetensors(component_dir: str | Path, stem: str = "diffusion_pytorch_model") -> dict[str, torch.Tensor]:
+    """All tensors of ``<stem>.safetensors`` or of the shards listed in ``<stem>.safetensors.index.json``."""
+    directory = Path(component_dir)
+    single = directory / f"{stem}.safetensors"
+    index = directory / f"{stem}.safetensors.index.json"
+    if single.is_file():
+        return load_file(str(single))
+    if not index.is_file():
+        raise ModelLoadError(f"no weights in {directory}: expected {single.name} or {index.name}")
+    weight_map: dict[str, str] = json.loads(index.read_text(encoding="utf-8")).get("weight_map", {})
+    tensors: dict[str, torch.Tensor] = {}
+    for shard in sorted(set(weight_map.values())):
+        path = directory / shard
+        if not path.is_file():
+            raise ModelLoadError(f"shard {shard} listed in {index} is missing")
+        tensors.update(load_file(str(path)))
+    listed = set(weight_map)
+    if listed != tensors.keys():
+        raise ModelLoadError(f"{index} does not match its shards: listed but absent "
+                             f"{sorted(listed - tensors.keys())[:10]}, present but unlisted "
+                             f"{sorted(tensors.keys() - listed)[:10]}")
+    return tensors
+
+
+def load_strict(module: nn.Module, state_dict: dict[str, torch.Tensor], *, dtype: torch.dtype,
+                device: torch.device | str) -> None:
+    """Load (by assignment, so a meta-device module gets real tensors) and fail on any key mismatch."""
+    expected = set(module.state_dict())
+    missing, unexpected = sorted(expected - state_dict.keys()), sorted(state_dict.keys() - expected)
+    if missing or unexpected:
+        raise ModelLoadError(f"state dict does not match {type(module).__name__}: missing {missing[:20]}, "
+                             f"unexpected {unexpected[:20]}")
+    cast = {k: v.to(device=device, dtype=dtype) for k, v in state_dict.items()}
+    module.load_state_dict(cast, strict=True, assign=True)
