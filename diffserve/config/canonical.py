@@ -1,0 +1,148 @@
+"""Canonical spellings: one normalizer per enum-like field, applied at ingress by every source.
+
+Every value that enters the resolver passes through exactly one of these functions, so merging,
+conflict checks, warnings and the fingerprint only ever see canonical values (``TORCH`` -> ``torch``,
+``torch_sdpa`` -> ``sdpa``, ``bf16`` -> ``bfloat16``). A normalizer raises ``ConfigError`` carrying
+the rule and a hint; the caller adds the key path and the source location.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from diffserve.errors import ConfigError
+
+Normalizer = Callable[[Any], Any]
+
+# Alias tables: spelling (already lower-cased, '-' -> '_') -> canonical value.
+DTYPE_ALIASES: Mapping[str, str] = {
+    "auto": "auto",
+    "float32": "float32", "fp32": "float32", "float": "float32", "torch.float32": "float32",
+    "bfloat16": "bfloat16", "bf16": "bfloat16", "torch.bfloat16": "bfloat16",
+    "float16": "float16", "fp16": "float16", "half": "float16", "torch.float16": "float16",
+}
+LINEAR_BACKEND_ALIASES: Mapping[str, str] = {
+    "auto": "auto",
+    "torch": "torch", "pytorch": "torch",
+}
+ATTENTION_BACKEND_ALIASES: Mapping[str, str] = {
+    "auto": "auto",
+    "sdpa": "sdpa", "torch_sdpa": "sdpa",
+    "math": "math",
+    "flash_attn": "flash_attn", "flash_attention": "flash_attn", "flash": "flash_attn",
+}
+EXECUTOR_ALIASES: Mapping[str, str] = {
+    "uni": "uni",
+    "mp": "mp", "multiprocessing": "mp",
+    "ray": "ray",
+}
+CACHE_BACKEND_ALIASES: Mapping[str, str] = {"none": "none"}
+TOPOLOGY_ALIASES: Mapping[str, str] = {
+    "single": "single",
+    "split_text_encoder": "split_text_encoder",
+}
+PLATFORM_ALIASES: Mapping[str, str] = {
+    "cpu": "cpu", "cuda": "cuda", "rocm": "rocm", "hip": "rocm", "xpu": "xpu", "mps": "mps",
+}
+
+_TRUE = {"1", "true", "yes", "on"}
+_FALSE = {"0", "false", "no", "off"}
+_DOTTED = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)+$")
+_DEVICES = re.compile(r"^\d+(,\d+)*$")
+
+
+def canonical_values(aliases: Mapping[str, str]) -> tuple[str, ...]:
+    """The distinct canonical values of an alias table, in table order."""
+    return tuple(dict.fromkeys(aliases.values()))
+
+
+def _spelling(value: Any, what: str) -> str:
+    if isinstance(value, str):
+        return value.strip().lower().replace("-", "_")
+    # torch.dtype objects stringify as "torch.bfloat16"; matching the module name avoids importing torch.
+    if type(value).__module__.startswith("torch"):
+        return str(value).lower()
+    raise ConfigError(f"{what} must be a string, got {type(value).__name__} {value!r}")
+
+
+def enum_normalizer(what: str, aliases: Mapping[str, str]) -> Normalizer:
+    """Build the normalizer of one enum-like field from its alias table."""
+    valid = canonical_values(aliases)
+
+    def normalize(value: Any) -> str:
+        key = _spelling(value, what)
+        if key in aliases:
+            return aliases[key]
+        raise ConfigError(
+            f"{value!r} is not a valid {what}; valid values: {', '.join(valid)}",
+            hint=f"use one of {', '.join(valid)}",
+        )
+
+    normalize.__name__ = f"normalize_{what.replace(' ', '_')}"
+    normalize.valid = valid  # type: ignore[attr-defined]
+    normalize.aliases = aliases  # type: ignore[attr-defined]
+    return normalize
+
+
+normalize_dtype = enum_normalizer("dtype", DTYPE_ALIASES)
+normalize_linear_backend = enum_normalizer("linear backend", LINEAR_BACKEND_ALIASES)
+normalize_attention_backend = enum_normalizer("attention backend", ATTENTION_BACKEND_ALIASES)
+normalize_executor = enum_normalizer("executor backend", EXECUTOR_ALIASES)
+normalize_cache_backend = enum_normalizer("cache backend", CACHE_BACKEND_ALIASES)
+normalize_topology = enum_normalizer("topology", TOPOLOGY_ALIASES)
+normalize_platform = enum_normalizer("platform", PLATFORM_ALIASES)
+
+
+def normalize_bool(value: Any) -> bool:
+    """true/false, and from env or CLI text 1/0, yes/no, on/off (any case)."""
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, int) and value in (0, 1):
+        return bool(value)
+    if isinstance(value, str):
+        text = value.strip().lower()
+        if text in _TRUE:
+            return True
+        if text in _FALSE:
+            return False
+    raise ConfigError(f"{value!r} is not a boolean", hint="use true or false")
+
+
+def int_normalizer(minimum: int = 0, multiple_of: int = 1) -> Normalizer:
+    """Integers (or their decimal text, as env and CLI give them) at least ``minimum``."""
+
+    def normalize(value: Any) -> int:
+        if isinstance(value, str) and re.fullmatch(r"\s*[+-]?\d{1,19}\s*", value):
+            value = int(value)
+        # bool is an int subclass; `true` for a size is a mistake, not 1.
+        if not isinstance(value, int) or isinstance(value, bool):
+            raise ConfigError(f"{value!r} is not an integer", hint="write a whole number like 4")
+        if value < minimum:
+            raise ConfigError(f"{value} is below the minimum {minimum}", hint=f"use a value >= {minimum}")
+        if value % multiple_of:
+            raise ConfigError(f"{value} is not a multiple of {multiple_of}",
+                              hint=f"round to a multiple of {multiple_of}")
+        return value
+
+    normalize.minimum = minimum  # type: ignore[attr-defined]
+    return normalize
+
+
+def normalize_devices(value: Any) -> str:
+    """``auto`` or a comma-separated list of device indices; ``0`` (an int in YAML) becomes ``"0"``."""
+    if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+        return str(value)
+    if isinstance(value, str):
+        text = value.replace(" ", "").lower()
+        if text == "auto" or _DEVICES.match(text):
+            return text
+    raise ConfigError(f"{value!r} is not a device list", hint='use "auto" or indices like "0" or "0,1"')
+
+
+def normalize_class_path(value: Any) -> str:
+    """A dotted import path (``pkg.module.Class``); checked for shape only, never imported here."""
+    if isinstance(value, str) and _DOTTED.match(value.strip()):
+        return value.strip()
+    raise ConfigError(f"{value!r} is not a dotted import path", hint="write it like my_pkg.module.ClassName")

@@ -1,0 +1,261 @@
+"""Walk one config document (a YAML file, a platform block, caller overrides) into assignments.
+
+This is the ingress: every key is checked against the schema (unknown keys are errors with a
+"did you mean"), every value is canonicalized by its field's normalizer, and every value is recorded
+with its source. Errors are collected, not raised, so ``config validate`` can report all of them.
+"""
+
+from __future__ import annotations
+
+import datetime
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from diffserve.config.fields import (
+    FLAT_LEAVES,
+    PIPELINE_LEAVES,
+    SECTIONS,
+    STAGE_KEYS,
+    STAGE_LEAVES,
+    Leaf,
+    did_you_mean,
+)
+from diffserve.config.provenance import Collector, Source, StageRef
+from diffserve.config.schema import ATTENTION_ROLES, FrozenDict
+from diffserve.config.yaml_lines import key_line
+from diffserve.errors import ConfigError
+
+_MAX_DEPTH = 32
+_PIPELINE_ONLY = ("topology", "server")
+
+
+@dataclass(frozen=True)
+class Ctx:
+    """Where the document being walked sits in the precedence order, and how to cite it."""
+
+    out: Collector
+    rank: int
+    layer: str
+    file: str | None = None
+    detail: str | None = None
+    allow_flat: bool = False   # caller overrides also accept flat names (tensor_parallel_size=2)
+
+    def src(self, mapping: Any, key: Any) -> Source:
+        line = key_line(mapping, key) or getattr(mapping, "line", None)
+        detail = self.detail if self.detail is not None or self.file else str(key)
+        return Source(self.layer, self.file, line if self.file else None, detail)
+
+
+def _join(path: str, key: Any) -> str:
+    return f"{path}.{key}" if path else str(key)
+
+
+def _is_key(ctx: Ctx, mapping: Mapping, key: Any, path: str) -> bool:
+    if isinstance(key, str):
+        return True
+    ctx.out.error(f"key {key!r} is not a string", path=path or None, source=ctx.src(mapping, key),
+                  hint="keys are field names like dtype; quote numbers")
+    return False
+
+
+def _mapping(ctx: Ctx, value: Any, path: str, source: Source) -> Mapping | None:
+    if isinstance(value, Mapping):
+        return value
+    ctx.out.error(f"expected a mapping, got {type(value).__name__} {value!r}", path=path, source=source,
+                  hint=f"write {path.rsplit('.', 1)[-1]}: {{key: value, ...}}")
+    return None
+
+
+def _unknown(ctx: Ctx, key: str, path: str, source: Source, valid: tuple[str, ...] | list[str],
+             extra_hint: str | None = None) -> None:
+    hint = extra_hint or did_you_mean(key, valid) or f"valid keys: {', '.join(sorted(valid))}"
+    ctx.out.error(f"unknown key {key!r}", path=_join(path, key), source=source, hint=hint)
+
+
+def _leaf(ctx: Ctx, leaf: Leaf, value: Any, stage_id: int | None, path: str, source: Source) -> None:
+    try:
+        canonical = leaf.normalize(value)
+    except ConfigError as exc:
+        ctx.out.fail(exc, path=path, source=source)
+        return
+    ctx.out.add(ctx.rank, stage_id, leaf.key, canonical, source)
+
+
+def _attention(ctx: Ctx, value: Any, stage_id: int | None, path: str, source: Source) -> None:
+    """A plain name sets every role; a mapping sets ``default`` and/or named roles."""
+    normalize = STAGE_LEAVES["attention_backend"].normalize
+    if not isinstance(value, Mapping):
+        try:
+            name = normalize(value)
+        except ConfigError as exc:
+            ctx.out.fail(exc, path=path, source=source)
+            return
+        for part in ("default", *ATTENTION_ROLES):
+            ctx.out.add(ctx.rank, stage_id, f"attention_backend.{part}", name, source)
+        return
+    for role, name in value.items():
+        if not _is_key(ctx, value, role, path):
+            continue
+        sub_source = ctx.src(value, role) if ctx.file else source
+        if role not in ("default", *ATTENTION_ROLES):
+            _unknown(ctx, role, path, sub_source, ("default", *ATTENTION_ROLES))
+            continue
+        if name is None:
+            continue
+        try:
+            ctx.out.add(ctx.rank, stage_id, f"attention_backend.{role}", normalize(name), sub_source)
+        except ConfigError as exc:
+            ctx.out.fail(exc, path=_join(path, role), source=sub_source)
+
+
+def freeze(value: Any, path: str, depth: int = 0) -> Any:
+    """Deep-copy an extras value into read-only JSON-like data (mappings, tuples, scalars)."""
+    if depth > _MAX_DEPTH:
+        raise ConfigError("extras nest too deep (or refer to themselves)", path=path)
+    if value is None or isinstance(value, (str, bool, int, float)):
+        return value
+    if isinstance(value, (datetime.date, datetime.datetime)):
+        return value.isoformat()
+    if isinstance(value, Mapping):
+        for key in value:
+            if not isinstance(key, str):
+                raise ConfigError(f"extras key {key!r} is not a string", path=path, hint="quote it")
+        return FrozenDict({k: freeze(v, _join(path, k), depth + 1) for k, v in value.items()})
+    if isinstance(value, (list, tuple)):
+        return tuple(freeze(v, f"{path}[{i}]", depth + 1) for i, v in enumerate(value))
+    raise ConfigError(f"extras value of type {type(value).__name__} is not plain data", path=path,
+                      hint="use strings, numbers, booleans, lists and mappings")
+
+
+def _extras(ctx: Ctx, value: Any, stage_id: int | None, path: str, source: Source) -> None:
+    extras = _mapping(ctx, value, path, source)
+    for key, item in (extras or {}).items():
+        if not _is_key(ctx, extras, key, path):
+            continue
+        sub_source = ctx.src(extras, key) if ctx.file else source
+        try:
+            ctx.out.add(ctx.rank, stage_id, f"extras.{key}", freeze(item, _join(path, key)), sub_source)
+        except ConfigError as exc:
+            ctx.out.fail(exc, path=exc.path, source=sub_source)
+
+
+def _section(ctx: Ctx, name: str, value: Any, stage_id: int | None, path: str, source: Source) -> None:
+    body = _mapping(ctx, value, path, source)
+    leaves = SECTIONS[name]
+    for key, item in (body or {}).items():
+        if not _is_key(ctx, body, key, path):
+            continue
+        sub_source = ctx.src(body, key) if ctx.file else source
+        if key not in leaves:
+            _unknown(ctx, key, path, sub_source, list(leaves))
+        elif item is not None:
+            _leaf(ctx, leaves[key], item, stage_id, _join(path, key), sub_source)
+
+
+def stage_field(ctx: Ctx, mapping: Mapping, key: str, value: Any, stage_id: int | None, path: str,
+                valid: list[str]) -> None:
+    """One key of a stage mapping (or a pipeline-wide stage field). ``valid`` feeds did-you-mean."""
+    source = ctx.src(mapping, key)
+    full = _join(path, key)
+    if value is None:
+        return  # null means "no opinion", same as leaving the key out
+    if key == "attention_backend":
+        _attention(ctx, value, stage_id, full, source)
+    elif key == "extras":
+        _extras(ctx, value, stage_id, full, source)
+    elif key in SECTIONS and key != "server":
+        _section(ctx, key, value, stage_id, full, source)
+    elif key in STAGE_LEAVES:
+        _leaf(ctx, STAGE_LEAVES[key], value, stage_id, full, source)
+    elif ctx.allow_flat and key in FLAT_LEAVES and FLAT_LEAVES[key].scope == "stage":
+        _leaf(ctx, FLAT_LEAVES[key], value, stage_id, full, source)
+    elif key in ("stage_id", "role") and stage_id is None:
+        _unknown(ctx, key, path, source, valid, f"{key} belongs inside a stages: entry" if key == "stage_id"
+                 else "role is fixed by the topology")
+    elif key == "role":
+        _unknown(ctx, key, path, source, valid, "role is fixed by the topology; set topology: instead")
+    elif stage_id is not None and key in (*_PIPELINE_ONLY, *PIPELINE_LEAVES) :
+        _unknown(ctx, key, path, source, valid, f"{key} is pipeline-wide only; move it to the top level")
+    else:
+        hint = None
+        if key in FLAT_LEAVES and FLAT_LEAVES[key].section:
+            leaf = FLAT_LEAVES[key]
+            hint = f"write it as {leaf.section}: {{{leaf.key.split('.', 1)[1]}: ...}}"
+        _unknown(ctx, key, path, source, valid, hint)
+
+
+def stage_mapping(ctx: Ctx, body: Mapping, stage_id: int, path: str, skip: tuple[str, ...] = ()) -> None:
+    """Every field of one stage entry (``stage_id`` itself is read by the caller)."""
+    valid = [*STAGE_KEYS, "stage_id"] + (list(FLAT_LEAVES) if ctx.allow_flat else [])
+    for key, value in body.items():
+        if key in skip or not _is_key(ctx, body, key, path):
+            continue
+        stage_field(ctx, body, key, value, stage_id, path, valid)
+
+
+def stage_id_of(value: Any) -> int:
+    """A stage id: a non-negative int, or its decimal text (JSON object keys are strings)."""
+    if isinstance(value, str) and value.strip().isdigit():
+        value = int(value)
+    if isinstance(value, int) and not isinstance(value, bool) and 0 <= value < 1000:
+        return value
+    raise ConfigError(f"stage_id {value!r} is not a stage number", hint="use 0, 1, ...")
+
+
+def stages_list(ctx: Ctx, value: Any, path: str, source: Source) -> None:
+    """``stages: [{stage_id: 0, ...}, ...]``; entries are matched to the topology by stage_id."""
+    if not isinstance(value, list):
+        ctx.out.error(f"expected a list of stage entries, got {type(value).__name__}", path=path,
+                      source=source, hint="write stages: [{stage_id: 0, ...}]")
+        return
+    seen: dict[int, int] = {}
+    for index, entry in enumerate(value):
+        entry_path = f"{path}[{index}]"
+        entry_source = Source(ctx.layer, ctx.file, getattr(entry, "line", None), ctx.detail)
+        if not isinstance(entry, Mapping):
+            ctx.out.error(f"stage entry must be a mapping, got {type(entry).__name__}", path=entry_path,
+                          source=entry_source, hint="write - {stage_id: 0, dtype: ...}")
+            continue
+        if entry.get("stage_id") is None:
+            ctx.out.error("stage entry has no stage_id", path=entry_path, source=entry_source,
+                          hint="add stage_id: 0 (or the stage it configures)")
+            continue
+        id_source = ctx.src(entry, "stage_id")
+        try:
+            stage_id = stage_id_of(entry["stage_id"])
+        except ConfigError as exc:
+            ctx.out.fail(exc, path=f"{entry_path}.stage_id", source=id_source)
+            continue
+        if stage_id in seen:
+            ctx.out.error(f"stage_id {stage_id} appears twice (entries {seen[stage_id]} and {index})",
+                          path=entry_path, source=id_source, hint="merge the two entries")
+            continue
+        seen[stage_id] = index
+        ctx.out.stage_refs.append(StageRef(stage_id, id_source, f"{entry_path}.stage_id"))
+        stage_mapping(ctx, entry, stage_id, f"{path}[stage_id={stage_id}]", skip=("stage_id",))
+
+
+def pipeline_doc(ctx: Ctx, doc: Mapping, path: str, *, reserved: tuple[str, ...] = (),
+                 stages: bool = True) -> None:
+    """A top-level document: pipeline-only keys, pipeline-wide stage fields and ``stages``.
+
+    ``reserved`` keys are accepted but handled by the caller (``base_config``, ``platforms``).
+    """
+    valid = [*_PIPELINE_ONLY, *STAGE_KEYS, *reserved] + (["stages"] if stages else [])
+    if ctx.allow_flat:
+        valid += list(FLAT_LEAVES)
+    for key, value in doc.items():
+        if not _is_key(ctx, doc, key, path) or key in reserved or value is None:
+            continue
+        source = ctx.src(doc, key)
+        if key == "topology":
+            _leaf(ctx, PIPELINE_LEAVES["topology"], value, None, _join(path, key), source)
+        elif key == "server":
+            _section(ctx, "server", value, None, _join(path, key), source)
+        elif key == "stages" and stages:
+            stages_list(ctx, value, _join(path, key), source)
+        elif ctx.allow_flat and key in FLAT_LEAVES and FLAT_LEAVES[key].scope == "pipeline":
+            _leaf(ctx, FLAT_LEAVES[key], value, None, _join(path, key), source)
+        else:
+            stage_field(ctx, doc, key, value, None, path, valid)

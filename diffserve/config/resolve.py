@@ -1,0 +1,169 @@
+"""The one resolver: every source -> assignments -> the single precedence order -> ResolvedConfig.
+
+Precedence, low to high (``provenance.LAYER_RANK``): schema default < model directory <
+base_config ancestors < deploy YAML < ``platforms.<current>`` < ``DIFFSERVE_*`` env < caller/CLI
+global < caller/CLI per stage. Layers are ordered first; inside one layer a stage-scoped value beats
+a pipeline-wide one. Defaults are filled in last and recorded as ``default``: never explicit.
+``_pick`` below is the only place where values are merged.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from diffserve.config.explain import fingerprint_of
+from diffserve.config.extras import fold_extras
+from diffserve.config.fields import PIPELINE_LEAVES, STAGE_LEAVES
+from diffserve.config.platform import current_platform
+from diffserve.config.provenance import DEFAULT_SOURCE, Assignment, Collector, Source
+from diffserve.config.resolved import ResolvedConfig
+from diffserve.config.schema import (
+    ATTENTION_ROLES,
+    TOPOLOGIES,
+    AttentionBackendConfig,
+    CacheConfig,
+    FrozenDict,
+    ParallelConfig,
+    ServerConfig,
+    StageConfig,
+    WarmupConfig,
+)
+from diffserve.config.sources import caller_layers, deploy_layers, env_layer, model_layer
+from diffserve.errors import ConfigError, ConfigErrors
+from diffserve.logging import get_logger
+
+logger = get_logger(__name__)
+
+__all__ = ["ResolvedConfig", "StageConfig", "resolve"]
+
+_SECTION_TYPES = {"parallel": ParallelConfig, "cache": CacheConfig, "warmup": WarmupConfig}
+
+
+def resolve(model: str | os.PathLike | None = None,
+            deploy_config: str | os.PathLike | Mapping[str, Any] | None = None,
+            overrides: Mapping[str, Any] | None = None,
+            stage_overrides: Mapping[Any, Mapping[str, Any]] | None = None,
+            platform: str | None = None,
+            env: Mapping[str, str] | None = None) -> ResolvedConfig:
+    """Resolve every config source into one frozen ``ResolvedConfig``.
+
+    ``deploy_config`` is a YAML path (or a dict, cited as ``<dict>``); ``overrides`` are caller/CLI
+    values for every stage (YAML keys or flat flag names; None = not given); ``stage_overrides`` maps
+    stage_id -> values for that stage; ``platform`` None detects it; ``env`` None reads os.environ.
+    Raises ConfigError (ConfigErrors when there are several problems), never anything else.
+    """
+    out = Collector()
+    platform_name = current_platform(platform)
+    model_path = model_layer(model, out)
+    files = deploy_layers(deploy_config, platform_name, out)
+    env_layer(os.environ if env is None else env, out)
+    caller_layers(overrides, stage_overrides, out)
+    _raise_if_errors(out.errors)
+
+    pipeline = _pick(out.assignments, None, pipeline_keys=True)
+    topology, _ = pipeline.get("topology", (PIPELINE_LEAVES["topology"].default, DEFAULT_SOURCE))
+    roles = TOPOLOGIES[topology]
+    _check_stage_refs(out, topology, roles)
+    _raise_if_errors(out.errors)
+
+    provenance: dict[str, Source] = {}
+    server_values = _with_defaults(pipeline, PIPELINE_LEAVES, "server.", provenance, "")
+    provenance["topology"] = pipeline.get("topology", (None, DEFAULT_SOURCE))[1]
+    warnings: list[str] = []
+    stages = tuple(_build_stage(stage_id, role, out, provenance, warnings) for stage_id, role in enumerate(roles))
+    _raise_if_errors(out.errors)
+    for warning in warnings:
+        logger.warning("%s", warning)
+
+    server = ServerConfig(**{k.removeprefix("server."): v for k, v in server_values.items()})
+    resolved = ResolvedConfig(model=model_path, topology=topology, platform=platform_name, server=server,
+                              stages=stages, provenance=FrozenDict(provenance), warnings=tuple(warnings),
+                              deploy_files=tuple(files))
+    return _replace_fingerprint(resolved)
+
+
+def _pick(assignments: Iterable[Assignment], stage_id: int | None, *,
+          pipeline_keys: bool) -> dict[str, tuple[Any, Source]]:
+    """THE precedence rule: per key, highest rank wins; on equal rank a stage value beats a
+    pipeline-wide one; on a full tie the later source wins. Picks pipeline-only keys (topology,
+    server.*) or the keys of stage ``stage_id``."""
+    best: dict[str, tuple[tuple[int, bool, int], Assignment]] = {}
+    for order, item in enumerate(assignments):
+        if item.stage_id not in (None, stage_id):
+            continue
+        if (item.key in PIPELINE_LEAVES) != pipeline_keys:
+            continue
+        priority = (item.rank, item.stage_id is not None, order)
+        if item.key not in best or priority > best[item.key][0]:
+            best[item.key] = (priority, item)
+    return {key: (item.value, item.source) for key, (_, item) in best.items()}
+
+
+def _with_defaults(picked: Mapping[str, tuple[Any, Source]], leaves: Mapping[str, Any], prefix: str,
+                   provenance: dict[str, Source], key_prefix: str) -> dict[str, Any]:
+    """Effective value of every leaf under ``prefix``; unset ones take the schema default last."""
+    values: dict[str, Any] = {}
+    for key, leaf in leaves.items():
+        if not key.startswith(prefix):
+            continue
+        value, source = picked.get(key, (leaf.default, DEFAULT_SOURCE))
+        values[key] = value
+        provenance[f"{key_prefix}{key}"] = source
+    return values
+
+
+def _check_stage_refs(out: Collector, topology: str, roles: tuple[str, ...]) -> None:
+    for ref in out.stage_refs:
+        if ref.stage_id >= len(roles):
+            layout = ", ".join(f"{i} = {role}" for i, role in enumerate(roles))
+            out.error(f"stage_id {ref.stage_id} does not exist in topology {topology!r} ({layout})",
+                      path=ref.path, source=ref.source,
+                      hint="use an existing stage_id, or choose a topology with that stage "
+                           f"(topologies: {', '.join(TOPOLOGIES)})")
+
+
+def _build_stage(stage_id: int, role: str, out: Collector, provenance: dict[str, Source],
+                 warnings: list[str]) -> StageConfig:
+    picked = _pick(out.assignments, stage_id, pipeline_keys=False)
+    values: dict[str, Any] = {}
+    sources: dict[str, Source] = {}
+    for key, leaf in STAGE_LEAVES.items():
+        if leaf.kind == "attention":
+            key = "attention_backend.default"
+        values[key], sources[key] = picked.get(key, (leaf.default, DEFAULT_SOURCE))
+    for key, (value, source) in picked.items():
+        if key.startswith(("extras.", "attention_backend.")) and key not in values:
+            values[key], sources[key] = value, source
+    fold_extras(stage_id, values, sources, out, warnings)
+
+    default = values.pop("attention_backend.default")
+    # Canonical form: a role equal to the default is the default (so spellings fingerprint alike).
+    roles = {r: values.pop(f"attention_backend.{r}") for r in ATTENTION_ROLES if f"attention_backend.{r}" in values}
+    for r in list(roles):
+        if roles[r] == default:
+            del roles[r]
+            del sources[f"attention_backend.{r}"]
+    extras = {k.removeprefix("extras."): values.pop(k) for k in sorted(values) if k.startswith("extras.")}
+    sections = {name: cls(**{k.split(".", 1)[1]: values.pop(k) for k in list(values) if k.startswith(f"{name}.")})
+                for name, cls in _SECTION_TYPES.items()}
+    for key, source in sources.items():
+        provenance[f"stages.{stage_id}.{key}"] = source
+    return StageConfig(stage_id=stage_id, role=role,
+                       attention_backend=AttentionBackendConfig(default, FrozenDict(roles)),
+                       extras=FrozenDict(extras), **sections, **values)
+
+
+def _raise_if_errors(errors: list[ConfigError]) -> None:
+    unique = list({str(e): e for e in errors}.values())
+    if len(unique) == 1:
+        raise unique[0]
+    if unique:
+        raise ConfigErrors(unique)
+
+
+def _replace_fingerprint(resolved: ResolvedConfig) -> ResolvedConfig:
+    return dataclasses.replace(resolved, fingerprint=fingerprint_of(resolved))
+

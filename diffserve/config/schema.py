@@ -1,0 +1,140 @@
+"""The typed, frozen config objects. Their field metadata is the single schema declaration.
+
+Validation at ingress, CLI flags, environment variable names, JSON Schema and the docs tables are all
+derived from ``dataclasses.fields()`` of these classes (see ``fields.py``), so no setting is ever
+written down twice. Everything here is a plain frozen dataclass so a ``ResolvedConfig`` pickles
+cleanly into worker processes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from diffserve.config import canonical as c
+from diffserve.errors import ConfigError
+
+# Topology name -> role of each stage, by stage_id.
+TOPOLOGIES: Mapping[str, tuple[str, ...]] = {
+    "single": ("diffusion",),
+    "split_text_encoder": ("text_encoder", "diffusion"),
+}
+PLATFORMS: tuple[str, ...] = c.canonical_values(c.PLATFORM_ALIASES)
+# Attention call sites of the FLUX transformer that may get their own backend.
+ATTENTION_ROLES: tuple[str, ...] = ("double_block", "single_block")
+
+
+class FrozenDict(dict):
+    """A read-only dict that pickles (``MappingProxyType`` does not) and hashes."""
+
+    def _readonly(self, *args: Any, **kwargs: Any) -> None:
+        raise TypeError("config mappings are read-only")
+
+    __setitem__ = __delitem__ = clear = pop = popitem = setdefault = update = _readonly  # type: ignore
+    __ior__ = _readonly  # type: ignore
+
+    def __hash__(self) -> int:  # type: ignore[override]
+        return hash(frozenset(self.items()))
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # Default dict-subclass pickling replays __setitem__, which is blocked above.
+        return (FrozenDict, (dict(self),))
+
+
+def opt(default: Any, doc: str, normalize: c.Normalizer, *, kind: str = "str", **extra: Any) -> Any:
+    """Declare one setting: its default, help text, ingress normalizer and JSON type."""
+    meta = {"doc": doc, "normalize": normalize, "kind": kind, **extra}
+    return field(default=default, metadata=meta)
+
+
+def section(cls: type, doc: str, flat_prefix: str) -> Any:
+    """Declare a nested section; ``flat_prefix`` + leaf name is its CLI flag / env variable name."""
+    return field(default_factory=cls, metadata={"doc": doc, "section": cls, "flat_prefix": flat_prefix})
+
+
+@dataclass(frozen=True)
+class ParallelConfig:
+    tensor_parallel_size: int = opt(1, "tensor-parallel degree of the transformer", c.int_normalizer(1), kind="int")
+    cfg_parallel_size: int = opt(1, "ranks splitting the CFG branches (1 or 2)", c.int_normalizer(1), kind="int")
+    ulysses_degree: int = opt(1, "Ulysses sequence-parallel degree", c.int_normalizer(1), kind="int")
+    ring_degree: int = opt(1, "ring-attention sequence-parallel degree", c.int_normalizer(1), kind="int")
+
+    @property
+    def world_size(self) -> int:
+        return self.tensor_parallel_size * self.cfg_parallel_size * self.ulysses_degree * self.ring_degree
+
+
+@dataclass(frozen=True)
+class CacheConfig:
+    backend: str = opt("none", "step-cache acceleration backend", c.normalize_cache_backend,
+                       choices=c.canonical_values(c.CACHE_BACKEND_ALIASES))
+
+
+@dataclass(frozen=True)
+class WarmupConfig:
+    enabled: bool = opt(False, "run one tiny generation before reporting ready", c.normalize_bool, kind="bool")
+    height: int = opt(128, "warmup image height (multiple of 16)", c.int_normalizer(16, 16), kind="int")
+    width: int = opt(128, "warmup image width (multiple of 16)", c.int_normalizer(16, 16), kind="int")
+    steps: int = opt(1, "warmup denoise steps", c.int_normalizer(1), kind="int")
+
+
+@dataclass(frozen=True)
+class AttentionBackendConfig:
+    """``default`` applies to every attention role not listed in ``roles``."""
+
+    default: str = "auto"
+    roles: Mapping[str, str] = field(default_factory=FrozenDict)
+
+    def for_role(self, role: str) -> str:
+        if role not in ATTENTION_ROLES:
+            raise ConfigError(f"unknown attention role {role!r}; known roles: {', '.join(ATTENTION_ROLES)}")
+        return self.roles.get(role, self.default)
+
+
+@dataclass(frozen=True)
+class StageConfig:
+    """Complete, resolved settings of one stage. ``stage_id`` and ``role`` come from the topology."""
+
+    stage_id: int = 0
+    role: str = "diffusion"
+    dtype: str = opt("auto", "weights/activation dtype; auto = float32 on CPU, bfloat16 on GPUs",
+                     c.normalize_dtype, choices=c.canonical_values(c.DTYPE_ALIASES))
+    linear_backend: str = opt("auto", "kernel backend of every Linear layer", c.normalize_linear_backend,
+                              choices=c.canonical_values(c.LINEAR_BACKEND_ALIASES))
+    attention_backend: AttentionBackendConfig = field(
+        default_factory=AttentionBackendConfig,
+        metadata={"doc": "attention kernel: a name, or {default: NAME, <role>: NAME} per role",
+                  "normalize": c.normalize_attention_backend, "kind": "attention",
+                  "choices": c.canonical_values(c.ATTENTION_BACKEND_ALIASES)})
+    enforce_eager: bool = opt(False, "never compile; run eager PyTorch", c.normalize_bool, kind="bool")
+    distributed_executor_backend: str = opt(
+        "uni", "uni = worker in this process, mp = worker processes, ray = actors", c.normalize_executor,
+        choices=c.canonical_values(c.EXECUTOR_ALIASES))
+    num_replicas: int = opt(1, "independent copies of this stage", c.int_normalizer(1), kind="int")
+    devices: str = opt("auto", 'device indices, e.g. "0" or "0,1"; auto = pick', c.normalize_devices)
+    max_batch_size: int = opt(1, "most requests batched into one forward", c.int_normalizer(1), kind="int")
+    parallel: ParallelConfig = section(ParallelConfig, "parallelism degrees", "")
+    cache: CacheConfig = section(CacheConfig, "step cache", "cache_")
+    warmup: WarmupConfig = section(WarmupConfig, "warmup run at startup", "warmup_")
+    worker_extension_cls: str | None = opt(None, "dotted path of a WorkerExtension subclass to load",
+                                           c.normalize_class_path)
+    extras: Mapping[str, Any] = field(
+        default_factory=FrozenDict,
+        metadata={"doc": "model-specific keys; the only free-form bag", "kind": "extras"})
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    """Pipeline-wide request limits (never per stage)."""
+
+    max_n: int = opt(4, "most images per request", c.int_normalizer(1), kind="int")
+    max_pixels: int = opt(1048576, "most pixels (height*width) per image", c.int_normalizer(256), kind="int")
+    max_steps: int = opt(100, "most denoise steps per request", c.int_normalizer(1), kind="int")
+    max_queue: int = opt(64, "most requests waiting; beyond it requests are rejected (HTTP 429)",
+                         c.int_normalizer(1), kind="int")
+    max_body_bytes: int = opt(1048576, "largest HTTP request body accepted", c.int_normalizer(1024), kind="int")
+
+
+# Stage fields that are identity, never settable from a source.
+DERIVED_STAGE_FIELDS: tuple[str, ...] = ("stage_id", "role")

@@ -1,0 +1,197 @@
+"""The config sources, each turned into assignments at its rank: model directory, deploy YAML (with
+its base_config chain and platform overlays), environment, and caller/CLI overrides.
+
+Sources only read and canonicalize; the resolver alone decides which value wins.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from diffserve.config.fields import FLAT_LEAVES, did_you_mean
+from diffserve.config.ingest import Ctx, pipeline_doc, stage_id_of, stage_mapping
+from diffserve.config.provenance import LAYER_RANK, MAX_CHAIN, Collector, Source, StageRef
+from diffserve.config.schema import PLATFORMS
+from diffserve.config.yaml_lines import key_line, load_yaml_file
+from diffserve.errors import ConfigError
+from diffserve.logging import get_logger
+
+logger = get_logger(__name__)
+
+# model_index.json `_class_name` -> the topology the model runs with by default.
+SUPPORTED_PIPELINES: Mapping[str, str] = {"FluxPipeline": "single"}
+ENV_PREFIX = "DIFFSERVE_"
+# DIFFSERVE_* variables that are read elsewhere and are not config fields.
+NON_CONFIG_ENV: frozenset[str] = frozenset({"LOG_LEVEL", "CACHE_DIR"})
+_DECK_KEYS = ("base_config", "platforms")
+
+
+def model_layer(model: str | os.PathLike | None, out: Collector) -> str | None:
+    """Read ``model_index.json`` (nothing heavier) and record the model's default topology."""
+    if model is None:
+        return None
+    path = Path(model).expanduser()
+    index = path / "model_index.json"
+    if not path.is_dir():
+        out.error("model directory not found", path="model", source=str(path),
+                  hint="pass a local diffusers-format directory (hub ids are not downloaded)")
+        return str(path)
+    try:
+        class_name = json.loads(index.read_text(encoding="utf-8")).get("_class_name")
+    except FileNotFoundError:
+        out.error("not a diffusers model directory (no model_index.json)", path="model", source=str(path),
+                  hint="point at the directory that contains model_index.json")
+        return str(path.resolve())
+    except (OSError, ValueError, AttributeError) as exc:
+        out.error(f"model_index.json is unreadable: {exc}", path="model", source=str(index))
+        return str(path.resolve())
+    if class_name not in SUPPORTED_PIPELINES:
+        out.error(f"unsupported pipeline class {class_name!r}", path="model_index.json:_class_name",
+                  source=str(index), hint=f"supported: {', '.join(SUPPORTED_PIPELINES)}")
+        return str(path.resolve())
+    source = Source("model", str(index), None, class_name)
+    out.add(LAYER_RANK["model"], None, "topology", SUPPORTED_PIPELINES[class_name], source)
+    return str(path.resolve())
+
+
+def _load_chain(deploy_config: str | os.PathLike | Mapping, out: Collector) -> list[tuple[str, Mapping]]:
+    """The deploy file and its base_config ancestors, root ancestor first."""
+    chain: list[tuple[str, Mapping]] = []
+    seen: list[Path] = []
+    if isinstance(deploy_config, Mapping):
+        name, doc, base_dir = "<dict>", deploy_config, Path.cwd()
+    else:
+        path = Path(deploy_config).expanduser().resolve()
+        name, doc, base_dir = str(path), load_yaml_file(path), path.parent
+        seen.append(path)
+    while True:
+        if doc is None:
+            doc = {}  # an empty file is an empty config
+        if not isinstance(doc, Mapping):
+            raise ConfigError(f"the deploy config must be a mapping, got {type(doc).__name__}", source=name,
+                              hint="write key: value pairs at the top level")
+        chain.append((name, doc))
+        base = doc.get("base_config")
+        if base is None:
+            break
+        where = f"{name}:{key_line(doc, 'base_config')}" if key_line(doc, "base_config") else name
+        if not isinstance(base, str):
+            raise ConfigError("base_config must be a file path", path="base_config", source=where)
+        path = (base_dir / base).expanduser().resolve()
+        if path in seen:
+            cycle = " -> ".join(str(p) for p in (*seen, path))
+            raise ConfigError(f"base_config cycle: {cycle}", path="base_config", source=where,
+                              hint="remove the base_config that points back")
+        if len(seen) >= MAX_CHAIN:
+            raise ConfigError(f"base_config chain longer than {MAX_CHAIN} files", path="base_config", source=where)
+        if not path.is_file():
+            raise ConfigError(f"base_config file not found: {path}", path="base_config", source=where,
+                              hint="paths are relative to the file that names them")
+        seen.append(path)
+        name, doc, base_dir = str(path), load_yaml_file(path), path.parent
+    chain.reverse()
+    return chain
+
+
+def deploy_layers(deploy_config: str | os.PathLike | Mapping | None, platform: str, out: Collector) -> list[str]:
+    """Ingest the deploy chain (yaml ranks) and each file's ``platforms.<platform>`` (platform ranks).
+
+    Blocks of other platforms are validated (bad keys are errors everywhere) but contribute nothing.
+    Returns the files read, root ancestor first.
+    """
+    if deploy_config is None:
+        return []
+    try:
+        chain = _load_chain(deploy_config, out)
+    except ConfigError as exc:
+        out.errors.append(exc)
+        return []
+    for position, (name, doc) in enumerate(chain):
+        ctx = Ctx(out, LAYER_RANK["yaml"] + position, "yaml", name)
+        pipeline_doc(ctx, doc, "", reserved=_DECK_KEYS)
+        blocks = doc.get("platforms")
+        if blocks is None:
+            continue
+        if not isinstance(blocks, Mapping):
+            out.error("platforms must be a mapping of platform name -> overlay", path="platforms",
+                      source=ctx.src(doc, "platforms"), hint="write platforms: {cpu: {...}}")
+            continue
+        for block_name, block in blocks.items():
+            block_source = Source("platform", name, key_line(blocks, block_name))
+            if block_name not in PLATFORMS:
+                out.error(f"unknown platform {block_name!r}", path=f"platforms.{block_name}",
+                          source=block_source, hint=did_you_mean(block_name, PLATFORMS)
+                          or f"known platforms: {', '.join(PLATFORMS)}")
+                continue
+            if block is None:
+                continue
+            if not isinstance(block, Mapping):
+                out.error("a platform overlay must be a mapping", path=f"platforms.{block_name}",
+                          source=block_source)
+                continue
+            active = block_name == platform
+            # An inert block is walked into a scratch collector: its errors count, its values do not.
+            target = out if active else Collector()
+            block_ctx = Ctx(target, LAYER_RANK["platform"] + position, "platform", name)
+            pipeline_doc(block_ctx, block, f"platforms.{block_name}")
+            if not active:
+                out.errors.extend(target.errors)
+    return [name for name, _ in chain]
+
+
+def env_layer(env: Mapping[str, str], out: Collector) -> None:
+    """``DIFFSERVE_<FLAT_NAME>`` variables, e.g. DIFFSERVE_LINEAR_BACKEND=torch."""
+    for var in sorted(env):
+        if not var.startswith(ENV_PREFIX):
+            continue
+        name = var[len(ENV_PREFIX):]
+        if name in NON_CONFIG_ENV:
+            continue
+        flat = name.lower()
+        if flat in FLAT_LEAVES:
+            ctx = Ctx(out, LAYER_RANK["env"], "env", detail=var, allow_flat=True)
+            pipeline_doc(ctx, {flat: env[var]}, "", stages=False)
+            continue
+        # Only names close to a field are typos; other DIFFSERVE_* variables may belong to tools.
+        hint = did_you_mean(flat, FLAT_LEAVES)
+        if hint:
+            suggestion = hint.split("'")[1].upper()
+            out.error(f"unknown config variable {var}", path=var, source="env",
+                      hint=f"did you mean {ENV_PREFIX}{suggestion}?")
+
+
+def caller_layers(overrides: Mapping[str, Any] | None, stage_overrides: Mapping[Any, Any] | None,
+                  out: Collector) -> None:
+    """Caller/CLI values: ``overrides`` apply to every stage, ``stage_overrides`` to one stage each.
+
+    Keys are the YAML keys or the flat flag names (``tensor_parallel_size``); None means "not given".
+    """
+    if overrides is not None:
+        if not isinstance(overrides, Mapping):
+            out.error("overrides must be a mapping", path="overrides", source="cli")
+        else:
+            pipeline_doc(Ctx(out, LAYER_RANK["cli"], "cli", allow_flat=True), overrides, "",
+                         stages=False)
+    if stage_overrides is None:
+        return
+    if not isinstance(stage_overrides, Mapping):
+        out.error("stage_overrides must map stage_id -> {field: value}", path="stage_overrides",
+                  source="cli_stage", hint='e.g. {"0": {"linear_backend": "torch"}}')
+        return
+    for raw_id, body in stage_overrides.items():
+        source = Source("cli_stage", detail=f"stage_overrides[{raw_id!r}]")
+        try:
+            stage_id = stage_id_of(raw_id)
+        except ConfigError as exc:
+            out.fail(exc, path=f"stage_overrides.{raw_id}", source=source)
+            continue
+        if not isinstance(body, Mapping):
+            out.error("expected a mapping of field -> value", path=f"stage_overrides.{stage_id}", source=source)
+            continue
+        out.stage_refs.append(StageRef(stage_id, source, f"stage_overrides.{stage_id}"))
+        ctx = Ctx(out, LAYER_RANK["cli_stage"], "cli_stage", allow_flat=True)
+        stage_mapping(ctx, body, stage_id, f"stage_overrides.{stage_id}")
