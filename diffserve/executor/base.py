@@ -1,0 +1,188 @@
+"""The executor contract and the factory that picks one from the resolved config.
+
+``Executor`` implements the semantics once; ``uni`` and ``mp`` only differ in how a worker is started,
+how a command reaches it and how its death is noticed:
+
+* ``execute(batch, on_step, should_cancel, timeout)`` -> one ``WorkerOutput`` per request (rank 0's).
+  ``should_cancel()`` is polled while the batch runs; when it turns true the worker stops at the next
+  denoise step and ``RequestAbortedError`` is raised. A timeout cancels the batch the same way and
+  raises ``TimeoutError``.
+* ``collective_rpc(method, args, kwargs, timeout)`` -> a flat list, one value per rank, in rank order.
+  A timeout raises ``TimeoutError`` (the late reply is dropped); an exception inside a worker raises
+  ``WorkerError`` (or the original diffserve error type), and the worker keeps serving.
+* A dead worker fails every in-flight and later call with ``EngineDeadError`` within a second.
+* ``shutdown()`` is idempotent and leaves no worker behind.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from diffserve.errors import ConfigError, EngineDeadError, RequestAbortedError
+from diffserve.executor.calls import CallTable, PendingCall, StepCallback
+from diffserve.executor.messages import Command, Reply, WorkerOutput
+from diffserve.logging import get_logger
+
+if TYPE_CHECKING:  # pragma: no cover
+    from diffserve.config.resolve import ResolvedConfig
+    from diffserve.engine.request import GenerationRequest
+
+logger = get_logger(__name__)
+
+# How often a waiting caller re-checks its cancel predicate (abort latency on top of one step).
+_CANCEL_POLL_S = 0.02
+DEFAULT_READY_TIMEOUT_S = 300.0
+
+
+class Executor(ABC):
+    """Runs batches and RPCs on ``world_size`` workers of one stage."""
+
+    name: str = "base"
+
+    def __init__(self, config: ResolvedConfig, stage_id: int, world_size: int = 1,
+                 ready_timeout: float = DEFAULT_READY_TIMEOUT_S) -> None:
+        self.config = config
+        self.stage_id = stage_id
+        self.world_size = world_size
+        self.ready_timeout = ready_timeout
+        self.calls = CallTable()
+        self.worker_pids: list[int] = []
+        # Called once (from a monitor thread) when a worker dies; the engine uses it to fail fast.
+        self.on_dead: Callable[[EngineDeadError], None] | None = None
+        self._shutdown_lock = threading.Lock()
+        self._is_shutdown = False
+
+    # -- what subclasses provide --------------------------------------------------------------------
+
+    @abstractmethod
+    def _send(self, rank: int, command: Command) -> None:
+        """Deliver one command to one worker (raise ``EngineDeadError`` if it cannot be reached)."""
+
+    @abstractmethod
+    def _stop_workers(self) -> None:
+        """Stop every worker and release channels; must not raise."""
+
+    # -- the shared semantics -----------------------------------------------------------------------
+
+    def execute(self, batch: list[GenerationRequest], on_step: StepCallback | None = None,
+                should_cancel: Callable[[], bool] | None = None,
+                timeout: float | None = None) -> list[WorkerOutput]:
+        """Run one batch on every rank (SPMD) and return rank 0's outputs."""
+        call = self._broadcast(Command("execute", batch=list(batch)), on_step)
+        try:
+            self._wait(call, timeout, should_cancel)
+            values = call.values()
+            if call.cancelled:
+                raise RequestAbortedError("batch cancelled between denoise steps")
+            return values[0]
+        finally:
+            self.calls.close(call)
+
+    def collective_rpc(self, method: str | Callable[..., Any], args: tuple = (),
+                       kwargs: dict[str, Any] | None = None, timeout: float | None = None) -> list[Any]:
+        """Call ``method`` on every worker; one result per rank, in rank order."""
+        call = self._broadcast(Command("rpc", method=method, args=tuple(args), kwargs=dict(kwargs or {})))
+        try:
+            self._wait(call, timeout, None)
+            return call.values()
+        finally:
+            self.calls.close(call)
+
+    def check_health(self) -> None:
+        """Raise ``EngineDeadError`` if a worker died or the executor was shut down."""
+        if self.calls.dead is not None:
+            raise EngineDeadError(str(self.calls.dead))
+        if self._is_shutdown:
+            raise EngineDeadError("executor was shut down")
+
+    @property
+    def is_dead(self) -> bool:
+        return self.calls.dead is not None or self._is_shutdown
+
+    def shutdown(self) -> None:
+        """Stop the workers. Idempotent; in-flight calls fail with ``EngineDeadError``."""
+        with self._shutdown_lock:
+            if self._is_shutdown:
+                return
+            self._is_shutdown = True
+        logger.info("%s executor: shutting down %d worker(s)", self.name, self.world_size)
+        self._stop_workers()
+        if self.calls.dead is None:
+            self.calls.fail_all(EngineDeadError("executor was shut down"))
+
+    # -- helpers ------------------------------------------------------------------------------------
+
+    def _broadcast(self, command: Command, on_step: StepCallback | None = None) -> PendingCall:
+        self.check_health()
+        call = self.calls.open(self.world_size, on_step)
+        command.call_id = call.call_id
+        try:
+            for rank in range(self.world_size):
+                self._send(rank, command)
+        except BaseException:
+            self.calls.close(call)
+            raise
+        return call
+
+    def _wait(self, call: PendingCall, timeout: float | None,
+              should_cancel: Callable[[], bool] | None) -> None:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        cancel_sent = False
+        while True:
+            remaining = None if deadline is None else deadline - time.monotonic()
+            slice_s = _CANCEL_POLL_S if should_cancel is not None and not cancel_sent else 0.5
+            if remaining is not None:
+                slice_s = max(0.0, min(slice_s, remaining))
+            if call.done.wait(slice_s):
+                return
+            if not cancel_sent and should_cancel is not None and should_cancel():
+                self._cancel(call)
+                cancel_sent = True
+            if deadline is not None and time.monotonic() >= deadline:
+                if not cancel_sent:
+                    self._cancel(call)
+                raise TimeoutError(f"{self.name} executor: no reply within {timeout:.1f}s")
+
+    def _cancel(self, call: PendingCall) -> None:
+        for rank in range(self.world_size):
+            try:
+                self._send(rank, Command("cancel", call_id=call.call_id))
+            except EngineDeadError:
+                return
+
+    def _deliver(self, reply: Reply) -> None:
+        self.calls.deliver(reply)
+
+    def _mark_dead(self, reason: str) -> None:
+        """Called by a monitor when a worker is gone without being asked to stop."""
+        if self._is_shutdown or self.calls.dead is not None:
+            return
+        error = EngineDeadError(reason)
+        logger.error("%s executor: %s", self.name, reason)
+        self.calls.fail_all(error)
+        if self.on_dead is not None:
+            try:
+                self.on_dead(error)
+            except Exception:
+                logger.exception("on_dead callback failed")
+
+
+def make_executor(config: ResolvedConfig, stage_id: int | None = None, **kwargs: Any) -> Executor:
+    """The executor named by the stage's ``distributed_executor_backend`` (no implicit switching)."""
+    stage = config.stage_for_role("diffusion") if stage_id is None else \
+        next(s for s in config.stages if s.stage_id == stage_id)
+    backend = stage.distributed_executor_backend
+    if backend == "uni":
+        from diffserve.executor.uni import UniExecutor
+
+        return UniExecutor(config, stage.stage_id, **kwargs)
+    if backend == "mp":
+        from diffserve.executor.mp import MultiprocExecutor
+
+        return MultiprocExecutor(config, stage.stage_id, **kwargs)
+    raise ConfigError(f"executor {backend!r} is not available in this build",
+                      path=f"stages.{stage.stage_id}.distributed_executor_backend", hint="use 'uni' or 'mp'")

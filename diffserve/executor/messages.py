@@ -1,0 +1,65 @@
+"""The typed messages between an executor and its workers (the same objects for uni and mp).
+
+Commands flow parent -> worker, replies worker -> parent. Both executors speak exactly this
+protocol over a ``Channel`` (``transport.py``), so timeouts, errors and cancellation mean the same
+thing whether the worker is a thread in this process or a spawned process.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Literal
+
+if TYPE_CHECKING:  # pragma: no cover
+    import torch
+
+    from diffserve.engine.request import GenerationRequest
+
+CommandKind = Literal["execute", "rpc", "cancel", "shutdown"]
+ReplyKind = Literal["ready", "init_failed", "step", "result", "error", "cancelled"]
+
+
+@dataclass
+class Command:
+    """One instruction to a worker. ``call_id`` pairs it with its reply (and a cancel with its execute)."""
+
+    kind: CommandKind
+    call_id: int = 0
+    # rpc: a method name on the worker or its extension, or a picklable callable(worker, *a, **kw).
+    method: Any = None
+    args: tuple = ()
+    kwargs: dict[str, Any] = field(default_factory=dict)
+    # execute: the requests of one batch, seeds already assigned by the engine.
+    batch: list[GenerationRequest] | None = None
+
+
+@dataclass
+class Reply:
+    """One answer from a worker. ``error`` replies carry the remote type, message and traceback text."""
+
+    kind: ReplyKind
+    call_id: int
+    rank: int
+    value: Any = None
+    step: int = 0
+    total_steps: int = 0
+    error_type: str = ""
+    message: str = ""
+    traceback: str = ""
+    # For RequestError raised inside the worker (e.g. a size the model cannot make): the bad field.
+    param: str | None = None
+
+
+@dataclass
+class WorkerOutput:
+    """The result of one request of a batch, as produced by the worker.
+
+    ``images`` is a uint8 tensor [n, H, W, 3]; the engine (one owner of materialisation) turns it into
+    PIL images. ``attestation`` says what actually ran for the batch this request was part of.
+    """
+
+    request_id: str
+    images: torch.Tensor
+    seeds: list[int]
+    timings_ms: dict[str, float]
+    attestation: dict[str, Any]

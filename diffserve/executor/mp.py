@@ -1,0 +1,150 @@
+"""The mp executor: one spawned process per worker, a duplex pipe each, a monitor per worker.
+
+* Ready handshake with a timeout; a worker that fails to load reports why (same exception type).
+* The monitor thread waits on the pipe *and* the process sentinel: replies are dispatched, and a
+  worker that exits unasked fails every in-flight and later call with ``EngineDeadError``.
+* Shutdown: a ``shutdown`` command, then SIGTERM, then SIGKILL; a ``weakref.finalize`` does the same at
+  interpreter exit or garbage collection, and workers exit on their own when the parent is gone.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import multiprocessing
+import os
+import threading
+import time
+import weakref
+from multiprocessing.connection import wait
+from typing import TYPE_CHECKING, Any
+
+from diffserve.errors import EngineDeadError
+from diffserve.executor.base import DEFAULT_READY_TIMEOUT_S, Executor
+from diffserve.executor.calls import remote_exception
+from diffserve.executor.messages import Command
+from diffserve.executor.transport import ChannelClosed, PipeChannel
+from diffserve.logging import get_logger
+from diffserve.worker.loop import process_main
+
+if TYPE_CHECKING:  # pragma: no cover
+    from diffserve.config.resolve import ResolvedConfig
+
+logger = get_logger(__name__)
+
+_GRACE_S = 5.0  # after the shutdown command, before SIGTERM
+_TERM_S = 3.0  # after SIGTERM, before SIGKILL
+
+
+class MultiprocExecutor(Executor):
+    """``world_size`` spawned worker processes of one stage."""
+
+    name = "mp"
+
+    def __init__(self, config: ResolvedConfig, stage_id: int, world_size: int = 1,
+                 ready_timeout: float = DEFAULT_READY_TIMEOUT_S) -> None:
+        super().__init__(config, stage_id, world_size, ready_timeout)
+        ctx = multiprocessing.get_context("spawn")
+        self._processes: list[Any] = []
+        self._channels: list[PipeChannel] = []
+        self._monitors: list[threading.Thread] = []
+        # Registered before anything can fail, so a half-started executor is cleaned up too.
+        self._finalizer = weakref.finalize(self, _stop_processes, self._processes, self._channels)
+        try:
+            for rank in range(world_size):
+                parent_conn, child_conn = ctx.Pipe(duplex=True)
+                process = ctx.Process(target=process_main, name=f"diffserve-worker-{rank}", daemon=True,
+                                      args=(child_conn, config, stage_id, rank, os.getpid()))
+                process.start()
+                child_conn.close()  # only the child holds its end: its exit closes the pipe
+                self._processes.append(process)
+                self._channels.append(PipeChannel(parent_conn))
+            for rank in range(world_size):
+                self._handshake(rank)
+        except BaseException:
+            self.shutdown()
+            raise
+        for rank in range(world_size):
+            monitor = threading.Thread(target=self._monitor, args=(rank,), daemon=True,
+                                       name=f"diffserve-mp-monitor-{rank}")
+            monitor.start()
+            self._monitors.append(monitor)
+        logger.info("mp executor: %d worker(s) ready, pids=%s", world_size, self.worker_pids)
+
+    def _handshake(self, rank: int) -> None:
+        process, channel = self._processes[rank], self._channels[rank]
+        ready = wait([channel.connection, process.sentinel], timeout=self.ready_timeout)
+        if not ready:
+            raise EngineDeadError(f"mp worker {rank} not ready within {self.ready_timeout:.0f}s")
+        try:
+            reply = channel.recv() if channel.connection in ready or channel.poll(0) else None
+        except ChannelClosed:
+            reply = None
+        if reply is None:
+            process.join(1.0)
+            raise EngineDeadError(f"mp worker {rank} exited during startup (exit code {process.exitcode})")
+        if reply.kind != "ready":
+            raise remote_exception(reply)
+        self.worker_pids.append(reply.value["pid"])
+
+    def _monitor(self, rank: int) -> None:
+        process, channel = self._processes[rank], self._channels[rank]
+        while True:
+            try:
+                ready = wait([channel.connection, process.sentinel])
+            except (OSError, ValueError):  # the channel was closed by shutdown
+                ready = [process.sentinel]
+            if channel.connection in ready:
+                try:
+                    self._deliver(channel.recv())
+                    continue
+                except ChannelClosed:
+                    pass
+            elif channel.poll(0):
+                continue  # drain replies sent just before the exit
+            # Pipe closed or process gone: give the exit code a moment to appear for the message.
+            process.join(0.5)
+            self._mark_dead(f"mp worker {rank} (pid {process.pid}) died, exit code {process.exitcode}")
+            return
+
+    def _send(self, rank: int, command: Command) -> None:
+        try:
+            self._channels[rank].send(command)
+        except ChannelClosed as exc:
+            raise EngineDeadError(f"mp worker {rank} is unreachable: {exc}") from exc
+
+    def _stop_workers(self) -> None:
+        self._finalizer()
+        for monitor in self._monitors:
+            monitor.join(timeout=2.0)
+
+    def alive_pids(self) -> list[int]:
+        """PIDs of worker processes still running (for tests and health checks)."""
+        return [p.pid for p in self._processes if p.is_alive()]
+
+
+def _stop_processes(processes: list[Any], channels: list[PipeChannel]) -> None:
+    """Shutdown command, then SIGTERM, then SIGKILL. Never raises; references no executor."""
+    for channel, process in zip(channels, processes, strict=False):
+        if process.is_alive():
+            with contextlib.suppress(ChannelClosed):
+                channel.send(Command("shutdown"))
+    _join_all(processes, _GRACE_S)
+    for process in processes:
+        if process.is_alive():
+            logger.warning("mp worker pid %s ignored shutdown, sending SIGTERM", process.pid)
+            process.terminate()
+    _join_all(processes, _TERM_S)
+    for process in processes:
+        if process.is_alive():
+            logger.warning("mp worker pid %s ignored SIGTERM, sending SIGKILL", process.pid)
+            process.kill()
+    _join_all(processes, None)
+    for channel in channels:
+        channel.close()
+
+
+def _join_all(processes: list[Any], budget: float | None) -> None:
+    deadline = None if budget is None else time.monotonic() + budget
+    for process in processes:
+        remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
+        process.join(remaining)

@@ -1,0 +1,93 @@
+"""The uni executor: the worker runs inside the calling process (same PID), on its own thread.
+
+The worker thread serves the same command loop as an mp worker process, so an RPC waits for the
+running batch, a cancel lands between steps and a timeout means the same thing as on mp. Only the
+channel differs: in-process queues, objects passed by reference (no copies of images).
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import TYPE_CHECKING
+
+from diffserve.errors import EngineDeadError
+from diffserve.executor.base import DEFAULT_READY_TIMEOUT_S, Executor
+from diffserve.executor.calls import remote_exception
+from diffserve.executor.messages import Command
+from diffserve.executor.transport import ChannelClosed, QueueChannel, queue_channel_pair
+from diffserve.logging import get_logger
+from diffserve.worker.loop import serve
+from diffserve.worker.worker import Worker
+
+if TYPE_CHECKING:  # pragma: no cover
+    from diffserve.config.resolve import ResolvedConfig
+
+logger = get_logger(__name__)
+
+
+class UniExecutor(Executor):
+    """``world_size`` workers as threads of this process (1 unless a test asks for more)."""
+
+    name = "uni"
+
+    def __init__(self, config: ResolvedConfig, stage_id: int, world_size: int = 1,
+                 ready_timeout: float = DEFAULT_READY_TIMEOUT_S) -> None:
+        super().__init__(config, stage_id, world_size, ready_timeout)
+        self._channels: list[QueueChannel] = []
+        self._threads: list[threading.Thread] = []
+        self._readers: list[threading.Thread] = []
+        try:
+            for rank in range(world_size):
+                self._start_worker(rank)
+        except BaseException:
+            self.shutdown()
+            raise
+        for rank, channel in enumerate(self._channels):
+            reader = threading.Thread(target=self._read, args=(rank, channel),
+                                      name=f"diffserve-uni-reader-{rank}", daemon=True)
+            reader.start()
+            self._readers.append(reader)
+
+    def _start_worker(self, rank: int) -> None:
+        parent_end, worker_end = queue_channel_pair()
+        config, stage_id = self.config, self.stage_id
+
+        def run() -> None:
+            try:
+                serve(worker_end, lambda: Worker(config, stage_id, rank, executor="uni"))
+            finally:
+                worker_end.close()  # tells the reader the worker is gone
+
+        thread = threading.Thread(target=run, name=f"diffserve-uni-worker-{rank}", daemon=True)
+        thread.start()
+        self._channels.append(parent_end)
+        self._threads.append(thread)
+        if not parent_end.poll(self.ready_timeout):
+            raise EngineDeadError(f"uni worker {rank} not ready within {self.ready_timeout:.0f}s")
+        reply = parent_end.recv()
+        if reply.kind != "ready":
+            raise remote_exception(reply)
+        self.worker_pids.append(reply.value["pid"])
+
+    def _read(self, rank: int, channel: QueueChannel) -> None:
+        while True:
+            try:
+                reply = channel.recv()
+            except ChannelClosed:
+                self._mark_dead(f"uni worker {rank} stopped")
+                return
+            self._deliver(reply)
+
+    def _send(self, rank: int, command: Command) -> None:
+        if not self._threads[rank].is_alive():
+            raise EngineDeadError(f"uni worker {rank} is not running")
+        self._channels[rank].send(command)
+
+    def _stop_workers(self) -> None:
+        for channel in self._channels:
+            channel.send(Command("shutdown"))
+        for thread in self._threads:
+            # A batch notices shutdown at its next step; a thread stuck in a long step stays a daemon.
+            thread.join(timeout=30.0)
+            if thread.is_alive():
+                logger.warning("uni worker thread %s did not stop within 30s", thread.name)

@@ -1,0 +1,68 @@
+"""Worker extensions: a narrow hook interface instead of splicing classes into the worker's MRO.
+
+An extension is named by ``stage.worker_extension_cls`` (a dotted path). The worker instantiates it
+once, calls ``before_load(worker)`` before the pipeline is built (so it can wrap backend factories)
+and ``after_load(worker)`` once the model exists. Its public methods are callable through
+``collective_rpc``; they run in the worker between batches, never during a forward.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+from diffserve.errors import ConfigError
+from diffserve.logging import get_logger
+
+if TYPE_CHECKING:  # pragma: no cover
+    from diffserve.worker.worker import Worker
+
+logger = get_logger(__name__)
+
+# Names an RPC can never reach: the hooks are lifecycle calls owned by the worker, not remote verbs.
+_RESERVED = frozenset({"before_load", "after_load"})
+
+
+class WorkerExtension:
+    """Base class for worker extensions. Subclasses override the hooks and add public RPC methods."""
+
+    def before_load(self, worker: Worker) -> None:
+        """Called in the worker before the pipeline is built."""
+
+    def after_load(self, worker: Worker) -> None:
+        """Called in the worker after the pipeline is built (and before any request runs)."""
+
+    def rpc_method(self, name: str) -> Any | None:
+        """Return the bound public method ``name`` if an RPC may call it, else ``None``."""
+        if name.startswith("_") or name in _RESERVED or name == "rpc_method":
+            return None
+        method = getattr(self, name, None)
+        return method if callable(method) else None
+
+
+def load_extension(dotted_path: str | None) -> WorkerExtension | None:
+    """Import and instantiate ``package.module.ClassName``; ``None`` means no extension.
+
+    A wrong path is a config error: it names the key and the fix, so a typo never becomes a worker
+    that silently serves without the extension the deploy file asked for.
+    """
+    if not dotted_path:
+        return None
+    module_name, _, class_name = dotted_path.rpartition(".")
+    if not module_name:
+        raise ConfigError(f"{dotted_path!r} is not a dotted path 'package.module.Class'",
+                          path="worker_extension_cls")
+    try:
+        cls = getattr(importlib.import_module(module_name), class_name)
+    except (ImportError, AttributeError) as exc:
+        raise ConfigError(f"cannot import {dotted_path!r}: {exc}", path="worker_extension_cls",
+                          hint="the module must be importable in the worker process") from exc
+    instance = cls()
+    if not isinstance(instance, WorkerExtension):
+        # Duck-typed extensions are accepted, but they must at least have the hooks.
+        for hook in ("before_load", "after_load"):
+            if not callable(getattr(instance, hook, None)):
+                raise ConfigError(f"{dotted_path!r} has no {hook}() hook", path="worker_extension_cls",
+                                  hint="subclass diffserve.worker.extension.WorkerExtension")
+    logger.info("worker extension %s loaded", dotted_path)
+    return instance

@@ -1,0 +1,159 @@
+"""The worker's command loop, shared by the uni executor (a thread) and the mp executor (a process).
+
+One loop for both is what makes their semantics identical: commands are served strictly one at a
+time, an RPC that arrives during a batch is deferred until the batch ends (RPCs never run during a
+forward), and a ``cancel`` for the running batch is noticed between denoise steps.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import traceback
+from collections import deque
+from collections.abc import Callable
+from dataclasses import replace
+from typing import Any
+
+from diffserve.errors import RequestError
+from diffserve.executor.messages import Command, Reply
+from diffserve.executor.transport import Channel, ChannelClosed
+from diffserve.logging import get_logger
+from diffserve.worker.worker import Worker
+
+logger = get_logger(__name__)
+
+# How often an idle mp worker checks that its parent is still alive.
+_PARENT_CHECK_S = 1.0
+
+
+def error_reply(call_id: int, rank: int, exc: BaseException) -> Reply:
+    """The one way a worker reports an exception (same fields on uni and mp)."""
+    remote_type = getattr(exc, "remote_type", None) or type(exc).__name__
+    return Reply("error", call_id, rank, error_type=remote_type, message=str(exc) or remote_type,
+                 traceback="".join(traceback.format_exception(type(exc), exc, exc.__traceback__)),
+                 param=exc.param if isinstance(exc, RequestError) else None)
+
+
+class CommandLoop:
+    """Serves commands from ``channel`` on ``worker`` until shutdown or the channel closes."""
+
+    def __init__(self, channel: Channel, worker: Worker, parent_alive: Callable[[], bool] | None = None) -> None:
+        self.channel = channel
+        self.worker = worker
+        self.parent_alive = parent_alive
+        self._deferred: deque[Command] = deque()
+        self._stop = False
+
+    def run(self) -> None:
+        while not self._stop:
+            command = self._deferred.popleft() if self._deferred else self._next()
+            if command is None:
+                return
+            self._handle(command)
+
+    def _next(self) -> Command | None:
+        while True:
+            if self.channel.poll(_PARENT_CHECK_S if self.parent_alive else None):
+                try:
+                    return self.channel.recv()
+                except ChannelClosed:
+                    return None
+            if self.parent_alive is not None and not self.parent_alive():
+                logger.warning("worker rank=%d: parent is gone, exiting", self.worker.rank)
+                return None
+
+    def _handle(self, command: Command) -> None:
+        rank = self.worker.rank
+        if command.kind == "shutdown":
+            self._stop = True
+        elif command.kind == "cancel":
+            pass  # the batch it targeted already finished; nothing to stop
+        elif command.kind == "rpc":
+            try:
+                value = self.worker.call(command.method, command.args, command.kwargs)
+                self._send(Reply("result", command.call_id, rank, value=value))
+            except Exception as exc:  # one failing RPC never takes the worker down
+                self._send(error_reply(command.call_id, rank, exc))
+        elif command.kind == "execute":
+            self._execute(command)
+        else:
+            self._send(Reply("error", command.call_id, rank, error_type="ValueError",
+                             message=f"unknown command {command.kind!r}"))
+
+    def _execute(self, command: Command) -> None:
+        rank, call_id = self.worker.rank, command.call_id
+
+        def on_step(step: int, total: int) -> None:
+            self._send(Reply("step", call_id, rank, step=step, total_steps=total))
+
+        try:
+            outputs = self.worker.execute(command.batch or [], on_step, lambda: self._cancelled(call_id))
+        except Exception as exc:
+            self._send(error_reply(call_id, rank, exc))
+            return
+        self._send(Reply("cancelled", call_id, rank) if outputs is None
+                   else Reply("result", call_id, rank, value=outputs))
+
+    def _cancelled(self, call_id: int) -> bool:
+        """Drain pending commands between steps: a cancel or shutdown stops the batch, others wait."""
+        if self.parent_alive is not None and not self.parent_alive():
+            self._stop = True
+            return True
+        stop = False
+        while self.channel.poll(0):
+            try:
+                command = self.channel.recv()
+            except ChannelClosed:
+                self._stop = True
+                return True
+            if command.kind == "cancel" and command.call_id == call_id:
+                stop = True
+            elif command.kind == "shutdown":
+                self._stop = True
+                stop = True
+            elif command.kind != "cancel":
+                self._deferred.append(command)
+        return stop
+
+    def _send(self, reply: Reply) -> None:
+        try:
+            self.channel.send(reply)
+        except ChannelClosed:
+            self._stop = True
+
+
+def serve(channel: Channel, make_worker: Callable[[], Worker],
+          parent_alive: Callable[[], bool] | None = None) -> None:
+    """Build and load the worker, report ready (or why not), then serve commands."""
+    try:
+        worker = make_worker()
+        worker.load()
+    except Exception as exc:
+        logger.exception("worker failed to start")
+        with contextlib.suppress(ChannelClosed):
+            channel.send(replace(error_reply(0, -1, exc), kind="init_failed"))
+        return
+    channel.send(Reply("ready", 0, worker.rank, value={"pid": os.getpid(), "device": str(worker.device)}))
+    CommandLoop(channel, worker, parent_alive).run()
+
+
+def process_main(conn: Any, config: Any, stage_id: int, rank: int, parent_pid: int) -> None:
+    """Entry point of an mp worker process (spawned: imports only what it needs).
+
+    No PR_SET_PDEATHSIG: Linux ties it to the parent *thread*, so a worker started from a short-lived
+    thread would be killed with it. The loop polls ``getppid()`` instead (idle and between steps), and a
+    closed pipe ends the loop too.
+    """
+    from diffserve.executor.transport import PipeChannel
+
+    # The parent decides when we stop; a Ctrl-C in the terminal must not kill workers mid-batch.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    channel = PipeChannel(conn)
+    try:
+        serve(channel, lambda: Worker(config, stage_id, rank, executor="mp"),
+              parent_alive=lambda: os.getppid() == parent_pid)
+    finally:
+        channel.close()
+

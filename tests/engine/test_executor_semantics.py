@@ -1,0 +1,176 @@
+"""Executor contract, proven on both executors with real workers (threads for uni, processes for mp).
+
+These workers have no model (``model=None``): the contract under test is transport, RPC, errors,
+timeouts, death and shutdown. Batches through a real pipeline are covered in tests/e2e.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+
+import pytest
+
+from diffserve.config.resolve import resolve
+from diffserve.errors import ConfigError, EngineDeadError, RequestError, WorkerError
+from diffserve.executor.base import make_executor
+from diffserve.worker.extension import WorkerExtension
+
+EXECUTORS = ("uni", "mp")
+
+
+class ProbeExtension(WorkerExtension):
+    """RPC verbs used by the tests; runs inside the worker."""
+
+    def before_load(self, worker) -> None:
+        self.hooks = ["before_load"]
+        self.rank = worker.rank
+
+    def after_load(self, worker) -> None:
+        self.hooks.append("after_load")
+
+    def get_hooks(self) -> list[str]:
+        return list(self.hooks)
+
+    def whoami(self) -> tuple[int, int]:
+        return self.rank, os.getpid()
+
+    def fail(self, message: str) -> None:
+        raise ValueError(message)
+
+    def bad_request(self) -> None:
+        raise RequestError("width must be a multiple of 16", param="width")
+
+    def sleep(self, seconds: float) -> float:
+        time.sleep(seconds)
+        return seconds
+
+
+EXT = f"{__name__}.ProbeExtension"
+
+
+def _config(executor: str, extension: str | None = EXT):
+    deploy = {"distributed_executor_backend": executor}
+    if extension:
+        deploy["worker_extension_cls"] = extension
+    return resolve(model=None, deploy_config=deploy, env={})
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # A zombie still answers kill(0); it is gone for our purposes once it is reaped or a zombie.
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split()[2] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+@pytest.fixture(scope="module", params=EXECUTORS)
+def executor(request):
+    ex = make_executor(_config(request.param), world_size=2)
+    yield ex
+    ex.shutdown()
+
+
+def test_hooks_ran_and_rpc_is_flat_per_rank_in_rank_order(executor) -> None:
+    assert executor.collective_rpc("get_hooks") == [["before_load", "after_load"]] * 2
+    ranks_pids = executor.collective_rpc("whoami")
+    assert [rank for rank, _ in ranks_pids] == [0, 1]
+    pids = [pid for _, pid in ranks_pids]
+    assert pids == executor.worker_pids
+    if executor.name == "uni":
+        assert pids == [os.getpid(), os.getpid()]
+    else:
+        assert len(set(pids)) == 2 and os.getpid() not in pids
+        assert all(_pid_alive(p) for p in pids)
+    assert executor.collective_rpc("ping") == ["pong", "pong"]
+
+
+def test_worker_exception_is_typed_and_worker_survives(executor) -> None:
+    with pytest.raises(WorkerError) as info:
+        executor.collective_rpc("fail", args=("boom",))
+    assert info.value.remote_type == "ValueError"
+    assert "boom" in str(info.value) and "Traceback" in info.value.remote_traceback
+    with pytest.raises(RequestError) as bad:
+        executor.collective_rpc("bad_request")
+    assert bad.value.param == "width"
+    with pytest.raises(WorkerError, match="no RPC method 'nope'"):
+        executor.collective_rpc("nope")
+    # Hooks are lifecycle calls, not remote verbs.
+    with pytest.raises(WorkerError):
+        executor.collective_rpc("before_load", args=(None,))
+    assert executor.collective_rpc("ping") == ["pong", "pong"]
+
+
+def test_timeout_raises_and_late_reply_is_dropped(executor) -> None:
+    start = time.monotonic()
+    with pytest.raises(TimeoutError):
+        executor.collective_rpc("sleep", args=(1.0,), timeout=0.2)
+    assert time.monotonic() - start < 0.9
+    # The worker finishes the sleep, then serves the next call; the late reply is not mistaken for it.
+    assert executor.collective_rpc("sleep", args=(0.01,), timeout=30) == [0.01, 0.01]
+
+
+def test_callable_rpc_gets_the_worker(executor) -> None:
+    assert executor.collective_rpc(_rank_of) == [0, 1]
+
+
+def _rank_of(worker) -> int:
+    return worker.rank
+
+
+@pytest.mark.parametrize("kind", EXECUTORS)
+def test_bad_extension_path_fails_startup_with_config_error(kind: str) -> None:
+    with pytest.raises(ConfigError, match="worker_extension_cls"):
+        make_executor(_config(kind, extension="no_such_module_xyz.Ext"), ready_timeout=120)
+
+
+@pytest.mark.parametrize("kind", EXECUTORS)
+def test_shutdown_is_idempotent_and_later_calls_fail_fast(kind: str) -> None:
+    ex = make_executor(_config(kind))
+    pids = list(ex.worker_pids)
+    ex.shutdown()
+    ex.shutdown()
+    with pytest.raises(EngineDeadError):
+        ex.collective_rpc("ping")
+    if kind == "mp":
+        assert not any(_pid_alive(p) for p in pids)
+
+
+def test_mp_sigkill_fails_in_flight_call_fast_and_leaves_no_child() -> None:
+    ex = make_executor(_config("mp"), world_size=2)
+    deaths: list[EngineDeadError] = []
+    ex.on_dead = deaths.append
+    pids = list(ex.worker_pids)
+    result: dict[str, BaseException] = {}
+
+    def call() -> None:
+        try:
+            ex.collective_rpc("sleep", args=(60.0,))
+        except BaseException as exc:  # noqa: BLE001 - recorded for the assertion
+            result["error"] = exc
+
+    caller = threading.Thread(target=call)
+    caller.start()
+    time.sleep(0.5)
+    killed_at = time.monotonic()
+    os.kill(pids[1], signal.SIGKILL)
+    caller.join(timeout=10)
+    assert not caller.is_alive()
+    assert isinstance(result.get("error"), EngineDeadError)
+    assert time.monotonic() - killed_at < 10
+    assert deaths and "died" in str(deaths[0])
+    with pytest.raises(EngineDeadError):
+        ex.collective_rpc("ping")
+    with pytest.raises(EngineDeadError):
+        ex.check_health()
+    start = time.monotonic()
+    ex.shutdown()  # rank 0 is still sleeping: shutdown escalates to SIGTERM and returns
+    assert time.monotonic() - start < 15
+    assert not any(_pid_alive(p) for p in pids)
