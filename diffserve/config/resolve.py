@@ -61,13 +61,12 @@ def resolve(model: str | os.PathLike | None = None,
     files = deploy_layers(deploy_config, platform_name, out)
     env_layer(os.environ if env is None else env, out)
     caller_layers(overrides, stage_overrides, out)
-    _raise_if_errors(out.errors)
+    # Invalid values were dropped at ingress; carry on so one run reports every problem.
 
     pipeline = _pick(out.assignments, None, pipeline_keys=True)
     topology, _ = pipeline.get("topology", (PIPELINE_LEAVES["topology"].default, DEFAULT_SOURCE))
     roles = TOPOLOGIES[topology]
     _check_stage_refs(out, topology, roles)
-    _raise_if_errors(out.errors)
 
     provenance: dict[str, Source] = {}
     server_values = _with_defaults(pipeline, PIPELINE_LEAVES, "server.", provenance, "")

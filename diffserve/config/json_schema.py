@@ -1,0 +1,87 @@
+"""JSON Schema (draft 2020-12) of the deploy YAML, generated from the schema dataclasses.
+
+Enums list canonical spellings only; aliases (``bf16``, ``TORCH``) are accepted by the resolver and
+named in each description.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from diffserve.config.fields import SECTIONS, STAGE_KEYS, STAGE_LEAVES, TOPOLOGY_LEAF, Leaf
+from diffserve.config.schema import ATTENTION_ROLES, PLATFORMS
+
+_JSON_TYPES = {"str": "string", "int": "integer", "bool": "boolean"}
+
+
+def _aliases(leaf: Leaf) -> str:
+    table = getattr(leaf.normalize, "aliases", None)
+    if not table:
+        return ""
+    extra = sorted(k for k, v in table.items() if k != v)
+    return f" Aliases: {', '.join(extra)}." if extra else ""
+
+
+def _leaf_schema(leaf: Leaf) -> dict[str, Any]:
+    schema: dict[str, Any] = {"description": f"{leaf.doc}.{_aliases(leaf)}", "default": leaf.default}
+    if leaf.choices:
+        schema["enum"] = list(leaf.choices)
+    elif leaf.key == "devices":
+        schema["type"] = ["string", "integer"]
+    elif leaf.default is None:
+        schema["type"] = ["string", "null"]
+    else:
+        schema["type"] = _JSON_TYPES[leaf.kind]
+    minimum = getattr(leaf.normalize, "minimum", None)
+    if minimum is not None:
+        schema["minimum"] = minimum
+    return schema
+
+
+def _section_schema(name: str) -> dict[str, Any]:
+    return {"type": "object", "additionalProperties": False,
+            "properties": {key: _leaf_schema(leaf) for key, leaf in SECTIONS[name].items()}}
+
+
+def _stage_properties() -> dict[str, Any]:
+    props: dict[str, Any] = {}
+    for key in STAGE_KEYS:
+        if key in SECTIONS:
+            props[key] = _section_schema(key)
+        elif key == "extras":
+            props[key] = {"type": "object", "description": "model-specific keys; the only free-form bag"}
+        elif key == "attention_backend":
+            name = _leaf_schema(STAGE_LEAVES[key])
+            props[key] = {"description": name.pop("description"), "default": "auto", "oneOf": [
+                {"enum": name["enum"]},
+                {"type": "object", "additionalProperties": False,
+                 "properties": {role: {"enum": name["enum"]} for role in ("default", *ATTENTION_ROLES)}},
+            ]}
+        else:
+            props[key] = _leaf_schema(STAGE_LEAVES[key])
+    return props
+
+
+def deploy_json_schema() -> dict[str, Any]:
+    """The JSON Schema of a deploy YAML file."""
+    stage_entry = {"type": "object", "additionalProperties": False, "required": ["stage_id"],
+                   "properties": {"stage_id": {"type": "integer", "minimum": 0}, **_stage_properties()}}
+    overlay_props = {
+        "topology": _leaf_schema(TOPOLOGY_LEAF),
+        "server": _section_schema("server"),
+        "stages": {"type": "array", "items": stage_entry},
+        **_stage_properties(),
+    }
+    overlay = {"type": "object", "additionalProperties": False, "properties": overlay_props}
+    return {
+        "$schema": "https://json-schema.org/draft/2020-12/schema",
+        "title": "diffserve deploy config",
+        "type": "object",
+        "additionalProperties": False,
+        "properties": {
+            "base_config": {"type": "string", "description": "parent YAML, relative to this file"},
+            **overlay_props,
+            "platforms": {"type": "object", "additionalProperties": False,
+                          "properties": {name: overlay for name in PLATFORMS}},
+        },
+    }
