@@ -89,8 +89,9 @@ def ensure_demo_model(cache_dir: Path | str | None = None) -> Path:
     if _is_current_build(target):
         return target
     try:
-        return build_flux_model(DEMO_KIND, target, seed=DEMO_SEED, force=True)
-    except ConfigError:
+        # force only to replace a stale cache; a fresh one is never overwritten under a reader.
+        return build_flux_model(DEMO_KIND, target, seed=DEMO_SEED, force=target.exists())
+    except (ConfigError, OSError):
         # Another process may have finished the same build first; its result is as good as ours.
         if _is_current_build(target):
             return target
@@ -225,7 +226,12 @@ def _move_into_place(staging: Path, target: Path, *, force: bool) -> None:
             os.replace(target, old / "model")
         else:
             target.rmdir()
-    os.rename(staging, target)
+    try:
+        os.rename(staging, target)
+    except OSError as exc:
+        if target.is_dir() and any(target.iterdir()):  # another build published here meanwhile
+            raise ConfigError(f"{target} is not empty", path="DIR", hint="another build wrote it") from exc
+        raise
     if old is not None:
         shutil.rmtree(old, ignore_errors=True)
 
