@@ -1,29 +1,16 @@
 """Deploy configuration: one resolver from deploy YAML, platform overlays, env and CLI to a typed,
-frozen config with provenance. ``resolve``, ``ResolvedConfig`` and ``StageConfig`` load on first use.
+frozen config with provenance.
+
+Imported eagerly (it is cheap: PyYAML and the standard library, never torch). Eager on purpose: with a
+lazy ``__getattr__``, ``from diffserve.config import resolve`` would return the ``resolve`` *module*
+once anything had imported ``diffserve.config.resolve``, because importing a submodule binds its name
+on the package.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from diffserve.config.resolve import resolve
+from diffserve.config.resolved import ResolvedConfig
+from diffserve.config.schema import StageConfig
 
 __all__ = ["ResolvedConfig", "StageConfig", "resolve"]
-
-_LAZY = {
-    "resolve": "diffserve.config.resolve",
-    "ResolvedConfig": "diffserve.config.resolved",
-    "StageConfig": "diffserve.config.schema",
-}
-
-if TYPE_CHECKING:  # pragma: no cover
-    from diffserve.config.resolve import resolve
-    from diffserve.config.resolved import ResolvedConfig
-    from diffserve.config.schema import StageConfig
-
-
-def __getattr__(name: str) -> Any:
-    module_name = _LAZY.get(name)
-    if module_name is None:
-        raise AttributeError(f"module 'diffserve.config' has no attribute {name!r}")
-    import importlib
-
-    return getattr(importlib.import_module(module_name), name)

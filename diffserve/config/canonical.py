@@ -58,13 +58,14 @@ def canonical_values(aliases: Mapping[str, str]) -> tuple[str, ...]:
     return tuple(dict.fromkeys(aliases.values()))
 
 
-def _spelling(value: Any, what: str) -> str:
+def _spelling(value: Any, what: str, valid: tuple[str, ...]) -> str:
     if isinstance(value, str):
         return value.strip().lower().replace("-", "_")
     # torch.dtype objects stringify as "torch.bfloat16"; matching the module name avoids importing torch.
     if type(value).__module__.startswith("torch"):
         return str(value).lower()
-    raise ConfigError(f"{what} must be a string, got {type(value).__name__} {value!r}")
+    raise ConfigError(f"{what} must be a string, got {type(value).__name__} {value!r}",
+                      hint=f"use one of {', '.join(valid)}")
 
 
 def enum_normalizer(what: str, aliases: Mapping[str, str]) -> Normalizer:
@@ -72,7 +73,7 @@ def enum_normalizer(what: str, aliases: Mapping[str, str]) -> Normalizer:
     valid = canonical_values(aliases)
 
     def normalize(value: Any) -> str:
-        key = _spelling(value, what)
+        key = _spelling(value, what, valid)
         if key in aliases:
             return aliases[key]
         raise ConfigError(

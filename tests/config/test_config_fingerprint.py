@@ -1,0 +1,69 @@
+"""The fingerprint: identical across equivalent spellings and key orders, different for any value."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from config_helpers import run, write
+
+from diffserve.config.fields import FLAT_LEAVES
+
+SPELLING_A = """
+dtype: bf16
+linear_backend: TORCH
+attention_backend: SDPA
+distributed_executor_backend: MP
+devices: 0
+parallel: {ulysses_degree: 2, ring_degree: 1}
+"""
+SPELLING_B = """
+parallel: {ring_degree: 1, ulysses_degree: 2}
+distributed_executor_backend: mp
+stages:
+  - stage_id: 0
+    devices: "0"
+    attention_backend: {default: torch_sdpa}
+linear_backend: torch
+dtype: torch.bfloat16
+"""
+
+
+def test_equivalent_spellings_and_orders_share_a_fingerprint(tmp_path: Path) -> None:
+    a = run(deploy_config=write(tmp_path / "a.yaml", SPELLING_A))
+    b = run(deploy_config=write(tmp_path / "b.yaml", SPELLING_B))
+    c = run(overrides={"distributed_executor_backend": "mp", "dtype": "bfloat16", "devices": "0",
+                       "attention_backend": {"default": "sdpa", "double_block": "sdpa"},
+                       "linear_backend": "torch", "ulysses_degree": 2})
+    assert a.stages == b.stages == c.stages
+    assert a.fingerprint == b.fingerprint == c.fingerprint
+    assert a.provenance != c.provenance   # provenance differs, and does not count
+
+
+# A second valid value for every flat setting (never its default).
+OTHER = {"dtype": "float16", "linear_backend": "torch", "attention_backend": "math", "enforce_eager": True,
+         "distributed_executor_backend": "mp", "devices": "1", "worker_extension_cls": "pkg.mod.Ext",
+         "topology": "split_text_encoder", "cache_backend": None, "warmup_enabled": True}
+
+
+@pytest.mark.parametrize("flat", sorted(FLAT_LEAVES))
+def test_any_value_changes_the_fingerprint(flat: str) -> None:
+    leaf = FLAT_LEAVES[flat]
+    if flat in OTHER:
+        value = OTHER[flat]
+    elif leaf.kind == "int":
+        value = leaf.default * 2
+    else:
+        value = None
+    if value is None:
+        pytest.skip(f"{flat} has a single valid value today")
+    assert run(overrides={flat: value}).fingerprint != run().fingerprint
+
+
+def test_extras_roles_model_and_platform_change_the_fingerprint(flux_model: Path) -> None:
+    base = run().fingerprint
+    assert run(overrides={"extras": {"k": 1}}).fingerprint != base
+    assert run(overrides={"extras": {"k": 1}}).fingerprint != run(overrides={"extras": {"k": 2}}).fingerprint
+    assert run(overrides={"attention_backend": {"double_block": "math"}}).fingerprint != base
+    assert run(platform="cuda").fingerprint != base
+    assert run(model=flux_model).fingerprint != base
