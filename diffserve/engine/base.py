@@ -1,0 +1,107 @@
+"""What ``Engine`` and ``AsyncEngine`` share: construction from the same keywords as ``resolve()``,
+RPCs to the workers, health, stats and an idempotent shutdown (also as a context manager)."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from diffserve.engine.core import EngineCore
+from diffserve.logging import get_logger
+
+if TYPE_CHECKING:  # pragma: no cover
+    from diffserve.config.resolve import ResolvedConfig
+    from diffserve.engine.stats import BatchStats
+
+logger = get_logger(__name__)
+
+E = TypeVar("E", bound="EngineBase")
+
+
+class EngineBase:
+    """Common front end over one ``EngineCore``."""
+
+    def __init__(self, model: str | os.PathLike | None = None,
+                 deploy_config: str | os.PathLike | Mapping[str, Any] | None = None, *,
+                 stage_overrides: Mapping[Any, Mapping[str, Any]] | None = None,
+                 platform: str | None = None, env: Mapping[str, str] | None = None,
+                 **overrides: Any) -> None:
+        """``overrides`` are engine fields for every stage (``linear_backend="torch"``...), exactly the
+        ``overrides`` of ``diffserve.config.resolve.resolve``; the other keywords are passed as is."""
+        from diffserve.config.resolve import resolve
+
+        config = resolve(model=model, deploy_config=deploy_config, overrides=overrides or None,
+                         stage_overrides=stage_overrides, platform=platform, env=env)
+        self._core = EngineCore(config)
+
+    @classmethod
+    def from_config(cls: type[E], config: ResolvedConfig) -> E:
+        """Build from an already resolved config (what the CLI and the server do)."""
+        engine = cls.__new__(cls)
+        engine._core = EngineCore(config)
+        return engine
+
+    # -- introspection ------------------------------------------------------------------------------
+
+    @property
+    def config(self) -> ResolvedConfig:
+        return self._core.config
+
+    @property
+    def executor_name(self) -> str:
+        return self._core.executor.name
+
+    @property
+    def worker_pids(self) -> list[int]:
+        return list(self._core.executor.worker_pids)
+
+    @property
+    def is_ready(self) -> bool:
+        return self._core.is_ready
+
+    @property
+    def is_dead(self) -> bool:
+        return self._core.is_dead
+
+    @property
+    def queue_depth(self) -> int:
+        return self._core.scheduler.queue_depth
+
+    @property
+    def num_running(self) -> int:
+        return self._core.scheduler.num_running
+
+    def check_health(self) -> None:
+        """Raise ``EngineDeadError`` if a worker died or the engine was shut down."""
+        self._core.check_health()
+
+    def stats(self) -> dict[str, Any]:
+        """Cumulative counters since start (warmup excluded), including recent batch sizes."""
+        return self._core.counters.as_dict()
+
+    def add_stats_listener(self, listener: Callable[[BatchStats], None]) -> None:
+        """``listener(BatchStats)`` after every executed batch (on the engine thread: keep it cheap)."""
+        self._core.add_stats_listener(listener)
+
+    # -- workers ------------------------------------------------------------------------------------
+
+    def collective_rpc(self, method: str | Callable[..., Any], args: tuple = (),
+                       kwargs: dict[str, Any] | None = None, timeout: float | None = None) -> list[Any]:
+        """Call ``method`` (a worker-extension method or built-in, or a picklable ``fn(worker, ...)``) on
+        every worker, between batches. Returns one result per rank, in rank order."""
+        return self._core.executor.collective_rpc(method, args, kwargs, timeout)
+
+    # -- lifetime -----------------------------------------------------------------------------------
+
+    def shutdown(self) -> None:
+        """Stop the engine and its workers. Idempotent; waiting requests fail with EngineDeadError."""
+        core = getattr(self, "_core", None)
+        if core is not None:
+            core.shutdown()
+
+    def __enter__(self: E) -> E:
+        return self
+
+    def __exit__(self, *exc_info: Any) -> None:
+        self.shutdown()

@@ -1,0 +1,232 @@
+"""The engine core: validation and admission, the background loop that runs batches on the
+executor, progress and result delivery, abort, warmup and death handling.
+
+``Engine`` and ``AsyncEngine`` are thin front ends over this one loop, so both have the same
+semantics. Every request gets exactly one final item through its sink: a ``RequestOutput`` or an
+exception (``RequestAbortedError``, ``EngineDeadError``, ``WorkerError``, ``RequestError``).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from diffserve.engine.outputs import build_output
+from diffserve.engine.request import GenerationRequest, ProgressEvent
+from diffserve.engine.scheduler import RequestState, Scheduler, Sink
+from diffserve.engine.stats import BatchStats, EngineCounters
+from diffserve.errors import (
+    EngineDeadError,
+    EngineNotReadyError,
+    RequestAbortedError,
+    RequestError,
+    WorkerError,
+)
+from diffserve.executor.base import Executor, make_executor
+from diffserve.logging import get_logger
+
+if TYPE_CHECKING:  # pragma: no cover
+    from diffserve.config.resolve import ResolvedConfig
+
+logger = get_logger(__name__)
+
+
+def validate_request(request: GenerationRequest, server: Any) -> None:
+    """Reject a bad request before it reaches a worker (``RequestError`` naming the field)."""
+    request.validate()
+    if request.n > server.max_n:
+        raise RequestError(f"n={request.n} exceeds this server's limit of {server.max_n} images per request",
+                           param="n")
+    if request.height and request.width and request.height * request.width > server.max_pixels:
+        raise RequestError(f"{request.width}x{request.height} exceeds this server's limit of "
+                           f"{server.max_pixels} pixels per image", param="size")
+    if request.num_inference_steps > server.max_steps:
+        raise RequestError(f"num_inference_steps={request.num_inference_steps} exceeds this server's limit "
+                           f"of {server.max_steps}", param="num_inference_steps")
+
+
+class EngineCore:
+    """Owns the executor, the scheduler and the loop thread of one engine."""
+
+    def __init__(self, config: ResolvedConfig, executor: Executor | None = None) -> None:
+        self.config = config
+        self.stage = config.stage_for_role("diffusion")
+        self.scheduler = Scheduler(self.stage.max_batch_size, config.server.max_queue)
+        self.counters = EngineCounters()
+        self._listeners: list[Callable[[BatchStats], None]] = []
+        self._dead: EngineDeadError | None = None
+        self._ready = False
+        self._stopping = threading.Event()
+        self._shutdown_lock = threading.Lock()
+        self._is_shutdown = False
+        self.executor = executor or make_executor(config, self.stage.stage_id)
+        self.executor.on_dead = self._on_worker_death
+        try:
+            if self.stage.warmup.enabled and config.model:
+                self._warmup()
+        except BaseException:
+            self.executor.shutdown()
+            raise
+        self._thread = threading.Thread(target=self._loop, name="diffserve-engine-core", daemon=True)
+        self._thread.start()
+        self._ready = True
+
+    # -- admission ----------------------------------------------------------------------------------
+
+    def submit(self, request: GenerationRequest, sink: Sink) -> RequestState:
+        """Validate, assign a seed and queue. Raises instead of queueing a request that cannot run."""
+        self.check_health()
+        if not self._ready:
+            raise EngineNotReadyError("the engine is still loading or warming up")
+        validate_request(request, self.config.server)
+        state = RequestState(request.with_seed(), sink)
+        self.scheduler.add(state)
+        return state
+
+    def abort(self, request_id: str) -> bool:
+        """Abort a queued request (never runs) or a running one (its batch stops at the next step
+        once every request in it is aborted). False if the request is unknown or already finished."""
+        state, queued = self.scheduler.abort(request_id)
+        if state is None:
+            return False
+        delivered = state.finish(RequestAbortedError(f"request {request_id} was aborted"))
+        if delivered:
+            self.counters.requests_aborted += 1
+            logger.info("aborted %s request %s", "queued" if queued else "running", request_id)
+        return delivered
+
+    # -- the loop -----------------------------------------------------------------------------------
+
+    def _loop(self) -> None:
+        while not self._stopping.is_set():
+            batch = self.scheduler.next_batch(timeout=0.5)
+            if not batch:
+                continue
+            try:
+                self._run_batch(batch)
+            except Exception as exc:  # a bug here must fail these requests, not stop the loop
+                logger.exception("engine loop error")
+                for state in batch:
+                    state.finish(WorkerError(f"engine error: {exc}"))
+            finally:
+                self.scheduler.done(batch)
+
+    def _run_batch(self, batch: list[RequestState]) -> None:
+        live = [s for s in batch if not s.aborted and not s.finished]
+        if not live:
+            return
+
+        def on_step(step: int, total: int) -> None:
+            for state in live:
+                if not state.finished:
+                    state.sink(ProgressEvent(state.request_id, step, total))
+
+        start = time.monotonic()
+        try:
+            outputs = self.executor.execute([s.request for s in live], on_step,
+                                            should_cancel=lambda: all(s.aborted for s in live))
+        except RequestAbortedError:
+            for state in live:
+                state.finish(RequestAbortedError(f"request {state.request_id} was aborted"))
+            self._emit(live, start, "aborted", None)
+            return
+        except EngineDeadError as exc:
+            self._die(exc)
+            return
+        except Exception as exc:
+            if len(live) > 1:
+                # Isolate the failure: rerun each request alone so one bad request fails alone.
+                logger.warning("batch of %d failed (%s); retrying its requests one by one", len(live), exc)
+                for state in live:
+                    self._run_batch([state])
+                return
+            self.counters.requests_failed += int(live[0].finish(exc))
+            self._emit(live, start, "error", None)
+            return
+        by_id = {o.request_id: o for o in outputs}
+        for state in live:
+            output = by_id.get(state.request_id)
+            if output is None:
+                state.finish(WorkerError(f"the worker returned no output for request {state.request_id}"))
+                continue
+            queue_ms = ((state.started or start) - state.arrival) * 1000.0
+            if state.finish(build_output(state.request, output, queue_ms, self.config.fingerprint)):
+                self.counters.requests_ok += 1
+        self._emit(live, start, "ok", outputs[0] if outputs else None)
+
+    def _emit(self, live: list[RequestState], start: float, outcome: str, first: Any) -> None:
+        stats = BatchStats(
+            executor=self.executor.name, batch_size=len(live),
+            images=sum(s.request.n for s in live),
+            request_ids=tuple(s.request_id for s in live),
+            queue_ms=tuple(round(((s.started or start) - s.arrival) * 1000.0, 3) for s in live),
+            batch_ms=round((time.monotonic() - start) * 1000.0, 3), outcome=outcome,
+            phase_ms=dict(first.timings_ms) if first is not None else {},
+            kernels={k: first.attestation.get(k) for k in ("linear", "attention", "transformer_forwards")}
+            if first is not None else {},
+        )
+        self.counters.batches += 1
+        self.counters.images += stats.images if outcome == "ok" else 0
+        self.counters.batch_sizes.append(stats.batch_size)
+        for listener in list(self._listeners):
+            try:
+                listener(stats)
+            except Exception:
+                logger.exception("stats listener failed")
+
+    def add_stats_listener(self, listener: Callable[[BatchStats], None]) -> None:
+        """``listener(BatchStats)`` is called on the engine thread after every non-warmup batch."""
+        self._listeners.append(listener)
+
+    # -- warmup, death, shutdown --------------------------------------------------------------------
+
+    def _warmup(self) -> None:
+        warm = self.stage.warmup
+        request = GenerationRequest(prompt="warmup", height=warm.height, width=warm.width,
+                                    num_inference_steps=warm.steps, seed=0, max_sequence_length=64,
+                                    request_id="warmup", is_warmup=True)
+        start = time.monotonic()
+        # Straight to the executor: warmup never enters the queue, the counters or the stats.
+        self.executor.execute([request])
+        logger.info("warmup %dx%d, %d step(s) took %.0f ms", warm.width, warm.height, warm.steps,
+                    (time.monotonic() - start) * 1000.0)
+
+    def _on_worker_death(self, error: EngineDeadError) -> None:
+        """Called from the executor's monitor: fail queued and running requests right away."""
+        self._die(error)
+
+    def _die(self, error: EngineDeadError) -> None:
+        if self._dead is None:
+            self._dead = error
+            logger.error("engine is dead: %s", error)
+        for state in self.scheduler.drain():
+            state.finish(EngineDeadError(str(error)))
+
+    def check_health(self) -> None:
+        if self._dead is not None:
+            raise EngineDeadError(str(self._dead))
+        self.executor.check_health()
+
+    @property
+    def is_ready(self) -> bool:
+        return self._ready and self._dead is None and not self._is_shutdown
+
+    @property
+    def is_dead(self) -> bool:
+        return self._dead is not None
+
+    def shutdown(self) -> None:
+        """Fail waiting requests, stop the loop and the workers. Idempotent."""
+        with self._shutdown_lock:
+            if self._is_shutdown:
+                return
+            self._is_shutdown = True
+        self._stopping.set()
+        for state in self.scheduler.drain():
+            state.finish(EngineDeadError("the engine was shut down"))
+        self.executor.shutdown()
+        thread = getattr(self, "_thread", None)
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(timeout=10.0)

@@ -1,0 +1,43 @@
+"""The synchronous engine: ``Engine(model_dir, deploy_config=...).generate(request)``."""
+
+from __future__ import annotations
+
+import queue
+from collections.abc import Callable
+
+from diffserve.engine.base import EngineBase
+from diffserve.engine.request import GenerationRequest, ProgressEvent, RequestOutput
+from diffserve.logging import get_logger
+
+logger = get_logger(__name__)
+
+
+class Engine(EngineBase):
+    """Blocking front end. ``generate`` may be called from several threads; their requests batch."""
+
+    def generate(self, request: GenerationRequest, *, timeout: float | None = None,
+                 on_progress: Callable[[ProgressEvent], None] | None = None) -> RequestOutput:
+        """Run one request to completion. Raises ``RequestError`` before anything reaches a worker if
+        the request is invalid; ``TimeoutError`` (after aborting it) if ``timeout`` seconds pass."""
+        items: queue.Queue = queue.Queue()
+        state = self._core.submit(request, items.put)
+        try:
+            while True:
+                try:
+                    item = items.get(timeout=timeout)
+                except queue.Empty:
+                    raise TimeoutError(f"request {state.request_id} did not finish within {timeout}s") from None
+                if isinstance(item, ProgressEvent):
+                    if on_progress is not None:
+                        on_progress(item)
+                    continue
+                if isinstance(item, BaseException):
+                    raise item
+                return item
+        finally:
+            if not state.finished:  # timeout or KeyboardInterrupt: do not leave it running
+                self._core.abort(state.request_id)
+
+    def abort(self, request_id: str) -> bool:
+        """Abort a queued or running request (from another thread). False if unknown or finished."""
+        return self._core.abort(request_id)

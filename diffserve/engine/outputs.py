@@ -1,0 +1,39 @@
+"""Materialise a worker's output into the user's ``RequestOutput`` (the one owner of PIL conversion)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from diffserve.engine.request import GenerationRequest, RequestOutput
+from diffserve.executor.messages import WorkerOutput
+
+
+def to_images(images: Any, output_type: str) -> list[Any]:
+    """uint8 [n, H, W, 3] -> one PIL image per row (``pil``) or one tensor per row (``pt``/``latent``)."""
+    if output_type != "pil":
+        return [images[i] for i in range(images.shape[0])]
+    from PIL import Image
+
+    array = images.detach().to("cpu").contiguous().numpy()
+    return [Image.fromarray(array[i]) for i in range(array.shape[0])]
+
+
+def build_output(request: GenerationRequest, output: WorkerOutput, queue_ms: float,
+                 config_fingerprint: str) -> RequestOutput:
+    images = to_images(output.images, request.output_type)
+    height = int(output.images.shape[1]) if output.images.ndim == 4 else int(request.height or 0)
+    width = int(output.images.shape[2]) if output.images.ndim == 4 else int(request.width or 0)
+    timings = {"queue": round(queue_ms, 3), **{k: round(float(v), 3) for k, v in output.timings_ms.items()}}
+    attestation = {**output.attestation, "config_fingerprint": config_fingerprint}
+    return RequestOutput(
+        request_id=request.request_id,
+        images=images,
+        seeds=list(output.seeds),
+        timings=timings,
+        attestation=attestation,
+        config_fingerprint=config_fingerprint,
+        width=width,
+        height=height,
+        num_inference_steps=request.num_inference_steps,
+        prompt=request.prompt,
+    )

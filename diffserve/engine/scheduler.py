@@ -1,0 +1,138 @@
+"""FIFO admission and batching of compatible requests.
+
+The oldest waiting request always goes next; it is batched with later requests that share its
+compatibility key (size, steps, guidance, sequence length...), up to ``max_batch_size``. Requests
+with another key keep their place, so an incompatible request never blocks the queue head, and
+one never waits behind more than the batch in flight.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from diffserve.engine.request import GenerationRequest
+from diffserve.errors import EngineDeadError, EngineOverloadedError, RequestError
+from diffserve.logging import get_logger
+
+logger = get_logger(__name__)
+
+# Receives ProgressEvent, then exactly one final item: a RequestOutput or an exception.
+Sink = Callable[[Any], None]
+
+
+def batch_key(request: GenerationRequest) -> tuple:
+    """Requests with equal keys can share one forward (same latent shape, schedule and guidance)."""
+    return (request.height, request.width, request.num_inference_steps, float(request.guidance_scale),
+            float(request.true_cfg_scale), request.negative_prompt is not None,
+            request.max_sequence_length, request.output_type, request.is_warmup)
+
+
+@dataclass(eq=False)
+class RequestState:
+    """A request inside the engine, from admission to its final item."""
+
+    request: GenerationRequest
+    sink: Sink
+    arrival: float = field(default_factory=time.monotonic)
+    started: float | None = None
+    aborted: bool = False
+    finished: bool = False
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    @property
+    def request_id(self) -> str:
+        return self.request.request_id
+
+    def finish(self, item: Any) -> bool:
+        """Deliver the final item exactly once (an abort may race the batch's result)."""
+        with self.lock:
+            if self.finished:
+                return False
+            self.finished = True
+        self.sink(item)
+        return True
+
+
+class Scheduler:
+    """Thread-safe waiting queue plus the set of running requests."""
+
+    def __init__(self, max_batch_size: int, max_queue: int) -> None:
+        self.max_batch_size = max(1, int(max_batch_size))
+        self.max_queue = max(1, int(max_queue))
+        self._cond = threading.Condition()
+        self._waiting: list[RequestState] = []
+        self._running: dict[str, RequestState] = {}
+        self._closed = False
+
+    def add(self, state: RequestState) -> None:
+        with self._cond:
+            if self._closed:
+                raise EngineDeadError("the engine is shut down or dead; no new requests are accepted")
+            if len(self._waiting) >= self.max_queue:
+                raise EngineOverloadedError(
+                    f"{len(self._waiting)} requests are already waiting (server.max_queue={self.max_queue});"
+                    " retry later")
+            if state.request_id in self._running or any(s.request_id == state.request_id for s in self._waiting):
+                raise RequestError(f"request_id {state.request_id!r} is already in flight", param="request_id")
+            self._waiting.append(state)
+            self._cond.notify()
+
+    def next_batch(self, timeout: float | None = None) -> list[RequestState]:
+        """The oldest request plus compatible followers; empty if nothing arrived within ``timeout``."""
+        with self._cond:
+            if not self._waiting and not self._closed:
+                self._cond.wait(timeout)
+            if not self._waiting:
+                return []
+            head = self._waiting[0]
+            key = batch_key(head.request)
+            batch = [s for s in self._waiting if batch_key(s.request) == key][: self.max_batch_size]
+            chosen = {id(s) for s in batch}
+            self._waiting = [s for s in self._waiting if id(s) not in chosen]
+            now = time.monotonic()
+            for state in batch:
+                state.started = now
+                self._running[state.request_id] = state
+            return batch
+
+    def done(self, batch: list[RequestState]) -> None:
+        with self._cond:
+            for state in batch:
+                self._running.pop(state.request_id, None)
+
+    def abort(self, request_id: str) -> tuple[RequestState | None, bool]:
+        """Mark a request aborted. Returns (state, was_queued); (None, False) if unknown or finished."""
+        with self._cond:
+            for i, state in enumerate(self._waiting):
+                if state.request_id == request_id:
+                    del self._waiting[i]
+                    state.aborted = True
+                    return state, True
+            state = self._running.get(request_id)
+            if state is not None:
+                state.aborted = True
+            return state, False
+
+    def drain(self) -> list[RequestState]:
+        """Close admission and return every waiting and running request (engine death or shutdown)."""
+        with self._cond:
+            self._closed = True
+            states = self._waiting + list(self._running.values())
+            self._waiting = []
+            self._running.clear()
+            self._cond.notify_all()
+            return states
+
+    @property
+    def queue_depth(self) -> int:
+        with self._cond:
+            return len(self._waiting)
+
+    @property
+    def num_running(self) -> int:
+        with self._cond:
+            return len(self._running)
