@@ -34,6 +34,9 @@ def model_layer(model: str | os.PathLike | None, out: Collector) -> str | None:
     """Read ``model_index.json`` (nothing heavier) and record the model's default topology."""
     if model is None:
         return None
+    if not isinstance(model, (str, os.PathLike)):
+        out.error(f"model must be a directory path, got {type(model).__name__}", path="model", source="caller")
+        return None
     path = Path(model).expanduser()
     index = path / "model_index.json"
     if not path.is_dir():
@@ -104,6 +107,10 @@ def deploy_layers(deploy_config: str | os.PathLike | Mapping | None, platform: s
     Returns the files read, root ancestor first.
     """
     if deploy_config is None:
+        return []
+    if not isinstance(deploy_config, (str, os.PathLike, Mapping)):
+        out.error(f"deploy_config must be a YAML path or a mapping, got {type(deploy_config).__name__}",
+                  path="deploy_config", source="caller")
         return []
     try:
         chain = _load_chain(deploy_config, out)

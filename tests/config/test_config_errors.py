@@ -111,3 +111,10 @@ def test_model_directory_errors(tmp_path: Path) -> None:
     (tmp_path / "model_index.json").write_text(json.dumps({"_class_name": "StableDiffusionPipeline"}))
     with pytest.raises(ConfigError, match="StableDiffusionPipeline.*supported: FluxPipeline"):
         run(model=tmp_path)
+
+
+@pytest.mark.parametrize("kwargs", [{"model": 3}, {"deploy_config": 3.5}, {"overrides": ["dtype"]},
+                                    {"stage_overrides": {"x": {}}}, {"stage_overrides": {0: "bf16"}}])
+def test_wrong_argument_types_are_config_errors(kwargs) -> None:
+    with pytest.raises(ConfigError):
+        run(**kwargs)
