@@ -170,12 +170,12 @@ def stage_field(ctx: Ctx, mapping: Mapping, key: str, value: Any, stage_id: int 
         _leaf(ctx, STAGE_LEAVES[key], value, stage_id, full, source)
     elif ctx.allow_flat and key in FLAT_LEAVES and FLAT_LEAVES[key].scope == "stage":
         _leaf(ctx, FLAT_LEAVES[key], value, stage_id, full, source)
-    elif key in ("stage_id", "role") and stage_id is None:
-        _unknown(ctx, key, path, source, valid, f"{key} belongs inside a stages: entry" if key == "stage_id"
-                 else "role is fixed by the topology")
-    elif key == "role":
-        _unknown(ctx, key, path, source, valid, "role is fixed by the topology; set topology: instead")
-    elif stage_id is not None and key in (*_PIPELINE_ONLY, *PIPELINE_LEAVES) :
+    elif key in ("stage_id", "role", "stages"):
+        hint = {"stage_id": "stage_id belongs inside a stages: entry",
+                "role": "role is fixed by the topology; set topology: instead",
+                "stages": "per-stage caller values go in stage_overrides={stage_id: {...}}"}[key]
+        _unknown(ctx, key, path, source, valid, hint)
+    elif stage_id is not None and key in (*_PIPELINE_ONLY, *PIPELINE_LEAVES):
         _unknown(ctx, key, path, source, valid, f"{key} is pipeline-wide only; move it to the top level")
     else:
         hint = None

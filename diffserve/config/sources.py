@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from diffserve.config.canonical import normalize_platform
 from diffserve.config.fields import FLAT_LEAVES, did_you_mean
 from diffserve.config.ingest import Ctx, pipeline_doc, stage_id_of, stage_mapping
 from diffserve.config.provenance import LAYER_RANK, MAX_CHAIN, Collector, Source, StageRef
@@ -127,13 +128,21 @@ def deploy_layers(deploy_config: str | os.PathLike | Mapping | None, platform: s
             out.error("platforms must be a mapping of platform name -> overlay", path="platforms",
                       source=ctx.src(doc, "platforms"), hint="write platforms: {cpu: {...}}")
             continue
-        for block_name, block in blocks.items():
-            block_source = Source("platform", name, key_line(blocks, block_name))
-            if block_name not in PLATFORMS:
-                out.error(f"unknown platform {block_name!r}", path=f"platforms.{block_name}",
-                          source=block_source, hint=did_you_mean(block_name, PLATFORMS)
+        seen: set[str] = set()
+        for raw_name, block in blocks.items():
+            block_source = Source("platform", name, key_line(blocks, raw_name))
+            try:
+                block_name = normalize_platform(raw_name)  # CUDA: and hip: name the cuda / rocm blocks
+            except ConfigError:
+                out.error(f"unknown platform {raw_name!r}", path=f"platforms.{raw_name}",
+                          source=block_source, hint=did_you_mean(raw_name, PLATFORMS)
                           or f"known platforms: {', '.join(PLATFORMS)}")
                 continue
+            if block_name in seen:
+                out.error(f"platform {block_name!r} has two blocks", path=f"platforms.{raw_name}",
+                          source=block_source, hint="merge them into one")
+                continue
+            seen.add(block_name)
             if block is None:
                 continue
             if not isinstance(block, Mapping):

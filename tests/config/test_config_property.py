@@ -28,7 +28,7 @@ SCALARS = st.one_of(
 )
 VALUES = st.recursive(SCALARS, lambda inner: st.one_of(
     st.lists(inner, max_size=3), st.dictionaries(KEYS, inner, max_size=4)), max_leaves=12)
-STAGE_ENTRY = st.dictionaries(KEYS, VALUES, max_size=4).map(lambda d: d) | st.builds(
+STAGE_ENTRY = st.dictionaries(KEYS, VALUES, max_size=4) | st.builds(
     lambda sid, body: {"stage_id": sid, **body}, st.integers(-1, 3), st.dictionaries(KEYS, VALUES, max_size=3))
 DOCS = st.one_of(
     st.dictionaries(KEYS, VALUES, max_size=6),
