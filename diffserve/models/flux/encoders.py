@@ -1,0 +1,63 @@
+"""Prompt encoding with FLUX's two text encoders: CLIP (pooled vector) and T5 (token sequence)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from torch import Tensor
+
+from diffserve.errors import ModelLoadError
+from diffserve.logging import get_logger
+
+logger = get_logger(__name__)
+
+
+class TextEncoders:
+    """CLIP ``pooler_output`` and T5 last hidden state, tokenized exactly as diffusers' FluxPipeline does
+    (CLIP padded/truncated to its 77-token window, T5 to ``max_sequence_length``)."""
+
+    def __init__(self, model_dir: str | Path, *, dtype: torch.dtype, device: torch.device) -> None:
+        from transformers import AutoTokenizer, CLIPTextModel, T5EncoderModel
+
+        root = Path(model_dir)
+        try:
+            self.clip_tokenizer = AutoTokenizer.from_pretrained(str(root / "tokenizer"))
+            self.t5_tokenizer = AutoTokenizer.from_pretrained(str(root / "tokenizer_2"))
+            self.clip = CLIPTextModel.from_pretrained(str(root / "text_encoder"), dtype=dtype).to(device).eval()
+            self.t5 = T5EncoderModel.from_pretrained(str(root / "text_encoder_2"), dtype=dtype).to(device).eval()
+        except (OSError, ValueError) as exc:
+            raise ModelLoadError(f"cannot load the text encoders from {root}: {exc}") from exc
+        self.device = device
+        self.dtype = dtype
+        self.clip_max_length = int(getattr(self.clip_tokenizer, "model_max_length", 77) or 77)
+        if self.clip_max_length > 10_000:  # tokenizers without a limit report a huge sentinel
+            self.clip_max_length = 77
+        self._warned: set[str] = set()
+
+    def t5_window_exceeded(self, prompt: str, max_sequence_length: int) -> bool:
+        """Whether T5 truncates ``prompt`` at ``max_sequence_length`` tokens (counting the end token)."""
+        return len(self.t5_tokenizer(prompt).input_ids) > max_sequence_length
+
+    def encode(self, prompts: list[str], max_sequence_length: int) -> tuple[Tensor, Tensor]:
+        """Return ``(t5 [B, max_sequence_length, D_t5], pooled [B, D_clip])`` for ``prompts``."""
+        for prompt in prompts:
+            if self.t5_window_exceeded(prompt, max_sequence_length):
+                # Warn once per pipeline and never echo the prompt: it may be private.
+                self._warn_once("t5", f"a prompt is longer than the T5 window of {max_sequence_length} tokens "
+                                      "and was truncated (raise max_sequence_length, up to 512, or shorten it)")
+            if len(self.clip_tokenizer(prompt).input_ids) > self.clip_max_length:
+                self._warn_once("clip", f"a prompt is longer than CLIP's {self.clip_max_length}-token window; "
+                                        "the pooled CLIP embedding sees only its beginning")
+        clip_ids = self.clip_tokenizer(prompts, padding="max_length", max_length=self.clip_max_length,
+                                       truncation=True, return_tensors="pt").input_ids
+        t5_ids = self.t5_tokenizer(prompts, padding="max_length", max_length=max_sequence_length,
+                                   truncation=True, return_tensors="pt").input_ids
+        pooled = self.clip(clip_ids.to(self.device), output_hidden_states=False).pooler_output
+        sequence = self.t5(t5_ids.to(self.device), output_hidden_states=False)[0]
+        return sequence.to(self.dtype), pooled.to(self.dtype)
+
+    def _warn_once(self, key: str, message: str) -> None:
+        if key not in self._warned:
+            self._warned.add(key)
+            logger.warning(message)

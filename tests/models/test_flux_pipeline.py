@@ -1,0 +1,189 @@
+"""FluxPipeline end to end on the hermetic tiny-flux models: parity with diffusers, seeds, events, checks."""
+
+from __future__ import annotations
+
+import io
+import logging
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import torch
+
+from diffserve.engine.request import GenerationRequest
+from diffserve.errors import BackendUnavailableError, RequestError
+from diffserve.layers.attention.module import Attention
+from diffserve.layers.linear.module import Linear
+from diffserve.models.flux.pipeline import BatchResult, FluxPipeline, StepEvent, to_pil
+
+
+@pytest.fixture(scope="module")
+def pipe(tiny_flux_dir) -> FluxPipeline:
+    return FluxPipeline.from_pretrained(tiny_flux_dir, linear_backend="torch", attention_backend="sdpa")
+
+
+@pytest.fixture(scope="module")
+def dev_pipe(tiny_flux_dev_dir) -> FluxPipeline:
+    return FluxPipeline.from_pretrained(tiny_flux_dev_dir, linear_backend="torch", attention_backend="sdpa")
+
+
+def _req(**kw) -> GenerationRequest:
+    # A short T5 window keeps the joint sequence (and the tests) small; 512 is exercised by parity.
+    base = dict(prompt="a red fox in the snow", height=64, width=64, num_inference_steps=2, seed=11,
+                max_sequence_length=64)
+    return GenerationRequest(**{**base, **kw})
+
+
+def _psnr(a: np.ndarray, b: np.ndarray) -> float:
+    mse = np.mean((a.astype(np.float64) - b.astype(np.float64)) ** 2)
+    return float("inf") if mse == 0 else 10 * np.log10(255.0**2 / mse)
+
+
+_REFERENCES: dict[str, object] = {}
+
+
+def _diffusers_images(model_dir, request: GenerationRequest) -> np.ndarray:
+    from diffusers import FluxPipeline as DiffusersFluxPipeline
+
+    if str(model_dir) not in _REFERENCES:
+        _REFERENCES[str(model_dir)] = DiffusersFluxPipeline.from_pretrained(str(model_dir), torch_dtype=torch.float32)
+        _REFERENCES[str(model_dir)].set_progress_bar_config(disable=True)
+    images = _REFERENCES[str(model_dir)](max_sequence_length=request.max_sequence_length, prompt=request.prompt, negative_prompt=request.negative_prompt, height=request.height,
+                 width=request.width, num_inference_steps=request.num_inference_steps,
+                 guidance_scale=request.guidance_scale, true_cfg_scale=request.true_cfg_scale,
+                 generator=torch.Generator().manual_seed(request.seed), output_type="np").images
+    return (images * 255).round().astype(np.uint8)
+
+
+@pytest.mark.parametrize("kind, request_kw", [
+    ("schnell", dict(guidance_scale=0.0)),
+    ("dev", dict(height=96, width=160, num_inference_steps=3, guidance_scale=3.5, max_sequence_length=512)),
+    ("schnell", dict(negative_prompt="blurry", true_cfg_scale=2.5, width=96)),
+], ids=["schnell-64", "dev-96x160", "schnell-true-cfg"])
+def test_images_match_diffusers(request, kind: str, request_kw: dict) -> None:
+    pipeline = request.getfixturevalue("pipe" if kind == "schnell" else "dev_pipe")
+    model_dir = request.getfixturevalue("tiny_flux_dir" if kind == "schnell" else "tiny_flux_dev_dir")
+    req = _req(**request_kw)
+    ours = pipeline(req).images.numpy()
+    theirs = _diffusers_images(model_dir, req)
+    assert ours.shape == theirs.shape == (1, req.height, req.width, 3)
+    assert _psnr(ours, theirs) >= 40.0
+
+
+def test_events_then_result_and_counters(pipe: FluxPipeline) -> None:
+    transformer = pipe.transformer
+    n_linear = sum(isinstance(m, Linear) for m in transformer.modules())
+    attentions = [m for m in transformer.modules() if isinstance(m, Attention)]
+    assert {m.backend_name for m in transformer.modules() if isinstance(m, Linear)} == {"torch"}
+    assert {m.backend_name for m in attentions} == {"sdpa"}
+    transformer.counters.reset()
+    events = list(pipe.run([_req(num_inference_steps=2)]))
+    assert events[:2] == [StepEvent(1, 2), StepEvent(2, 2)]
+    assert isinstance(events[2], BatchResult) and len(events) == 3
+    assert transformer.counters.snapshot() == {
+        "linear": {"torch": 2 * n_linear}, "attention": {"sdpa": 2 * len(attentions)}, "transformer_forwards": 2}
+    result = events[2].outputs[0]
+    assert set(result.timings_ms) == {"encode", "denoise", "decode"}
+    assert result.images.dtype == torch.uint8 and result.images.device.type == "cpu"
+
+
+def test_closing_the_generator_cancels(pipe: FluxPipeline) -> None:
+    pipe.transformer.counters.reset()
+    run = pipe.run([_req(num_inference_steps=4)])
+    assert next(run) == StepEvent(1, 4)
+    run.close()
+    assert pipe.transformer.counters.snapshot()["transformer_forwards"] == 1
+
+
+def test_warmup_requests_are_not_counted(pipe: FluxPipeline) -> None:
+    pipe.transformer.counters.reset()
+    pipe(_req(is_warmup=True))
+    assert pipe.transformer.counters.snapshot()["transformer_forwards"] == 0
+
+
+def _png(images: torch.Tensor) -> bytes:
+    buffer = io.BytesIO()
+    to_pil(images)[0].save(buffer, format="PNG")
+    return buffer.getvalue()
+
+
+def test_seeds_reproduce_and_differ(pipe: FluxPipeline) -> None:
+    a, b, c = pipe(_req(seed=5)), pipe(_req(seed=5)), pipe(_req(seed=6))
+    assert _png(a.images) == _png(b.images)
+    assert _png(a.images) != _png(c.images)
+
+
+def test_n_images_reproduce_single_requests(pipe: FluxPipeline) -> None:
+    both = pipe(_req(seed=40, n=2))
+    assert both.seeds == [40, 41] and both.images.shape[0] == 2
+    for i, seed in enumerate(both.seeds):
+        single = pipe(_req(seed=seed)).images[0]
+        assert _psnr(both.images[i].numpy(), single.numpy()) >= 60.0
+
+
+def test_missing_seed_gets_a_reported_random_one(pipe: FluxPipeline) -> None:
+    out = pipe(_req(seed=None))
+    assert len(out.seeds) == 1
+    torch.testing.assert_close(pipe(_req(seed=out.seeds[0])).images, out.images, rtol=0, atol=0)
+
+
+def test_mixed_batch_equals_requests_alone(pipe: FluxPipeline) -> None:
+    batch = [_req(seed=1, max_sequence_length=32), _req(prompt="a blue house", seed=2, n=2),
+             _req(seed=3, negative_prompt="dark", true_cfg_scale=3.0)]
+    events = list(pipe.run(batch))
+    outputs = events[-1].outputs
+    assert [o.request_id for o in outputs] == [r.request_id for r in batch]
+    for request, output in zip(batch, outputs, strict=True):
+        alone = pipe(request).images
+        assert output.images.shape == alone.shape
+        assert _psnr(output.images.numpy(), alone.numpy()) >= 60.0
+
+
+def test_output_types(pipe: FluxPipeline) -> None:
+    latent = pipe(_req(output_type="latent", height=32, width=48))
+    assert latent.images.shape == (1, 2 * 3, 64)
+    pt = pipe(_req(output_type="pt", height=32, width=48))
+    assert pt.images.shape == (1, 3, 32, 48) and pt.images.dtype == torch.float32
+    assert pt.images.min() >= 0.0 and pt.images.max() <= 1.0
+
+
+@pytest.mark.parametrize("kw, param, text", [
+    (dict(height=100), "height", "height=100 must be a positive multiple of 16 (e.g. 96)"),
+    (dict(num_inference_steps=0), "num_inference_steps", "num_inference_steps=0 must be an integer >= 1"),
+    (dict(n=0), "n", "n=0 must be an integer >= 1"),
+])
+def test_input_checks_name_value_and_fix(pipe: FluxPipeline, kw: dict, param: str, text: str) -> None:
+    with pytest.raises(RequestError) as info:
+        list(pipe.run([_req(**kw)]))
+    assert info.value.param == param and text in str(info.value)
+
+
+def test_batch_must_share_geometry(pipe: FluxPipeline) -> None:
+    with pytest.raises(ValueError, match="must share height, width, steps and guidance_scale"):
+        list(pipe.run([_req(), _req(width=32)]))
+
+
+def test_long_prompt_warns_once_without_echo(tiny_flux_dir, caplog: pytest.LogCaptureFixture) -> None:
+    fresh = FluxPipeline.from_pretrained(tiny_flux_dir)
+    secret = "zebra " * 40 + "confidential"
+    with caplog.at_level(logging.WARNING, logger="diffserve"):
+        fresh(_req(prompt=secret, max_sequence_length=16))
+        fresh(_req(prompt=secret, max_sequence_length=16, seed=3))
+    t5_warnings = [r for r in caplog.records if "T5 window of 16 tokens" in r.getMessage()]
+    assert len(t5_warnings) == 1
+    assert not any("zebra" in r.getMessage() or "confidential" in r.getMessage() for r in caplog.records)
+
+
+def test_flash_attn_fails_at_load_naming_what_is_missing(tiny_flux_dir) -> None:
+    with pytest.raises(BackendUnavailableError, match="flash_attn") as info:
+        FluxPipeline.from_pretrained(tiny_flux_dir, attention_backend="flash_attn")
+    assert "CUDA device" in str(info.value)
+
+
+def test_from_stage_reads_the_stage(tiny_flux_dir) -> None:
+    stage = SimpleNamespace(dtype="auto", linear_backend="torch", enforce_eager=True,
+                            attention_backend=SimpleNamespace(default="sdpa", roles={"single_block": "math"}))
+    staged = FluxPipeline.from_stage(tiny_flux_dir, stage, device="cpu")
+    assert staged.dtype == torch.float32
+    roles = {(m.role, m.backend_name) for m in staged.transformer.modules() if isinstance(m, Attention)}
+    assert roles == {("double_block", "sdpa"), ("single_block", "math")}
