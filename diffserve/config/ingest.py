@@ -175,8 +175,9 @@ def stage_field(ctx: Ctx, mapping: Mapping, key: str, value: Any, stage_id: int 
                 "role": "role is fixed by the topology; set topology: instead",
                 "stages": "per-stage caller values go in stage_overrides={stage_id: {...}}"}[key]
         _unknown(ctx, key, path, source, valid, hint)
-    elif stage_id is not None and key in (*_PIPELINE_ONLY, *PIPELINE_LEAVES):
-        _unknown(ctx, key, path, source, valid, f"{key} is pipeline-wide only; move it to the top level")
+    elif stage_id is not None and (key in _PIPELINE_ONLY or key in PIPELINE_LEAVES or (
+            key in FLAT_LEAVES and FLAT_LEAVES[key].scope == "pipeline")):
+        _unknown(ctx, key, path, source, valid, f"{key} is pipeline-wide only; set it for the whole pipeline")
     else:
         hint = None
         if key in FLAT_LEAVES and FLAT_LEAVES[key].section:

@@ -118,3 +118,10 @@ def test_model_directory_errors(tmp_path: Path) -> None:
 def test_wrong_argument_types_are_config_errors(kwargs) -> None:
     with pytest.raises(ConfigError):
         run(**kwargs)
+
+
+def test_pipeline_only_names_in_stage_overrides() -> None:
+    with pytest.raises(ConfigError, match="pipeline-wide only"):
+        run(stage_overrides={0: {"max_queue": 3}})
+    with pytest.raises(ConfigError, match="pipeline-wide only"):
+        run(stage_overrides={0: {"topology": "single"}})

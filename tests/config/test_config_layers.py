@@ -114,3 +114,18 @@ def test_attention_roles_merge_and_a_plain_name_sets_every_role(tmp_path: Path) 
     assert dict(backend.roles) == {"double_block": "math", "single_block": "flash_attn"}
     cfg = run(deploy_config=deploy, overrides={"attention_backend": "math"})
     assert cfg.stages[0].attention_backend.default == "math" and cfg.stages[0].attention_backend.roles == {}
+
+
+def test_model_goes_through_the_same_path_with_or_without_yaml(tmp_path: Path, flux_model: Path) -> None:
+    without = run(model=flux_model)
+    with_yaml = run(model=flux_model, deploy_config=write(tmp_path / "d.yaml", "dtype: bf16\n"))
+    assert without.provenance["topology"] == with_yaml.provenance["topology"]
+    assert without.provenance["topology"].layer == "model"
+    assert with_yaml.stages[0].dtype == "bfloat16" and without.model == with_yaml.model
+
+
+def test_yaml_stage_value_and_cli_spelling_differences_raise_no_warnings(tmp_path: Path) -> None:
+    deploy = write(tmp_path / "d.yaml", "stages: [{stage_id: 0, linear_backend: TORCH, attention_backend: SDPA}]\n")
+    cfg = run(deploy_config=deploy, overrides={"linear_backend": "torch", "attention_backend": "torch_sdpa"})
+    assert cfg.warnings == ()
+    assert cfg.provenance["stages.0.linear_backend"].layer == "cli"
