@@ -30,8 +30,7 @@ def fingerprint_of(resolved: ResolvedConfig) -> str:
 
 def _entry(resolved: ResolvedConfig, key: str, value: Any) -> dict[str, Any]:
     source = resolved.source_of(key)
-    return {"value": value, "source": source.layer, "location": source.location,
-            **({"detail": source.detail} if source.detail else {})}
+    return {"value": value, "source": source.layer, "location": source.location}
 
 
 def explain_dict(resolved: ResolvedConfig) -> dict[str, Any]:
@@ -69,12 +68,13 @@ def render_table(resolved: ResolvedConfig) -> str:
     """A readable table: stage, key, value, source, location (one row per effective value)."""
     doc = explain_dict(resolved)
     rows = [("stage", "key", "value", "source", "location")]
-    for key, entry in doc["pipeline"].items():
-        rows.append(("-", key, _show(entry["value"]), entry["source"], entry["location"] or entry.get("detail", "")))
-    for stage in doc["stages"]:
-        for key, entry in stage["fields"].items():
-            rows.append((str(stage["stage_id"]), key, _show(entry["value"]), entry["source"],
-                         entry["location"] or entry.get("detail", "")))
+    entries = [("-", "", doc["pipeline"])] + [(str(s["stage_id"]), f"stages.{s['stage_id']}.", s["fields"])
+                                            for s in doc["stages"]]
+    for stage, prefix, fields in entries:
+        for key, entry in fields.items():
+            # Env and caller values have no file; show the variable or key they came from instead.
+            where = entry["location"] or resolved.source_of("topology" if key == "role" else prefix + key).detail
+            rows.append((stage, key, _show(entry["value"]), entry["source"], where or ""))
     widths = [max(len(row[i]) for row in rows) for i in range(4)]
     lines = [f"platform: {resolved.platform}   fingerprint: {resolved.fingerprint}"]
     for row in rows:

@@ -42,9 +42,11 @@ class Ctx:
     allow_flat: bool = False   # caller overrides also accept flat names (tensor_parallel_size=2)
 
     def src(self, mapping: Any, key: Any) -> Source:
-        line = key_line(mapping, key) or getattr(mapping, "line", None)
-        detail = self.detail if self.detail is not None or self.file else str(key)
-        return Source(self.layer, self.file, line if self.file else None, detail)
+        if self.file is not None:
+            line = key_line(mapping, key) or getattr(mapping, "line", None)
+            return Source(self.layer, self.file, line, self.detail)
+        # Env and caller values have no file: name the variable, or the key the caller used.
+        return Source(self.layer, detail=self.detail or str(key))
 
 
 def _join(path: str, key: Any) -> str:

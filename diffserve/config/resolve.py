@@ -56,7 +56,11 @@ def resolve(model: str | os.PathLike | None = None,
     Raises ConfigError (ConfigErrors when there are several problems), never anything else.
     """
     out = Collector()
-    platform_name = current_platform(platform)
+    try:
+        platform_name = current_platform(platform)
+    except ConfigError as exc:
+        out.errors.append(exc)
+        platform_name = "cpu"  # placeholder so the remaining sources are still checked
     model_path = model_layer(model, out)
     files = deploy_layers(deploy_config, platform_name, out)
     env_layer(os.environ if env is None else env, out)
