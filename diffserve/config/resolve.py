@@ -73,7 +73,7 @@ def resolve(model: str | os.PathLike | None = None,
     _check_stage_refs(out, topology, roles)
 
     provenance: dict[str, Source] = {}
-    server_values = _with_defaults(pipeline, PIPELINE_LEAVES, "server.", provenance, "")
+    server = _server(pipeline, provenance)
     provenance["topology"] = pipeline.get("topology", (None, DEFAULT_SOURCE))[1]
     warnings: list[str] = []
     stages = tuple(_build_stage(stage_id, role, out, provenance, warnings) for stage_id, role in enumerate(roles))
@@ -81,7 +81,6 @@ def resolve(model: str | os.PathLike | None = None,
     for warning in warnings:
         logger.warning("%s", warning)
 
-    server = ServerConfig(**{k.removeprefix("server."): v for k, v in server_values.items()})
     resolved = ResolvedConfig(model=model_path, topology=topology, platform=platform_name, server=server,
                               stages=stages, provenance=FrozenDict(provenance), warnings=tuple(warnings),
                               deploy_files=tuple(files))
@@ -105,17 +104,13 @@ def _pick(assignments: Iterable[Assignment], stage_id: int | None, *,
     return {key: (item.value, item.source) for key, (_, item) in best.items()}
 
 
-def _with_defaults(picked: Mapping[str, tuple[Any, Source]], leaves: Mapping[str, Any], prefix: str,
-                   provenance: dict[str, Source], key_prefix: str) -> dict[str, Any]:
-    """Effective value of every leaf under ``prefix``; unset ones take the schema default last."""
+def _server(picked: Mapping[str, tuple[Any, Source]], provenance: dict[str, Source]) -> ServerConfig:
+    """The pipeline-wide server limits; unset ones take the schema default, recorded as default."""
     values: dict[str, Any] = {}
-    for key, leaf in leaves.items():
-        if not key.startswith(prefix):
-            continue
-        value, source = picked.get(key, (leaf.default, DEFAULT_SOURCE))
-        values[key] = value
-        provenance[f"{key_prefix}{key}"] = source
-    return values
+    for key, leaf in PIPELINE_LEAVES.items():
+        if key.startswith("server."):
+            values[key.removeprefix("server.")], provenance[key] = picked.get(key, (leaf.default, DEFAULT_SOURCE))
+    return ServerConfig(**values)
 
 
 def _check_stage_refs(out: Collector, topology: str, roles: tuple[str, ...]) -> None:
