@@ -128,9 +128,10 @@ class EngineCore:
             outputs = self.executor.execute([s.request for s in live], on_step,
                                             should_cancel=lambda: all(s.aborted for s in live))
         except RequestAbortedError:
+            # Stats first, then the final items: whoever sees a result also sees its batch counted.
+            self._emit(live, start, "aborted", None)
             for state in live:
                 state.finish(RequestAbortedError(f"request {state.request_id} was aborted"))
-            self._emit(live, start, "aborted", None)
             return
         except EngineDeadError as exc:
             self._die(exc)
@@ -142,19 +143,23 @@ class EngineCore:
                 for state in live:
                     self._run_batch([state])
                 return
-            self.counters.requests_failed += int(live[0].finish(exc))
             self._emit(live, start, "error", None)
+            self.counters.requests_failed += int(live[0].finish(exc))
             return
         by_id = {o.request_id: o for o in outputs}
+        finals: list[tuple[RequestState, Any]] = []
         for state in live:
             output = by_id.get(state.request_id)
             if output is None:
-                state.finish(WorkerError(f"the worker returned no output for request {state.request_id}"))
+                finals.append((state, WorkerError(f"the worker returned no output for {state.request_id}")))
                 continue
             queue_ms = ((state.started or start) - state.arrival) * 1000.0
-            if state.finish(build_output(state.request, output, queue_ms, self.config.fingerprint)):
-                self.counters.requests_ok += 1
+            finals.append((state, build_output(state.request, output, queue_ms, self.config.fingerprint)))
         self._emit(live, start, "ok", outputs[0] if outputs else None)
+        for state, item in finals:
+            if not state.finished and not isinstance(item, BaseException):
+                self.counters.requests_ok += 1  # counted before delivery, like the batch stats
+            state.finish(item)
 
     def _emit(self, live: list[RequestState], start: float, outcome: str, first: Any) -> None:
         stats = BatchStats(

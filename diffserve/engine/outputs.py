@@ -21,8 +21,10 @@ def to_images(images: Any, output_type: str) -> list[Any]:
 def build_output(request: GenerationRequest, output: WorkerOutput, queue_ms: float,
                  config_fingerprint: str) -> RequestOutput:
     images = to_images(output.images, request.output_type)
-    height = int(output.images.shape[1]) if output.images.ndim == 4 else int(request.height or 0)
-    width = int(output.images.shape[2]) if output.images.ndim == 4 else int(request.width or 0)
+    # "pil" outputs are [n, H, W, 3]; "pt" is [n, 3, H, W] and "latent" is packed, so trust the request.
+    pil = request.output_type == "pil" and output.images.ndim == 4
+    height = int(output.images.shape[1]) if pil else int(request.height or 0)
+    width = int(output.images.shape[2]) if pil else int(request.width or 0)
     timings = {"queue": round(queue_ms, 3), **{k: round(float(v), 3) for k, v in output.timings_ms.items()}}
     attestation = {**output.attestation, "config_fingerprint": config_fingerprint}
     return RequestOutput(

@@ -39,6 +39,8 @@ class Worker:
         self.extension: Any = None
         self.pipeline: Any = None
         self.batches_run = 0
+        # Batches stopped by a cancel: (request ids, steps done, total steps), most recent last.
+        self.cancelled: list[dict[str, Any]] = []
 
     def load(self) -> None:
         """Instantiate the extension, run its hooks around the pipeline build."""
@@ -68,6 +70,7 @@ class Worker:
         # Warmup must not pollute the kernel counters that requests report.
         pause = counters.paused() if (warmup and counters is not None) else nullcontext()
         result = None
+        steps_done = 0
         start = time.perf_counter()
         with pause:
             events = self.pipeline.run(list(batch))
@@ -76,8 +79,12 @@ class Worker:
                     if hasattr(event, "outputs"):
                         result = event
                     elif hasattr(event, "step"):
-                        on_step(int(event.step), int(event.total_steps))
+                        steps_done = int(event.step)
+                        on_step(steps_done, int(event.total_steps))
                         if should_stop():
+                            self.cancelled = [*self.cancelled[-99:], {
+                                "request_ids": [r.request_id for r in batch], "steps_done": steps_done,
+                                "total_steps": int(event.total_steps)}]
                             return None
             finally:
                 events.close()  # cancels a still-running denoise loop
@@ -150,6 +157,7 @@ class Worker:
     def describe(self) -> dict[str, Any]:
         return {"rank": self.rank, "pid": os.getpid(), "device": str(self.device), "executor": self.executor,
                 "stage_id": self.stage.stage_id, "batches_run": self.batches_run,
+                "cancelled": list(self.cancelled),
                 "extension": type(self.extension).__qualname__ if self.extension is not None else None}
 
 

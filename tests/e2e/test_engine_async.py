@@ -1,0 +1,120 @@
+"""AsyncEngine on both executors: concurrent requests batch, progress flows, aborts are precise."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+
+from diffserve import AsyncEngine, GenerationRequest
+from diffserve.engine.request import ProgressEvent, RequestOutput
+from diffserve.errors import RequestAbortedError
+
+pytestmark = pytest.mark.e2e
+
+
+def request(seed: int, steps: int = 2, **kw: Any) -> GenerationRequest:
+    return GenerationRequest(prompt=f"a fox {seed}", height=128, width=128, num_inference_steps=steps,
+                             guidance_scale=0.0, seed=seed, max_sequence_length=64, **kw)
+
+
+async def collect(engine: AsyncEngine, req: GenerationRequest, first_step: asyncio.Event | None = None
+                  ) -> tuple[list[ProgressEvent], RequestOutput | BaseException]:
+    events: list[ProgressEvent] = []
+    try:
+        async for item in engine.generate(req):
+            if isinstance(item, ProgressEvent):
+                events.append(item)
+                if first_step is not None:
+                    first_step.set()
+            else:
+                return events, item
+    except Exception as exc:  # noqa: BLE001 - returned for the assertions
+        return events, exc
+    raise AssertionError("generate() ended without an output")
+
+
+@pytest.fixture(scope="module", params=["uni", "mp"])
+def engine(request: Any, tiny_flux_dir: Any) -> Any:
+    deploy = {"dtype": "float32", "enforce_eager": True, "distributed_executor_backend": request.param,
+              "max_batch_size": 4}
+    eng = AsyncEngine(str(tiny_flux_dir), deploy_config=deploy, env={})
+    assert eng.is_ready and not eng.is_dead
+    yield eng
+    eng.shutdown()
+
+
+def test_eight_concurrent_requests_batch_and_keep_their_seeds(engine: AsyncEngine) -> None:
+    batches: list[int] = []
+    engine.add_stats_listener(lambda stats: batches.append(stats.batch_size))
+    seeds = list(range(100, 108))
+
+    async def main() -> list[Any]:
+        return await asyncio.gather(*(collect(engine, request(seed)) for seed in seeds))
+
+    results = asyncio.run(main())
+    images = []
+    for seed, (events, out) in zip(seeds, results, strict=True):
+        assert isinstance(out, RequestOutput), out
+        assert out.seeds == [seed] and len(out.images) == 1 and out.images[0].size == (128, 128)
+        assert [e.step for e in events] == [1, 2] and all(e.request_id == out.request_id for e in events)
+        assert out.attestation["executor"] == engine.executor_name
+        images.append(out.images[0].tobytes())
+    assert len(set(images)) == 8  # every request got its own seed's image
+    assert sum(batches) == 8 and max(batches) > 1, batches
+    assert max(batches) <= 4
+    assert list(engine.stats()["batch_sizes"])[-len(batches):] == batches
+
+
+def test_abort_queued_and_running_others_unharmed(engine: AsyncEngine) -> None:
+    async def main() -> dict[str, Any]:
+        started = asyncio.Event()
+        long = request(1, steps=100)  # ~100 denoise steps: still running when the abort lands
+        queued = request(2, steps=3)
+        other = request(3, steps=2)
+        tasks = {"long": asyncio.create_task(collect(engine, long, started))}
+        await started.wait()
+        tasks["queued"] = asyncio.create_task(collect(engine, queued))
+        tasks["other"] = asyncio.create_task(collect(engine, other))
+        await asyncio.sleep(0.05)
+        assert await engine.abort(queued.request_id)
+        assert await engine.abort(long.request_id)
+        assert not await engine.abort("no-such-request")
+        results = {name: await task for name, task in tasks.items()}
+        results["ids"] = (long.request_id, queued.request_id)
+        return results
+
+    results = asyncio.run(main())
+    long_events, long_out = results["long"]
+    assert isinstance(long_out, RequestAbortedError)
+    assert 1 <= len(long_events) < 100
+    queued_events, queued_out = results["queued"]
+    assert isinstance(queued_out, RequestAbortedError) and queued_events == []
+    other_events, other_out = results["other"]
+    assert isinstance(other_out, RequestOutput) and other_out.seeds == [3] and len(other_events) == 2
+    # The worker stopped the long batch between steps, well before its end; the queued one never ran.
+    cancelled = engine.collective_rpc("describe")[0]["cancelled"]
+    long_id, queued_id = results["ids"]
+    mine = [c for c in cancelled if long_id in c["request_ids"]]
+    assert len(mine) == 1 and mine[0]["steps_done"] < mine[0]["total_steps"] == 100
+    assert not any(queued_id in c["request_ids"] for c in cancelled)
+    assert engine.stats()["requests_aborted"] >= 2
+    assert engine.queue_depth == 0 and engine.num_running == 0
+
+
+def test_closing_the_stream_early_aborts_the_request(engine: AsyncEngine) -> None:
+    async def main() -> str:
+        req = request(4, steps=100)
+        stream = engine.generate(req)
+        first = await stream.__anext__()
+        assert isinstance(first, ProgressEvent)
+        await stream.aclose()  # a client disconnect
+        return req.request_id
+
+    rid = asyncio.run(main())
+    # The engine frees the slot: a later request runs normally and the long batch was cancelled.
+    out = asyncio.run(collect(engine, request(5)))[1]
+    assert isinstance(out, RequestOutput)
+    cancelled = engine.collective_rpc("describe")[0]["cancelled"]
+    assert any(rid in c["request_ids"] and c["steps_done"] < 100 for c in cancelled)
