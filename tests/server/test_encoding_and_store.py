@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import time
+from types import SimpleNamespace
 
 import pytest
 from PIL import Image
@@ -57,11 +58,13 @@ def test_kernel_calls_from_attestation() -> None:
     assert kernel_calls({}) == []
 
 
-def test_metrics_observe_output() -> None:
+def test_metrics_observe_output_and_batches() -> None:
     m = ServerMetrics()
-    m.observe_output({"denoise": 20.0, "total": 30.0}, {"linear": {"torch": 5}, "batch_size": 2}, 2)
+    m.observe_output({"denoise": 20.0, "total": 30.0}, 2)
+    m.observe_batch(SimpleNamespace(outcome="ok", batch_size=2, kernels={"linear": {"torch": 5}}))
     text = m.render().decode()
     assert 'diffserve_kernel_calls_total{backend="torch",kind="linear"} 5.0' in text
     assert "diffserve_images_generated_total 2.0" in text
     assert 'diffserve_request_phase_seconds_count{phase="denoise"} 1.0' in text
-    assert "diffserve_batch_size_count 1.0" in text
+    assert "diffserve_batch_size_count 1.0" in text and "diffserve_batch_size_sum 2.0" in text
+    assert 'diffserve_batches_total{outcome="ok"} 1.0' in text

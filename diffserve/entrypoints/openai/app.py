@@ -36,18 +36,25 @@ def error_response(error: APIError) -> JSONResponse:
 def create_app(engine: Any | None = None, *, engine_factory: EngineFactory | None = None,
                config: Any | None = None, served_model_name: str = "diffserve",
                model_aliases: tuple[str, ...] = (), api_key: str | None = None,
-               limits: ServerLimits | None = None, image_ttl_s: float = 600.0) -> FastAPI:
+               limits: ServerLimits | None = None, default_steps: int | None = None,
+               image_ttl_s: float = 600.0) -> FastAPI:
     """Build the app around a ready engine, or around a factory that builds one after startup.
 
     ``config`` is the ``ResolvedConfig`` the engine was built from (for limits and ``/v1/config``);
     without it the engine's own ``.config`` is used once loaded.
     """
-    host = EngineHost(engine=engine, factory=engine_factory)
     metrics = ServerMetrics()
+
+    def on_loaded(loaded: Any) -> None:
+        listen = getattr(loaded, "add_stats_listener", None)
+        if listen is not None:
+            listen(metrics.observe_batch)
+
+    host = EngineHost(engine=engine, factory=engine_factory, on_loaded=on_loaded)
     metrics.bind_engine_state(queue_depth=host.queue_depth, ready=lambda: float(host.is_ready))
     if limits is None:
         cfg = config if config is not None else getattr(engine, "config", None)
-        limits = ServerLimits.from_config(getattr(cfg, "server", None))
+        limits = ServerLimits.from_config(getattr(cfg, "server", None), default_steps=default_steps)
     store = ImageStore(ttl_s=image_ttl_s)
     names = frozenset({served_model_name, *model_aliases})
     handler = ImagesHandler(host, limits, store, metrics, names)

@@ -22,16 +22,20 @@ EngineFactory = Callable[[], Any]
 
 
 class EngineHost:
-    def __init__(self, engine: Any | None = None, factory: EngineFactory | None = None) -> None:
+    def __init__(self, engine: Any | None = None, factory: EngineFactory | None = None,
+                 on_loaded: Callable[[Any], None] | None = None) -> None:
         if (engine is None) == (factory is None):
             raise ValueError("give exactly one of engine or factory")
         self.engine = engine
+        self._on_loaded = on_loaded
         self._factory = factory
         self._load_task: asyncio.Task[None] | None = None
         self.load_error: BaseException | None = None
 
     async def start(self) -> None:
         """Begin loading (non-blocking). Called from the app's lifespan."""
+        if self.engine is not None and self._on_loaded is not None:
+            self._on_loaded(self.engine)
         if self._factory is not None and self._load_task is None:
             self._load_task = asyncio.create_task(self._load(), name="diffserve-engine-load")
 
@@ -43,6 +47,8 @@ class EngineHost:
             starter = getattr(engine, "start", None)
             if starter is not None and inspect.iscoroutinefunction(starter):
                 await starter()
+            if self._on_loaded is not None:
+                self._on_loaded(engine)
             self.engine = engine
             logger.info("engine loaded; ready=%s", self.is_ready)
         except BaseException as exc:  # noqa: BLE001 - recorded and reported through /health and 503s

@@ -50,6 +50,7 @@ class ImagesHandler:
         self.model_names = model_names
 
     async def create(self, request: Request) -> Response:
+        received = time.perf_counter()
         body = parse_body(await request.body())
         if body.model is not None and body.model not in self.model_names:
             raise APIError(404, f"model {body.model!r} is not served here; GET /v1/models lists "
@@ -62,12 +63,13 @@ class ImagesHandler:
         if body.stream:
             # Pull the first event before answering 200: admission errors (429, 503) keep their status.
             first = await anext_or_abort(engine, gen.request_id, events)
-            return StreamingResponse(self._sse(request, engine, body, gen, events, first), media_type="text/event-stream",
+            stream = self._sse(request, engine, body, gen, events, first, received)
+            return StreamingResponse(stream, media_type="text/event-stream",
                                      headers={"X-Request-Id": gen.request_id, "Cache-Control": "no-cache"})
         self.metrics.inflight.inc()
         try:
             output = await self._run_until_disconnect(request, engine, gen, events)
-            payload = await self._respond(request, body, gen, output)
+            payload = await self._respond(request, body, gen, output, received)
         finally:
             self.metrics.inflight.dec()
         return JSONResponse(payload, headers={"X-Request-Id": gen.request_id})
@@ -93,13 +95,14 @@ class ImagesHandler:
             if not work.done():
                 work.cancel()
                 logger.info("client went away; aborting %s", gen.request_id)
+                await asyncio.gather(work, return_exceptions=True)
                 await abort_quietly(engine, gen.request_id)
         if work.cancelled():
             raise RequestAbortedError(f"client disconnected; request {gen.request_id} aborted")
         return work.result()
 
     async def _respond(self, request: Request, body: ImageGenerationRequest, gen: GenerationRequest,
-                       output: RequestOutput) -> dict[str, Any]:
+                       output: RequestOutput, received: float) -> dict[str, Any]:
         start = time.perf_counter()
         metadata = {"prompt": gen.prompt, "steps": str(output.num_inference_steps or gen.num_inference_steps),
                     "config_fingerprint": output.config_fingerprint, "size": f"{output.width}x{output.height}",
@@ -108,8 +111,11 @@ class ImagesHandler:
             metadata["negative_prompt"] = gen.negative_prompt
         encoded = await asyncio.to_thread(encode_all, output.images, output.seeds, body.output_format,
                                           body.output_compression, metadata)
+        done = time.perf_counter()
+        # Engine phases, plus what the server adds: image encoding and the total it observed
+        # (body received -> response ready, so it includes queueing and encoding).
         timings = {**{k: float(v) for k, v in output.timings.items()},
-                   "image_encode": (time.perf_counter() - start) * 1000.0}
+                   "image_encode": (done - start) * 1000.0, "total": (done - received) * 1000.0}
         data = []
         for blob in encoded:
             if body.response_format == "url":
@@ -117,7 +123,7 @@ class ImagesHandler:
                 data.append(ImageData(url=str(request.url_for("get_image", name=name))))
             else:
                 data.append(ImageData(b64_json=base64.b64encode(blob).decode("ascii")))
-        self.metrics.observe_output(timings, output.attestation, len(encoded))
+        self.metrics.observe_output(timings, len(encoded))
         response = ImagesResponse(
             created=int(time.time()), data=data, output_format=body.output_format,
             size=f"{output.width}x{output.height}",
@@ -128,7 +134,7 @@ class ImagesHandler:
         return response.model_dump(mode="json")
 
     async def _sse(self, request: Request, engine: Any, body: ImageGenerationRequest, gen: GenerationRequest,
-                   events: AsyncIterator[Any], first: Any) -> AsyncIterator[str]:
+                   events: AsyncIterator[Any], first: Any, received: float) -> AsyncIterator[str]:
         finished = False
         self.metrics.inflight.inc()
         try:
@@ -138,7 +144,7 @@ class ImagesHandler:
                     yield sse({"type": "progress", "request_id": gen.request_id, "step": event.step,
                                "total_steps": event.total_steps})
                 elif isinstance(event, RequestOutput):
-                    payload = await self._respond(request, body, gen, event)
+                    payload = await self._respond(request, body, gen, event, received)
                     finished = True
                     yield sse({"type": "result", **payload})
                     yield "data: [DONE]\n\n"

@@ -35,6 +35,8 @@ class ServerMetrics:
         self.batch_size = Histogram(
             "diffserve_batch_size", "Requests per executed batch, as reported by the engine",
             buckets=BATCH_BUCKETS, registry=r)
+        self.batches = Counter("diffserve_batches", "Batches executed by the engine, by outcome",
+                               ["outcome"], registry=r)
         self.kernel_calls = Counter(
             "diffserve_kernel_calls", "Kernel calls attested by the worker, by kind and backend",
             ["kind", "backend"], registry=r)
@@ -48,15 +50,22 @@ class ServerMetrics:
         self.queue_depth.set_function(queue_depth)
         self.ready.set_function(ready)
 
-    def observe_output(self, timings_ms: dict[str, float], attestation: dict[str, Any], n_images: int) -> None:
+    def observe_output(self, timings_ms: dict[str, float], n_images: int) -> None:
+        """Per request: the engine's phase timings (plus the server's own encode time)."""
         for phase, ms in timings_ms.items():
             if isinstance(ms, (int, float)):
                 self.phase_latency.labels(phase=phase).observe(ms / 1000.0)
         self.images.inc(n_images)
-        batch = attestation.get("batch_size")
-        if isinstance(batch, int) and batch > 0:
-            self.batch_size.observe(batch)
-        for kind, backend, calls in kernel_calls(attestation):
+
+    def observe_batch(self, stats: Any) -> None:
+        """Per executed batch (an engine stats listener, called on the engine thread; prometheus_client
+        is thread-safe). Kernel calls are counted per batch, not per request, so a batch of several
+        requests is not counted several times."""
+        self.batches.labels(outcome=str(getattr(stats, "outcome", "ok"))).inc()
+        batch_size = getattr(stats, "batch_size", 0)
+        if batch_size:
+            self.batch_size.observe(batch_size)
+        for kind, backend, calls in kernel_calls(getattr(stats, "kernels", None) or {}):
             self.kernel_calls.labels(kind=kind, backend=backend).inc(calls)
 
     def render(self) -> bytes:

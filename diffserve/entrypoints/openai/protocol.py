@@ -62,19 +62,21 @@ class ImageGenerationRequest(BaseModel):
 
 @dataclass(frozen=True)
 class ServerLimits:
-    """Per-deployment request limits (from ``ResolvedConfig.server``)."""
+    """Per-deployment request limits (from ``ResolvedConfig.server``) and request defaults."""
 
     max_n: int = 4
     max_pixels: int = 1024 * 1024
     max_steps: int = 100
     max_body_bytes: int = 1 << 20
+    # Steps for requests that send no num_inference_steps (None: the engine's default).
+    default_steps: int | None = None
 
     @classmethod
-    def from_config(cls, server: Any) -> ServerLimits:
+    def from_config(cls, server: Any, default_steps: int | None = None) -> ServerLimits:
         """Read the limits off a ``ServerConfig``; fields it does not define keep the defaults."""
         kwargs = {name: getattr(server, name) for name in ("max_n", "max_pixels", "max_steps", "max_body_bytes")
                   if getattr(server, name, None) is not None}
-        return cls(**kwargs)
+        return cls(**kwargs, default_steps=default_steps)
 
 
 def parse_body(raw: bytes) -> ImageGenerationRequest:
@@ -140,6 +142,8 @@ def to_generation_request(body: ImageGenerationRequest, limits: ServerLimits,
     kwargs: dict[str, Any] = {"prompt": body.prompt, "n": body.n, "width": width, "height": height,
                               "negative_prompt": body.negative_prompt, "seed": body.seed,
                               "request_id": request_id}
+    if body.num_inference_steps is None and limits.default_steps is not None:
+        kwargs["num_inference_steps"] = limits.default_steps
     # Unset extensions keep the engine's defaults instead of being overwritten with None.
     for name in ("num_inference_steps", "guidance_scale", "true_cfg_scale"):
         value = getattr(body, name)

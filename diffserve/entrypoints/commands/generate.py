@@ -1,0 +1,126 @@
+"""``diffserve generate [MODEL] PROMPT -o out.png``: one request, no server, with a progress bar.
+
+Images are written with the same encoder as the server (PNGs carry prompt, seed, steps and config
+fingerprint); the seed of every image is printed so any of them can be regenerated alone.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+from diffserve.logging import get_logger
+
+logger = get_logger(__name__)
+
+FORMATS = {".png": "png", ".jpg": "jpeg", ".jpeg": "jpeg", ".webp": "webp"}
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    from diffserve.config.cli_args import add_config_arguments
+
+    parser = subparsers.add_parser(
+        "generate", help="generate images from a prompt (no server)",
+        usage="diffserve generate [MODEL] PROMPT [-o out.png] [--seed N] [--steps N] [--size WxH] [-n N] "
+              "[config flags]",
+        description="Generate images locally. MODEL is optional (default: the tiny random-weight demo model).")
+    parser.add_argument("words", nargs="+", metavar="[MODEL] PROMPT",
+                        help="an optional model directory, then the prompt (quote it)")
+    parser.add_argument("-o", "--output", default="out.png",
+                        help="output file (.png, .jpg, .webp); with -n > 1, out-0.png, out-1.png, ...")
+    parser.add_argument("--seed", type=int, default=None, help="seed of the first image (default: random)")
+    parser.add_argument("--steps", type=int, default=None, help="denoise steps (default: the engine's)")
+    parser.add_argument("--size", default=None, help="WIDTHxHEIGHT, multiples of 16 (default: the model's)")
+    parser.add_argument("-n", type=int, default=1, help="number of images (default 1)")
+    parser.add_argument("--guidance-scale", type=float, default=None)
+    parser.add_argument("--negative-prompt", default=None)
+    parser.add_argument("--no-progress", action="store_true", help="do not draw the progress bar")
+    add_config_arguments(parser)
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    import asyncio
+
+    from diffserve.errors import RequestError
+
+    if len(args.words) > 2:
+        raise RequestError(f"expected [MODEL] PROMPT, got {len(args.words)} words; quote the prompt",
+                           param="prompt")
+    model, prompt = (None, args.words[0]) if len(args.words) == 1 else args.words
+    output = Path(args.output)
+    fmt = FORMATS.get(output.suffix.lower())
+    if fmt is None:
+        raise RequestError(f"output {output} must end in one of {', '.join(FORMATS)}", param="output")
+    return asyncio.run(_generate(args, model, prompt, output, fmt))
+
+
+async def _generate(args: argparse.Namespace, model: str | None, prompt: str, output: Path, fmt: str) -> int:
+    import asyncio
+
+    from tqdm import tqdm
+
+    from diffserve.config.cli_args import config_kwargs_from_args
+    from diffserve.config.resolve import resolve
+    from diffserve.engine.async_engine import AsyncEngine
+    from diffserve.engine.request import GenerationRequest, ProgressEvent, RequestOutput
+    from diffserve.entrypoints.openai.encoding import encode_all
+    from diffserve.entrypoints.openai.protocol import parse_size
+
+    if model is None:
+        from diffserve.models.tiny import ensure_demo_model
+
+        model = str(ensure_demo_model())
+        logger.warning("no MODEL given: using the tiny FLUX demo model (RANDOM weights, images are noise) "
+                       "at %s", model)
+    width, height = parse_size(args.size)
+    kwargs: dict[str, Any] = {"prompt": prompt, "n": args.n, "seed": args.seed, "width": width,
+                              "height": height, "negative_prompt": args.negative_prompt}
+    if args.steps is not None:
+        kwargs["num_inference_steps"] = args.steps
+    if args.guidance_scale is not None:
+        kwargs["guidance_scale"] = args.guidance_scale
+    request = GenerationRequest(**kwargs)
+    request.validate()
+
+    config = resolve(model=model, **config_kwargs_from_args(args))
+    for warning in config.warnings:
+        logger.warning("config: %s", warning)
+    # Construction loads the model (and warms up): blocking work, kept off the event loop.
+    engine = await asyncio.to_thread(AsyncEngine.from_config, config)
+    try:
+        output_obj: RequestOutput | None = None
+        with tqdm(total=request.num_inference_steps, desc="denoise", unit="step",
+                  disable=args.no_progress) as bar:
+            async for event in engine.generate(request):
+                if isinstance(event, ProgressEvent):
+                    bar.total = event.total_steps
+                    bar.update(event.step - bar.n)
+                elif isinstance(event, RequestOutput):
+                    output_obj = event
+    finally:
+        result = engine.shutdown()
+        if asyncio.iscoroutine(result):
+            await result
+    if output_obj is None:
+        raise RuntimeError("the engine finished without an output")
+    metadata = {"prompt": prompt, "steps": str(output_obj.num_inference_steps or request.num_inference_steps),
+                "config_fingerprint": output_obj.config_fingerprint,
+                "size": f"{output_obj.width}x{output_obj.height}"}
+    blobs = await asyncio.to_thread(encode_all, output_obj.images, output_obj.seeds, fmt, None, metadata)
+    paths = output_paths(output, len(blobs))
+    for path, blob, seed in zip(paths, blobs, output_obj.seeds, strict=True):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(blob)
+        print(f"wrote {path} ({output_obj.width}x{output_obj.height}, seed {seed})")
+    print(f"config fingerprint {output_obj.config_fingerprint}; timings ms "
+          + ", ".join(f"{k}={v:.0f}" for k, v in output_obj.timings.items()))
+    return 0
+
+
+def output_paths(output: Path, n: int) -> list[Path]:
+    """``out.png`` for one image; ``out-0.png``, ``out-1.png``, ... for several."""
+    if n == 1:
+        return [output]
+    return [output.with_name(f"{output.stem}-{i}{output.suffix}") for i in range(n)]

@@ -1,0 +1,88 @@
+"""``diffserve serve [MODEL]``: the OpenAI-compatible HTTP server.
+
+Without MODEL it serves the built-in tiny FLUX demo model (random weights, built into a cache
+directory on first use). Config flags are the shared ones from ``diffserve.config.cli_args``.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from diffserve.logging import get_logger
+
+logger = get_logger(__name__)
+
+DEMO_MODEL_NAME = "tiny-flux"
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    from diffserve.config.cli_args import add_config_arguments
+
+    parser = subparsers.add_parser(
+        "serve", help="serve a model over an OpenAI-compatible HTTP API",
+        description="Serve a FLUX model directory (or, without MODEL, the tiny random-weight demo model) "
+                    "over an OpenAI-compatible HTTP API: POST /v1/images/generations, GET /v1/models, "
+                    "/health, /ready, /metrics, /v1/config.")
+    parser.add_argument("model", nargs="?", default=None, metavar="MODEL",
+                        help="model directory (diffusers layout); default: the built-in tiny demo model")
+    add_config_arguments(parser)
+    server = parser.add_argument_group("server")
+    server.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
+    server.add_argument("--port", type=int, default=8000, help="port to bind (default 8000)")
+    server.add_argument("--api-key", default=None,
+                        help="require 'Authorization: Bearer KEY' on /v1/* (probes and metrics stay open)")
+    server.add_argument("--served-model-name", default=None,
+                        help="the model id clients send and /v1/models lists "
+                             "(default: the model directory's name, or tiny-flux for the demo)")
+    server.add_argument("--default-steps", type=int, default=None, metavar="N",
+                        help="num_inference_steps of requests that do not send one (default: the engine's, 28)")
+    server.add_argument("--image-url-ttl", type=float, default=600.0, metavar="SECONDS",
+                        help="how long images returned with response_format=url stay downloadable")
+    server.add_argument("--demo-cache-dir", default=None,
+                        help="where the demo model is built (default ~/.cache/diffserve/models)")
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    # Heavy imports here, never at module import: `diffserve --help` must stay fast.
+    import uvicorn
+
+    from diffserve.config.cli_args import config_kwargs_from_args
+    from diffserve.config.resolve import resolve
+    from diffserve.entrypoints.openai.app import create_app
+
+    model, name, aliases = _model_and_names(args)
+    config = resolve(model=model, **config_kwargs_from_args(args))
+    for warning in config.warnings:
+        logger.warning("config: %s", warning)
+    logger.info("config fingerprint %s", config.fingerprint)
+
+    def build_engine() -> object:
+        from diffserve.engine.async_engine import AsyncEngine
+
+        return AsyncEngine.from_config(config)
+
+    app = create_app(engine_factory=build_engine, config=config, served_model_name=name,
+                     model_aliases=aliases, api_key=args.api_key, default_steps=args.default_steps,
+                     image_ttl_s=args.image_url_ttl)
+    logger.info("serving model %r at http://%s:%d (GET /ready turns 200 once the model is warmed)",
+                name, args.host, args.port)
+    uvicorn.run(app, host=args.host, port=args.port, log_level="warning", access_log=False,
+                timeout_graceful_shutdown=10)
+    return 0
+
+
+def _model_and_names(args: argparse.Namespace) -> tuple[str, str, tuple[str, ...]]:
+    """The model directory, the id clients use for it, and the other ids accepted for it."""
+    if args.model is None:
+        from diffserve.models.tiny import ensure_demo_model
+
+        path = ensure_demo_model(args.demo_cache_dir)
+        logger.warning("no MODEL given: serving the built-in tiny FLUX demo model from %s. It has RANDOM "
+                       "weights: its images are noise, it exists to try the API and the tooling.", path)
+        name = args.served_model_name or DEMO_MODEL_NAME
+        return str(path), name, (str(path), Path(path).name)
+    path = Path(args.model)
+    name = args.served_model_name or path.name
+    return str(path), name, (args.model, path.name)
