@@ -68,12 +68,6 @@ async def _generate(args: argparse.Namespace, model: str | None, prompt: str, ou
     from diffserve.entrypoints.openai.encoding import encode_all
     from diffserve.entrypoints.openai.protocol import parse_size
 
-    if model is None:
-        from diffserve.models.tiny import ensure_demo_model
-
-        model = str(ensure_demo_model())
-        logger.warning("no MODEL given: using the tiny FLUX demo model (RANDOM weights, images are noise) "
-                       "at %s", model)
     width, height = parse_size(args.size)
     kwargs: dict[str, Any] = {"prompt": prompt, "n": args.n, "seed": args.seed, "width": width,
                               "height": height, "negative_prompt": args.negative_prompt}
@@ -82,7 +76,13 @@ async def _generate(args: argparse.Namespace, model: str | None, prompt: str, ou
     if args.guidance_scale is not None:
         kwargs["guidance_scale"] = args.guidance_scale
     request = GenerationRequest(**kwargs)
-    request.validate()
+    request.validate()  # before loading anything: a bad argument fails in milliseconds
+    if model is None:
+        from diffserve.models.tiny import ensure_demo_model
+
+        model = str(ensure_demo_model())
+        logger.warning("no MODEL given: using the tiny FLUX demo model (RANDOM weights, images are noise) "
+                       "at %s", model)
 
     config = resolve(model=model, **config_kwargs_from_args(args))
     for warning in config.warnings:

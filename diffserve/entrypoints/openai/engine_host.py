@@ -96,6 +96,7 @@ class EngineHost:
                 await self._load_task
         if self.engine is None:
             return
-        result = self.engine.shutdown()
+        # Stopping workers joins threads/processes: blocking, so off the loop like loading.
+        result = await asyncio.to_thread(self.engine.shutdown)
         if inspect.isawaitable(result):
             await result

@@ -1,0 +1,55 @@
+"""``diffserve generate`` as a user runs it (a real process), and the CLI's cheap --help."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+from PIL import Image
+
+pytestmark = pytest.mark.e2e
+
+CLI = [sys.executable, "-m", "diffserve.entrypoints.cli"]
+
+
+def run_cli(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+    return subprocess.run([*CLI, *map(str, args)], capture_output=True, text=True, timeout=timeout, env=env)
+
+
+def test_generate_writes_images_with_metadata(tiny_flux_dir, tmp_path) -> None:
+    out = tmp_path / "fox.png"
+    proc = run_cli("generate", tiny_flux_dir, "a red fox", "-o", out, "--seed", 7, "--steps", 2,
+                   "--size", "64x32", "-n", 2, "--enforce-eager")
+    assert proc.returncode == 0, proc.stderr
+    paths = [tmp_path / "fox-0.png", tmp_path / "fox-1.png"]
+    for path, seed in zip(paths, (7, 8), strict=True):
+        img = Image.open(path)
+        assert img.size == (64, 32)
+        assert (img.text["seed"], img.text["prompt"], img.text["steps"]) == (str(seed), "a red fox", "2")
+        assert f"seed {seed}" in proc.stdout
+    # The progress bar (tqdm, on stderr) reached both steps.
+    assert "2/2" in proc.stderr
+
+
+@pytest.mark.parametrize(("args", "needle"), [
+    (("a", "b", "c"), "quote the prompt"),
+    (("a fox", "-o", "fox.gif"), "must end in one of"),
+    (("a fox", "--size", "65x64"), "size"),
+])
+def test_generate_bad_arguments_fail_fast(args: tuple, needle: str, tmp_path) -> None:
+    proc = run_cli("generate", *args, timeout=60)
+    assert proc.returncode != 0 and needle in proc.stderr, proc.stderr
+
+
+def test_help_is_cheap() -> None:
+    code = ("import sys; from diffserve.entrypoints.cli import build_parser; build_parser();"
+            "heavy = [m for m in ('torch', 'fastapi', 'uvicorn', 'diffusers') if m in sys.modules];"
+            "assert not heavy, heavy")
+    subprocess.run([sys.executable, "-c", code], check=True)
+    for command in ("serve", "generate"):
+        proc = run_cli(command, "--help", timeout=60)
+        assert proc.returncode == 0 and "--deploy-config" in proc.stdout and "--linear-backend" in proc.stdout
+    assert "--api-key" in run_cli("serve", "--help", timeout=60).stdout
