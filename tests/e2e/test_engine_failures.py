@@ -1,0 +1,174 @@
+"""Failure semantics of the sync Engine on both executors: validation before the worker, isolation of
+a failing request, RPCs between batches, warmup, worker death and shutdown without orphans."""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import signal
+import threading
+import time
+from typing import Any
+
+import pytest
+
+from diffserve import Engine, GenerationRequest
+from diffserve.errors import EngineDeadError, RequestError, WorkerError
+from diffserve.worker.extension import WorkerExtension
+
+pytestmark = pytest.mark.e2e
+
+
+class FaultExtension(WorkerExtension):
+    """Fails any batch that contains the prompt "explode" (a request the model cannot serve)."""
+
+    def after_load(self, worker: Any) -> None:
+        original = worker.pipeline.run
+
+        def run(batch: list[Any]) -> Any:
+            if any(r.prompt == "explode" for r in batch):
+                raise RuntimeError("injected failure for prompt 'explode'")
+            return original(batch)
+
+        worker.pipeline.run = run
+
+
+def request(prompt: str = "a fox", steps: int = 2, seed: int = 42, **kw: Any) -> GenerationRequest:
+    fields = dict(height=128, width=128, guidance_scale=0.0, max_sequence_length=64)
+    fields.update(kw)
+    return GenerationRequest(prompt=prompt, num_inference_steps=steps, seed=seed, **fields)
+
+
+def deploy(executor: str, **extra: Any) -> dict[str, Any]:
+    return {"dtype": "float32", "enforce_eager": True, "distributed_executor_backend": executor,
+            "worker_extension_cls": f"{FaultExtension.__module__}.FaultExtension", **extra}
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split()[2] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def start_long(engine: Engine, steps: int = 100, **kw: Any) -> tuple[threading.Thread, dict[str, Any]]:
+    """Run a long request on a thread; returns once its first denoise step is done."""
+    box: dict[str, Any] = {}
+    first = threading.Event()
+
+    def run() -> None:
+        try:
+            box["out"] = engine.generate(request(steps=steps, seed=7, **kw), on_progress=lambda e: first.set())
+        except BaseException as exc:  # noqa: BLE001 - checked by the test
+            box["error"] = exc
+        box["done_at"] = time.monotonic()
+        first.set()
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    assert first.wait(120)
+    return thread, box
+
+
+@pytest.fixture(scope="module", params=["uni", "mp"])
+def engine(request: Any, tiny_flux_dir: Any) -> Any:
+    eng = Engine(str(tiny_flux_dir), deploy_config=deploy(request.param), env={}, max_batch_size=4,
+                 warmup={"enabled": True, "steps": 1})
+    yield eng
+    eng.shutdown()
+
+
+def test_keywords_reach_resolve_and_warmup_is_excluded(engine: Engine) -> None:
+    stage = engine.config.stage_for_role("diffusion")
+    assert stage.max_batch_size == 4 and stage.warmup.enabled
+    assert engine.config.provenance["stages.0.max_batch_size"].layer != "yaml"
+    assert engine.is_ready and engine.stats()["batches"] == 0 and engine.stats()["requests_ok"] == 0
+    assert engine.collective_rpc("describe")[0]["batches_run"] == 1  # the warmup did run
+    out = engine.generate(request())
+    assert out.attestation["transformer_forwards"] == 2  # warmup calls never leak into a request
+    assert engine.stats()["batches"] == 1
+
+
+@pytest.mark.parametrize("bad, param", [
+    (dict(n=5), "n"),  # server.max_n defaults to 4
+    (dict(height=2048, width=2048), "size"),  # over server.max_pixels
+    (dict(steps=101), "num_inference_steps"),  # over server.max_steps
+    (dict(height=130), "height"),  # not a multiple of 16
+    (dict(prompt=" "), "prompt"),
+    (dict(max_sequence_length=0), "max_sequence_length"),
+])
+def test_bad_requests_are_rejected_before_a_worker(engine: Engine, bad: dict, param: str) -> None:
+    before = engine.collective_rpc("describe")[0]["batches_run"]
+    with pytest.raises(RequestError) as info:
+        engine.generate(request(**bad))
+    assert info.value.param == param
+    assert engine.collective_rpc("describe")[0]["batches_run"] == before
+
+
+def test_one_failing_request_does_not_take_others_down(engine: Engine) -> None:
+    long_thread, _ = start_long(engine, steps=30)
+    results: dict[str, Any] = {}
+
+    def run(prompt: str, seed: int) -> None:
+        try:
+            results[prompt] = engine.generate(request(prompt=prompt, seed=seed))
+        except BaseException as exc:  # noqa: BLE001
+            results[prompt] = exc
+
+    # Queued behind the long request, these three share a batch key and are batched together.
+    threads = [threading.Thread(target=run, args=(p, s)) for p, s in (("ok one", 1), ("explode", 2), ("ok two", 3))]
+    for t in threads:
+        t.start()
+    for t in [long_thread, *threads]:
+        t.join(120)
+    assert isinstance(results["explode"], WorkerError)
+    assert results["explode"].remote_type == "RuntimeError" and "injected" in str(results["explode"])
+    assert results["ok one"].seeds == [1] and results["ok two"].seeds == [3]
+    assert not engine.is_dead
+    engine.check_health()
+    assert len(engine.generate(request()).images) == 1
+
+
+def test_rpc_runs_between_batches_never_during_one(engine: Engine) -> None:
+    before = engine.collective_rpc("describe")[0]["batches_run"]
+    thread, box = start_long(engine, steps=40)
+    info = engine.collective_rpc("describe")[0]  # sent while the batch runs
+    returned_at = time.monotonic()
+    thread.join(120)
+    assert "out" in box, box
+    assert info["batches_run"] == before + 1  # it waited for the running batch to finish
+    assert box["done_at"] <= returned_at + 1.0
+
+
+def test_mp_worker_sigkill_fails_fast_and_leaves_no_child(tiny_flux_dir: Any) -> None:
+    engine = Engine(str(tiny_flux_dir), deploy_config=deploy("mp"), env={})
+    (pid,) = engine.worker_pids
+    assert pid != os.getpid() and pid_alive(pid)
+    thread, box = start_long(engine, steps=100)
+    killed_at = time.monotonic()
+    os.kill(pid, signal.SIGKILL)
+    thread.join(10)
+    assert not thread.is_alive()
+    assert isinstance(box.get("error"), EngineDeadError), box
+    assert box["done_at"] - killed_at < 10
+    assert engine.is_dead and not engine.is_ready
+    with pytest.raises(EngineDeadError):
+        engine.generate(request())
+    with pytest.raises(EngineDeadError):
+        engine.check_health()
+    start = time.monotonic()
+    engine.shutdown()
+    engine.shutdown()  # idempotent
+    assert time.monotonic() - start < 15
+    assert not pid_alive(pid)
+    assert pid not in [p.pid for p in multiprocessing.active_children()]
+
+
+def test_context_manager_shuts_down(tiny_flux_dir: Any) -> None:
+    # uni only: mp shutdown (and no orphans) is covered above and in tests/engine with model-less workers.
+    with Engine(str(tiny_flux_dir), deploy_config=deploy("uni"), env={}) as engine:
+        assert engine.collective_rpc("ping") == ["pong"]
+    assert not engine.is_ready
+    with pytest.raises(EngineDeadError):
+        engine.generate(request())
