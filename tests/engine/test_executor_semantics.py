@@ -174,3 +174,34 @@ def test_mp_sigkill_fails_in_flight_call_fast_and_leaves_no_child() -> None:
     ex.shutdown()  # rank 0 is still sleeping: shutdown escalates to SIGTERM and returns
     assert time.monotonic() - start < 15
     assert not any(_pid_alive(p) for p in pids)
+
+
+_ORPHAN_SCRIPT = """
+import os, sys, time
+from diffserve.config.resolve import resolve
+from diffserve.executor.base import make_executor
+
+if __name__ == "__main__":
+    ex = make_executor(resolve(model=None, deploy_config={"distributed_executor_backend": "mp"}, env={}))
+    print(ex.worker_pids[0], flush=True)
+    time.sleep(600)
+"""
+
+
+def test_mp_worker_exits_when_its_parent_is_killed(tmp_path) -> None:
+    import subprocess
+    import sys
+
+    script = tmp_path / "parent.py"
+    script.write_text(_ORPHAN_SCRIPT)
+    parent = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True)
+    try:
+        worker_pid = int(parent.stdout.readline())
+        assert _pid_alive(worker_pid)
+    finally:
+        parent.kill()  # SIGKILL: no atexit, no finalizer runs in the parent
+        parent.wait(30)
+    deadline = time.monotonic() + 10
+    while _pid_alive(worker_pid) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not _pid_alive(worker_pid), "worker outlived its parent"
