@@ -176,6 +176,13 @@ def make_executor(config: ResolvedConfig, stage_id: int | None = None, **kwargs:
     stage = config.stage_for_role("diffusion") if stage_id is None else \
         next(s for s in config.stages if s.stage_id == stage_id)
     backend = stage.distributed_executor_backend
+    # Parallel degrees and replicas are accepted by the config but not run by these executors yet:
+    # refuse them rather than silently serving with one worker.
+    if stage.parallel.world_size > 1 or stage.num_replicas > 1:
+        raise ConfigError(f"parallel world size {stage.parallel.world_size} x {stage.num_replicas} replicas is "
+                          "not supported by the uni/mp executors yet",
+                          path=f"stages.{stage.stage_id}.parallel", hint="set the parallel degrees and "
+                          "num_replicas to 1")
     if backend == "uni":
         from diffserve.executor.uni import UniExecutor
 

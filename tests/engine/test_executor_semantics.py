@@ -205,3 +205,11 @@ def test_mp_worker_exits_when_its_parent_is_killed(tmp_path) -> None:
     while _pid_alive(worker_pid) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert not _pid_alive(worker_pid), "worker outlived its parent"
+
+
+@pytest.mark.parametrize("field", [{"num_replicas": 2}, {"parallel": {"tensor_parallel_size": 2}},
+                                   {"distributed_executor_backend": "ray"}])
+def test_unsupported_layouts_are_refused_not_downgraded(field: dict) -> None:
+    config = resolve(model=None, deploy_config={"distributed_executor_backend": "uni", **field}, env={})
+    with pytest.raises(ConfigError):
+        make_executor(config)
