@@ -27,6 +27,11 @@ class QKNorm(nn.Module):
         self.query_norm = RMSNorm(dim)
         self.key_norm = RMSNorm(dim)
 
+    def forward(self, qk: Tensor) -> Tensor:
+        """RMS-normalize ``qk`` ``[B, L, 2, H, D]`` (queries then keys) in one pass, each with its own scale."""
+        scale = torch.stack((self.query_norm.scale, self.key_norm.scale))[:, None, :]
+        return F.rms_norm(qk, qk.shape[-1:], eps=1e-6) * scale
+
 
 def layer_norm(x: Tensor) -> Tensor:
     """LayerNorm without affine parameters (eps 1e-6), the pre-norm of every FLUX branch."""
@@ -61,15 +66,25 @@ class SelfAttention(nn.Module):
         self.norm = QKNorm(dim // num_heads)
         self.proj = kernels.make_linear(dim, dim)
 
-    def qkv_heads(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        """``[B, L, dim]`` -> normed q, k and v, each ``[B, H, L, D]``."""
-        return split_heads(self.qkv(x), self.num_heads, self.norm)
+    def qk_v(self, x: Tensor) -> tuple[Tensor, Tensor]:
+        """``[B, L, dim]`` -> (normed queries and keys ``[B, L, 2, H, D]``, values ``[B, L, H, D]``)."""
+        return split_qkv(self.qkv(x), self.num_heads, self.norm)
 
 
-def split_heads(qkv: Tensor, num_heads: int, norm: QKNorm) -> tuple[Tensor, Tensor, Tensor]:
-    # "B L (K H D) -> K B H L D" as a view; the norms produce the new q/k tensors anyway.
-    q, k, v = qkv.unflatten(-1, (3, num_heads, -1)).permute(2, 0, 3, 1, 4).unbind(0)
-    return norm.query_norm(q), norm.key_norm(k), v
+def split_qkv(qkv: Tensor, num_heads: int, norm: QKNorm) -> tuple[Tensor, Tensor]:
+    # "B L (K H D) -> B L K H D" is a view; q and k stay together so norm and RoPE run once for both.
+    qkv = qkv.unflatten(-1, (3, num_heads, -1))
+    return norm(qkv[:, :, :2]), qkv[:, :, 2]
+
+
+def heads_first(qk: Tensor, v: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """``[B, L, 2, H, D]`` and ``[B, L, H, D]`` -> q, k, v as ``[B, H, L, D]`` views (no copies)."""
+    return qk[:, :, 0].transpose(1, 2), qk[:, :, 1].transpose(1, 2), v.transpose(1, 2)
+
+
+def modulate(x: Tensor, mod: ModulationOut) -> Tensor:
+    """``(1 + scale) * LayerNorm(x) + shift`` as one fused multiply-add."""
+    return torch.addcmul(mod.shift, layer_norm(x), 1 + mod.scale)
 
 
 def mlp(hidden_size: int, mlp_hidden_dim: int, kernels: KernelSet) -> nn.Sequential:
@@ -100,20 +115,19 @@ class DoubleStreamBlock(nn.Module):
         txt_mod1, txt_mod2 = self.txt_mod(vec)
 
         # prepare image and text for attention
-        img_q, img_k, img_v = self.img_attn.qkv_heads((1 + img_mod1.scale) * layer_norm(img) + img_mod1.shift)
-        txt_q, txt_k, txt_v = self.txt_attn.qkv_heads((1 + txt_mod1.scale) * layer_norm(txt) + txt_mod1.shift)
+        img_qk, img_v = self.img_attn.qk_v(modulate(img, img_mod1))
+        txt_qk, txt_v = self.txt_attn.qk_v(modulate(txt, txt_mod1))
 
         # run actual attention over the joint sequence, text first
-        q = apply_rope(torch.cat((txt_q, img_q), dim=2), pe)
-        k = apply_rope(torch.cat((txt_k, img_k), dim=2), pe)
-        attn = self.attn(q, k, torch.cat((txt_v, img_v), dim=2))
+        qk = apply_rope(torch.cat((txt_qk, img_qk), dim=1), pe)
+        attn = self.attn(*heads_first(qk, torch.cat((txt_v, img_v), dim=1)))
         txt_attn, img_attn = attn[:, : txt.shape[1]], attn[:, txt.shape[1] :]
 
         # calculate the img and txt blocks
-        img = img + img_mod1.gate * self.img_attn.proj(img_attn)
-        img = img + img_mod2.gate * self.img_mlp((1 + img_mod2.scale) * layer_norm(img) + img_mod2.shift)
-        txt = txt + txt_mod1.gate * self.txt_attn.proj(txt_attn)
-        txt = txt + txt_mod2.gate * self.txt_mlp((1 + txt_mod2.scale) * layer_norm(txt) + txt_mod2.shift)
+        img = torch.addcmul(img, img_mod1.gate, self.img_attn.proj(img_attn))
+        img = torch.addcmul(img, img_mod2.gate, self.img_mlp(modulate(img, img_mod2)))
+        txt = torch.addcmul(txt, txt_mod1.gate, self.txt_attn.proj(txt_attn))
+        txt = torch.addcmul(txt, txt_mod2.gate, self.txt_mlp(modulate(txt, txt_mod2)))
         return img, txt
 
 
@@ -133,12 +147,11 @@ class SingleStreamBlock(nn.Module):
 
     def forward(self, x: Tensor, vec: Tensor, pe: Tensor) -> Tensor:
         mod, _ = self.modulation(vec)
-        x_mod = (1 + mod.scale) * layer_norm(x) + mod.shift
-        qkv, mlp_in = torch.split(self.linear1(x_mod), [3 * self.hidden_size, self.mlp_hidden_dim], dim=-1)
-        q, k, v = split_heads(qkv, self.num_heads, self.norm)
-        attn = self.attn(apply_rope(q, pe), apply_rope(k, pe), v)
+        qkv, mlp_in = torch.split(self.linear1(modulate(x, mod)), [3 * self.hidden_size, self.mlp_hidden_dim], dim=-1)
+        qk, v = split_qkv(qkv, self.num_heads, self.norm)
+        attn = self.attn(*heads_first(apply_rope(qk, pe), v))
         output = self.linear2(torch.cat((attn, F.gelu(mlp_in, approximate="tanh")), dim=2))
-        return x + mod.gate * output
+        return torch.addcmul(x, mod.gate, output)
 
 
 class LastLayer(nn.Module):
@@ -148,5 +161,5 @@ class LastLayer(nn.Module):
         self.linear = kernels.make_linear(hidden_size, out_channels)
 
     def forward(self, x: Tensor, vec: Tensor) -> Tensor:
-        shift, scale = self.adaLN_modulation(vec).chunk(2, dim=1)
-        return self.linear((1 + scale[:, None, :]) * layer_norm(x) + shift[:, None, :])
+        shift, scale = self.adaLN_modulation(vec)[:, None, :].chunk(2, dim=-1)
+        return self.linear(torch.addcmul(shift, layer_norm(x), 1 + scale))

@@ -30,7 +30,8 @@ class MLPEmbedder(nn.Module):
 
 
 def rope(ids: Tensor, axes_dim: tuple[int, ...], theta: int, dtype: torch.dtype = torch.float32) -> Tensor:
-    """Per-position rotation table ``[L, head_dim // 2, 2]`` (cos, sin) for ``ids`` of shape ``[L, n_axes]``.
+    """Rotation table ``[2, L, head_dim]`` for ``ids`` of shape ``[L, n_axes]``: row 0 is cos, row 1 is sin with
+    the sign of the pair rotation folded in (``-sin, +sin`` per channel pair), as ``apply_rope`` consumes it.
 
     Computed once per request in float64 (as the reference does) and cast, keeping float64 off the
     per-step path.
@@ -41,13 +42,18 @@ def rope(ids: Tensor, axes_dim: tuple[int, ...], theta: int, dtype: torch.dtype 
         omega = 1.0 / theta**scale
         angles.append(ids[:, axis].to(torch.float64)[:, None] * omega[None])
     angle = torch.cat(angles, dim=-1)
-    return torch.stack([angle.cos(), angle.sin()], dim=-1).to(dtype)
+    cos = angle.cos().repeat_interleave(2, dim=-1)
+    sin = torch.stack((-angle.sin(), angle.sin()), dim=-1).flatten(-2)
+    return torch.stack((cos, sin)).to(dtype)
 
 
 def apply_rope(x: Tensor, pe: Tensor) -> Tensor:
-    """Rotate consecutive channel pairs of ``x`` ``[B, H, L, D]`` by the angles in ``pe`` ``[L, D/2, 2]``."""
-    cos, sin = pe[..., 0], pe[..., 1]
-    x_ = x.float().unflatten(-1, (-1, 2))
-    x0, x1 = x_[..., 0], x_[..., 1]
-    out = torch.stack([x0 * cos - x1 * sin, x1 * cos + x0 * sin], dim=-1)
-    return out.flatten(-2).type_as(x)
+    """Rotate consecutive channel pairs of ``x`` ``[B, L, ..., D]`` by the angles in ``pe`` (from ``rope``).
+
+    ``out = x * cos + swap_pairs(x) * signed_sin``: three kernels, done in float32 for half-precision input.
+    """
+    shape = (pe.shape[1],) + (1,) * (x.ndim - 3) + (pe.shape[2],)
+    cos, sin = pe[0].view(shape), pe[1].view(shape)
+    xf = x if x.dtype == pe.dtype else x.to(pe.dtype)
+    swapped = xf.unflatten(-1, (-1, 2)).flip(-1).flatten(-2)
+    return torch.addcmul(xf * cos, swapped, sin).to(x.dtype)
