@@ -10,6 +10,7 @@
 from __future__ import annotations
 
 import contextlib
+import logging
 import multiprocessing
 import os
 import threading
@@ -44,6 +45,8 @@ class MultiprocExecutor(Executor):
                  ready_timeout: float = DEFAULT_READY_TIMEOUT_S) -> None:
         super().__init__(config, stage_id, world_size, ready_timeout)
         ctx = multiprocessing.get_context("spawn")
+        root_logger = logging.getLogger("diffserve")
+        log_level = root_logger.level if root_logger.handlers else None
         self._processes: list[Any] = []
         self._channels: list[PipeChannel] = []
         self._monitors: list[threading.Thread] = []
@@ -53,7 +56,7 @@ class MultiprocExecutor(Executor):
             for rank in range(world_size):
                 parent_conn, child_conn = ctx.Pipe(duplex=True)
                 process = ctx.Process(target=process_main, name=f"diffserve-worker-{rank}", daemon=True,
-                                      args=(child_conn, config, stage_id, rank, os.getpid()))
+                                      args=(child_conn, config, stage_id, rank, os.getpid(), log_level))
                 process.start()
                 child_conn.close()  # only the child holds its end: its exit closes the pipe
                 self._processes.append(process)
@@ -81,7 +84,9 @@ class MultiprocExecutor(Executor):
             reply = None
         if reply is None:
             process.join(1.0)
-            raise EngineDeadError(f"mp worker {rank} exited during startup (exit code {process.exitcode})")
+            raise EngineDeadError(
+                f"mp worker {rank} exited during startup (exit code {process.exitcode}); see its stderr. "
+                "Scripts that start an mp engine need an `if __name__ == '__main__':` guard (spawn).")
         if reply.kind != "ready":
             raise remote_exception(reply)
         self.worker_pids.append(reply.value["pid"])

@@ -139,7 +139,8 @@ def serve(channel: Channel, make_worker: Callable[[], Worker],
     CommandLoop(channel, worker, parent_alive).run()
 
 
-def process_main(conn: Any, config: Any, stage_id: int, rank: int, parent_pid: int) -> None:
+def process_main(conn: Any, config: Any, stage_id: int, rank: int, parent_pid: int,
+                 log_level: int | None = None) -> None:
     """Entry point of an mp worker process (spawned: imports only what it needs).
 
     No PR_SET_PDEATHSIG: Linux ties it to the parent *thread*, so a worker started from a short-lived
@@ -148,6 +149,10 @@ def process_main(conn: Any, config: Any, stage_id: int, rank: int, parent_pid: i
     """
     from diffserve.executor.transport import PipeChannel
 
+    if log_level is not None:  # the parent logs (CLI/server): so does its worker, at the same level
+        from diffserve.logging import configure_logging
+
+        configure_logging(log_level)
     # The parent decides when we stop; a Ctrl-C in the terminal must not kill workers mid-batch.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     channel = PipeChannel(conn)
