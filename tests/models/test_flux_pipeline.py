@@ -117,8 +117,7 @@ def test_n_images_reproduce_single_requests(pipe: FluxPipeline) -> None:
     both = pipe(_req(seed=40, n=2))
     assert both.seeds == [40, 41] and both.images.shape[0] == 2
     for i, seed in enumerate(both.seeds):
-        single = pipe(_req(seed=seed)).images[0]
-        assert _psnr(both.images[i].numpy(), single.numpy()) >= 60.0
+        assert torch.equal(both.images[i], pipe(_req(seed=seed)).images[0])
 
 
 def test_missing_seed_gets_a_reported_random_one(pipe: FluxPipeline) -> None:
@@ -134,9 +133,8 @@ def test_mixed_batch_equals_requests_alone(pipe: FluxPipeline) -> None:
     outputs = events[-1].outputs
     assert [o.request_id for o in outputs] == [r.request_id for r in batch]
     for request, output in zip(batch, outputs, strict=True):
-        alone = pipe(request).images
-        assert output.images.shape == alone.shape
-        assert _psnr(output.images.numpy(), alone.numpy()) >= 60.0
+        # Batch invariant: conditioning rows and VAE decodes run per image, token GEMMs are large-M.
+        assert torch.equal(output.images, pipe(request).images)
 
 
 def test_output_types(pipe: FluxPipeline) -> None:

@@ -15,12 +15,17 @@ class Linear(nn.Module):
     """``y = x @ weight.T + bias`` through ``backend.linear``; each call is counted under ``backend_name``.
 
     The backend method is looked up on every call (never captured), so a patched backend class is seen.
+
+    ``rowwise=True`` is for per-sample vectors ``[B, in]`` (conditioning, modulation): each row is
+    multiplied on its own, because small-M GEMMs are not batch invariant (M=1 takes a GEMV path), and
+    an image must not change with the batch it runs in. It is still one counted call.
     """
 
     def __init__(self, in_features: int, out_features: int, bias: bool = True, *,
-                 backend: LinearBackend, counters: KernelCounters,
+                 backend: LinearBackend, counters: KernelCounters, rowwise: bool = False,
                  device: torch.device | str | None = None, dtype: torch.dtype | None = None) -> None:
         super().__init__()
+        self.rowwise = rowwise
         self.in_features = in_features
         self.out_features = out_features
         self.backend = backend
@@ -43,8 +48,11 @@ class Linear(nn.Module):
         # compiled blocks are counted by their owner from a static tally instead.
         if not torch.compiler.is_compiling():
             self.counters.count_linear(self.backend_name)
+        if self.rowwise and x.shape[0] > 1:
+            return torch.cat([self.backend.linear(row, self.weight, self.bias) for row in x.split(1)])
         return self.backend.linear(x, self.weight, self.bias)
 
     def extra_repr(self) -> str:
         return (f"in_features={self.in_features}, out_features={self.out_features}, "
-                f"bias={self.bias is not None}, backend={self.backend_name}")
+                f"bias={self.bias is not None}, backend={self.backend_name}"
+                + (", rowwise" if self.rowwise else ""))

@@ -20,10 +20,12 @@ def timestep_embedding(t: Tensor, dim: int, max_period: int = 10_000) -> Tensor:
 
 
 class MLPEmbedder(nn.Module):
-    def __init__(self, in_dim: int, hidden_dim: int, kernels: KernelSet, **factory) -> None:
+    """Embeds a per-sample vector ``[B, in_dim]``; row by row, so a sample's result ignores its batch."""
+
+    def __init__(self, in_dim: int, hidden_dim: int, kernels: KernelSet) -> None:
         super().__init__()
-        self.in_layer = kernels.make_linear(in_dim, hidden_dim, **factory)
-        self.out_layer = kernels.make_linear(hidden_dim, hidden_dim, **factory)
+        self.in_layer = kernels.make_linear(in_dim, hidden_dim, rowwise=True)
+        self.out_layer = kernels.make_linear(hidden_dim, hidden_dim, rowwise=True)
 
     def forward(self, x: Tensor) -> Tensor:
         return self.out_layer(F.silu(self.in_layer(x)))

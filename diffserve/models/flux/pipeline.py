@@ -243,7 +243,10 @@ class FluxPipeline:
         if decode:
             x = unpack(torch.cat([per_request[i] for i in decode]), height, width)
             x = x / self.vae.config.scaling_factor + self.vae.config.shift_factor
-            pixels = (self.vae.decode(x, return_dict=False)[0] * 0.5 + 0.5).clamp(0, 1)
+            # One image at a time: batched convolutions differ in the last bit from single ones, and
+            # image i of a request must equal the single-image request with its seed.
+            pixels = torch.cat([self.vae.decode(z, return_dict=False)[0] for z in x.split(1)])
+            pixels = (pixels * 0.5 + 0.5).clamp(0, 1)
             decoded = pixels.split([batch[i].n for i in decode])
             for i, images in zip(decode, decoded, strict=True):
                 if batch[i].output_type == "pt":
