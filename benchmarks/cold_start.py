@@ -1,0 +1,98 @@
+"""(e) Cold start: process start to first image for ``diffserve generate`` and for the equivalent
+minimal diffusers script (diffusers_generate.py), each process's peak RSS, and ``diffserve serve``
+process start to 200 on /ready and to its first image over HTTP.
+
+Each one-shot command runs under a tiny launcher process that waits for it and reads
+getrusage(RUSAGE_CHILDREN), so the peak RSS is that command's alone (ru_maxrss of the largest
+descendant; mp workers would count as their own descendants). Runs alternate diffserve/diffusers."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from benchmarks.common import median, subprocess_env
+from benchmarks.http_client import sync_call
+from benchmarks.section import Section
+from benchmarks.server import Server, diffserve_cmd
+from benchmarks.settings import PROMPT, SEED, Settings
+
+HERE = Path(__file__).resolve().parent
+
+# Runs argv, then prints the child's wall seconds, exit code and peak RSS (KiB on Linux) as JSON.
+LAUNCHER = (
+    "import json, resource, subprocess, sys, time\n"
+    "t0 = time.perf_counter(); rc = subprocess.call(sys.argv[1:], stdout=subprocess.DEVNULL)\n"
+    "wall = time.perf_counter() - t0\n"
+    "print(json.dumps({'wall_s': wall, 'rc': rc,"
+    " 'maxrss_kib': resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss}))\n"
+)
+
+
+def launch(cmd: list[str], timeout: float = 900) -> dict[str, Any]:
+    proc = subprocess.run([sys.executable, "-c", LAUNCHER, *cmd], capture_output=True, text=True,
+                          env=subprocess_env(), timeout=timeout)
+    if proc.returncode != 0 or not proc.stdout.strip():
+        raise RuntimeError(f"launcher failed: {proc.stderr.strip()[-500:]}")
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    if result["rc"] != 0:
+        raise RuntimeError(f"{' '.join(cmd[:3])} ... exited with {result['rc']}")
+    return result
+
+
+def measure(section: Section, settings: Settings, models: dict[str, Path]) -> None:
+    case = settings.cold_case
+    path = models[case.model]
+    section.notes.append(f"{case.label}, float32, max_sequence_length 512 (neither CLI exposes it).")
+    section.columns = ["contender", "median s to first image", "median s to /ready", "runs", "peak RSS MiB",
+                       "ratio vs diffusers script"]
+    with tempfile.TemporaryDirectory(prefix="diffserve-bench-") as tmp:
+        out = Path(tmp) / "out.png"
+        common = [str(path), PROMPT, "-o", str(out), "--steps", str(case.steps),
+                  "--size", f"{case.size}x{case.size}", "--seed", str(SEED), "--no-progress", "--dtype", "float32"]
+        # slug (metrics key) -> (row label, command)
+        cmds = {
+            "diffusers": ("diffusers script", [sys.executable, str(HERE / "diffusers_generate.py"), str(path), PROMPT, str(out),
+                                 str(case.steps), str(case.size), str(SEED)]),
+            "generate_eager": ("diffserve generate --enforce-eager",
+                               [*diffserve_cmd(), "generate", *common, "--enforce-eager"]),
+        }
+        if settings.cold_compile:
+            cmds["generate_default"] = ("diffserve generate (default config: compile)",
+                                        [*diffserve_cmd(), "generate", *common])
+        runs: dict[str, list[dict[str, Any]]] = {name: [] for name in cmds}
+        for i in range(settings.cold_repeats):
+            for name in (list(cmds) if i % 2 == 0 else list(cmds)[::-1]):
+                runs[name].append(launch(cmds[name][1]))
+        base_s = median([r["wall_s"] for r in runs["diffusers"]])
+        base_rss = max(r["maxrss_kib"] for r in runs["diffusers"]) / 1024
+        for slug, results in runs.items():
+            wall = median([r["wall_s"] for r in results])
+            rss = max(r["maxrss_kib"] for r in results) / 1024
+            section.add(cmds[slug][0], round(wall, 2), "", len(results), round(rss, 1), f"{wall / base_s:.2f}")
+            section.metrics[f"cold.{slug}.s"] = wall
+            section.metrics[f"cold.{slug}.rss_mib"] = rss
+            section.metrics[f"cold.{slug}.ratio"] = wall / base_s
+            section.metrics[f"cold.{slug}.rss_ratio"] = rss / base_rss
+        _serve(section, settings, path, base_s, Path(tmp))
+
+
+def _serve(section: Section, settings: Settings, path: Path, base_s: float, tmp: Path) -> None:
+    case = settings.cold_case
+    ready, first, rss = [], [], []
+    for _ in range(settings.cold_repeats):
+        with Server(path, ["--dtype", "float32", "--enforce-eager"], log=tmp / "serve.log") as srv:
+            ready.append(srv.ready_s)
+            sync_call(srv.base_url, path.name, case)()
+            first.append(time.perf_counter() - srv.started)
+            rss.append(srv.peak_rss_mib())
+    section.add("diffserve serve (eager)", round(median(first), 2), round(median(ready), 2), len(ready),
+                round(max(rss), 1), f"{median(first) / base_s:.2f}")
+    section.metrics["cold.serve.ready_s"] = median(ready)
+    section.metrics["cold.serve.first_image_s"] = median(first)
+    section.metrics["cold.serve.rss_mib"] = max(rss)

@@ -1,0 +1,93 @@
+"""The two things being compared, built from the same model directory and called with the same request:
+``diffusers.FluxPipeline`` (the library called directly) and diffserve's ``Engine``."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from benchmarks.section import Unavailable
+from benchmarks.settings import GUIDANCE_SCALE, MAX_SEQUENCE_LENGTH, PROMPT, SEED, Case
+
+
+def torch_dtype(name: str) -> Any:
+    import torch
+
+    return {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[name]
+
+
+def load_diffusers(path: Path, dtype: str) -> Any:
+    """diffusers' FluxPipeline from the very directory diffserve loads, in ``dtype``."""
+    import diffusers
+
+    pipe = diffusers.FluxPipeline.from_pretrained(str(path), torch_dtype=torch_dtype(dtype))
+    pipe.set_progress_bar_config(disable=True)
+    return pipe
+
+
+def diffusers_call(pipe: Any, case: Case, *, batch: int = 1) -> Callable[[], list[Any]]:
+    """One text-to-image call of ``batch`` images; returns the PIL images."""
+    import torch
+
+    def call() -> list[Any]:
+        generator = torch.Generator("cpu").manual_seed(SEED)
+        with torch.inference_mode():
+            out = pipe(
+                prompt=PROMPT,
+                height=case.size,
+                width=case.size,
+                num_inference_steps=case.steps,
+                guidance_scale=GUIDANCE_SCALE,
+                generator=generator,
+                max_sequence_length=MAX_SEQUENCE_LENGTH,
+                num_images_per_prompt=batch,
+            )
+        return list(out.images)
+
+    return call
+
+
+def request(case: Case, *, seed: int = SEED, n: int = 1, max_sequence_length: int = MAX_SEQUENCE_LENGTH) -> Any:
+    """The diffserve request equivalent to ``diffusers_call`` (same prompt, seed, text length)."""
+    try:
+        from diffserve import GenerationRequest
+    except (ImportError, AttributeError) as exc:
+        raise Unavailable(f"diffserve.GenerationRequest: {exc}") from exc
+    return GenerationRequest(
+        prompt=PROMPT,
+        height=case.size,
+        width=case.size,
+        num_inference_steps=case.steps,
+        guidance_scale=GUIDANCE_SCALE,
+        seed=seed,
+        n=n,
+        max_sequence_length=max_sequence_length,
+    )
+
+
+def load_engine(path: Path, dtype: str, **overrides: Any) -> Any:
+    """diffserve's Engine (uni executor unless ``distributed_executor_backend`` says otherwise)."""
+    try:
+        from diffserve import Engine
+    except (ImportError, AttributeError) as exc:
+        raise Unavailable(f"diffserve.Engine: {exc}") from exc
+    overrides.setdefault("distributed_executor_backend", "uni")
+    overrides.setdefault("enforce_eager", True)
+    return Engine(str(path), dtype=dtype, **overrides)
+
+
+def engine_call(engine: Any, case: Case, **request_kwargs: Any) -> Callable[[], list[Any]]:
+    """One Engine.generate per call, with a fresh request each time: a request_id is single-use
+    (the engine rejects an id that is still in flight)."""
+
+    def call() -> list[Any]:
+        return list(engine.generate(request(case, **request_kwargs)).images)
+
+    return call
+
+
+def shutdown(engine: Any) -> None:
+    """Engines own worker processes/threads; close them even when a measurement failed."""
+    if engine is not None and hasattr(engine, "shutdown"):
+        engine.shutdown()

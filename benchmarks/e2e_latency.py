@@ -1,0 +1,82 @@
+"""(a) End-to-end latency per image: diffserve Engine (uni) vs diffusers.FluxPipeline, same directory,
+prompt, seed and max_sequence_length, per model/size/steps and dtype. Also the PSNR between the two
+engines' images, because a speed-up that changes the picture is not a speed-up."""
+
+from __future__ import annotations
+
+import gc
+import time
+from pathlib import Path
+from typing import Any
+
+from benchmarks import contenders as C
+from benchmarks.common import interleaved, median, psnr, spread
+from benchmarks.section import Section
+from benchmarks.settings import Settings
+
+
+def measure(section: Section, settings: Settings, models: dict[str, Path]) -> None:
+    section.columns = ["case", "dtype", "contender", "median s/image", "spread ±", "runs",
+                       "ratio vs diffusers", "PSNR vs diffusers (dB)", "load+warm-up s"]
+    for case in settings.e2e_cases:
+        for dtype in settings.dtypes:
+            _one_case(section, settings, models[case.model], case, dtype)
+
+
+def _one_case(section: Section, settings: Settings, path: Path, case: Any, dtype: str) -> None:
+    key = f"e2e.{case.model}.{case.size}.{case.steps}.{dtype}"
+    calls: dict[str, Any] = {}
+    engines: list[Any] = []
+    load_s: dict[str, float] = {}
+    try:
+        t0 = time.perf_counter()
+        pipe = C.load_diffusers(path, dtype)
+        calls["diffusers"] = C.diffusers_call(pipe, case)
+        load_s["diffusers"] = time.perf_counter() - t0
+        variants = [("diffserve eager", True)]
+        if case.model in settings.compile_models:
+            variants.append(("diffserve compile", False))
+        for name, eager in variants:
+            t0 = time.perf_counter()
+            try:
+                engine = C.load_engine(path, dtype, enforce_eager=eager)
+            except Exception as exc:  # noqa: BLE001 - the other contenders still get measured
+                section.add(case.label, dtype, name, "unavailable", "", 0, "", "", f"{type(exc).__name__}: {exc}")
+                if name == "diffserve eager":
+                    raise
+                continue
+            engines.append(engine)
+            calls[name] = C.engine_call(engine, case)
+            load_s[name] = time.perf_counter() - t0
+        # The first (untimed) call of each contender is its warm-up; compile happens there.
+        warm: dict[str, float] = {}
+        for name, call in calls.items():
+            t0 = time.perf_counter()
+            call()
+            warm[name] = time.perf_counter() - t0
+        samples, last = interleaved(calls, warmup=max(settings.warmup - 1, 0), iters=settings.iters,
+                                    budget_s=settings.case_budget_s)
+    finally:
+        for engine in engines:
+            C.shutdown(engine)
+    base = median(samples["diffusers"])
+    reference = last["diffusers"][0]
+    for name, times in samples.items():
+        m = median(times)
+        ratio = m / base if name != "diffusers" else 1.0
+        quality = psnr(last[name][0], reference) if name != "diffusers" else None
+        section.add(case.label, dtype, name, round(m, 4), f"{spread(times):.0%}", len(times),
+                    round(ratio, 3), _db(quality), round(load_s[name] + warm[name], 1))
+        mode = name.removeprefix("diffserve ")
+        section.metrics[f"{key}.{name.replace(' ', '_')}.median_s"] = m
+        if name != "diffusers":
+            section.metrics[f"{key}.{mode}.ratio"] = ratio
+            section.metrics[f"{key}.{mode}.psnr_db"] = quality
+    del calls, last, samples
+    gc.collect()
+
+
+def _db(value: float | None) -> Any:
+    if value is None:
+        return ""
+    return "identical" if value == float("inf") else round(value, 1)

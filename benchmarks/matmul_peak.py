@@ -1,0 +1,64 @@
+"""This machine's measured matmul peak per dtype: median GFLOP/s of ``torch.mm`` on large squares.
+
+It is the ceiling a transformer step is judged against. On CPUs without bf16 units (AVX2 only),
+torch's bfloat16 GEMM is orders of magnitude slower than float32, so the square size is lowered until
+one product takes about a second instead of minutes; the size used is reported.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from benchmarks.common import median
+
+PROBE = 256
+MAX_CALL_S = 1.0
+
+
+def _mm_seconds(n: int, dtype: Any, iters: int) -> list[float]:
+    import torch
+
+    a = torch.randn(n, n).to(dtype)
+    b = torch.randn(n, n).to(dtype)
+    torch.mm(a, b)  # warm-up: first-call allocation and kernel selection
+    out = []
+    for _ in range(iters):
+        t0 = time.perf_counter()
+        torch.mm(a, b)
+        out.append(time.perf_counter() - t0)
+    return out
+
+
+def peak_gflops(dtype_name: str, size: int, iters: int = 5) -> dict[str, float]:
+    """Median GFLOP/s of an n x n x n product (2*n^3 FLOPs), with n <= ``size`` chosen so one call
+    takes at most about MAX_CALL_S at the probed speed."""
+    from benchmarks.contenders import torch_dtype
+
+    dtype = torch_dtype(dtype_name)
+    probe = median(_mm_seconds(PROBE, dtype, 2))
+    rate = 2 * PROBE**3 / max(probe, 1e-9)
+    n = size
+    while n > PROBE and 2 * n**3 / rate > MAX_CALL_S:
+        n //= 2
+    seconds = median(_mm_seconds(n, dtype, iters))
+    return {"size": n, "gflops": 2 * n**3 / seconds / 1e9, "median_s": seconds}
+
+
+def linear_gflops(dtype_name: str, tokens: int, d_in: int, d_out: int, iters: int = 10) -> float:
+    """GFLOP/s of F.linear at one of the model's own shapes: the ceiling its layer sizes allow, which
+    for a small model sits below the large-square peak."""
+    import torch
+
+    from benchmarks.contenders import torch_dtype
+
+    dtype = torch_dtype(dtype_name)
+    x = torch.randn(tokens, d_in).to(dtype)
+    w = torch.randn(d_out, d_in).to(dtype)
+    torch.nn.functional.linear(x, w)
+    times = []
+    for _ in range(iters):
+        t0 = time.perf_counter()
+        torch.nn.functional.linear(x, w)
+        times.append(time.perf_counter() - t0)
+    return 2 * tokens * d_in * d_out / median(times) / 1e9

@@ -1,0 +1,81 @@
+"""Entry point: ``python -m benchmarks.run [--smoke] [--out benchmarks/RESULTS.md] [--only a,b]``.
+
+Builds the models it needs with the project's builder (cached in benchmarks/.cache), runs every
+measurement (each one degrades to "not available"/"failed" instead of stopping the run), then writes
+RESULTS.md and a JSON file beside it (results.json, or <out stem>.json for another name).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from pathlib import Path
+
+# Before torch/transformers/diffusers are imported anywhere: nothing may come from a hub.
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+from benchmarks import cold_start, e2e_latency, overhead, throughput, transformer_step  # noqa: E402
+from benchmarks.common import machine, pin_threads  # noqa: E402
+from benchmarks.models import DEFAULT_CACHE, ensure_model, model_facts  # noqa: E402
+from benchmarks.report import json_path, write_json, write_markdown  # noqa: E402
+from benchmarks.section import guarded  # noqa: E402
+from benchmarks.settings import FULL, SMOKE, Settings  # noqa: E402
+from benchmarks.targets import evaluate  # noqa: E402
+
+DEFAULT_OUT = Path(__file__).resolve().parent / "RESULTS.md"
+
+# key, title, measure(section, settings, models)
+MEASUREMENTS = (
+    ("e2e", "a. End-to-end latency per image: diffserve vs diffusers", e2e_latency.measure),
+    ("step", "b. Transformer step vs matmul peak", transformer_step.measure),
+    ("overhead", "c. Executor and HTTP overhead per image", overhead.measure),
+    ("throughput", "d. Throughput with concurrent clients", throughput.measure),
+    ("cold", "e. Cold start and peak memory", cold_start.measure),
+)
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m benchmarks.run", description=__doc__.splitlines()[0])
+    p.add_argument("--smoke", action="store_true", help="tiny model, a couple of iterations (CI)")
+    p.add_argument("--out", type=Path, default=DEFAULT_OUT, help="markdown report path")
+    p.add_argument("--cache-dir", type=Path, default=DEFAULT_CACHE, help="where built models are kept")
+    p.add_argument("--only", default="", help="comma-separated measurement keys: e2e,step,overhead,throughput,cold")
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    settings: Settings = SMOKE if args.smoke else FULL
+    only = {k.strip() for k in args.only.split(",") if k.strip()}
+    started = time.perf_counter()
+    threads = pin_threads()
+    info = machine()
+    print(f"[bench] {'smoke' if settings.smoke else 'full'} run on {info['cpu']} ({threads} threads)", flush=True)
+
+    models: dict[str, Path] = {}
+    facts: dict[str, dict[str, object]] = {}
+    for kind in settings.models:
+        path, seconds = ensure_model(kind, args.cache_dir)
+        models[kind] = path
+        facts[kind] = {**model_facts(path), "build_s": round(seconds, 1)}
+
+    sections = [
+        guarded(key, title, lambda s, fn=fn: fn(s, settings, models))
+        for key, title, fn in MEASUREMENTS
+        if not only or key in only
+    ]
+    targets = evaluate(sections, settings)
+    total = time.perf_counter() - started
+    out = args.out
+    write_markdown(out, info, facts, settings, sections, targets, total)
+    write_json(json_path(out), info, facts, settings, sections, targets, total)
+    print(f"[bench] wrote {out} and {json_path(out)} in {total:.0f}s", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,106 @@
+"""How much each measurement does in full and smoke mode.
+
+Full mode is sized to finish in under 15 minutes on the 2-core CPU machine; smoke mode (CI) uses the
+tiny model only with a couple of iterations so the harness cannot rot, and its numbers mean nothing.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+PROMPT = "a red fox in the snow, watercolor"
+SEED = 42
+# The same text length for every contender; FLUX pads the T5 prompt to this many tokens.
+MAX_SEQUENCE_LENGTH = 64
+# FLUX's default. The benchmark models are schnell-like (no guidance embedding, no true CFG), so both
+# engines run one transformer forward per step whatever this is; it is passed for identical requests.
+GUIDANCE_SCALE = 3.5
+
+
+@dataclass(frozen=True)
+class Case:
+    """One image-generation workload: which model, image size and denoise steps."""
+
+    model: str  # "tiny-flux" | "small-flux"
+    size: int  # square images, pixels per side
+    steps: int
+
+    @property
+    def label(self) -> str:
+        return f"{self.model} {self.size}x{self.size}/{self.steps} steps"
+
+
+@dataclass(frozen=True)
+class Settings:
+    smoke: bool
+    warmup: int  # untimed calls per contender before timing
+    iters: int  # timed calls per contender (the median is reported)
+    e2e_cases: tuple[Case, ...]
+    dtypes: tuple[str, ...]
+    # Compiled diffserve is a third contender in these models' end-to-end cases (compile is slow on
+    # 2 cores, so it is measured where the target asks for it: small-flux).
+    compile_models: tuple[str, ...]
+    step_case: Case  # transformer step alone
+    step_iters: int
+    matmul_size: int
+    overhead_case: Case  # mp vs uni, HTTP vs in-process
+    throughput_case: Case
+    clients: tuple[int, ...]
+    batch_sizes: tuple[int, ...]  # max_batch_size: 1 = batching off
+    throughput_images: int  # images per (clients, batch size) point, split evenly over the clients
+    throughput_eager: bool
+    cold_case: Case
+    cold_repeats: int
+    # Also time `diffserve generate` with its default config (compiles on first use; slow to start).
+    cold_compile: bool
+    models: tuple[str, ...] = field(default=("tiny-flux", "small-flux"))
+    # Seconds of timed calls one case may use after its first round (None: always ``iters``).
+    case_budget_s: float | None = None
+
+
+TINY_E2E = Case("tiny-flux", 128, 2)
+SMALL_E2E = Case("small-flux", 256, 4)
+
+FULL = Settings(
+    smoke=False,
+    warmup=1,
+    iters=5,
+    e2e_cases=(TINY_E2E, SMALL_E2E),
+    dtypes=("float32", "bfloat16"),
+    compile_models=("small-flux",),
+    step_case=SMALL_E2E,
+    step_iters=10,
+    matmul_size=2048,
+    overhead_case=SMALL_E2E,
+    throughput_case=Case("small-flux", 128, 2),
+    clients=(1, 4, 8),
+    batch_sizes=(1, 4),
+    throughput_images=16,
+    throughput_eager=True,
+    cold_case=Case("tiny-flux", 128, 2),
+    cold_repeats=3,
+    cold_compile=True,
+    case_budget_s=50.0,
+)
+
+SMOKE = Settings(
+    smoke=True,
+    warmup=1,
+    iters=2,
+    e2e_cases=(TINY_E2E,),
+    dtypes=("float32",),
+    compile_models=(),
+    step_case=TINY_E2E,
+    step_iters=2,
+    matmul_size=256,
+    overhead_case=TINY_E2E,
+    throughput_case=Case("tiny-flux", 128, 2),
+    clients=(1, 2),
+    batch_sizes=(1, 2),
+    throughput_images=2,
+    throughput_eager=True,
+    cold_case=TINY_E2E,
+    cold_repeats=1,
+    cold_compile=False,
+    models=("tiny-flux",),
+)

@@ -1,0 +1,129 @@
+"""The issue's targets, read off the measured metrics: measured value, target, met/missed, and a note.
+
+A target whose inputs were not measured (smoke mode, or a section that was not available) is
+"not measured", never "met".
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from benchmarks.section import Section
+from benchmarks.settings import Settings
+
+MIN_PSNR_DB = 40.0
+
+
+@dataclass
+class Target:
+    name: str
+    target: str
+    measured: str = "not measured"
+    status: str = "not measured"  # "met" | "missed" | "not measured"
+    note: str = ""
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def evaluate(sections: list[Section], settings: Settings) -> list[Target]:
+    m: dict[str, Any] = {}
+    for section in sections:
+        m.update(section.metrics)
+    out: list[Target] = []
+    for dtype in ("float32", "bfloat16"):
+        for mode, limit in (("compile", 0.80), ("eager", 0.95)):
+            out.append(_latency(m, dtype, mode, limit))
+    for dtype, limit in (("float32", 0.85), ("bfloat16", 0.75)):
+        out.append(_step(m, dtype, limit))
+    out.append(_at_most(m, "overhead.mp.extra", "mp executor overhead vs uni (small-flux 256x256)", 0.05, pct=True))
+    out.append(_at_most(m, "overhead.http.extra", "HTTP overhead vs in-process uni (small-flux 256x256)", 0.10,
+                        pct=True))
+    out.append(_throughput(m, settings))
+    out.append(_at_most(m, "cold.generate_default.ratio", "cold start: diffserve generate / diffusers script "
+                        "(tiny-flux)", 0.80, extra=_cold_note(m)))
+    out.append(_at_most(m, "cold.generate_default.rss_ratio", "peak RSS: diffserve generate / diffusers script "
+                        "(tiny-flux)", 1.00))
+    for t in out:
+        t.note = (t.note + " " + NOTES.get(t.name, "")).strip() if t.status == "missed" else t.note
+    return out
+
+
+def _latency(m: dict[str, Any], dtype: str, mode: str, limit: float) -> Target:
+    key = f"e2e.small-flux.256.4.{dtype}.{mode}"
+    t = Target(f"small-flux 256x256/4 {dtype} {mode}: diffserve / diffusers latency",
+               f"<= {limit:.2f} with PSNR >= {MIN_PSNR_DB:.0f} dB")
+    ratio, quality = m.get(f"{key}.ratio"), m.get(f"{key}.psnr_db")
+    if ratio is None:
+        return t
+    t.measured = f"{ratio:.3f} (PSNR {_db(quality)})"
+    psnr_ok = quality is not None and quality >= MIN_PSNR_DB
+    t.status = "met" if ratio <= limit and psnr_ok else "missed"
+    if not psnr_ok:
+        t.note = f"output differs from diffusers' (PSNR {_db(quality)} < {MIN_PSNR_DB:.0f} dB)."
+    return t
+
+
+def _step(m: dict[str, Any], dtype: str, limit: float) -> Target:
+    t = Target(f"transformer step {dtype}: fraction of measured matmul peak", f">= {limit:.0%}")
+    frac = m.get(f"step.{dtype}.diffserve.frac_peak")
+    if frac is None:
+        return t
+    t.measured = f"{frac:.0%}"
+    t.status = "met" if frac >= limit else "missed"
+    ref = m.get(f"step.{dtype}.diffusers.frac_peak")
+    shape = m.get(f"step.{dtype}.shape_gemm_gflops", 0.0) / max(m.get(f"step.{dtype}.peak_gflops", 1.0), 1e-9)
+    t.note = (f"diffusers: {ref:.0%}; one GEMM at the model's own shape reaches {shape:.0%} of the peak "
+              f"(peak {m.get(f'step.{dtype}.peak_gflops', 0):.1f} GFLOP/s at n={m.get(f'step.{dtype}.peak_size')}).")
+    return t
+
+
+def _throughput(m: dict[str, Any], settings: Settings) -> Target:
+    clients = max(settings.clients)
+    t = Target(f"{clients} concurrent clients (small-flux 128x128/2): images/s vs sequential diffusers",
+               ">= 1.50x")
+    best = {b: m.get(f"throughput.diffserve.c{clients}.b{b}.vs_diffusers") for b in settings.batch_sizes}
+    best = {b: v for b, v in best.items() if v is not None}
+    if not best or settings.smoke:
+        return t
+    batch, value = max(best.items(), key=lambda kv: kv[1])
+    t.measured = f"{value:.2f}x (max_batch_size {batch})"
+    t.status = "met" if value >= 1.5 else "missed"
+    t.note = "; ".join(f"max_batch_size {b}: {v:.2f}x" for b, v in best.items())
+    return t
+
+
+def _at_most(m: dict[str, Any], key: str, name: str, limit: float, *, pct: bool = False,
+             extra: Callable[[], str] | str = "") -> Target:
+    t = Target(name, f"<= {limit:+.0%}" if pct else f"<= {limit:.2f}")
+    value = m.get(key)
+    if value is None:
+        return t
+    t.measured = f"{value:+.1%}" if pct else f"{value:.2f}"
+    t.status = "met" if value <= limit else "missed"
+    t.note = extra() if callable(extra) else extra
+    return t
+
+
+def _cold_note(m: dict[str, Any]) -> str:
+    eager = m.get("cold.generate_eager.ratio")
+    ready = m.get("cold.serve.ready_s")
+    parts = []
+    if eager is not None:
+        parts.append(f"with --enforce-eager: {eager:.2f}")
+    if ready is not None:
+        parts.append(f"serve to /ready {ready:.1f}s")
+    return "; ".join(parts)
+
+
+def _db(value: float | None) -> str:
+    if value is None:
+        return "n/a"
+    return "identical" if value == float("inf") else f"{value:.1f} dB"
+
+
+# What was tried and what bounds a missed target, written from the authoritative run's numbers.
+# Keyed by Target.name; only shown for missed targets.
+NOTES: dict[str, str] = {}
