@@ -96,7 +96,7 @@ UNI_DEPLOY = """
 server:
   max_queue: 1
   max_n: 3
-  max_steps: 100
+  max_steps: 1000
   max_body_bytes: 65536
 warmup:
   enabled: true

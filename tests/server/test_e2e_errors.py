@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import threading
+import json
 import time
 
 import httpx
@@ -24,8 +24,8 @@ def server(uni_server):
 def still_serving(client):
     """After each error test, a normal request still succeeds."""
     yield
-    result = client.images.generate(prompt="still alive", size="64x64", extra_body=FAST)
-    assert len(result.data) == 1
+    result = client.images.generate(prompt="still alive", size="32x32", extra_body={"num_inference_steps": 1})
+    assert len(result.data) == 1 and result.size == "32x32"
 
 
 def error_of(exc: openai.APIStatusError) -> dict:
@@ -98,7 +98,7 @@ def test_oversized_body_is_413_before_parsing(server) -> None:
 @pytest.mark.parametrize(("kwargs", "param"), [
     ({"n": 4}, "n"),
     ({"size": "2048x1024"}, "size"),
-    ({"extra_body": {"num_inference_steps": 101}}, "num_inference_steps"),
+    ({"extra_body": {"num_inference_steps": 1001}}, "num_inference_steps"),
 ])
 def test_over_server_limits_is_422(client, kwargs: dict, param: str) -> None:
     with pytest.raises(openai.UnprocessableEntityError) as info:
@@ -116,22 +116,27 @@ def queue_depth(server) -> float:
 
 def test_queue_full_is_429(server, client) -> None:
     # max_queue=1: A runs, B waits, C is refused. A is streamed so the test knows when it runs, and
-    # is long enough (100 steps) to still be running when C arrives; closing it aborts it.
-    queued: dict = {}
-    body = {"prompt": "long", "size": "256x256", "num_inference_steps": 100, "stream": True}
-    with httpx.stream("POST", server.url + GEN, headers=server.auth, json=body, timeout=120) as running:
+    # is long enough (1000 steps) to still be running when C arrives; closing it aborts it.
+    long = {"prompt": "long", "size": "256x256", "num_inference_steps": 1000, "stream": True}
+    short = {"prompt": "queued", "size": "64x64", "num_inference_steps": 2, "stream": True}
+    with httpx.stream("POST", server.url + GEN, headers=server.auth, json=long, timeout=120) as running:
         assert running.status_code == 200
         next(line for line in running.iter_lines() if line.startswith("data: "))
-        waiter = threading.Thread(target=lambda: queued.update(
-            result=client.images.generate(prompt="queued", size="64x64", extra_body=FAST)))
-        waiter.start()
-        deadline = time.monotonic() + 30
-        while queue_depth(server) < 1:
-            assert time.monotonic() < deadline, "the second request never queued"
-            time.sleep(0.02)
-        with pytest.raises(openai.RateLimitError) as info:
-            client.images.generate(prompt="refused", size="64x64", extra_body=FAST)
-        assert info.value.status_code == 429 and error_of(info.value)["code"] == "queue_full"
-        assert info.value.response.headers["retry-after"]
-    waiter.join(timeout=120)
-    assert len(queued["result"].data) == 1
+        with httpx.stream("POST", server.url + GEN, headers=server.auth, json=short, timeout=120) as queued:
+            # A queued stream gets its 200 header at once, not when it starts running.
+            assert queued.status_code == 200
+            deadline = time.monotonic() + 30
+            while queue_depth(server) < 1:
+                assert time.monotonic() < deadline, "the second request never queued"
+                time.sleep(0.02)
+            with pytest.raises(openai.RateLimitError) as info:
+                client.images.generate(prompt="refused", size="64x64", extra_body=FAST)
+            assert info.value.status_code == 429 and error_of(info.value)["code"] == "queue_full"
+            assert info.value.response.headers["retry-after"]
+            refused = httpx.post(server.url + GEN, headers=server.auth, json={**short, "prompt": "refused"})
+            assert refused.status_code == 429 and refused.json()["error"]["code"] == "queue_full", refused.text
+            running.close()  # disconnect: A is aborted and B runs
+            events = [json.loads(line[6:]) for line in queued.iter_lines()
+                      if line.startswith("data: {")]
+    assert [e["type"] for e in events] == ["progress", "progress", "result"]
+    assert len(events[-1]["data"]) == 1

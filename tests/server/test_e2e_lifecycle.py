@@ -13,16 +13,16 @@ import pytest
 
 pytestmark = pytest.mark.e2e
 
-# The worker process (spawn + torch import + load + a 256x256 warmup) takes seconds to come up,
+# The worker process (spawn + torch import + load + warmup) takes seconds to come up,
 # while the HTTP server answers /health within milliseconds: the not-ready window is wide.
 DEPLOY = """
 distributed_executor_backend: mp
 enforce_eager: true
 warmup:
   enabled: true
-  height: 256
-  width: 256
-  steps: 2
+  height: 128
+  width: 128
+  steps: 1
 """
 
 

@@ -61,7 +61,7 @@ def test_counters_move_by_the_right_amounts(server, client) -> None:
 
 def test_client_disconnect_aborts_the_request(server) -> None:
     before = scrape(server)
-    body = {"prompt": "long", "size": "256x256", "num_inference_steps": 100, "stream": True}
+    body = {"prompt": "long", "size": "256x256", "num_inference_steps": 1000, "stream": True}
     with httpx.stream("POST", server.url + GEN, headers=server.auth, json=body, timeout=120) as resp:
         progress = [line for _, line in zip(range(2), (ln for ln in resp.iter_lines() if ln.startswith("data:")),
                                             strict=False)]

@@ -61,8 +61,7 @@ class ImagesHandler:
             logger.debug("request %s from user %r", gen.request_id, body.user)
         events = aiter_events(engine, gen)
         if body.stream:
-            # Pull the first event before answering 200: admission errors (429, 503) keep their status.
-            first = await anext_or_abort(engine, gen.request_id, events)
+            first = await admit(engine, gen.request_id, events)
             stream = self._sse(request, engine, body, gen, events, first, received)
             return StreamingResponse(stream, media_type="text/event-stream",
                                      headers={"X-Request-Id": gen.request_id, "Cache-Control": "no-cache"})
@@ -134,11 +133,12 @@ class ImagesHandler:
         return response.model_dump(mode="json")
 
     async def _sse(self, request: Request, engine: Any, body: ImageGenerationRequest, gen: GenerationRequest,
-                   events: AsyncIterator[Any], first: Any, received: float) -> AsyncIterator[str]:
+                   events: AsyncIterator[Any], first: asyncio.Future[Any],
+                   received: float) -> AsyncIterator[str]:
         finished = False
         self.metrics.inflight.inc()
         try:
-            event = first
+            event = await first
             while True:
                 if isinstance(event, ProgressEvent):
                     yield sse({"type": "progress", "request_id": gen.request_id, "step": event.step,
@@ -159,6 +159,7 @@ class ImagesHandler:
             yield sse({"type": "error", **to_api_error(exc).body()})
         finally:
             self.metrics.inflight.dec()
+            first.cancel()  # no-op once done; stops waiting for a request still queued
             if not finished:
                 # Client disconnect cancels this generator; the abort must still reach the engine.
                 with anyio.CancelScope(shield=True):
@@ -168,6 +169,21 @@ class ImagesHandler:
 
 def aiter_events(engine: Any, gen: GenerationRequest) -> AsyncIterator[Any]:
     return engine.generate(gen).__aiter__()
+
+
+async def admit(engine: Any, request_id: str, events: AsyncIterator[Any]) -> asyncio.Future[Any]:
+    """Submit the request and return the future of its first event.
+
+    The engine admits (validates, enqueues) synchronously inside the first ``__anext__``, before it
+    waits for an event: one loop turn is enough to raise admission errors here, so they keep their
+    HTTP status (400, 429, 503), while a queued stream gets its 200 header at once instead of
+    after the wait.
+    """
+    first = asyncio.ensure_future(anext_or_abort(engine, request_id, events))
+    await asyncio.sleep(0)
+    if first.done():
+        first.result()  # raises the admission error, if any
+    return first
 
 
 async def anext_or_abort(engine: Any, request_id: str, events: AsyncIterator[Any]) -> Any:
