@@ -54,3 +54,25 @@ def test_explicit_flash_per_role_fails_at_build() -> None:
     with pytest.raises(BackendUnavailableError, match="flash_attn"):
         build_kernel_set("auto", {"default": "sdpa", "double_block": "flash_attn"}, roles=ROLES,
                          device="cpu", dtype=torch.float32)
+
+
+def test_select_functions_are_looked_up_at_build_time(monkeypatch: pytest.MonkeyPatch) -> None:
+    from diffserve.layers import attention as attention_pkg
+    from diffserve.layers.linear import registry as linear_registry
+
+    seen: list[tuple[str, str]] = []
+    real_linear, real_attention = linear_registry.select_linear_backend, attention_pkg.select_attention_backend
+
+    def record_linear(name, device, dtype):
+        seen.append(("linear", name))
+        return real_linear(name, device, dtype)
+
+    def record_attention(name, device, dtype):
+        seen.append(("attention", name))
+        return real_attention(name, device, dtype)
+
+    monkeypatch.setattr(linear_registry, "select_linear_backend", record_linear)
+    monkeypatch.setattr(attention_pkg, "select_attention_backend", record_attention)
+    build_kernel_set("auto", {"default": "sdpa", "single_block": "math"}, roles=ROLES, device="cpu",
+                     dtype=torch.float32)
+    assert seen == [("linear", "auto"), ("attention", "sdpa"), ("attention", "math")]
