@@ -28,8 +28,9 @@ $(VENV)/.installed-test: pyproject.toml $(VENV)/.installed
 install: $(VENV)/.installed
 install-test: $(VENV)/.installed-test
 
+# Eager on purpose: torch.compile on a 2-core CPU costs over a minute before the first image.
 demo: install
-	$(VENV)/bin/diffserve serve --host 127.0.0.1 --port $${PORT:-8000}
+	$(VENV)/bin/diffserve serve --enforce-eager --host 127.0.0.1 --port $${PORT:-8000}
 
 test: install-test
 	$(VENV)/bin/ruff check diffserve tests benchmarks
