@@ -130,8 +130,7 @@ class EngineCore:
         except RequestAbortedError:
             # Stats first, then the final items: whoever sees a result also sees its batch counted.
             self._emit(live, start, "aborted", None)
-            for state in live:
-                state.finish(RequestAbortedError(f"request {state.request_id} was aborted"))
+            self._deliver([(s, RequestAbortedError(f"request {s.request_id} was aborted")) for s in live])
             return
         except EngineDeadError as exc:
             self._die(exc)
@@ -144,7 +143,8 @@ class EngineCore:
                     self._run_batch([state])
                 return
             self._emit(live, start, "error", None)
-            self.counters.requests_failed += int(live[0].finish(exc))
+            self.counters.requests_failed += int(not live[0].finished)
+            self._deliver([(live[0], exc)])
             return
         by_id = {o.request_id: o for o in outputs}
         finals: list[tuple[RequestState, Any]] = []
@@ -156,9 +156,15 @@ class EngineCore:
             queue_ms = ((state.started or start) - state.arrival) * 1000.0
             finals.append((state, build_output(state.request, output, queue_ms, self.config.fingerprint)))
         self._emit(live, start, "ok", outputs[0] if outputs else None)
+        self.counters.requests_ok += sum(1 for s, item in finals
+                                         if not s.finished and not isinstance(item, BaseException))
+        self._deliver(finals)
+
+    def _deliver(self, finals: list[tuple[RequestState, Any]]) -> None:
+        """Leave the running set, then hand out the final items: a caller that has its result sees the
+        engine's counters, stats and running set already updated."""
+        self.scheduler.done([state for state, _ in finals])
         for state, item in finals:
-            if not state.finished and not isinstance(item, BaseException):
-                self.counters.requests_ok += 1  # counted before delivery, like the batch stats
             state.finish(item)
 
     def _emit(self, live: list[RequestState], start: float, outcome: str, first: Any) -> None:

@@ -19,9 +19,10 @@ def request(seed: int, steps: int = 2, **kw: Any) -> GenerationRequest:
                              guidance_scale=0.0, seed=seed, max_sequence_length=64, **kw)
 
 
-async def collect(engine: AsyncEngine, req: GenerationRequest, first_step: asyncio.Event | None = None
+async def collect(engine: AsyncEngine, req: GenerationRequest, first_step: asyncio.Event | None = None,
+                  events: list[ProgressEvent] | None = None
                   ) -> tuple[list[ProgressEvent], RequestOutput | BaseException]:
-    events: list[ProgressEvent] = []
+    events = [] if events is None else events
     try:
         async for item in engine.generate(req):
             if isinstance(item, ProgressEvent):
@@ -73,15 +74,17 @@ def test_abort_queued_and_running_others_unharmed(engine: AsyncEngine) -> None:
         long = request(1, steps=100)  # ~100 denoise steps: still running when the abort lands
         queued = request(2, steps=3)
         other = request(3, steps=2)
-        tasks = {"long": asyncio.create_task(collect(engine, long, started))}
+        long_events: list[ProgressEvent] = []
+        tasks = {"long": asyncio.create_task(collect(engine, long, started, long_events))}
         await started.wait()
         tasks["queued"] = asyncio.create_task(collect(engine, queued))
         tasks["other"] = asyncio.create_task(collect(engine, other))
         await asyncio.sleep(0.05)
         assert await engine.abort(queued.request_id)
+        results: dict[str, Any] = {"seen_at_abort": long_events[-1].step}
         assert await engine.abort(long.request_id)
         assert not await engine.abort("no-such-request")
-        results = {name: await task for name, task in tasks.items()}
+        results.update({name: await task for name, task in tasks.items()})
         results["ids"] = (long.request_id, queued.request_id)
         return results
 
@@ -98,6 +101,8 @@ def test_abort_queued_and_running_others_unharmed(engine: AsyncEngine) -> None:
     long_id, queued_id = results["ids"]
     mine = [c for c in cancelled if long_id in c["request_ids"]]
     assert len(mine) == 1 and mine[0]["steps_done"] < mine[0]["total_steps"] == 100
+    # "Stops at the next step": a few steps of slack for the abort to travel (poll + pipe).
+    assert mine[0]["steps_done"] <= results["seen_at_abort"] + 5, (mine, results["seen_at_abort"])
     assert not any(queued_id in c["request_ids"] for c in cancelled)
     assert engine.stats()["requests_aborted"] >= 2
     assert engine.queue_depth == 0 and engine.num_running == 0

@@ -172,3 +172,16 @@ def test_context_manager_shuts_down(tiny_flux_dir: Any) -> None:
     assert not engine.is_ready
     with pytest.raises(EngineDeadError):
         engine.generate(request())
+
+
+def test_n_images_report_their_seeds_and_reproduce_alone(engine: Engine) -> None:
+    out = engine.generate(request(seed=11, n=2))
+    assert out.seeds == [11, 12] and len(out.images) == 2
+    assert all(image.size == (128, 128) for image in out.images)
+    alone = engine.generate(request(seed=12))
+    assert alone.images[0].tobytes() == out.images[1].tobytes()
+    # No seed given: the engine picks one and reports it, so the image can be made again.
+    picked = engine.generate(request(seed=None))
+    assert picked.seeds and picked.seeds[0] is not None
+    again = engine.generate(request(seed=picked.seeds[0]))
+    assert again.images[0].tobytes() == picked.images[0].tobytes()
