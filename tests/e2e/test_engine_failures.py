@@ -107,7 +107,7 @@ def test_bad_requests_are_rejected_before_a_worker(engine: Engine, bad: dict, pa
 
 
 def test_one_failing_request_does_not_take_others_down(engine: Engine) -> None:
-    long_thread, _ = start_long(engine, steps=30)
+    long_thread, _ = start_long(engine, steps=12)
     results: dict[str, Any] = {}
 
     def run(prompt: str, seed: int) -> None:
@@ -132,7 +132,7 @@ def test_one_failing_request_does_not_take_others_down(engine: Engine) -> None:
 
 def test_rpc_runs_between_batches_never_during_one(engine: Engine) -> None:
     before = engine.collective_rpc("describe")[0]["batches_run"]
-    thread, box = start_long(engine, steps=40)
+    thread, box = start_long(engine, steps=12)
     info = engine.collective_rpc("describe")[0]  # sent while the batch runs
     returned_at = time.monotonic()
     thread.join(120)
