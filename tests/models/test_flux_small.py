@@ -68,11 +68,12 @@ def test_small_end_to_end_matches_diffusers(small_dev_dir) -> None:
     from diffusers import FluxPipeline as DiffusersFluxPipeline
 
     req = GenerationRequest(prompt="a lighthouse at dusk", height=128, width=128, num_inference_steps=2,
-                            guidance_scale=3.5, seed=2024)
+                            guidance_scale=3.5, seed=2024, max_sequence_length=128)
     ours = FluxPipeline.from_pretrained(small_dev_dir, linear_backend="torch", attention_backend="sdpa")(req)
     ref = DiffusersFluxPipeline.from_pretrained(str(small_dev_dir), torch_dtype=torch.float32)
     ref.set_progress_bar_config(disable=True)
     theirs = ref(prompt=req.prompt, height=128, width=128, num_inference_steps=2, guidance_scale=3.5,
+                 max_sequence_length=128,
                  generator=torch.Generator().manual_seed(2024), output_type="np").images
     theirs = (theirs * 255).round().astype(np.uint8)
     mse = np.mean((ours.images.numpy().astype(np.float64) - theirs.astype(np.float64)) ** 2)
