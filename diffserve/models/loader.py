@@ -57,5 +57,6 @@ def load_strict(module: nn.Module, state_dict: dict[str, torch.Tensor], *, dtype
     if missing or unexpected:
         raise ModelLoadError(f"state dict does not match {type(module).__name__}: missing {missing[:20]}, "
                              f"unexpected {unexpected[:20]}")
-    cast = {k: v.to(device=device, dtype=dtype) for k, v in state_dict.items()}
-    module.load_state_dict(cast, strict=True, assign=True)
+    for key in list(state_dict):  # in place, so an uncast copy is freed as soon as its cast exists
+        state_dict[key] = state_dict[key].to(device=device, dtype=dtype)
+    module.load_state_dict(state_dict, strict=True, assign=True)

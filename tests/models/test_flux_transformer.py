@@ -149,3 +149,15 @@ def test_guidance_flag_mismatch_is_a_load_error(tmp_path: Path) -> None:
     (path / "config.json").write_text(json.dumps(config))
     with pytest.raises(ModelLoadError, match="guidance_embedder"):
         load_flux_transformer(path)
+
+
+def test_missing_shard_and_missing_weights_are_errors(tmp_path: Path) -> None:
+    _, path = _make_diffusers(tmp_path, guidance_embeds=False, seed=8, max_shard_size="200KB")
+    shard = sorted(path.glob("*.safetensors"))[0]
+    shard.unlink()
+    with pytest.raises(ModelLoadError, match=f"shard {shard.name} listed in .* is missing"):
+        load_flux_transformer(path)
+    for weights in path.glob("*.safetensors*"):
+        weights.unlink()
+    with pytest.raises(ModelLoadError, match="expected diffusion_pytorch_model.safetensors"):
+        load_flux_transformer(path)

@@ -75,7 +75,8 @@ def conversion_rules(params: FluxParams) -> dict[str, Rule]:
 
 
 def convert_diffusers_state_dict(state_dict: dict[str, Tensor], params: FluxParams) -> dict[str, Tensor]:
-    """Return the native state dict; any missing or unexpected diffusers key is a ``ModelLoadError``."""
+    """Return the native state dict (consuming ``state_dict``); any missing or unexpected diffusers key is a
+    ``ModelLoadError``."""
     rules = conversion_rules(params)
     needed = {src for sources, _ in rules.values() for src in sources}
     missing = sorted(needed - state_dict.keys())
@@ -85,7 +86,8 @@ def convert_diffusers_state_dict(state_dict: dict[str, Tensor], params: FluxPara
             "transformer weights do not match its config.json: "
             f"missing keys {_preview(missing)}; unexpected keys {_preview(unexpected)}"
         )
-    return {native: fn([state_dict[s] for s in sources]) for native, (sources, fn) in rules.items()}
+    # Pop as we go so each source tensor can be freed once fused: peak memory stays near one model copy.
+    return {native: fn([state_dict.pop(s) for s in sources]) for native, (sources, fn) in rules.items()}
 
 
 def _preview(keys: list[str], limit: int = 20) -> str:
