@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import queue
+import time
 from collections.abc import Callable
 
 from diffserve.engine.base import EngineBase
@@ -20,11 +21,13 @@ class Engine(EngineBase):
         """Run one request to completion. Raises ``RequestError`` before anything reaches a worker if
         the request is invalid; ``TimeoutError`` (after aborting it) if ``timeout`` seconds pass."""
         items: queue.Queue = queue.Queue()
+        deadline = None if timeout is None else time.monotonic() + timeout
         state = self._core.submit(request, items.put)
         try:
             while True:
                 try:
-                    item = items.get(timeout=timeout)
+                    # The timeout covers the whole request, not the gap between progress events.
+                    item = items.get(timeout=None if deadline is None else max(0.0, deadline - time.monotonic()))
                 except queue.Empty:
                     raise TimeoutError(f"request {state.request_id} did not finish within {timeout}s") from None
                 if isinstance(item, ProgressEvent):

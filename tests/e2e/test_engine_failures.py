@@ -185,3 +185,13 @@ def test_n_images_report_their_seeds_and_reproduce_alone(engine: Engine) -> None
     assert picked.seeds and picked.seeds[0] is not None
     again = engine.generate(request(seed=picked.seeds[0]))
     assert again.images[0].tobytes() == picked.images[0].tobytes()
+
+
+def test_generate_timeout_aborts_the_request(engine: Engine) -> None:
+    req = request(steps=100, seed=21)
+    with pytest.raises(TimeoutError):
+        engine.generate(req, timeout=0.15)
+    assert engine.generate(request()).seeds == [42]  # the slot was freed: the next request runs
+    cancelled = engine.collective_rpc("describe")[0]["cancelled"]
+    assert any(req.request_id in c["request_ids"] and c["steps_done"] < 100 for c in cancelled)
+    assert engine.num_running == 0 and engine.queue_depth == 0
