@@ -125,11 +125,18 @@ def pid_alive(pid: int) -> bool:
 
 @pytest.fixture(scope="module", params=["uni", "mp"])
 def engine(request: Any, tiny_flux_dir: Any, tmp_path_factory: Any) -> Any:
+    from diffserve.layers.attention import registry as attention_registry
+    from diffserve.layers.linear import registry as linear_registry
+
+    # On uni the probe patches the select functions of this very process: put them back afterwards so
+    # later tests see the real registry.
+    originals = (linear_registry.select_linear_backend, attention_registry.select_attention_backend)
     # env={}: no DIFFSERVE_* variable of the machine running the tests can change what is proven.
     eng = Engine(str(tiny_flux_dir), deploy_config=deploy_yaml(tmp_path_factory.mktemp("deploy"), request.param),
                  env={})
     yield eng
     eng.shutdown()
+    linear_registry.select_linear_backend, attention_registry.select_attention_backend = originals
 
 
 def run_and_check(engine: Engine) -> tuple[Any, dict[str, Any]]:
