@@ -77,14 +77,22 @@ def load_engine(path: Path, dtype: str, **overrides: Any) -> Any:
     return Engine(str(path), dtype=dtype, **overrides)
 
 
-def engine_call(engine: Any, case: Case, **request_kwargs: Any) -> Callable[[], list[Any]]:
-    """One Engine.generate per call, with a fresh request each time: a request_id is single-use
-    (the engine rejects an id that is still in flight)."""
+class EngineCall:
+    """One ``Engine.generate`` per call with a fresh request (a request_id is single-use: the engine
+    rejects an id still in flight). Keeps the last output's per-phase timings for the report."""
 
-    def call() -> list[Any]:
-        return list(engine.generate(request(case, **request_kwargs)).images)
+    def __init__(self, engine: Any, case: Case, **request_kwargs: Any) -> None:
+        self.engine, self.case, self.request_kwargs = engine, case, request_kwargs
+        self.timings: dict[str, float] = {}
 
-    return call
+    def __call__(self) -> list[Any]:
+        out = self.engine.generate(request(self.case, **self.request_kwargs))
+        self.timings = dict(out.timings)
+        return list(out.images)
+
+
+def engine_call(engine: Any, case: Case, **request_kwargs: Any) -> EngineCall:
+    return EngineCall(engine, case, **request_kwargs)
 
 
 def shutdown(engine: Any) -> None:

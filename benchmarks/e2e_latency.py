@@ -72,6 +72,9 @@ def _one_case(section: Section, settings: Settings, path: Path, case: Any, dtype
         if name != "diffusers":
             section.metrics[f"{key}.{mode}.ratio"] = ratio
             section.metrics[f"{key}.{mode}.psnr_db"] = quality
+            phases = ", ".join(f"{k} {v:.0f}" for k, v in getattr(calls[name], "timings", {}).items())
+            if phases:
+                section.notes.append(f"{case.label} {dtype} {name}: last call's phases (ms): {phases}")
     del calls, last, samples
     gc.collect()
 

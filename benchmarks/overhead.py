@@ -48,6 +48,10 @@ def measure(section: Section, settings: Settings, models: dict[str, Path]) -> No
         section.metrics[f"overhead.{name.split()[0].lower()}.median_s"] = m
         if not name.startswith("uni"):
             section.metrics[f"overhead.{name.split()[0].lower()}.extra"] = extra
+        phases = ", ".join(f"{k} {v:.0f}" for k, v in getattr(calls[name], "timings", {}).items())
+        if phases:
+            # Worker-side phases: if mp's are slower than uni's, the cost is compute in the worker, not IPC.
+            section.notes.append(f"{name}: last call's phases as the worker measured them (ms): {phases}")
 
 
 def _db(value: float) -> Any:

@@ -49,6 +49,7 @@ class Settings:
     batch_sizes: tuple[int, ...]  # max_batch_size: 1 = batching off
     throughput_images: int  # images per (clients, batch size) point, split evenly over the clients
     throughput_eager: bool
+    throughput_rounds: int  # every point is measured this many times, interleaved; the median counts
     cold_case: Case
     cold_repeats: int
     # Also time `diffserve generate` with its default config (compiles on first use; slow to start).
@@ -75,8 +76,9 @@ FULL = Settings(
     throughput_case=Case("small-flux", 128, 2),
     clients=(1, 4, 8),
     batch_sizes=(1, 4),
-    throughput_images=16,
+    throughput_images=8,
     throughput_eager=True,
+    throughput_rounds=2,
     cold_case=Case("tiny-flux", 128, 2),
     cold_repeats=3,
     cold_compile=True,
@@ -99,6 +101,7 @@ SMOKE = Settings(
     batch_sizes=(1, 2),
     throughput_images=2,
     throughput_eager=True,
+    throughput_rounds=1,
     cold_case=TINY_E2E,
     cold_repeats=1,
     cold_compile=False,
