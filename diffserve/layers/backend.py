@@ -1,0 +1,92 @@
+"""What linear and attention backends share: the base class and the name -> class registry.
+
+A registry maps names to ``"module:Class"`` strings, so nothing heavy (or CUDA-only) is imported until a
+backend is chosen. ``auto`` walks a preference order and takes the first backend that can run; an explicit
+name that cannot run here raises ``BackendUnavailableError`` saying what is missing (no silent fallback).
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Mapping, Sequence
+from typing import ClassVar, Generic, TypeVar
+
+import torch
+
+from diffserve.errors import BackendUnavailableError
+from diffserve.logging import get_logger
+
+logger = get_logger(__name__)
+
+
+class KernelBackend:
+    """A kernel implementation chosen once, at construction. Subclasses set ``name``;
+    ``unavailable_reason`` says what is missing on this device/dtype (``None``: it can run)."""
+
+    name: ClassVar[str] = ""
+
+    def __init__(self, device: torch.device, dtype: torch.dtype) -> None:
+        self.device = device
+        self.dtype = dtype
+
+    @classmethod
+    def unavailable_reason(cls, device: torch.device, dtype: torch.dtype) -> str | None:
+        return None
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(name={self.name!r})"
+
+
+B = TypeVar("B", bound=KernelBackend)
+
+
+class BackendRegistry(Generic[B]):
+    """Backends of one kind (``linear``, ``attention``) by name, imported lazily."""
+
+    def __init__(self, kind: str, targets: Mapping[str, str], auto_preference: Sequence[str]) -> None:
+        self.kind = kind
+        self.targets = dict(targets)
+        self.auto_preference = tuple(auto_preference)
+
+    def names(self) -> list[str]:
+        return list(self.targets)
+
+    def get_class(self, name: str) -> type[B]:
+        target = self.targets.get(name)
+        if target is None:
+            raise BackendUnavailableError(
+                f"unknown {self.kind} backend {name!r}; valid: auto, {', '.join(self.targets)}"
+            )
+        module_name, _, class_name = target.partition(":")
+        try:
+            module = importlib.import_module(module_name)
+        except ImportError as exc:
+            raise BackendUnavailableError(f"{self.kind} backend {name!r} cannot be imported: {exc}") from exc
+        return getattr(module, class_name)
+
+    def select(self, name: str, device: torch.device | str, dtype: torch.dtype) -> B:
+        """Return a backend instance for ``name`` (or the first runnable one for ``auto``)."""
+        device = torch.device(device)
+        if name == "auto":
+            reasons = []
+            for candidate in self.auto_preference:
+                try:
+                    cls = self.get_class(candidate)
+                except BackendUnavailableError as exc:
+                    reasons.append(str(exc))
+                    continue
+                reason = cls.unavailable_reason(device, dtype)
+                if reason is None:
+                    logger.debug("%s backend auto -> %s on %s/%s", self.kind, candidate, device, dtype)
+                    return cls(device, dtype)
+                reasons.append(f"{candidate}: {reason}")
+            raise BackendUnavailableError(
+                f"no {self.kind} backend can run on {device}/{dtype}: {'; '.join(reasons)}"
+            )
+        cls = self.get_class(name)
+        reason = cls.unavailable_reason(device, dtype)
+        if reason is not None:
+            raise BackendUnavailableError(
+                f"{self.kind} backend {name!r} was requested but cannot run here: {reason}"
+            )
+        return cls(device, dtype)
