@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 import torch
+from e2e_utils import pid_alive
 
 from diffserve import Engine, GenerationRequest
 from diffserve.worker.extension import WorkerExtension
@@ -113,14 +114,6 @@ def deploy_yaml(tmp_path: Any, executor: str, **extra: Any) -> str:
 
 REQUEST = dict(prompt="a fox", height=128, width=128, num_inference_steps=2, guidance_scale=0.0, seed=42,
                n=1, max_sequence_length=64)
-
-
-def pid_alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().split()[2] != "Z"
-    except FileNotFoundError:
-        return False
 
 
 @pytest.fixture(scope="module", params=["uni", "mp"])

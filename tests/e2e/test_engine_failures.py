@@ -11,6 +11,7 @@ import time
 from typing import Any
 
 import pytest
+from e2e_utils import pid_alive
 
 from diffserve import Engine, GenerationRequest
 from diffserve.errors import EngineDeadError, RequestError, WorkerError
@@ -42,14 +43,6 @@ def request(prompt: str = "a fox", steps: int = 2, seed: int = 42, **kw: Any) ->
 def deploy(executor: str, **extra: Any) -> dict[str, Any]:
     return {"dtype": "float32", "enforce_eager": True, "distributed_executor_backend": executor,
             "worker_extension_cls": f"{FaultExtension.__module__}.FaultExtension", **extra}
-
-
-def pid_alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().split()[2] != "Z"
-    except FileNotFoundError:
-        return False
 
 
 def start_long(engine: Engine, steps: int = 100, **kw: Any) -> tuple[threading.Thread, dict[str, Any]]:
