@@ -114,7 +114,8 @@ class ImagesHandler:
         # Engine phases, plus what the server adds: image encoding and the total it observed
         # (body received -> response ready, so it includes queueing and encoding).
         timings = {**{k: float(v) for k, v in output.timings.items()},
-                   "image_encode": (done - start) * 1000.0, "total": (done - received) * 1000.0}
+                   "image_encode": round((done - start) * 1000.0, 3),
+                   "total": round((done - received) * 1000.0, 3)}
         data = []
         for blob in encoded:
             if body.response_format == "url":
