@@ -22,10 +22,15 @@ def json_path(md_path: Path) -> Path:
     return md_path.with_name(name)
 
 
+def _now() -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S %Z")
+
+
 def write_json(path: Path, info: dict[str, Any], models: dict[str, Any], settings: Settings,
-               sections: list[Section], targets: list[Target], total_s: float) -> None:
+               sections: list[Section], targets: list[Target], total_s: float, *,
+               generated: str | None = None) -> None:
     data = {
-        "generated": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+        "generated": generated or _now(),
         "mode": "smoke" if settings.smoke else "full",
         "total_s": round(total_s, 1),
         "machine": info,
@@ -39,13 +44,14 @@ def write_json(path: Path, info: dict[str, Any], models: dict[str, Any], setting
 
 
 def write_markdown(path: Path, info: dict[str, Any], models: dict[str, Any], settings: Settings,
-                   sections: list[Section], targets: list[Target], total_s: float) -> None:
+                   sections: list[Section], targets: list[Target], total_s: float, *,
+                   generated: str | None = None) -> None:
     mode = "smoke (CI: tiny model, a couple of iterations; numbers are not meaningful)" if settings.smoke \
         else "full"
     lines = [
         "# diffserve benchmarks vs diffusers (identical weights, same run)",
         "",
-        f"Generated {time.strftime('%Y-%m-%d %H:%M:%S %Z')} by `{COMMAND}{' --smoke' if settings.smoke else ''}`"
+        f"Generated {generated or _now()} by `{COMMAND}{' --smoke' if settings.smoke else ''}`"
         f" in {total_s:.0f} s; mode: {mode}.",
         "",
         "Every latency is the median over repeated runs after warm-up, contenders interleaved (A B, B A, ...)"

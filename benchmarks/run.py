@@ -22,7 +22,7 @@ from benchmarks import cold_start, e2e_latency, overhead, throughput, transforme
 from benchmarks.common import machine, pin_threads  # noqa: E402
 from benchmarks.models import DEFAULT_CACHE, ensure_model, model_facts  # noqa: E402
 from benchmarks.report import json_path, write_json, write_markdown  # noqa: E402
-from benchmarks.section import guarded  # noqa: E402
+from benchmarks.section import Section, guarded  # noqa: E402
 from benchmarks.settings import FULL, SMOKE, Settings  # noqa: E402
 from benchmarks.targets import evaluate  # noqa: E402
 
@@ -44,11 +44,31 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--out", type=Path, default=DEFAULT_OUT, help="markdown report path")
     p.add_argument("--cache-dir", type=Path, default=DEFAULT_CACHE, help="where built models are kept")
     p.add_argument("--only", default="", help="comma-separated measurement keys: e2e,step,overhead,throughput,cold")
+    p.add_argument("--render", type=Path, default=None, metavar="JSON",
+                   help="measure nothing: rebuild the report (targets and their notes) from a results JSON")
     return p.parse_args(argv)
+
+
+def render(source: Path, out: Path) -> int:
+    """Re-evaluate the targets of a finished run (e.g. after editing targets.NOTES) and rewrite its report."""
+    import json
+
+    data = json.loads(source.read_text(encoding="utf-8"))
+    settings = SMOKE if data["mode"] == "smoke" else FULL
+    sections = [Section(**s) for s in data["sections"]]
+    targets = evaluate(sections, settings)
+    write_markdown(out, data["machine"], data["models"], settings, sections, targets, data["total_s"],
+                   generated=data.get("generated"))
+    write_json(json_path(out), data["machine"], data["models"], settings, sections, targets, data["total_s"],
+               generated=data.get("generated"))
+    print(f"[bench] re-rendered {out} from {source}", flush=True)
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.render is not None:
+        return render(args.render, args.out)
     settings: Settings = SMOKE if args.smoke else FULL
     only = {k.strip() for k in args.only.split(",") if k.strip()}
     started = time.perf_counter()
@@ -63,16 +83,18 @@ def main(argv: list[str] | None = None) -> int:
         models[kind] = path
         facts[kind] = {**model_facts(path), "build_s": round(seconds, 1)}
 
-    sections = [
-        guarded(key, title, lambda s, fn=fn: fn(s, settings, models))
-        for key, title, fn in MEASUREMENTS
-        if not only or key in only
-    ]
-    targets = evaluate(sections, settings)
-    total = time.perf_counter() - started
     out = args.out
-    write_markdown(out, info, facts, settings, sections, targets, total)
-    write_json(json_path(out), info, facts, settings, sections, targets, total)
+    total = 0.0
+    sections: list[Section] = []
+    for key, title, fn in MEASUREMENTS:
+        if only and key not in only:
+            continue
+        sections.append(guarded(key, title, lambda s, fn=fn: fn(s, settings, models)))
+        # Written after every measurement, so a long run can be read (and survives) part-way.
+        total = time.perf_counter() - started
+        targets = evaluate(sections, settings)
+        write_markdown(out, info, facts, settings, sections, targets, total)
+        write_json(json_path(out), info, facts, settings, sections, targets, total)
     print(f"[bench] wrote {out} and {json_path(out)} in {total:.0f}s", flush=True)
     return 0
 

@@ -124,6 +124,43 @@ def _db(value: float | None) -> str:
     return "identical" if value == float("inf") else f"{value:.1f} dB"
 
 
-# What was tried and what bounds a missed target, written from the authoritative run's numbers.
-# Keyed by Target.name; only shown for missed targets.
-NOTES: dict[str, str] = {}
+# What was tried and what bounds a missed target, from the authoritative run's numbers and profiles.
+# Keyed by Target.name; shown only for missed targets (after the measured context note).
+_GEMM_BOUND = (
+    "Tried: diffserve eager (fused QKV and linear1, RoPE table once per request) and compile (per-block "
+    "torch.compile, dynamic shapes). Bound: both engines spend almost all of the step in the same torch "
+    "GEMMs (F.linear -> oneDNN/MKL sgemm, section b); fusion and compile only shrink the non-GEMM rest, "
+    "so the ratio cannot drop much below the GEMM share of a step without faster GEMMs (larger M by "
+    "batching, prepacked weights)."
+)
+_BF16_BOUND = (
+    "Bound: this CPU has AVX2 only (no AVX512-BF16/AMX), so bfloat16 GEMMs and VAE convolutions run "
+    "through conversions at a fraction of float32 speed in both engines; the VAE decode alone is about "
+    "half of a bfloat16 image (phases in section a). Not tried (would change numerics vs diffusers' "
+    "bfloat16 output): computing bfloat16 linears and the VAE decode in float32 on such CPUs."
+)
+NOTES: dict[str, str] = {
+    "small-flux 256x256/4 float32 compile: diffserve / diffusers latency": _GEMM_BOUND,
+    "small-flux 256x256/4 float32 eager: diffserve / diffusers latency": _GEMM_BOUND,
+    "small-flux 256x256/4 bfloat16 compile: diffserve / diffusers latency": _BF16_BOUND,
+    "small-flux 256x256/4 bfloat16 eager: diffserve / diffusers latency": _BF16_BOUND,
+    "transformer step float32: fraction of measured matmul peak": (
+        "Bound: the step's GEMMs have M = 320 tokens and K = 768, where one GEMM already falls short of "
+        "the large-square peak (the model-shape GEMM above); attention, norms, RoPE and activations "
+        "add uncounted time. Compile (fusing the elementwise ops) is measured end to end in section a."),
+    "transformer step bfloat16: fraction of measured matmul peak": _BF16_BOUND,
+    "mp executor overhead vs uni (small-flux 256x256)": (
+        "The worker-side phases (section c notes) separate compute from transport: in runs on a loaded "
+        "machine the mp worker's denoise itself ran slower than uni's (the worker process competes for "
+        "the 2 cores with other processes), while pipe IPC of a 256x256 image is milliseconds."),
+    "8 concurrent clients (small-flux 128x128/2): images/s vs sequential diffusers": (
+        "Bound: one request already keeps both cores busy (intra-op threads), so concurrency adds no "
+        "compute; only batching helps, by raising GEMM M from 128 to up to 4 x 128 tokens (executed "
+        "batch sizes in section d). 1.5x would need a batched step 1.5x more efficient per image."),
+    "cold start: diffserve generate / diffusers script (tiny-flux)": (
+        "Both processes import torch, transformers and diffusers (diffserve uses diffusers' VAE and "
+        "transformers' text encoders), which is most of a tiny-model cold start. The default config "
+        "compiles on first use (torch.compile/inductor); with --enforce-eager diffserve is at parity."),
+    "peak RSS: diffserve generate / diffusers script (tiny-flux)": (
+        "The compiling default loads inductor; the eager path's RSS is in section e."),
+}
