@@ -47,7 +47,8 @@ def evaluate(sections: list[Section], settings: Settings) -> list[Target]:
     out.append(_at_most(m, "cold.generate_default.rss_ratio", "peak RSS: diffserve generate / diffusers script "
                         "(tiny-flux)", 1.00))
     for t in out:
-        t.note = (t.note + " " + NOTES.get(t.name, "")).strip() if t.status == "missed" else t.note
+        if t.status == "missed" and t.name in NOTES:
+            t.note = f"{t.note.rstrip('.')}. {NOTES[t.name]}" if t.note else NOTES[t.name]
     return out
 
 
