@@ -39,6 +39,7 @@ def error_of(exc: openai.APIStatusError) -> dict:
     ({"n": 0}, "n", "invalid_value"),
     ({"extra_body": {"num_inference_steps": "two"}}, "num_inference_steps", "invalid_value"),
     ({"extra_body": {"seed": -5}}, "seed", "invalid_value"),
+    ({"extra_body": {"max_sequence_length": 0}}, "max_sequence_length", "invalid_value"),
     ({"extra_body": {"not_a_field": 1}}, "not_a_field", "unknown_parameter"),
     ({"quality": "hd"}, "quality", "unsupported_parameter"),
 ])

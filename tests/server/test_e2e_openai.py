@@ -70,6 +70,17 @@ def test_n2_seeds_reproduce_each_image(client) -> None:
     assert pixels(decode(again.data[0].b64_json)) == pixels(images[1])
 
 
+def test_max_sequence_length_reaches_the_pipeline(client) -> None:
+    body = {**FAST, "seed": 7, "guidance_scale": 0.0}
+    short = client.images.generate(prompt="a fox", size="64x64", extra_body={**body, "max_sequence_length": 16})
+    again = client.images.generate(prompt="a fox", size="64x64", extra_body={**body, "max_sequence_length": 16})
+    full = client.images.generate(prompt="a fox", size="64x64", extra_body=body)
+    assert decode(short.data[0].b64_json).size == (64, 64)
+    assert pixels(decode(short.data[0].b64_json)) == pixels(decode(again.data[0].b64_json))
+    # A 16-token text window is a different transformer input than the default 512 tokens.
+    assert pixels(decode(short.data[0].b64_json)) != pixels(decode(full.data[0].b64_json))
+
+
 def test_unseeded_request_is_reproducible(client) -> None:
     first = client.images.generate(prompt="a cat", size="64x64", extra_body=FAST)
     (seed,) = info(first)["seeds"]

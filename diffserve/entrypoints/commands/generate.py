@@ -35,6 +35,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("-n", type=int, default=1, help="number of images (default 1)")
     parser.add_argument("--guidance-scale", type=float, default=None)
     parser.add_argument("--negative-prompt", default=None)
+    parser.add_argument("--max-sequence-length", type=int, default=None,
+                        help="T5 tokens per prompt, 1..512 (default: the engine's, 512)")
     parser.add_argument("--no-progress", action="store_true", help="do not draw the progress bar")
     add_config_arguments(parser)
     parser.set_defaults(func=run)
@@ -75,6 +77,8 @@ async def _generate(args: argparse.Namespace, model: str | None, prompt: str, ou
         kwargs["num_inference_steps"] = args.steps
     if args.guidance_scale is not None:
         kwargs["guidance_scale"] = args.guidance_scale
+    if args.max_sequence_length is not None:
+        kwargs["max_sequence_length"] = args.max_sequence_length
     request = GenerationRequest(**kwargs)
     request.validate()  # before loading anything: a bad argument fails in milliseconds
     if model is None:

@@ -57,6 +57,8 @@ class ImageGenerationRequest(BaseModel):
     guidance_scale: float | None = Field(default=None, ge=0)
     true_cfg_scale: float | None = None
     seed: int | None = Field(default=None, ge=0, le=MAX_SEED)
+    # T5 tokens per prompt (1..512); short prompts run much faster with a small window.
+    max_sequence_length: int | None = None
     stream: bool = False
 
 
@@ -145,7 +147,7 @@ def to_generation_request(body: ImageGenerationRequest, limits: ServerLimits,
     if body.num_inference_steps is None and limits.default_steps is not None:
         kwargs["num_inference_steps"] = limits.default_steps
     # Unset extensions keep the engine's defaults instead of being overwritten with None.
-    for name in ("num_inference_steps", "guidance_scale", "true_cfg_scale"):
+    for name in ("num_inference_steps", "guidance_scale", "true_cfg_scale", "max_sequence_length"):
         value = getattr(body, name)
         if value is not None:
             kwargs[name] = value
