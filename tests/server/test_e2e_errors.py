@@ -122,7 +122,10 @@ def test_queue_full_is_429(server, client) -> None:
     short = {"prompt": "queued", "size": "64x64", "num_inference_steps": 2, "stream": True}
     with httpx.stream("POST", server.url + GEN, headers=server.auth, json=long, timeout=120) as running:
         assert running.status_code == 200
-        next(line for line in running.iter_lines() if line.startswith("data: "))
+        # Keep the line iterator referenced: a dropped one is garbage-collected, which closes the
+        # connection, and the server then (rightly) aborts A as a disconnected client.
+        running_lines = running.iter_lines()
+        next(line for line in running_lines if line.startswith("data: "))
         with httpx.stream("POST", server.url + GEN, headers=server.auth, json=short, timeout=120) as queued:
             # A queued stream gets its 200 header at once, not when it starts running.
             assert queued.status_code == 200
