@@ -48,7 +48,7 @@ def launch(cmd: list[str], timeout: float = 900) -> dict[str, Any]:
 def measure(section: Section, settings: Settings, models: dict[str, Path]) -> None:
     case = settings.cold_case
     path = models[case.model]
-    section.notes.append(f"{case.label}, float32, max_sequence_length 512 (neither CLI exposes it).")
+    section.notes.append(f"{case.label}, float32, max_sequence_length 512 (the diffusers script and `diffserve generate` defaults).")
     section.columns = ["contender", "median s to first image", "median s to /ready", "runs", "peak RSS MiB",
                        "ratio vs diffusers script"]
     with tempfile.TemporaryDirectory(prefix="diffserve-bench-") as tmp:

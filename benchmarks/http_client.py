@@ -13,6 +13,7 @@ from typing import Any
 
 from benchmarks.settings import GUIDANCE_SCALE, PROMPT, SEED, Case
 
+# The default text window; both in-process and HTTP contenders use it so the comparison is like for like.
 HTTP_MAX_SEQUENCE_LENGTH = 512
 
 
