@@ -88,7 +88,7 @@ def _async_engine(path: Path, batch: int, eager: bool) -> Any:
 
 async def _run_clients(engine: Any, case: Case, clients: int, per_client: int, seed0: int = SEED) -> tuple[float, int]:
     """``clients`` tasks, each sending ``per_client`` requests back to back. Returns (wall s, images)."""
-    from diffserve.engine.request import RequestOutput
+    from diffserve.types.request import RequestOutput
 
     async def client(index: int) -> int:
         done = 0

@@ -14,8 +14,8 @@ __all__ = ["AsyncEngine", "Engine", "GenerationRequest", "RequestOutput", "resol
 _LAZY = {
     "Engine": "diffserve.engine.engine",
     "AsyncEngine": "diffserve.engine.async_engine",
-    "GenerationRequest": "diffserve.engine.request",
-    "RequestOutput": "diffserve.engine.request",
+    "GenerationRequest": "diffserve.types.request",
+    "RequestOutput": "diffserve.types.request",
     "resolve": "diffserve.config.resolve",
 }
 
@@ -23,7 +23,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from diffserve.config.resolve import resolve
     from diffserve.engine.async_engine import AsyncEngine
     from diffserve.engine.engine import Engine
-    from diffserve.engine.request import GenerationRequest, RequestOutput
+    from diffserve.types.request import GenerationRequest, RequestOutput
 
 
 def __getattr__(name: str) -> Any:

@@ -62,6 +62,13 @@ class RequestError(DiffserveError, ValueError):
         super().__init__(message)
 
 
+class LimitExceededError(RequestError):
+    """A value is well-formed but above what this deployment allows (``server.*``; HTTP 422)."""
+
+    def __init__(self, message: str, *, param: str) -> None:
+        super().__init__(message, param=param, code="limit_exceeded")
+
+
 class RequestAbortedError(DiffserveError):
     """The request was aborted (by the caller or a client disconnect) before it finished."""
 

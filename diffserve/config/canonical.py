@@ -13,6 +13,8 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from diffserve.errors import ConfigError
+from diffserve.registry.backends import ATTENTION_BACKENDS, LINEAR_BACKENDS
+from diffserve.registry.executors import executor_spellings
 
 Normalizer = Callable[[Any], Any]
 
@@ -23,21 +25,10 @@ DTYPE_ALIASES: Mapping[str, str] = {
     "bfloat16": "bfloat16", "bf16": "bfloat16", "torch.bfloat16": "bfloat16",
     "float16": "float16", "fp16": "float16", "half": "float16", "torch.float16": "float16",
 }
-LINEAR_BACKEND_ALIASES: Mapping[str, str] = {
-    "auto": "auto",
-    "torch": "torch", "pytorch": "torch",
-}
-ATTENTION_BACKEND_ALIASES: Mapping[str, str] = {
-    "auto": "auto",
-    "sdpa": "sdpa", "torch_sdpa": "sdpa",
-    "math": "math",
-    "flash_attn": "flash_attn", "flash_attention": "flash_attn", "flash": "flash_attn",
-}
-EXECUTOR_ALIASES: Mapping[str, str] = {
-    "uni": "uni",
-    "mp": "mp", "multiprocessing": "mp",
-    "ray": "ray",
-}
+# Backends and executors: their tables live in the registries the runtime loads from (one home each).
+LINEAR_BACKEND_ALIASES: Mapping[str, str] = LINEAR_BACKENDS.spellings()
+ATTENTION_BACKEND_ALIASES: Mapping[str, str] = ATTENTION_BACKENDS.spellings()
+EXECUTOR_ALIASES: Mapping[str, str] = executor_spellings()
 CACHE_BACKEND_ALIASES: Mapping[str, str] = {"none": "none"}
 TOPOLOGY_ALIASES: Mapping[str, str] = {
     "single": "single",

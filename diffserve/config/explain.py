@@ -6,13 +6,13 @@ import hashlib
 import json
 from typing import TYPE_CHECKING, Any
 
+from diffserve.config.flatten import flatten_server, flatten_stage
+
 if TYPE_CHECKING:  # pragma: no cover
     from diffserve.config.resolved import ResolvedConfig
 
 
 def _canonical(resolved: ResolvedConfig) -> dict[str, Any]:
-    from diffserve.config.resolved import flatten_server, flatten_stage
-
     return {
         "model": resolved.model,
         "platform": resolved.platform,
@@ -35,8 +35,6 @@ def _entry(resolved: ResolvedConfig, key: str, value: Any) -> dict[str, Any]:
 
 def explain_dict(resolved: ResolvedConfig) -> dict[str, Any]:
     """The ``diffserve config explain --json`` document."""
-    from diffserve.config.resolved import flatten_server, flatten_stage
-
     pipeline = {"topology": _entry(resolved, "topology", resolved.topology)}
     pipeline.update({k: _entry(resolved, k, v) for k, v in flatten_server(resolved.server).items()})
     stages = []

@@ -61,7 +61,7 @@ def resolve(model: str | os.PathLike | None = None,
     except ConfigError as exc:
         out.errors.append(exc)
         platform_name = "cpu"  # placeholder so the remaining sources are still checked
-    model_path = model_layer(model, out)
+    model_path, family = model_layer(model, out)
     files = deploy_layers(deploy_config, platform_name, out)
     env_layer(os.environ if env is None else env, out)
     caller_layers(overrides, stage_overrides, out)
@@ -81,7 +81,8 @@ def resolve(model: str | os.PathLike | None = None,
     for warning in warnings:
         logger.warning("%s", warning)
 
-    resolved = ResolvedConfig(model=model_path, topology=topology, platform=platform_name, server=server,
+    resolved = ResolvedConfig(model=model_path, model_family=family.class_name if family else None,
+                              topology=topology, platform=platform_name, server=server,
                               stages=stages, provenance=FrozenDict(provenance), warnings=tuple(warnings),
                               deploy_files=tuple(files))
     return _replace_fingerprint(resolved)

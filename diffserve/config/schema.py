@@ -14,6 +14,7 @@ from typing import Any
 
 from diffserve.config import canonical as c
 from diffserve.errors import ConfigError
+from diffserve.registry.models import known_attention_roles
 
 # Topology name -> role of each stage, by stage_id.
 TOPOLOGIES: Mapping[str, tuple[str, ...]] = {
@@ -21,8 +22,8 @@ TOPOLOGIES: Mapping[str, tuple[str, ...]] = {
     "split_text_encoder": ("text_encoder", "diffusion"),
 }
 PLATFORMS: tuple[str, ...] = c.canonical_values(c.PLATFORM_ALIASES)
-# Attention call sites of the FLUX transformer that may get their own backend.
-ATTENTION_ROLES: tuple[str, ...] = ("double_block", "single_block")
+# Attention call sites that may get their own backend: declared by the model families (registry).
+ATTENTION_ROLES: tuple[str, ...] = known_attention_roles()
 
 
 class FrozenDict(dict):
@@ -109,7 +110,7 @@ class StageConfig:
                   "choices": c.canonical_values(c.ATTENTION_BACKEND_ALIASES)})
     enforce_eager: bool = opt(False, "never compile; run eager PyTorch", c.normalize_bool, kind="bool")
     distributed_executor_backend: str = opt(
-        "uni", "uni = worker in this process, mp = worker processes, ray = actors", c.normalize_executor,
+        "uni", "uni = worker in this process, mp = worker processes (one per rank)", c.normalize_executor,
         choices=c.canonical_values(c.EXECUTOR_ALIASES))
     num_replicas: int = opt(1, "independent copies of this stage", c.int_normalizer(1), kind="int")
     devices: str = opt("auto", 'device indices, e.g. "0" or "0,1"; auto = pick', c.normalize_devices)

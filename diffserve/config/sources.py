@@ -6,7 +6,6 @@ Sources only read and canonicalize; the resolver alone decides which value wins.
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Mapping
 from pathlib import Path
@@ -20,46 +19,47 @@ from diffserve.config.schema import PLATFORMS
 from diffserve.config.yaml_lines import key_line, load_yaml_file
 from diffserve.errors import ConfigError
 from diffserve.logging import get_logger
+from diffserve.registry.models import MODEL_FAMILIES, ModelFamily, read_class_name
 
 logger = get_logger(__name__)
 
-# model_index.json `_class_name` -> the topology the model runs with by default.
-SUPPORTED_PIPELINES: Mapping[str, str] = {"FluxPipeline": "single"}
 ENV_PREFIX = "DIFFSERVE_"
 # DIFFSERVE_* variables that are read elsewhere and are not config fields.
 NON_CONFIG_ENV: frozenset[str] = frozenset({"LOG_LEVEL", "CACHE_DIR"})
 _DECK_KEYS = ("base_config", "platforms")
 
 
-def model_layer(model: str | os.PathLike | None, out: Collector) -> str | None:
-    """Read ``model_index.json`` (nothing heavier) and record the model's default topology."""
+def model_layer(model: str | os.PathLike | None, out: Collector) -> tuple[str | None, ModelFamily | None]:
+    """Read ``model_index.json`` (nothing heavier): the model's family and its default topology."""
     if model is None:
-        return None
+        return None, None
     if not isinstance(model, (str, os.PathLike)):
         out.error(f"model must be a directory path, got {type(model).__name__}", path="model", source="caller")
-        return None
+        return None, None
     path = Path(model).expanduser()
     index = path / "model_index.json"
     if not path.is_dir():
         out.error("model directory not found", path="model", source=str(path),
                   hint="pass a local diffusers-format directory (hub ids are not downloaded)")
-        return str(path)
+        return str(path), None
     try:
-        class_name = json.loads(index.read_text(encoding="utf-8")).get("_class_name")
+        class_name = read_class_name(path)
     except FileNotFoundError:
         out.error("not a diffusers model directory (no model_index.json)", path="model", source=str(path),
                   hint="point at the directory that contains model_index.json")
-        return str(path.resolve())
-    except (OSError, ValueError, AttributeError) as exc:
+        return str(path.resolve()), None
+    except (OSError, ValueError, KeyError, TypeError) as exc:
         out.error(f"model_index.json is unreadable: {exc}", path="model", source=str(index))
-        return str(path.resolve())
-    if class_name not in SUPPORTED_PIPELINES:
+        return str(path.resolve()), None
+    family = MODEL_FAMILIES.get(class_name)
+    if family is None:
         out.error(f"unsupported pipeline class {class_name!r}", path="model_index.json:_class_name",
-                  source=str(index), hint=f"supported: {', '.join(SUPPORTED_PIPELINES)}")
-        return str(path.resolve())
+                  source=str(index), hint=did_you_mean(class_name, MODEL_FAMILIES)
+                  or f"supported: {', '.join(MODEL_FAMILIES)}")
+        return str(path.resolve()), None
     source = Source("model", str(index), None, class_name)
-    out.add(LAYER_RANK["model"], None, "topology", SUPPORTED_PIPELINES[class_name], source)
-    return str(path.resolve())
+    out.add(LAYER_RANK["model"], None, "topology", family.topology, source)
+    return str(path.resolve()), family
 
 
 def _load_chain(deploy_config: str | os.PathLike | Mapping, out: Collector) -> list[tuple[str, Mapping]]:

@@ -10,8 +10,8 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from diffserve.engine.base import EngineBase
-from diffserve.engine.request import GenerationRequest, ProgressEvent, RequestOutput
 from diffserve.logging import get_logger
+from diffserve.types.request import GenerationRequest, ProgressEvent, RequestOutput
 
 logger = get_logger(__name__)
 

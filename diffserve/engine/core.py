@@ -1,4 +1,4 @@
-"""The engine core: validation and admission, the background loop that runs batches on the
+"""The engine core: admission, the background loop that runs batches on the
 executor, progress and result delivery, abort, warmup and death handling.
 
 ``Engine`` and ``AsyncEngine`` are thin front ends over this one loop, so both have the same
@@ -13,38 +13,26 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from diffserve.engine.admission import admit
 from diffserve.engine.outputs import build_output
-from diffserve.engine.request import GenerationRequest, ProgressEvent
 from diffserve.engine.scheduler import RequestState, Scheduler, Sink
 from diffserve.engine.stats import BatchStats, EngineCounters
 from diffserve.errors import (
     EngineDeadError,
     EngineNotReadyError,
     RequestAbortedError,
-    RequestError,
     WorkerError,
 )
-from diffserve.executor.base import Executor, make_executor
+from diffserve.executor.base import Executor
+from diffserve.executor.factory import make_executor
 from diffserve.logging import get_logger
+from diffserve.types.request import GenerationRequest, ProgressEvent
+from diffserve.types.results import RequestResult
 
 if TYPE_CHECKING:  # pragma: no cover
     from diffserve.config.resolve import ResolvedConfig
 
 logger = get_logger(__name__)
-
-
-def validate_request(request: GenerationRequest, server: Any) -> None:
-    """Reject a bad request before it reaches a worker (``RequestError`` naming the field)."""
-    request.validate()
-    if request.n > server.max_n:
-        raise RequestError(f"n={request.n} exceeds this server's limit of {server.max_n} images per request",
-                           param="n")
-    if request.height and request.width and request.height * request.width > server.max_pixels:
-        raise RequestError(f"{request.width}x{request.height} exceeds this server's limit of "
-                           f"{server.max_pixels} pixels per image", param="size")
-    if request.num_inference_steps > server.max_steps:
-        raise RequestError(f"num_inference_steps={request.num_inference_steps} exceeds this server's limit "
-                           f"of {server.max_steps}", param="num_inference_steps")
 
 
 class EngineCore:
@@ -76,12 +64,12 @@ class EngineCore:
     # -- admission ----------------------------------------------------------------------------------
 
     def submit(self, request: GenerationRequest, sink: Sink) -> RequestState:
-        """Validate, assign a seed and queue. Raises instead of queueing a request that cannot run."""
+        """Admit (limits, model capabilities, seed: ``admission.py``) and queue. Raises instead of
+        queueing a request that cannot run."""
         self.check_health()
         if not self._ready:
             raise EngineNotReadyError("the engine is still loading or warming up")
-        validate_request(request, self.config.server)
-        state = RequestState(request.with_seed(), sink)
+        state = RequestState(admit(request, self.config.server, self.executor.capabilities), sink)
         self.scheduler.add(state)
         return state
 
@@ -167,7 +155,7 @@ class EngineCore:
         for state, item in finals:
             state.finish(item)
 
-    def _emit(self, live: list[RequestState], start: float, outcome: str, first: Any) -> None:
+    def _emit(self, live: list[RequestState], start: float, outcome: str, first: RequestResult | None) -> None:
         stats = BatchStats(
             executor=self.executor.name, batch_size=len(live),
             images=sum(s.request.n for s in live),
@@ -199,8 +187,9 @@ class EngineCore:
                                     num_inference_steps=warm.steps, seed=0, max_sequence_length=64,
                                     request_id="warmup", is_warmup=True)
         start = time.monotonic()
-        # Straight to the executor: warmup never enters the queue, the counters or the stats.
-        self.executor.execute([request])
+        # Admitted like any request, then straight to the executor: warmup never enters the queue, the
+        # counters or the stats (the worker pauses the kernel counters for an all-warmup batch).
+        self.executor.execute([admit(request, self.config.server, self.executor.capabilities)])
         logger.info("warmup %dx%d, %d step(s) took %.0f ms", warm.width, warm.height, warm.steps,
                     (time.monotonic() - start) * 1000.0)
 

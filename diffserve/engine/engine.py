@@ -7,8 +7,8 @@ import time
 from collections.abc import Callable
 
 from diffserve.engine.base import EngineBase
-from diffserve.engine.request import GenerationRequest, ProgressEvent, RequestOutput
 from diffserve.logging import get_logger
+from diffserve.types.request import GenerationRequest, ProgressEvent, RequestOutput
 
 logger = get_logger(__name__)
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from diffserve.engine.request import GenerationRequest, RequestOutput
-from diffserve.executor.messages import WorkerOutput
+from diffserve.types.request import GenerationRequest, RequestOutput
+from diffserve.types.results import RequestResult
 
 
 def to_images(images: Any, output_type: str) -> list[Any]:
@@ -18,7 +18,7 @@ def to_images(images: Any, output_type: str) -> list[Any]:
     return [Image.fromarray(array[i]) for i in range(array.shape[0])]
 
 
-def build_output(request: GenerationRequest, output: WorkerOutput, queue_ms: float,
+def build_output(request: GenerationRequest, output: RequestResult, queue_ms: float,
                  config_fingerprint: str) -> RequestOutput:
     images = to_images(output.images, request.output_type)
     # "pil" outputs are [n, H, W, 3]; "pt" is [n, 3, H, W] and "latent" is packed, so trust the request.

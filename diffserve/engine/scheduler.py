@@ -1,7 +1,7 @@
 """FIFO admission and batching of compatible requests.
 
 The oldest waiting request always goes next; it is batched with later requests that share its
-compatibility key (size, steps, guidance, sequence length...), up to ``max_batch_size``. Requests
+batch key (``types/batching.py``: size, steps, guidance, sequence length...), up to ``max_batch_size``. Requests
 with another key keep their place, so an incompatible request never blocks the queue head, and
 one never waits behind more than the batch in flight.
 """
@@ -14,21 +14,15 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from diffserve.engine.request import GenerationRequest
 from diffserve.errors import EngineDeadError, EngineOverloadedError, RequestError
 from diffserve.logging import get_logger
+from diffserve.types.batching import batch_key
+from diffserve.types.request import GenerationRequest
 
 logger = get_logger(__name__)
 
 # Receives ProgressEvent, then exactly one final item: a RequestOutput or an exception.
 Sink = Callable[[Any], None]
-
-
-def batch_key(request: GenerationRequest) -> tuple:
-    """Requests with equal keys can share one forward (same latent shape, schedule and guidance)."""
-    return (request.height, request.width, request.num_inference_steps, float(request.guidance_scale),
-            float(request.true_cfg_scale), request.negative_prompt is not None,
-            request.max_sequence_length, request.output_type, request.is_warmup)
 
 
 @dataclass(eq=False)

@@ -1,9 +1,9 @@
-"""The executor contract and the factory that picks one from the resolved config.
+"""The executor contract (``executor/factory.py`` picks an implementation from the resolved config).
 
 ``Executor`` implements the semantics once; ``uni`` and ``mp`` only differ in how a worker is started,
 how a command reaches it and how its death is noticed:
 
-* ``execute(batch, on_step, should_cancel, timeout)`` -> one ``WorkerOutput`` per request (rank 0's).
+* ``execute(batch, on_step, should_cancel, timeout)`` -> one ``RequestResult`` per request (rank 0's).
   ``should_cancel()`` is polled while the batch runs; when it turns true the worker stops at the next
   denoise step and ``RequestAbortedError`` is raised. A timeout cancels the batch the same way and
   raises ``TimeoutError``.
@@ -22,14 +22,16 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from diffserve.errors import ConfigError, EngineDeadError, RequestAbortedError
+from diffserve.errors import EngineDeadError, RequestAbortedError
 from diffserve.executor.calls import CallTable, PendingCall, StepCallback
-from diffserve.executor.messages import Command, Reply, WorkerOutput
 from diffserve.logging import get_logger
+from diffserve.types.messages import Command, Reply, WorkerInfo
+from diffserve.types.results import RequestResult
 
 if TYPE_CHECKING:  # pragma: no cover
     from diffserve.config.resolve import ResolvedConfig
-    from diffserve.engine.request import GenerationRequest
+    from diffserve.types.capabilities import PipelineCapabilities
+    from diffserve.types.request import GenerationRequest
 
 logger = get_logger(__name__)
 
@@ -43,18 +45,29 @@ class Executor(ABC):
 
     name: str = "base"
 
-    def __init__(self, config: ResolvedConfig, stage_id: int, world_size: int = 1,
+    def __init__(self, config: ResolvedConfig, stage_id: int,
                  ready_timeout: float = DEFAULT_READY_TIMEOUT_S) -> None:
         self.config = config
         self.stage_id = stage_id
-        self.world_size = world_size
+        # Ranks come from the resolved config only (the resolver checked this executor can run them).
+        self.world_size = config.stage(stage_id).parallel.world_size
         self.ready_timeout = ready_timeout
         self.calls = CallTable()
-        self.worker_pids: list[int] = []
+        # One WorkerInfo per rank, from the ready handshake, in rank order.
+        self.workers: list[WorkerInfo] = []
         # Called once (from a monitor thread) when a worker dies; the engine uses it to fail fast.
         self.on_dead: Callable[[EngineDeadError], None] | None = None
         self._shutdown_lock = threading.Lock()
         self._is_shutdown = False
+
+    @property
+    def worker_pids(self) -> list[int]:
+        return [info.pid for info in self.workers]
+
+    @property
+    def capabilities(self) -> PipelineCapabilities | None:
+        """What rank 0's pipeline can serve (``None``: no model loaded)."""
+        return self.workers[0].capabilities if self.workers else None
 
     # -- what subclasses provide --------------------------------------------------------------------
 
@@ -70,7 +83,7 @@ class Executor(ABC):
 
     def execute(self, batch: list[GenerationRequest], on_step: StepCallback | None = None,
                 should_cancel: Callable[[], bool] | None = None,
-                timeout: float | None = None) -> list[WorkerOutput]:
+                timeout: float | None = None) -> list[RequestResult]:
         """Run one batch on every rank (SPMD) and return rank 0's outputs."""
         call = self._broadcast(Command("execute", batch=list(batch)), on_step)
         try:
@@ -169,27 +182,3 @@ class Executor(ABC):
                 self.on_dead(error)
             except Exception:
                 logger.exception("on_dead callback failed")
-
-
-def make_executor(config: ResolvedConfig, stage_id: int | None = None, **kwargs: Any) -> Executor:
-    """The executor named by the stage's ``distributed_executor_backend`` (no implicit switching)."""
-    stage = config.stage_for_role("diffusion") if stage_id is None else \
-        next(s for s in config.stages if s.stage_id == stage_id)
-    backend = stage.distributed_executor_backend
-    # Parallel degrees and replicas are accepted by the config but not run by these executors yet:
-    # refuse them rather than silently serving with one worker.
-    if stage.parallel.world_size > 1 or stage.num_replicas > 1:
-        raise ConfigError(f"parallel world size {stage.parallel.world_size} x {stage.num_replicas} replicas is "
-                          "not supported by the uni/mp executors yet",
-                          path=f"stages.{stage.stage_id}.parallel", hint="set the parallel degrees and "
-                          "num_replicas to 1")
-    if backend == "uni":
-        from diffserve.executor.uni import UniExecutor
-
-        return UniExecutor(config, stage.stage_id, **kwargs)
-    if backend == "mp":
-        from diffserve.executor.mp import MultiprocExecutor
-
-        return MultiprocExecutor(config, stage.stage_id, **kwargs)
-    raise ConfigError(f"executor {backend!r} is not available in this build",
-                      path=f"stages.{stage.stage_id}.distributed_executor_backend", hint="use 'uni' or 'mp'")

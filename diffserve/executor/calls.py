@@ -10,8 +10,8 @@ from typing import Any
 
 from diffserve import errors
 from diffserve.errors import DiffserveError, EngineDeadError, RequestError, WorkerError
-from diffserve.executor.messages import Reply
 from diffserve.logging import get_logger
+from diffserve.types.messages import Reply
 
 logger = get_logger(__name__)
 

@@ -22,9 +22,9 @@ from typing import TYPE_CHECKING, Any
 from diffserve.errors import EngineDeadError
 from diffserve.executor.base import DEFAULT_READY_TIMEOUT_S, Executor
 from diffserve.executor.calls import remote_exception
-from diffserve.executor.messages import Command
-from diffserve.executor.transport import ChannelClosed, PipeChannel
 from diffserve.logging import get_logger
+from diffserve.types.channel import ChannelClosed, PipeChannel
+from diffserve.types.messages import Command
 from diffserve.worker.loop import process_main
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -41,9 +41,9 @@ class MultiprocExecutor(Executor):
 
     name = "mp"
 
-    def __init__(self, config: ResolvedConfig, stage_id: int, world_size: int = 1,
+    def __init__(self, config: ResolvedConfig, stage_id: int,
                  ready_timeout: float = DEFAULT_READY_TIMEOUT_S) -> None:
-        super().__init__(config, stage_id, world_size, ready_timeout)
+        super().__init__(config, stage_id, ready_timeout)
         ctx = multiprocessing.get_context("spawn")
         root_logger = logging.getLogger("diffserve")
         log_level = root_logger.level if root_logger.handlers else None
@@ -53,7 +53,7 @@ class MultiprocExecutor(Executor):
         # Registered before anything can fail, so a half-started executor is cleaned up too.
         self._finalizer = weakref.finalize(self, _stop_processes, self._processes, self._channels)
         try:
-            for rank in range(world_size):
+            for rank in range(self.world_size):
                 parent_conn, child_conn = ctx.Pipe(duplex=True)
                 process = ctx.Process(target=process_main, name=f"diffserve-worker-{rank}", daemon=True,
                                       args=(child_conn, config, stage_id, rank, os.getpid(), log_level))
@@ -61,17 +61,17 @@ class MultiprocExecutor(Executor):
                 child_conn.close()  # only the child holds its end: its exit closes the pipe
                 self._processes.append(process)
                 self._channels.append(PipeChannel(parent_conn))
-            for rank in range(world_size):
+            for rank in range(self.world_size):
                 self._handshake(rank)
         except BaseException:
             self.shutdown()
             raise
-        for rank in range(world_size):
+        for rank in range(self.world_size):
             monitor = threading.Thread(target=self._monitor, args=(rank,), daemon=True,
                                        name=f"diffserve-mp-monitor-{rank}")
             monitor.start()
             self._monitors.append(monitor)
-        logger.info("mp executor: %d worker(s) ready, pids=%s", world_size, self.worker_pids)
+        logger.info("mp executor: %d worker(s) ready, pids=%s", self.world_size, self.worker_pids)
 
     def _handshake(self, rank: int) -> None:
         process, channel = self._processes[rank], self._channels[rank]
@@ -89,7 +89,7 @@ class MultiprocExecutor(Executor):
                 "Scripts that start an mp engine need an `if __name__ == '__main__':` guard (spawn).")
         if reply.kind != "ready":
             raise remote_exception(reply)
-        self.worker_pids.append(reply.value["pid"])
+        self.workers.append(reply.value)
 
     def _monitor(self, rank: int) -> None:
         process, channel = self._processes[rank], self._channels[rank]

@@ -13,9 +13,9 @@ from typing import TYPE_CHECKING
 from diffserve.errors import EngineDeadError
 from diffserve.executor.base import DEFAULT_READY_TIMEOUT_S, Executor
 from diffserve.executor.calls import remote_exception
-from diffserve.executor.messages import Command
-from diffserve.executor.transport import ChannelClosed, QueueChannel, queue_channel_pair
 from diffserve.logging import get_logger
+from diffserve.types.channel import ChannelClosed, QueueChannel, queue_channel_pair
+from diffserve.types.messages import Command
 from diffserve.worker.loop import serve
 from diffserve.worker.worker import Worker
 
@@ -26,18 +26,18 @@ logger = get_logger(__name__)
 
 
 class UniExecutor(Executor):
-    """``world_size`` workers as threads of this process (1 unless a test asks for more)."""
+    """The one rank of a stage as a thread of this process (the registry caps uni at one rank)."""
 
     name = "uni"
 
-    def __init__(self, config: ResolvedConfig, stage_id: int, world_size: int = 1,
+    def __init__(self, config: ResolvedConfig, stage_id: int,
                  ready_timeout: float = DEFAULT_READY_TIMEOUT_S) -> None:
-        super().__init__(config, stage_id, world_size, ready_timeout)
+        super().__init__(config, stage_id, ready_timeout)
         self._channels: list[QueueChannel] = []
         self._threads: list[threading.Thread] = []
         self._readers: list[threading.Thread] = []
         try:
-            for rank in range(world_size):
+            for rank in range(self.world_size):
                 self._start_worker(rank)
         except BaseException:
             self.shutdown()
@@ -67,7 +67,7 @@ class UniExecutor(Executor):
         reply = parent_end.recv()
         if reply.kind != "ready":
             raise remote_exception(reply)
-        self.worker_pids.append(reply.value["pid"])
+        self.workers.append(reply.value)
 
     def _read(self, rank: int, channel: QueueChannel) -> None:
         while True:

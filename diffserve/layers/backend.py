@@ -1,20 +1,20 @@
-"""What linear and attention backends share: the base class and the name -> class registry.
+"""What linear and attention backends share: the base class and the selection of one by name.
 
-A registry maps names to ``"module:Class"`` strings, so nothing heavy (or CUDA-only) is imported until a
-backend is chosen. ``auto`` walks a preference order and takes the first backend that can run; an explicit
+Names and ``"module:Class"`` targets come from ``diffserve.registry.backends`` (the one table per kind,
+which config validates against), so nothing heavy (or CUDA-only) is imported until a backend is chosen. ``auto`` walks a preference order and takes the first backend that can run; an explicit
 name that cannot run here raises ``BackendUnavailableError`` saying what is missing (no silent fallback).
 """
 
 from __future__ import annotations
 
-import importlib
-from collections.abc import Mapping, Sequence
 from typing import ClassVar, Generic, TypeVar
 
 import torch
 
 from diffserve.errors import BackendUnavailableError
 from diffserve.logging import get_logger
+from diffserve.registry.backends import BackendTable
+from diffserve.registry.targets import load_target
 
 logger = get_logger(__name__)
 
@@ -41,12 +41,13 @@ B = TypeVar("B", bound=KernelBackend)
 
 
 class BackendRegistry(Generic[B]):
-    """Backends of one kind (``linear``, ``attention``) by name, imported lazily."""
+    """Backends of one kind (``linear``, ``attention``) from their registry table, imported lazily."""
 
-    def __init__(self, kind: str, targets: Mapping[str, str], auto_preference: Sequence[str]) -> None:
-        self.kind = kind
-        self.targets = dict(targets)
-        self.auto_preference = tuple(auto_preference)
+    def __init__(self, table: BackendTable) -> None:
+        self.table = table
+        self.kind = table.kind
+        self.targets = dict(table.targets)
+        self.auto_preference = tuple(table.auto_preference)
 
     def names(self) -> list[str]:
         return list(self.targets)
@@ -57,12 +58,10 @@ class BackendRegistry(Generic[B]):
             raise BackendUnavailableError(
                 f"unknown {self.kind} backend {name!r}; valid: auto, {', '.join(self.targets)}"
             )
-        module_name, _, class_name = target.partition(":")
         try:
-            module = importlib.import_module(module_name)
+            return load_target(target)
         except ImportError as exc:
             raise BackendUnavailableError(f"{self.kind} backend {name!r} cannot be imported: {exc}") from exc
-        return getattr(module, class_name)
 
     def select(self, name: str, device: torch.device | str, dtype: torch.dtype) -> B:
         """Return a backend instance for ``name`` (or the first runnable one for ``auto``)."""

@@ -1,42 +1,28 @@
 """Resolve a stage's kernel choice (linear backend, per-role attention backends) into backend objects.
 
 A model asks this once at construction for a ``KernelSet`` and builds every ``Linear``/``Attention``
-from it, so the choice is made exactly once and recorded on each module.
+from it, so the choice is made exactly once and recorded on each module. The choice arrives in one
+shape: the stage's ``linear_backend`` name and its ``AttentionBackendConfig``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
+from diffserve.config.schema import AttentionBackendConfig
 from diffserve.errors import ConfigError
-from diffserve.layers import attention as attention_pkg
-from diffserve.layers import linear as linear_pkg
 from diffserve.layers.attention.base import AttentionBackend
 from diffserve.layers.attention.module import Attention
+from diffserve.layers.attention.registry import select_attention_backend
 from diffserve.layers.attestation import KernelCounters
 from diffserve.layers.linear.base import LinearBackend
 from diffserve.layers.linear.module import Linear
-
-
-def attention_choice(spec: Any) -> tuple[str, dict[str, str]]:
-    """Normalize an attention backend spec to ``(default, {role: name})``.
-
-    Accepts a name (``"sdpa"``), a mapping (``{"default": "sdpa", "single_block": "math"}``) or an
-    object with ``.default`` and ``.roles`` (the config's ``AttentionBackendConfig``).
-    """
-    if isinstance(spec, str):
-        return spec, {}
-    if isinstance(spec, Mapping):
-        roles = {str(k): str(v) for k, v in spec.items() if k != "default"}
-        return str(spec.get("default", "auto")), roles
-    if hasattr(spec, "default"):
-        return str(spec.default), {str(k): str(v) for k, v in dict(getattr(spec, "roles", None) or {}).items()}
-    raise ConfigError(f"attention_backend must be a name, a mapping or a config object, got {spec!r}",
-                      path="attention_backend")
+from diffserve.layers.linear.registry import select_linear_backend
+from diffserve.layers.observe import KernelObserver
 
 
 @dataclass
@@ -60,20 +46,28 @@ class KernelSet:
                 "attention": {role: b.name for role, b in self.attention_backends.items()}}
 
 
-def build_kernel_set(linear_backend: str, attention_backend: Any, *, roles: Sequence[str],
-                     device: torch.device | str, dtype: torch.dtype) -> KernelSet:
-    """Select the linear backend and one attention backend per role (``roles`` are the model's)."""
-    default, per_role = attention_choice(attention_backend)
-    unknown = sorted(set(per_role) - set(roles))
+def build_kernel_set(linear_backend: str, attention_backend: AttentionBackendConfig, *, roles: Sequence[str],
+                     device: torch.device | str, dtype: torch.dtype,
+                     observers: Sequence[KernelObserver] = ()) -> KernelSet:
+    """Select the linear backend and one attention backend per role (``roles`` are the model's), then
+    let each observer see (and possibly wrap) every selection."""
+    unknown = sorted(set(attention_backend.roles) - set(roles))
     if unknown:
         raise ConfigError(f"unknown attention role(s) {unknown}", path="attention_backend",
                           hint=f"roles of this model: default, {', '.join(roles)}")
-    # Looked up through the package at build time so a test can patch the select functions.
-    linear = linear_pkg.select_linear_backend(linear_backend, device, dtype)
+
+    def observed(kind: str, requested: str, backend: Any) -> Any:
+        for observer in observers:
+            backend = observer.on_select(kind, requested, backend)  # type: ignore[arg-type]
+        return backend
+
+    linear = observed("linear", linear_backend, select_linear_backend(linear_backend, device, dtype))
     chosen: dict[str, AttentionBackend] = {}
+    by_name: dict[str, AttentionBackend] = {}
     for role in roles:
-        name = per_role.get(role, default)
+        name = attention_backend.roles.get(role, attention_backend.default)
         # Roles asking for the same name share one backend object (one selection, one record).
-        shared = next((b for r, b in chosen.items() if per_role.get(r, default) == name), None)
-        chosen[role] = shared or attention_pkg.select_attention_backend(name, device, dtype)
+        if name not in by_name:
+            by_name[name] = observed("attention", name, select_attention_backend(name, device, dtype))
+        chosen[role] = by_name[name]
     return KernelSet(linear, chosen)

@@ -1,21 +1,26 @@
 """Worker extensions: a narrow hook interface instead of splicing classes into the worker's MRO.
 
 An extension is named by ``stage.worker_extension_cls`` (a dotted path). The worker instantiates it
-once, calls ``before_load(worker)`` before the pipeline is built (so it can wrap backend factories)
-and ``after_load(worker)`` once the model exists. Its public methods are callable through
+once, calls ``before_load(worker)`` before the pipeline is built (where it may install a kernel
+observer with ``worker.observe_kernels``, see ``layers/observe.py``) and ``after_load(worker)`` once the
+model exists. Its public methods are callable through
 ``collective_rpc``; they run in the worker between batches, never during a forward.
 """
 
 from __future__ import annotations
 
 import importlib
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, Protocol
 
 from diffserve.errors import ConfigError
 from diffserve.logging import get_logger
 
 if TYPE_CHECKING:  # pragma: no cover
-    from diffserve.worker.worker import Worker
+    from diffserve.config.resolved import ResolvedConfig
+    from diffserve.config.schema import StageConfig
+    from diffserve.layers.observe import KernelObserver
+    from diffserve.models.base import Pipeline
 
 logger = get_logger(__name__)
 
@@ -23,16 +28,28 @@ logger = get_logger(__name__)
 _RESERVED = frozenset({"before_load", "after_load"})
 
 
+class WorkerHandle(Protocol):
+    """What an extension sees of its worker (``worker.Worker`` implements it)."""
+
+    rank: int
+    device: str
+    config: ResolvedConfig
+    stage: StageConfig
+    pipeline: Pipeline | None
+
+    def observe_kernels(self, observer: KernelObserver) -> None: ...
+
+
 class WorkerExtension:
     """Base class for worker extensions. Subclasses override the hooks and add public RPC methods."""
 
-    def before_load(self, worker: Worker) -> None:
+    def before_load(self, worker: WorkerHandle) -> None:
         """Called in the worker before the pipeline is built."""
 
-    def after_load(self, worker: Worker) -> None:
+    def after_load(self, worker: WorkerHandle) -> None:
         """Called in the worker after the pipeline is built (and before any request runs)."""
 
-    def rpc_method(self, name: str) -> Any | None:
+    def rpc_method(self, name: str) -> Callable[..., Any] | None:
         """Return the bound public method ``name`` if an RPC may call it, else ``None``."""
         if name.startswith("_") or name in _RESERVED or name == "rpc_method":
             return None
@@ -66,3 +83,14 @@ def load_extension(dotted_path: str | None) -> WorkerExtension | None:
                                   hint="subclass diffserve.worker.extension.WorkerExtension")
     logger.info("worker extension %s loaded", dotted_path)
     return instance
+
+
+def extension_method(extension: Any, name: str) -> Callable[..., Any] | None:
+    """The method an RPC named ``name`` reaches on ``extension`` (duck-typed extensions included)."""
+    finder = getattr(extension, "rpc_method", None)
+    if callable(finder):
+        return finder(name)
+    if name.startswith("_") or name in _RESERVED:
+        return None
+    method = getattr(extension, name, None)
+    return method if callable(method) else None

@@ -14,13 +14,17 @@ import traceback
 from collections import deque
 from collections.abc import Callable
 from dataclasses import replace
-from typing import Any
+from multiprocessing.connection import Connection
+from typing import TYPE_CHECKING
 
 from diffserve.errors import RequestError
-from diffserve.executor.messages import Command, Reply
-from diffserve.executor.transport import Channel, ChannelClosed
 from diffserve.logging import get_logger
+from diffserve.types.channel import Channel, ChannelClosed
+from diffserve.types.messages import Command, Reply
 from diffserve.worker.worker import Worker
+
+if TYPE_CHECKING:  # pragma: no cover
+    from diffserve.config.resolved import ResolvedConfig
 
 logger = get_logger(__name__)
 
@@ -129,17 +133,17 @@ def serve(channel: Channel, make_worker: Callable[[], Worker],
     """Build and load the worker, report ready (or why not), then serve commands."""
     try:
         worker = make_worker()
-        worker.load()
+        info = worker.load()
     except Exception as exc:
         logger.exception("worker failed to start")
         with contextlib.suppress(ChannelClosed):
             channel.send(replace(error_reply(0, -1, exc), kind="init_failed"))
         return
-    channel.send(Reply("ready", 0, worker.rank, value={"pid": os.getpid(), "device": str(worker.device)}))
+    channel.send(Reply("ready", 0, worker.rank, value=info))
     CommandLoop(channel, worker, parent_alive).run()
 
 
-def process_main(conn: Any, config: Any, stage_id: int, rank: int, parent_pid: int,
+def process_main(conn: Connection, config: ResolvedConfig, stage_id: int, rank: int, parent_pid: int,
                  log_level: int | None = None) -> None:
     """Entry point of an mp worker process (spawned: imports only what it needs).
 
@@ -147,7 +151,7 @@ def process_main(conn: Any, config: Any, stage_id: int, rank: int, parent_pid: i
     thread would be killed with it. The loop polls ``getppid()`` instead (idle and between steps), and a
     closed pipe ends the loop too.
     """
-    from diffserve.executor.transport import PipeChannel
+    from diffserve.types.channel import PipeChannel
 
     if log_level is not None:  # the parent logs (CLI/server): so does its worker, at the same level
         from diffserve.logging import configure_logging

@@ -8,18 +8,24 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from contextlib import nullcontext
 from typing import TYPE_CHECKING, Any
 
 from diffserve.errors import WorkerError
-from diffserve.executor.messages import WorkerOutput
 from diffserve.logging import get_logger
-from diffserve.worker.extension import load_extension
+from diffserve.models.base import BuildContext, ParallelContext, Pipeline
+from diffserve.registry.models import MODEL_FAMILIES
+from diffserve.types.messages import WorkerInfo
+from diffserve.types.results import BatchResult, RequestResult, StepEvent
+from diffserve.worker.device import device_for
+from diffserve.worker.extension import WorkerExtension, extension_method, load_extension
 
 if TYPE_CHECKING:  # pragma: no cover
-    from diffserve.config.resolve import ResolvedConfig
-    from diffserve.engine.request import GenerationRequest
+    from diffserve.config.resolved import ResolvedConfig
+    from diffserve.layers.attestation import KernelCounters
+    from diffserve.layers.observe import KernelObserver
+    from diffserve.types.request import GenerationRequest
 
 logger = get_logger(__name__)
 
@@ -32,82 +38,83 @@ class Worker:
 
     def __init__(self, config: ResolvedConfig, stage_id: int, rank: int = 0, executor: str = "uni") -> None:
         self.config = config
-        self.stage = next(s for s in config.stages if s.stage_id == stage_id)
+        self.stage = config.stage(stage_id)
         self.rank = rank
         self.executor = executor
-        self.device = _device_for(self.stage, rank)
-        self.extension: Any = None
-        self.pipeline: Any = None
+        self.device = device_for(self.stage, rank)
+        self.extension: WorkerExtension | None = None
+        self.pipeline: Pipeline | None = None
+        self.kernel_observers: list[KernelObserver] = []
         self.batches_run = 0
         # Batches stopped by a cancel: (request ids, steps done, total steps), most recent last.
         self.cancelled: list[dict[str, Any]] = []
 
-    def load(self) -> None:
-        """Instantiate the extension, run its hooks around the pipeline build."""
+    def observe_kernels(self, observer: KernelObserver) -> None:
+        """Install a kernel observer (``layers.observe``) on the kernel set the pipeline is built with.
+        Call it from an extension's ``before_load``; observers added after the build see nothing."""
+        self.kernel_observers.append(observer)
+
+    def load(self) -> WorkerInfo:
+        """Instantiate the extension, run its hooks around the pipeline build; say what was loaded."""
         self.extension = load_extension(self.stage.worker_extension_cls)
         if self.extension is not None:
             self.extension.before_load(self)
-        if self.config.model:
-            self.pipeline = _build_pipeline(self.config.model, self.stage, self.device)
+        if self.config.model and self.config.model_family:
+            family = MODEL_FAMILIES[self.config.model_family]
+            context = BuildContext(device=self.device, kernel_observers=tuple(self.kernel_observers),
+                                   parallel=ParallelContext(rank=self.rank,
+                                                            world_size=self.stage.parallel.world_size))
+            self.pipeline = family.load_pipeline_class().from_stage(self.config.model, self.stage, context)
         else:
             logger.warning("no model configured: worker %d serves RPCs only", self.rank)
         if self.extension is not None:
             self.extension.after_load(self)
         logger.info("worker rank=%d pid=%d ready on %s", self.rank, os.getpid(), self.device)
+        capabilities = self.pipeline.capabilities if self.pipeline is not None else None
+        return WorkerInfo(pid=os.getpid(), device=str(self.device), capabilities=capabilities)
 
     # -- batches ------------------------------------------------------------------------------------
 
-    def execute(self, batch: list[GenerationRequest], on_step: Callable[[int, int], None],
-                should_stop: Callable[[], bool]) -> list[WorkerOutput] | None:
+    def execute(self, batch: Sequence[GenerationRequest], on_step: Callable[[int, int], None],
+                should_stop: Callable[[], bool]) -> list[RequestResult] | None:
         """Run one batch. ``on_step`` is called after every denoise step; when ``should_stop()`` turns
         true between steps the pipeline generator is closed and ``None`` is returned (cancelled)."""
         if self.pipeline is None:
             raise WorkerError("this worker has no model loaded", remote_type="WorkerError")
-        counters = self.counters
-        warmup = all(r.is_warmup for r in batch)
-        if counters is not None:
-            counters.reset()
-        # Warmup must not pollute the kernel counters that requests report.
-        pause = counters.paused() if (warmup and counters is not None) else nullcontext()
-        result = None
-        steps_done = 0
+        counters = self.pipeline.kernel_counters
+        counters.reset()
+        # Warmup runs the real path but must not pollute the kernel counters that requests report.
+        pause = counters.paused() if all(r.is_warmup for r in batch) else nullcontext()
+        result: BatchResult | None = None
         start = time.perf_counter()
         with pause:
-            events = self.pipeline.run(list(batch))
+            events = self.pipeline.run(batch)
             try:
                 for event in events:
-                    if hasattr(event, "outputs"):
+                    if isinstance(event, BatchResult):
                         result = event
-                    elif hasattr(event, "step"):
-                        steps_done = int(event.step)
-                        on_step(steps_done, int(event.total_steps))
-                        if should_stop():
-                            self.cancelled = [*self.cancelled[-99:], {
-                                "request_ids": [r.request_id for r in batch], "steps_done": steps_done,
-                                "total_steps": int(event.total_steps)}]
-                            return None
+                        continue
+                    on_step(event.step, event.total_steps)
+                    if should_stop():
+                        self._record_cancel(batch, event)
+                        return None
             finally:
                 events.close()  # cancels a still-running denoise loop
         if result is None:
             raise WorkerError("pipeline finished without a result", remote_type="WorkerError")
         self.batches_run += 1
-        attestation = self._attestation(len(batch), (time.perf_counter() - start) * 1000.0)
-        return [
-            WorkerOutput(
-                request_id=out.request_id,
-                images=out.images,
-                seeds=list(out.seeds),
-                timings_ms=dict(getattr(out, "timings_ms", None) or getattr(out, "timings", None) or {}),
-                attestation=dict(attestation),
-            )
-            for out in result.outputs
-        ]
+        attestation = self._attestation(counters, len(batch), (time.perf_counter() - start) * 1000.0)
+        for output in result.outputs:
+            output.attestation = dict(attestation)
+        return result.outputs
 
-    def _attestation(self, batch_size: int, batch_ms: float) -> dict[str, Any]:
-        counters = self.counters
-        snapshot = counters.snapshot() if counters is not None else {}
+    def _record_cancel(self, batch: Sequence[GenerationRequest], event: StepEvent) -> None:
+        self.cancelled = [*self.cancelled[-99:], {"request_ids": [r.request_id for r in batch],
+                                                  "steps_done": event.step, "total_steps": event.total_steps}]
+
+    def _attestation(self, counters: KernelCounters, batch_size: int, batch_ms: float) -> dict[str, Any]:
         return {
-            **snapshot,
+            **counters.snapshot(),
             "executor": self.executor,
             "worker_pid": os.getpid(),
             "rank": self.rank,
@@ -117,14 +124,9 @@ class Worker:
             "config_fingerprint": self.config.fingerprint,
         }
 
-    @property
-    def counters(self) -> Any:
-        transformer = getattr(self.pipeline, "transformer", None)
-        return getattr(transformer, "counters", None)
-
     # -- RPC ----------------------------------------------------------------------------------------
 
-    def call(self, method: Any, args: tuple = (), kwargs: dict[str, Any] | None = None) -> Any:
+    def call(self, method: str | Callable[..., Any], args: tuple = (), kwargs: dict[str, Any] | None = None) -> Any:
         """Run an RPC: a callable(worker, ...), an extension method, or a built-in worker method."""
         kwargs = kwargs or {}
         if callable(method):
@@ -132,7 +134,7 @@ class Worker:
         if not isinstance(method, str):
             raise WorkerError(f"RPC method must be a name or a callable, got {type(method).__name__}")
         if self.extension is not None:
-            bound = _extension_method(self.extension, method)
+            bound = extension_method(self.extension, method)
             if bound is not None:
                 return bound(*args, **kwargs)
         if method in BUILTIN_RPCS:
@@ -147,48 +149,14 @@ class Worker:
         return os.getpid()
 
     def kernel_counters(self) -> dict[str, Any]:
-        counters = self.counters
-        return counters.snapshot() if counters is not None else {}
+        return self.pipeline.kernel_counters.snapshot() if self.pipeline is not None else {}
 
     def reset_kernel_counters(self) -> None:
-        if self.counters is not None:
-            self.counters.reset()
+        if self.pipeline is not None:
+            self.pipeline.kernel_counters.reset()
 
     def describe(self) -> dict[str, Any]:
         return {"rank": self.rank, "pid": os.getpid(), "device": str(self.device), "executor": self.executor,
                 "stage_id": self.stage.stage_id, "batches_run": self.batches_run,
                 "cancelled": list(self.cancelled),
                 "extension": type(self.extension).__qualname__ if self.extension is not None else None}
-
-
-def _extension_method(extension: Any, name: str) -> Any | None:
-    finder = getattr(extension, "rpc_method", None)
-    if callable(finder):
-        return finder(name)
-    if name.startswith("_") or name in ("before_load", "after_load"):
-        return None
-    method = getattr(extension, name, None)
-    return method if callable(method) else None
-
-
-def _device_for(stage: Any, rank: int) -> str:
-    """The torch device of ``rank``: the stage's device list if CUDA is present, else the CPU."""
-    import torch
-
-    if not torch.cuda.is_available():
-        return "cpu"
-    devices = stage.devices
-    if isinstance(devices, str):
-        devices = [d for d in devices.replace(" ", "").split(",") if d and d != "auto"]
-    devices = list(devices or [])
-    index = devices[rank % len(devices)] if devices else rank
-    text = str(index)
-    return text if text.startswith(("cuda", "cpu")) else f"cuda:{text}"
-
-
-def _build_pipeline(model_dir: str, stage: Any, device: str) -> Any:
-    from diffserve.models.flux.pipeline import FluxPipeline
-
-    if hasattr(FluxPipeline, "from_stage"):
-        return FluxPipeline.from_stage(model_dir, stage, device=device)
-    return FluxPipeline.from_pretrained(model_dir, stage=stage, device=device)

@@ -13,6 +13,7 @@ import pytest
 from config_helpers import run, write
 
 from diffserve.config import ResolvedConfig, StageConfig, resolve
+from diffserve.config.explain import explain_dict
 from diffserve.errors import ConfigError
 
 
@@ -57,7 +58,7 @@ def test_public_names_and_role_lookup(tmp_path: Path) -> None:
 
 def test_explain_json_shape(tmp_path: Path) -> None:
     cfg = _sample(tmp_path)
-    doc = json.loads(json.dumps(cfg.to_explain_dict()))
+    doc = json.loads(json.dumps(explain_dict(cfg)))
     assert doc["fingerprint"] == cfg.fingerprint and doc["warnings"] == []
     assert [s["stage_id"] for s in doc["stages"]] == [0, 1]
     fields = doc["stages"][1]["fields"]

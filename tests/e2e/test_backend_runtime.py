@@ -2,8 +2,9 @@
 
 For each executor the deploy YAML is the only source of dtype, linear_backend, attention_backend,
 enforce_eager, the executor and the worker extension. ``BackendProbe`` (below) runs inside the
-worker: in ``before_load`` it wraps the backend select functions so every backend object the model
-is built with is recorded and its kernel method counted at call time (delegating to the original);
+worker: in ``before_load`` it installs itself as a kernel observer (``worker.observe_kernels``), so every
+backend object the model is built with is recorded and its kernel method counted at call time
+(delegating to the original);
 in ``after_load`` it checks every Linear/Attention of the transformer uses a wrapped backend and
 hooks the transformer's forward to record each output.
 """
@@ -28,33 +29,25 @@ class BackendProbe(WorkerExtension):
     """Test-only worker extension: records what the transformer really ran."""
 
     def before_load(self, worker: Any) -> None:
-        from diffserve.layers.attention import registry as attention_registry
-        from diffserve.layers.linear import registry as linear_registry
-
         self.selections: list[tuple[str, str, str]] = []
         self.backends: dict[str, list[Any]] = {"linear": [], "attention": []}
         self.reset()
+        worker.observe_kernels(self)  # the documented hook (layers/observe.py): no patched globals
+
+    def on_select(self, kind: str, requested: str, backend: Any) -> Any:
+        """Kernel observer: record the selection and count the kernel method at call time."""
+        self.selections.append((kind, requested, backend.name))
+        original = getattr(backend, kind)
         probe = self
 
-        def wrap(kind: str, select: Any) -> Any:
-            def select_and_wrap(name: str, device: Any, dtype: Any) -> Any:
-                backend = select(name, device, dtype)
-                probe.selections.append((kind, name, backend.name))
-                original = getattr(backend, kind)
+        def counted(*args: Any) -> Any:
+            # The backend's name at call time: what actually served this call.
+            probe.calls[kind][backend.name] += 1
+            return original(*args)
 
-                def counted(*args: Any) -> Any:
-                    # The backend's name at call time: what actually served this call.
-                    probe.calls[kind][backend.name] += 1
-                    return original(*args)
-
-                setattr(backend, kind, counted)
-                probe.backends[kind].append(backend)
-                return backend
-            return select_and_wrap
-
-        linear_registry.select_linear_backend = wrap("linear", linear_registry.select_linear_backend)
-        attention_registry.select_attention_backend = wrap("attention",
-                                                           attention_registry.select_attention_backend)
+        setattr(backend, kind, counted)
+        self.backends[kind].append(backend)
+        return backend
 
     def after_load(self, worker: Any) -> None:
         from diffserve.layers.attention.module import Attention
@@ -118,18 +111,11 @@ REQUEST = dict(prompt="a fox", height=128, width=128, num_inference_steps=2, gui
 
 @pytest.fixture(scope="module", params=["uni", "mp"])
 def engine(request: Any, tiny_flux_dir: Any, tmp_path_factory: Any) -> Any:
-    from diffserve.layers.attention import registry as attention_registry
-    from diffserve.layers.linear import registry as linear_registry
-
-    # On uni the probe patches the select functions of this very process: put them back afterwards so
-    # later tests see the real registry.
-    originals = (linear_registry.select_linear_backend, attention_registry.select_attention_backend)
     # env={}: no DIFFSERVE_* variable of the machine running the tests can change what is proven.
     eng = Engine(str(tiny_flux_dir), deploy_config=deploy_yaml(tmp_path_factory.mktemp("deploy"), request.param),
                  env={})
     yield eng
     eng.shutdown()
-    linear_registry.select_linear_backend, attention_registry.select_attention_backend = originals
 
 
 def run_and_check(engine: Engine) -> tuple[Any, dict[str, Any]]:

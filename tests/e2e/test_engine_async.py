@@ -8,8 +8,8 @@ from typing import Any
 import pytest
 
 from diffserve import AsyncEngine, GenerationRequest
-from diffserve.engine.request import ProgressEvent, RequestOutput
 from diffserve.errors import RequestAbortedError
+from diffserve.types.request import ProgressEvent, RequestOutput
 
 pytestmark = pytest.mark.e2e
 

@@ -78,6 +78,8 @@ def test_keywords_reach_resolve_and_warmup_is_excluded(engine: Engine) -> None:
     assert engine.config.provenance["stages.0.max_batch_size"].layer != "yaml"
     assert engine.is_ready and engine.stats()["batches"] == 0 and engine.stats()["requests_ok"] == 0
     assert engine.collective_rpc("describe")[0]["batches_run"] == 1  # the warmup did run
+    # ... with the counters paused by the worker (the one place warmup is handled).
+    assert engine.collective_rpc("kernel_counters")[0]["transformer_forwards"] == 0
     out = engine.generate(request())
     assert out.attestation["transformer_forwards"] == 2  # warmup calls never leak into a request
     assert engine.stats()["batches"] == 1

@@ -15,7 +15,7 @@ import pytest
 
 from diffserve.config.resolve import resolve
 from diffserve.errors import ConfigError, EngineDeadError, RequestError, WorkerError
-from diffserve.executor.base import make_executor
+from diffserve.executor.factory import make_executor
 from diffserve.worker.extension import WorkerExtension
 
 EXECUTORS = ("uni", "mp")
@@ -51,8 +51,9 @@ class ProbeExtension(WorkerExtension):
 EXT = f"{__name__}.ProbeExtension"
 
 
-def _config(executor: str, extension: str | None = EXT):
-    deploy = {"distributed_executor_backend": executor}
+def _config(executor: str, extension: str | None = EXT, ranks: int = 1):
+    # Ranks come from the config only (no model: the parallel degree just starts that many workers).
+    deploy = {"distributed_executor_backend": executor, "parallel": {"cfg_parallel_size": ranks}}
     if extension:
         deploy["worker_extension_cls"] = extension
     return resolve(model=None, deploy_config=deploy, env={})
@@ -71,25 +72,31 @@ def _pid_alive(pid: int) -> bool:
         return False
 
 
+# uni runs one rank (registry.executors caps it); mp runs as many as the config asks for.
+RANKS = {"uni": 1, "mp": 2}
+
+
 @pytest.fixture(scope="module", params=EXECUTORS)
 def executor(request):
-    ex = make_executor(_config(request.param), world_size=2)
+    ex = make_executor(_config(request.param, ranks=RANKS[request.param]))
+    assert ex.world_size == RANKS[request.param]
     yield ex
     ex.shutdown()
 
 
 def test_hooks_ran_and_rpc_is_flat_per_rank_in_rank_order(executor) -> None:
-    assert executor.collective_rpc("get_hooks") == [["before_load", "after_load"]] * 2
+    ranks = executor.world_size
+    assert executor.collective_rpc("get_hooks") == [["before_load", "after_load"]] * ranks
     ranks_pids = executor.collective_rpc("whoami")
-    assert [rank for rank, _ in ranks_pids] == [0, 1]
+    assert [rank for rank, _ in ranks_pids] == list(range(ranks))
     pids = [pid for _, pid in ranks_pids]
     assert pids == executor.worker_pids
     if executor.name == "uni":
-        assert pids == [os.getpid(), os.getpid()]
+        assert pids == [os.getpid()]
     else:
         assert len(set(pids)) == 2 and os.getpid() not in pids
         assert all(_pid_alive(p) for p in pids)
-    assert executor.collective_rpc("ping") == ["pong", "pong"]
+    assert executor.collective_rpc("ping") == ["pong"] * ranks
 
 
 def test_worker_exception_is_typed_and_worker_survives(executor) -> None:
@@ -105,7 +112,7 @@ def test_worker_exception_is_typed_and_worker_survives(executor) -> None:
     # Hooks are lifecycle calls, not remote verbs.
     with pytest.raises(WorkerError):
         executor.collective_rpc("before_load", args=(None,))
-    assert executor.collective_rpc("ping") == ["pong", "pong"]
+    assert executor.collective_rpc("ping") == ["pong"] * executor.world_size
 
 
 def test_timeout_raises_and_late_reply_is_dropped(executor) -> None:
@@ -114,11 +121,11 @@ def test_timeout_raises_and_late_reply_is_dropped(executor) -> None:
         executor.collective_rpc("sleep", args=(1.0,), timeout=0.2)
     assert time.monotonic() - start < 0.9
     # The worker finishes the sleep, then serves the next call; the late reply is not mistaken for it.
-    assert executor.collective_rpc("sleep", args=(0.01,), timeout=30) == [0.01, 0.01]
+    assert executor.collective_rpc("sleep", args=(0.01,), timeout=30) == [0.01] * executor.world_size
 
 
 def test_callable_rpc_gets_the_worker(executor) -> None:
-    assert executor.collective_rpc(_rank_of) == [0, 1]
+    assert executor.collective_rpc(_rank_of) == list(range(executor.world_size))
 
 
 def _rank_of(worker) -> int:
@@ -144,7 +151,7 @@ def test_shutdown_is_idempotent_and_later_calls_fail_fast(kind: str) -> None:
 
 
 def test_mp_sigkill_fails_in_flight_call_fast_and_leaves_no_child() -> None:
-    ex = make_executor(_config("mp"), world_size=2)
+    ex = make_executor(_config("mp", ranks=2))
     deaths: list[EngineDeadError] = []
     ex.on_dead = deaths.append
     pids = list(ex.worker_pids)
@@ -179,7 +186,7 @@ def test_mp_sigkill_fails_in_flight_call_fast_and_leaves_no_child() -> None:
 _ORPHAN_SCRIPT = """
 import os, sys, time
 from diffserve.config.resolve import resolve
-from diffserve.executor.base import make_executor
+from diffserve.executor.factory import make_executor
 
 if __name__ == "__main__":
     ex = make_executor(resolve(model=None, deploy_config={"distributed_executor_backend": "mp"}, env={}))
@@ -207,9 +214,26 @@ def test_mp_worker_exits_when_its_parent_is_killed(tmp_path) -> None:
     assert not _pid_alive(worker_pid), "worker outlived its parent"
 
 
-@pytest.mark.parametrize("field", [{"num_replicas": 2}, {"parallel": {"tensor_parallel_size": 2}},
-                                   {"distributed_executor_backend": "ray"}])
-def test_unsupported_layouts_are_refused_not_downgraded(field: dict) -> None:
+@pytest.mark.parametrize("field, where", [
+    ({"num_replicas": 2}, "stages.0.num_replicas"),
+    ({"parallel": {"tensor_parallel_size": 2}}, "stages.0.parallel"),
+])
+def test_unsupported_layouts_are_refused_not_downgraded(field: dict, where: str) -> None:
+    # Refused from the executor registry's rules before any worker starts.
     config = resolve(model=None, deploy_config={"distributed_executor_backend": "uni", **field}, env={})
-    with pytest.raises(ConfigError):
+    with pytest.raises(ConfigError) as info:
         make_executor(config)
+    assert where in str(info.value)
+
+
+def test_an_unregistered_executor_is_refused_at_resolve() -> None:
+    with pytest.raises(ConfigError, match="valid values: uni, mp"):
+        resolve(model=None, deploy_config={"distributed_executor_backend": "ray"}, env={})
+
+
+def test_a_model_that_cannot_run_parallel_is_refused(tiny_flux_dir) -> None:
+    config = resolve(model=str(tiny_flux_dir), deploy_config={"distributed_executor_backend": "mp",
+                                                              "parallel": {"ulysses_degree": 2}}, env={})
+    with pytest.raises(ConfigError, match="FluxPipeline does not run") as info:
+        make_executor(config)
+    assert "stages.0.parallel" in str(info.value)

@@ -7,9 +7,10 @@ import time
 
 import pytest
 
-from diffserve.engine.request import GenerationRequest
-from diffserve.engine.scheduler import RequestState, Scheduler, batch_key
+from diffserve.engine.scheduler import RequestState, Scheduler
 from diffserve.errors import EngineDeadError, EngineOverloadedError, RequestError
+from diffserve.types.batching import batch_key
+from diffserve.types.request import GenerationRequest
 
 
 def state(rid: str, **kw) -> RequestState:

@@ -6,8 +6,9 @@ import multiprocessing
 
 import torch
 
-from diffserve.executor.messages import Command, Reply, WorkerOutput
-from diffserve.executor.transport import PipeChannel, queue_channel_pair
+from diffserve.types.channel import PipeChannel, queue_channel_pair
+from diffserve.types.messages import Command, Reply
+from diffserve.types.results import RequestResult
 
 
 def test_result_tensors_travel_as_frames_and_arrive_intact() -> None:
@@ -16,7 +17,7 @@ def test_result_tensors_travel_as_frames_and_arrive_intact() -> None:
     images = torch.randint(0, 256, (2, 16, 16, 3), dtype=torch.uint8)
     floats = torch.rand(1, 3, 8, 8, dtype=torch.float32)
     halves = torch.rand(1, 4, 64, dtype=torch.bfloat16)
-    outputs = [WorkerOutput(f"r{i}", t, [i], {"denoise": 1.0}, {"batch_size": 3})
+    outputs = [RequestResult(f"r{i}", t, [i], {"denoise": 1.0}, {"batch_size": 3})
                for i, t in enumerate((images, floats, halves))]
     worker.send(Reply("result", 7, 0, value=outputs))
     got = parent.recv()
@@ -35,7 +36,7 @@ def test_result_tensors_travel_as_frames_and_arrive_intact() -> None:
 def test_queue_channel_passes_objects_by_reference_and_reports_close() -> None:
     import pytest
 
-    from diffserve.executor.transport import ChannelClosed
+    from diffserve.types.channel import ChannelClosed
 
     parent, worker = queue_channel_pair()
     payload = torch.zeros(4)

@@ -1,13 +1,13 @@
 from __future__ import annotations
 
-from types import SimpleNamespace
-
 import pytest
 import torch
 
+from diffserve.config.schema import AttentionBackendConfig, FrozenDict
 from diffserve.errors import BackendUnavailableError, ConfigError
 from diffserve.layers.attestation import KernelCounters
-from diffserve.layers.kernels import attention_choice, build_kernel_set
+from diffserve.layers.kernels import build_kernel_set
+from diffserve.layers.observe import KernelObserver
 
 ROLES = ("double_block", "single_block")
 
@@ -28,17 +28,12 @@ def test_counters_snapshot_reset_and_pause() -> None:
     assert snap["linear"] == {"torch": 3}  # snapshots are copies
 
 
-@pytest.mark.parametrize("spec, expected", [
-    ("sdpa", ("sdpa", {})),
-    ({"default": "sdpa", "single_block": "math"}, ("sdpa", {"single_block": "math"})),
-    (SimpleNamespace(default="math", roles={"double_block": "sdpa"}), ("math", {"double_block": "sdpa"})),
-])
-def test_attention_choice_forms(spec, expected) -> None:
-    assert attention_choice(spec) == expected
+def attention(default: str, **roles: str) -> AttentionBackendConfig:
+    return AttentionBackendConfig(default, FrozenDict(roles))
 
 
 def test_per_role_choice() -> None:
-    ks = build_kernel_set("torch", {"default": "sdpa", "single_block": "math"}, roles=ROLES,
+    ks = build_kernel_set("torch", attention("sdpa", single_block="math"), roles=ROLES,
                           device="cpu", dtype=torch.float32)
     assert ks.describe() == {"linear": "torch", "attention": {"double_block": "sdpa", "single_block": "math"}}
     assert ks.make_attention("single_block").backend_name == "math"
@@ -47,32 +42,59 @@ def test_per_role_choice() -> None:
 
 def test_unknown_role_is_a_config_error() -> None:
     with pytest.raises(ConfigError, match="double_blok"):
-        build_kernel_set("torch", {"double_blok": "math"}, roles=ROLES, device="cpu", dtype=torch.float32)
+        build_kernel_set("torch", attention("auto", double_blok="math"), roles=ROLES, device="cpu", dtype=torch.float32)
 
 
 def test_explicit_flash_per_role_fails_at_build() -> None:
     with pytest.raises(BackendUnavailableError, match="flash_attn"):
-        build_kernel_set("auto", {"default": "sdpa", "double_block": "flash_attn"}, roles=ROLES,
+        build_kernel_set("auto", attention("sdpa", double_block="flash_attn"), roles=ROLES,
                          device="cpu", dtype=torch.float32)
 
 
-def test_select_functions_are_looked_up_at_build_time(monkeypatch: pytest.MonkeyPatch) -> None:
-    from diffserve.layers import attention as attention_pkg
-    from diffserve.layers.linear import registry as linear_registry
+class Counting:
+    """A wrapper backend: counts its calls, delegates everything to the chosen backend."""
 
-    seen: list[tuple[str, str]] = []
-    real_linear, real_attention = linear_registry.select_linear_backend, attention_pkg.select_attention_backend
+    def __init__(self, inner, calls: dict[str, int]) -> None:
+        self.inner, self.calls, self.name = inner, calls, inner.name
 
-    def record_linear(name, device, dtype):
-        seen.append(("linear", name))
-        return real_linear(name, device, dtype)
+    def __getattr__(self, attr):
+        return getattr(self.inner, attr)
 
-    def record_attention(name, device, dtype):
-        seen.append(("attention", name))
-        return real_attention(name, device, dtype)
+    def linear(self, *args):
+        self.calls["linear"] = self.calls.get("linear", 0) + 1
+        return self.inner.linear(*args)
 
-    monkeypatch.setattr(linear_registry, "select_linear_backend", record_linear)
-    monkeypatch.setattr(attention_pkg, "select_attention_backend", record_attention)
-    build_kernel_set("auto", {"default": "sdpa", "single_block": "math"}, roles=ROLES, device="cpu",
-                     dtype=torch.float32)
-    assert seen == [("linear", "auto"), ("attention", "sdpa"), ("attention", "math")]
+    def attention(self, *args):
+        self.calls["attention"] = self.calls.get("attention", 0) + 1
+        return self.inner.attention(*args)
+
+
+class Recorder:
+    """A kernel observer: records each selection and returns a counting wrapper."""
+
+    def __init__(self) -> None:
+        self.seen: list[tuple[str, str, str]] = []
+        self.calls: dict[str, int] = {}
+
+    def on_select(self, kind, requested, backend):
+        self.seen.append((kind, requested, backend.name))
+        return Counting(backend, self.calls)
+
+
+def test_observers_see_every_selection_and_may_wrap_the_backend() -> None:
+    recorder = Recorder()
+    ks = build_kernel_set("auto", attention("sdpa", single_block="math"), roles=ROLES, device="cpu",
+                          dtype=torch.float32, observers=[recorder])
+    # One selection per distinct name (roles asking for the same name share one backend).
+    assert recorder.seen == [("linear", "auto", "torch"), ("attention", "sdpa", "sdpa"),
+                             ("attention", "math", "math")]
+    assert isinstance(recorder, KernelObserver)
+    layer = ks.make_linear(3, 4)
+    q = torch.randn(1, 2, 5, 8)
+    layer(torch.randn(2, 3))
+    ks.make_attention("double_block")(q, q, q)
+    ks.make_attention("single_block")(q, q, q)
+    # The wrapped backends served the calls, and the counters saw them under the names they report.
+    assert recorder.calls == {"linear": 1, "attention": 2}
+    assert ks.counters.snapshot()["linear"] == {"torch": 1}
+    assert ks.counters.snapshot()["attention"] == {"sdpa": 1, "math": 1}

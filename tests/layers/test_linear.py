@@ -5,7 +5,6 @@ import torch
 import torch.nn.functional as F
 
 from diffserve.errors import BackendUnavailableError
-from diffserve.layers import linear as linear_pkg
 from diffserve.layers.attestation import KernelCounters
 from diffserve.layers.linear.module import Linear
 from diffserve.layers.linear.registry import select_linear_backend
@@ -34,7 +33,7 @@ def test_linear_matches_f_linear_and_counts() -> None:
 
 
 def test_patched_backend_method_is_seen_after_construction(monkeypatch: pytest.MonkeyPatch) -> None:
-    layer = Linear(4, 4, bias=False, backend=linear_pkg.select_linear_backend("torch", "cpu", torch.float32),
+    layer = Linear(4, 4, bias=False, backend=select_linear_backend("torch", "cpu", torch.float32),
                    counters=KernelCounters())
     seen = []
 

@@ -6,9 +6,9 @@ import shutil
 
 import pytest
 import torch
+from flux_helpers import flux_transformer
 
 from diffserve.layers.linear.module import Linear
-from diffserve.models.flux.transformer import load_flux_transformer
 
 pytestmark = [
     pytest.mark.slow,
@@ -18,9 +18,8 @@ pytestmark = [
 
 
 def test_compiled_blocks_match_eager_and_still_count(tiny_flux_dir) -> None:
-    eager = load_flux_transformer(tiny_flux_dir / "transformer", linear_backend="torch", attention_backend="sdpa")
-    compiled = load_flux_transformer(tiny_flux_dir / "transformer", linear_backend="torch",
-                                     attention_backend="sdpa")
+    eager = flux_transformer(tiny_flux_dir / "transformer", attention="sdpa")
+    compiled = flux_transformer(tiny_flux_dir / "transformer", attention="sdpa")
     compiled.compile_blocks()
     n_linear = sum(isinstance(m, Linear) for m in compiled.modules())
     n_blocks = len(compiled.double_blocks) + len(compiled.single_blocks)

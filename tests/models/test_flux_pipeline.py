@@ -4,17 +4,19 @@ from __future__ import annotations
 
 import io
 import logging
-from types import SimpleNamespace
 
 import numpy as np
 import pytest
 import torch
 
-from diffserve.engine.request import GenerationRequest
+from diffserve.config.resolve import resolve
 from diffserve.errors import BackendUnavailableError, RequestError
 from diffserve.layers.attention.module import Attention
 from diffserve.layers.linear.module import Linear
-from diffserve.models.flux.pipeline import BatchResult, FluxPipeline, StepEvent, to_pil
+from diffserve.models.base import BuildContext, Pipeline
+from diffserve.models.flux.pipeline import FluxPipeline
+from diffserve.types.request import GenerationRequest
+from diffserve.types.results import BatchResult, StepEvent, to_pil
 
 
 @pytest.fixture(scope="module")
@@ -95,12 +97,6 @@ def test_closing_the_generator_cancels(pipe: FluxPipeline) -> None:
     assert pipe.transformer.counters.snapshot()["transformer_forwards"] == 1
 
 
-def test_warmup_requests_are_not_counted(pipe: FluxPipeline) -> None:
-    pipe.transformer.counters.reset()
-    pipe(_req(is_warmup=True))
-    assert pipe.transformer.counters.snapshot()["transformer_forwards"] == 0
-
-
 def _png(images: torch.Tensor) -> bytes:
     buffer = io.BytesIO()
     to_pil(images)[0].save(buffer, format="PNG")
@@ -120,21 +116,30 @@ def test_n_images_reproduce_single_requests(pipe: FluxPipeline) -> None:
         assert torch.equal(both.images[i], pipe(_req(seed=seed)).images[0])
 
 
-def test_missing_seed_gets_a_reported_random_one(pipe: FluxPipeline) -> None:
-    out = pipe(_req(seed=None))
-    assert len(out.seeds) == 1
-    torch.testing.assert_close(pipe(_req(seed=out.seeds[0])).images, out.images, rtol=0, atol=0)
+def test_seeds_are_assigned_at_admission_not_here(pipe: FluxPipeline) -> None:
+    # The engine seeds every request once (engine/admission.py); the pipeline never invents one.
+    with pytest.raises(RequestError, match="no seed"):
+        pipe(_req(seed=None))
 
 
-def test_mixed_batch_equals_requests_alone(pipe: FluxPipeline) -> None:
-    batch = [_req(seed=1, max_sequence_length=32), _req(prompt="a blue house", seed=2, n=2),
-             _req(seed=3, negative_prompt="dark", true_cfg_scale=3.0)]
+@pytest.mark.parametrize("cfg", [{}, dict(negative_prompt="dark", true_cfg_scale=3.0)])
+def test_batch_equals_requests_alone(pipe: FluxPipeline, cfg: dict) -> None:
+    # One batch key (as the scheduler forms them), different prompts, seeds and image counts.
+    batch = [_req(seed=1, **cfg), _req(prompt="a blue house", seed=2, n=2, **cfg)]
     events = list(pipe.run(batch))
     outputs = events[-1].outputs
     assert [o.request_id for o in outputs] == [r.request_id for r in batch]
     for request, output in zip(batch, outputs, strict=True):
         # Batch invariant: conditioning rows and VAE decodes run per image, token GEMMs are large-M.
         assert torch.equal(output.images, pipe(request).images)
+
+
+@pytest.mark.parametrize("other", [dict(max_sequence_length=32), dict(negative_prompt="dark", true_cfg_scale=3.0),
+                                   dict(output_type="pt")])
+def test_a_mixed_batch_is_refused(pipe: FluxPipeline, other: dict) -> None:
+    # The scheduler's batch key is the contract: a batch that mixes keys is a caller bug, not served.
+    with pytest.raises(ValueError, match="one batch key"):
+        list(pipe.run([_req(seed=1), _req(seed=2, **other)]))
 
 
 def test_output_types(pipe: FluxPipeline) -> None:
@@ -179,9 +184,14 @@ def test_flash_attn_fails_at_load_naming_what_is_missing(tiny_flux_dir) -> None:
 
 
 def test_from_stage_reads_the_stage(tiny_flux_dir) -> None:
-    stage = SimpleNamespace(dtype="auto", linear_backend="torch", enforce_eager=True,
-                            attention_backend=SimpleNamespace(default="sdpa", roles={"single_block": "math"}))
-    staged = FluxPipeline.from_stage(tiny_flux_dir, stage, device="cpu")
+    config = resolve(model=str(tiny_flux_dir), deploy_config={
+        "dtype": "auto", "linear_backend": "torch", "enforce_eager": True,
+        "attention_backend": {"default": "sdpa", "single_block": "math"}}, env={})
+    staged = FluxPipeline.from_stage(tiny_flux_dir, config.stage_for_role("diffusion"), BuildContext("cpu"))
+    assert isinstance(staged, Pipeline)
+    caps = staged.capabilities
+    assert (caps.family, caps.size_multiple, caps.attention_roles) == ("FluxPipeline", 16,
+                                                                       ("double_block", "single_block"))
     assert staged.dtype == torch.float32
     roles = {(m.role, m.backend_name) for m in staged.transformer.modules() if isinstance(m, Attention)}
     assert roles == {("double_block", "sdpa"), ("single_block", "math")}

@@ -19,7 +19,7 @@ from diffserve.models.flux.sampling import (
     pack,
     unpack,
 )
-from diffserve.models.registry import pipeline_class_for
+from diffserve.registry.models import MODEL_FAMILIES
 
 DEV = {"num_train_timesteps": 1000, "shift": 3.0, "use_dynamic_shifting": True, "base_shift": 0.5,
        "max_shift": 1.15, "base_image_seq_len": 256, "max_image_seq_len": 4096}
@@ -73,11 +73,15 @@ def test_unsupported_scheduler_options_are_refused() -> None:
         check_scheduler_config({**DEV, "use_karras_sigmas": True})
 
 
-def test_registry(tmp_path) -> None:
-    (tmp_path / "model_index.json").write_text(json.dumps({"_class_name": "FluxPipeline"}))
-    assert pipeline_class_for(tmp_path).__name__ == "FluxPipeline"
+def test_registry_is_the_one_list(tmp_path) -> None:
+    from diffserve.config.resolve import resolve
+    from diffserve.errors import ConfigError
+    from diffserve.models.flux.pipeline import FluxPipeline
+
+    family = MODEL_FAMILIES["FluxPipeline"]
+    assert family.load_pipeline_class() is FluxPipeline
     (tmp_path / "model_index.json").write_text(json.dumps({"_class_name": "StableDiffusionPipeline"}))
-    with pytest.raises(ModelLoadError, match="StableDiffusionPipeline.*supported: FluxPipeline"):
-        pipeline_class_for(tmp_path)
-    with pytest.raises(ModelLoadError, match="model_index.json is missing"):
-        pipeline_class_for(tmp_path / "nope")
+    # The resolver refuses what the registry does not list, naming what it does.
+    with pytest.raises(ConfigError, match="StableDiffusionPipeline") as info:
+        resolve(model=str(tmp_path), env={})
+    assert "FluxPipeline" in str(info.value)

@@ -5,10 +5,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from flux_helpers import flux_transformer
 
-from diffserve.engine.request import GenerationRequest
 from diffserve.models.flux.pipeline import FluxPipeline
-from diffserve.models.flux.transformer import load_flux_transformer
+from diffserve.types.request import GenerationRequest
 
 pytestmark = pytest.mark.slow
 
@@ -57,7 +57,7 @@ def test_small_transformer_parity(request, variant: str) -> None:
     x = _inputs(variant == "dev")
     with torch.inference_mode():
         expected = FluxTransformer2DModel.from_pretrained(str(path)).eval()(**x, return_dict=False)[0]
-        ours = load_flux_transformer(path, linear_backend="torch", attention_backend="sdpa")
+        ours = flux_transformer(path, attention="sdpa")
         got = ours(x["hidden_states"], x["img_ids"], x["encoder_hidden_states"], x["txt_ids"], x["timestep"],
                    x["pooled_projections"], x["guidance"])
     rel = ((got - expected).norm() / expected.norm()).item()

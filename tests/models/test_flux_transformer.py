@@ -7,11 +7,11 @@ from pathlib import Path
 
 import pytest
 import torch
+from flux_helpers import flux_transformer
 
 from diffserve.errors import BackendUnavailableError, ModelLoadError
 from diffserve.layers.attention.module import Attention
 from diffserve.layers.linear.module import Linear
-from diffserve.models.flux.transformer import load_flux_transformer
 
 SMALL = dict(in_channels=64, num_layers=2, num_single_layers=2, attention_head_dim=32, num_attention_heads=4,
              joint_attention_dim=64, pooled_projection_dim=32, axes_dims_rope=(8, 12, 12))
@@ -65,7 +65,7 @@ def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
 @pytest.mark.parametrize("attention", ["sdpa", "math"])
 def test_parity_with_diffusers(pair, attention: str) -> None:
     ref, path, guidance = pair
-    model = load_flux_transformer(path, linear_backend="torch", attention_backend=attention)
+    model = flux_transformer(path, attention=attention)
     x = _inputs(guidance)
     with torch.inference_mode():
         expected = ref(**x, return_dict=False)[0]
@@ -78,14 +78,14 @@ def test_math_vs_sdpa_within_1e5(pair) -> None:
     _, path, guidance = pair
     x = _inputs(guidance, seed=3)
     with torch.inference_mode():
-        a = _native(load_flux_transformer(path, attention_backend="sdpa"), x)
-        b = _native(load_flux_transformer(path, attention_backend="math"), x)
+        a = _native(flux_transformer(path, attention="sdpa"), x)
+        b = _native(flux_transformer(path, attention="math"), x)
     assert _rel(a, b) < 1e-5
 
 
 def test_counters_per_forward_and_backend_names(pair) -> None:
     _, path, guidance = pair
-    model = load_flux_transformer(path, linear_backend="torch", attention_backend="sdpa")
+    model = flux_transformer(path, attention="sdpa")
     linears = [m for m in model.modules() if isinstance(m, Linear)]
     attentions = [m for m in model.modules() if isinstance(m, Attention)]
     assert {m.backend_name for m in linears} == {"torch"}
@@ -109,7 +109,7 @@ def test_counters_per_forward_and_backend_names(pair) -> None:
 
 def test_per_role_attention_backends(pair) -> None:
     _, path, _ = pair
-    model = load_flux_transformer(path, attention_backend={"default": "sdpa", "single_block": "math"})
+    model = flux_transformer(path, attention={"default": "sdpa", "single_block": "math"})
     roles = {(m.role, m.backend_name) for m in model.modules() if isinstance(m, Attention)}
     assert roles == {("double_block", "sdpa"), ("single_block", "math")}
 
@@ -117,13 +117,13 @@ def test_per_role_attention_backends(pair) -> None:
 def test_flash_attn_fails_at_load_on_cpu(pair) -> None:
     _, path, _ = pair
     with pytest.raises(BackendUnavailableError, match="flash_attn package is not installed|CUDA device"):
-        load_flux_transformer(path, attention_backend="flash_attn")
+        flux_transformer(path, attention="flash_attn")
 
 
 def test_sharded_checkpoint_loads(tmp_path: Path) -> None:
     ref, path = _make_diffusers(tmp_path, guidance_embeds=False, seed=5, max_shard_size="200KB")
     assert (path / "diffusion_pytorch_model.safetensors.index.json").is_file()
-    model = load_flux_transformer(path)
+    model = flux_transformer(path)
     x = _inputs(False)
     with torch.inference_mode():
         assert _rel(_native(model, x), ref(**x, return_dict=False)[0]) < 1e-4
@@ -139,7 +139,7 @@ def test_missing_and_unexpected_keys_are_errors(tmp_path: Path) -> None:
     save_file(weights, str(path / "diffusion_pytorch_model.safetensors"))
     with pytest.raises(ModelLoadError, match=r"missing keys \(1\) transformer_blocks.0.attn.to_k.weight.*"
                                              r"unexpected keys \(1\) transformer_blocks.0.extra.weight"):
-        load_flux_transformer(path)
+        flux_transformer(path)
 
 
 def test_guidance_flag_mismatch_is_a_load_error(tmp_path: Path) -> None:
@@ -148,7 +148,7 @@ def test_guidance_flag_mismatch_is_a_load_error(tmp_path: Path) -> None:
     config["guidance_embeds"] = False
     (path / "config.json").write_text(json.dumps(config))
     with pytest.raises(ModelLoadError, match="guidance_embedder"):
-        load_flux_transformer(path)
+        flux_transformer(path)
 
 
 def test_missing_shard_and_missing_weights_are_errors(tmp_path: Path) -> None:
@@ -156,8 +156,8 @@ def test_missing_shard_and_missing_weights_are_errors(tmp_path: Path) -> None:
     shard = sorted(path.glob("*.safetensors"))[0]
     shard.unlink()
     with pytest.raises(ModelLoadError, match=f"shard {shard.name} listed in .* is missing"):
-        load_flux_transformer(path)
+        flux_transformer(path)
     for weights in path.glob("*.safetensors*"):
         weights.unlink()
     with pytest.raises(ModelLoadError, match="expected diffusion_pytorch_model.safetensors"):
-        load_flux_transformer(path)
+        flux_transformer(path)

@@ -6,10 +6,10 @@ import json
 
 import pytest
 
+from diffserve.config.schema import ServerConfig
+from diffserve.engine.admission import admit
 from diffserve.entrypoints.openai.errors import to_api_error
 from diffserve.entrypoints.openai.protocol import (
-    LimitExceededError,
-    ServerLimits,
     parse_body,
     parse_size,
     to_generation_request,
@@ -18,10 +18,11 @@ from diffserve.errors import (
     EngineDeadError,
     EngineNotReadyError,
     EngineOverloadedError,
+    LimitExceededError,
     RequestError,
 )
 
-LIMITS = ServerLimits(max_n=4, max_pixels=256 * 256, max_steps=10)
+LIMITS = ServerConfig(max_n=4, max_pixels=256 * 256, max_steps=10)
 
 
 def body(**fields: object) -> bytes:
@@ -31,23 +32,22 @@ def body(**fields: object) -> bytes:
 def test_minimal_body_uses_openai_defaults() -> None:
     req = parse_body(body())
     assert (req.n, req.response_format, req.output_format, req.stream) == (1, "b64_json", "png", False)
-    gen = to_generation_request(req, LIMITS, "rid")
+    gen = to_generation_request(req, "rid")
     assert gen.seed is None and gen.height is None and gen.width is None
     # Unset extensions keep the engine request's own defaults.
     assert gen.num_inference_steps == 28 and gen.guidance_scale == 3.5
 
 
 def test_server_default_steps_apply_only_when_unset() -> None:
-    limits = ServerLimits(default_steps=2)
-    assert to_generation_request(parse_body(body()), limits, "r").num_inference_steps == 2
-    assert to_generation_request(parse_body(body(num_inference_steps=5)), limits, "r").num_inference_steps == 5
+    assert to_generation_request(parse_body(body()), "r", default_steps=2).num_inference_steps == 2
+    assert to_generation_request(parse_body(body(num_inference_steps=5)), "r", 2).num_inference_steps == 5
 
 
 def test_extensions_reach_the_generation_request() -> None:
     req = parse_body(body(size="128x64", n=2, seed=7, num_inference_steps=3, guidance_scale=0,
                           true_cfg_scale=1.5, negative_prompt="blur", output_format="webp",
                           output_compression=80, response_format="url", user="u1"))
-    gen = to_generation_request(req, LIMITS, "rid")
+    gen = to_generation_request(req, "rid")
     assert (gen.width, gen.height, gen.n, gen.seed, gen.num_inference_steps) == (128, 64, 2, 7, 3)
     assert (gen.guidance_scale, gen.true_cfg_scale, gen.negative_prompt) == (0.0, 1.5, "blur")
     assert gen.request_id == "rid"
@@ -102,8 +102,10 @@ def test_size_parsing() -> None:
     ({"num_inference_steps": 11}, "num_inference_steps"),
 ])
 def test_deployment_limits_are_422(fields: dict, param: str) -> None:
+    # The one place limits are applied is engine admission; the HTTP layer only maps the error to 422.
+    gen = to_generation_request(parse_body(body(**fields)), "rid")
     with pytest.raises(LimitExceededError) as info:
-        to_generation_request(parse_body(body(**fields)), LIMITS, "rid")
+        admit(gen, LIMITS, None)
     err = to_api_error(info.value)
     assert (err.status, err.param, err.code) == (422, param, "limit_exceeded")
 
@@ -111,7 +113,7 @@ def test_deployment_limits_are_422(fields: dict, param: str) -> None:
 def test_engine_validation_is_400() -> None:
     # Within the limits but rejected by the engine's own checks (true CFG below 1).
     with pytest.raises(RequestError) as info:
-        to_generation_request(parse_body(body(true_cfg_scale=0.5)), LIMITS, "rid")
+        to_generation_request(parse_body(body(true_cfg_scale=0.5)), "rid")
     assert to_api_error(info.value).status == 400 and info.value.param == "true_cfg_scale"
 
 
@@ -123,12 +125,3 @@ def test_engine_errors_map_to_statuses() -> None:
     assert dead.headers()["Retry-After"]
     body_ = to_api_error(RuntimeError("boom")).body()
     assert set(body_["error"]) == {"message", "type", "param", "code"} and body_["error"]["code"] == "internal_error"
-
-
-def test_limits_from_config_object() -> None:
-    class Server:
-        max_n, max_pixels, max_steps, max_queue = 2, 4096, 8, 1
-
-    limits = ServerLimits.from_config(Server())
-    assert (limits.max_n, limits.max_pixels, limits.max_steps) == (2, 4096, 8)
-    assert ServerLimits.from_config(None) == ServerLimits()

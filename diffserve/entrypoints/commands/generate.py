@@ -66,9 +66,10 @@ async def _generate(args: argparse.Namespace, model: str | None, prompt: str, ou
     from diffserve.config.cli_args import config_kwargs_from_args
     from diffserve.config.resolve import resolve
     from diffserve.engine.async_engine import AsyncEngine
-    from diffserve.engine.request import GenerationRequest, ProgressEvent, RequestOutput
+    from diffserve.engine.client import AsyncEngineClient
     from diffserve.entrypoints.openai.encoding import encode_all
     from diffserve.entrypoints.openai.protocol import parse_size
+    from diffserve.types.request import GenerationRequest, ProgressEvent, RequestOutput
 
     width, height = parse_size(args.size)
     kwargs: dict[str, Any] = {"prompt": prompt, "n": args.n, "seed": args.seed, "width": width,
@@ -79,8 +80,8 @@ async def _generate(args: argparse.Namespace, model: str | None, prompt: str, ou
         kwargs["guidance_scale"] = args.guidance_scale
     if args.max_sequence_length is not None:
         kwargs["max_sequence_length"] = args.max_sequence_length
+    # Built (and so validated) before anything loads: a bad argument fails in milliseconds.
     request = GenerationRequest(**kwargs)
-    request.validate()  # before loading anything: a bad argument fails in milliseconds
     if model is None:
         from diffserve.models.tiny import ensure_demo_model
 
@@ -92,7 +93,7 @@ async def _generate(args: argparse.Namespace, model: str | None, prompt: str, ou
     for warning in config.warnings:
         logger.warning("config: %s", warning)
     # Construction loads the model (and warms up): blocking work, kept off the event loop.
-    engine = await asyncio.to_thread(AsyncEngine.from_config, config)
+    engine: AsyncEngineClient = await asyncio.to_thread(AsyncEngine.from_config, config)
     try:
         output_obj: RequestOutput | None = None
         with tqdm(total=request.num_inference_steps, desc="denoise", unit="step",
@@ -104,9 +105,7 @@ async def _generate(args: argparse.Namespace, model: str | None, prompt: str, ou
                 elif isinstance(event, RequestOutput):
                     output_obj = event
     finally:
-        result = engine.shutdown()
-        if asyncio.iscoroutine(result):
-            await result
+        await asyncio.to_thread(engine.shutdown)
     if output_obj is None:
         raise RuntimeError("the engine finished without an output")
     metadata = {"prompt": prompt, "steps": str(output_obj.num_inference_steps or request.num_inference_steps),

@@ -8,8 +8,12 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from diffserve.logging import get_logger
+
+if TYPE_CHECKING:  # pragma: no cover
+    from diffserve.engine.client import AsyncEngineClient
 
 logger = get_logger(__name__)
 
@@ -58,7 +62,7 @@ def run(args: argparse.Namespace) -> int:
         logger.warning("config: %s", warning)
     logger.info("config fingerprint %s", config.fingerprint)
 
-    def build_engine() -> object:
+    def build_engine() -> AsyncEngineClient:
         from diffserve.engine.async_engine import AsyncEngine
 
         return AsyncEngine.from_config(config)

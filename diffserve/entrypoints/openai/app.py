@@ -16,6 +16,9 @@ from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from diffserve import __version__
+from diffserve.config.resolved import ResolvedConfig
+from diffserve.config.schema import ServerConfig
+from diffserve.engine.client import AsyncEngineClient
 from diffserve.entrypoints.openai.config_view import config_view
 from diffserve.entrypoints.openai.engine_host import EngineFactory, EngineHost
 from diffserve.entrypoints.openai.errors import APIError, engine_dead, not_ready, to_api_error
@@ -23,7 +26,6 @@ from diffserve.entrypoints.openai.image_store import ImageStore
 from diffserve.entrypoints.openai.images import ImagesHandler
 from diffserve.entrypoints.openai.metrics import CONTENT_TYPE, ServerMetrics
 from diffserve.entrypoints.openai.middleware import APIKeyMiddleware, BodyLimitMiddleware, MetricsMiddleware
-from diffserve.entrypoints.openai.protocol import ServerLimits
 from diffserve.logging import get_logger
 
 logger = get_logger(__name__)
@@ -33,31 +35,30 @@ def error_response(error: APIError) -> JSONResponse:
     return JSONResponse(error.body(), status_code=error.status, headers=error.headers())
 
 
-def create_app(engine: Any | None = None, *, engine_factory: EngineFactory | None = None,
-               config: Any | None = None, served_model_name: str = "diffserve",
+def create_app(engine: AsyncEngineClient | None = None, *, engine_factory: EngineFactory | None = None,
+               config: ResolvedConfig | None = None, served_model_name: str = "diffserve",
                model_aliases: tuple[str, ...] = (), api_key: str | None = None,
-               limits: ServerLimits | None = None, default_steps: int | None = None,
-               image_ttl_s: float = 600.0) -> FastAPI:
+               default_steps: int | None = None, image_ttl_s: float = 600.0) -> FastAPI:
     """Build the app around a ready engine, or around a factory that builds one after startup.
 
-    ``config`` is the ``ResolvedConfig`` the engine was built from (for limits and ``/v1/config``);
-    without it the engine's own ``.config`` is used once loaded.
+    ``config`` is the ``ResolvedConfig`` the engine is built from (``server.max_body_bytes`` and
+    ``/v1/config``); given an engine, its own ``.config`` is the default. The request limits
+    (``server.max_n`` ...) are the engine's to check, at admission. ``default_steps`` is the steps of a
+    request that sends none (None: the engine's default).
     """
+    if config is None and engine is not None:
+        config = engine.config
     metrics = ServerMetrics()
 
-    def on_loaded(loaded: Any) -> None:
-        listen = getattr(loaded, "add_stats_listener", None)
-        if listen is not None:
-            listen(metrics.observe_batch)
+    def on_loaded(loaded: AsyncEngineClient) -> None:
+        loaded.add_stats_listener(metrics.observe_batch)
 
     host = EngineHost(engine=engine, factory=engine_factory, on_loaded=on_loaded)
     metrics.bind_engine_state(queue_depth=host.queue_depth, ready=lambda: float(host.is_ready))
-    if limits is None:
-        cfg = config if config is not None else getattr(engine, "config", None)
-        limits = ServerLimits.from_config(getattr(cfg, "server", None), default_steps=default_steps)
+    server = config.server if config is not None else ServerConfig()
     store = ImageStore(ttl_s=image_ttl_s)
     names = frozenset({served_model_name, *model_aliases})
-    handler = ImagesHandler(host, limits, store, metrics, names)
+    handler = ImagesHandler(host, store, metrics, names, default_steps=default_steps)
     created = int(time.time())
 
     @asynccontextmanager
@@ -72,7 +73,6 @@ def create_app(engine: Any | None = None, *, engine_factory: EngineFactory | Non
                   openapi_url=None)
     app.state.host = host
     app.state.metrics = metrics
-    app.state.limits = limits
 
     @app.exception_handler(APIError)
     async def _api_error(_: Request, exc: APIError) -> JSONResponse:
@@ -130,7 +130,7 @@ def create_app(engine: Any | None = None, *, engine_factory: EngineFactory | Non
 
     @app.get("/v1/config")
     async def resolved_config() -> dict[str, Any]:
-        cfg = config if config is not None else getattr(host.engine, "config", None)
+        cfg = config if config is not None else host.engine.config if host.engine is not None else None
         if cfg is None:
             raise not_ready()
         return config_view(cfg)
@@ -140,7 +140,7 @@ def create_app(engine: Any | None = None, *, engine_factory: EngineFactory | Non
         return Response(metrics.render(), media_type=CONTENT_TYPE)
 
     # Added last = runs first: metrics see every response, auth runs before the body is read.
-    app.add_middleware(BodyLimitMiddleware, max_bytes=limits.max_body_bytes)
+    app.add_middleware(BodyLimitMiddleware, max_bytes=server.max_body_bytes)
     if api_key:
         app.add_middleware(APIKeyMiddleware, api_key=api_key)
     app.add_middleware(MetricsMiddleware, metrics=metrics)

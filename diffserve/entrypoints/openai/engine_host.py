@@ -9,21 +9,21 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import inspect
 from collections.abc import Callable
-from typing import Any
 
+from diffserve.engine.client import AsyncEngineClient
 from diffserve.errors import EngineDeadError, EngineNotReadyError
 from diffserve.logging import get_logger
 
 logger = get_logger(__name__)
 
-EngineFactory = Callable[[], Any]
+# Builds the engine (blocking: loads weights); called on a worker thread after the server listens.
+EngineFactory = Callable[[], AsyncEngineClient]
 
 
 class EngineHost:
-    def __init__(self, engine: Any | None = None, factory: EngineFactory | None = None,
-                 on_loaded: Callable[[Any], None] | None = None) -> None:
+    def __init__(self, engine: AsyncEngineClient | None = None, factory: EngineFactory | None = None,
+                 on_loaded: Callable[[AsyncEngineClient], None] | None = None) -> None:
         if (engine is None) == (factory is None):
             raise ValueError("give exactly one of engine or factory")
         self.engine = engine
@@ -44,9 +44,6 @@ class EngineHost:
         try:
             # Loading weights and warming up is blocking CPU/GPU work: keep the event loop free.
             engine = await asyncio.to_thread(self._factory)
-            starter = getattr(engine, "start", None)
-            if starter is not None and inspect.iscoroutinefunction(starter):
-                await starter()
             if self._on_loaded is not None:
                 self._on_loaded(engine)
             self.engine = engine
@@ -65,20 +62,20 @@ class EngineHost:
     def is_dead(self) -> bool:
         if self.load_error is not None:
             return True
-        return bool(self.engine is not None and getattr(self.engine, "is_dead", False))
+        return self.engine is not None and self.engine.is_dead
 
     @property
     def is_ready(self) -> bool:
         if self.engine is None or self.is_dead:
             return False
-        return bool(getattr(self.engine, "is_ready", True))
+        return self.engine.is_ready
 
     def queue_depth(self) -> float:
         if self.engine is None:
             return 0.0
-        return float(getattr(self.engine, "queue_depth", 0) or 0)
+        return float(self.engine.queue_depth)
 
-    def require(self) -> Any:
+    def require(self) -> AsyncEngineClient:
         """The engine, or the error a request must get (503) when it cannot be served."""
         if self.load_error is not None:
             raise EngineDeadError(f"the engine failed to load: {type(self.load_error).__name__}: "
@@ -97,6 +94,4 @@ class EngineHost:
         if self.engine is None:
             return
         # Stopping workers joins threads/processes: blocking, so off the loop like loading.
-        result = await asyncio.to_thread(self.engine.shutdown)
-        if inspect.isawaitable(result):
-            await result
+        await asyncio.to_thread(self.engine.shutdown)

@@ -6,11 +6,11 @@ official SDK raises its typed exception (BadRequestError, AuthenticationError, .
 
 from __future__ import annotations
 
-from diffserve.entrypoints.openai.protocol import LimitExceededError
 from diffserve.errors import (
     EngineDeadError,
     EngineNotReadyError,
     EngineOverloadedError,
+    LimitExceededError,
     RequestAbortedError,
     RequestError,
 )

@@ -19,7 +19,7 @@ from fastapi import Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from diffserve import __version__
-from diffserve.engine.request import GenerationRequest, ProgressEvent, RequestOutput
+from diffserve.engine.client import AsyncEngineClient
 from diffserve.entrypoints.openai.encoding import MIME_TYPES, encode_all
 from diffserve.entrypoints.openai.engine_host import EngineHost
 from diffserve.entrypoints.openai.errors import APIError, to_api_error
@@ -30,21 +30,24 @@ from diffserve.entrypoints.openai.protocol import (
     ImageData,
     ImageGenerationRequest,
     ImagesResponse,
-    ServerLimits,
     parse_body,
     to_generation_request,
 )
 from diffserve.errors import RequestAbortedError
 from diffserve.logging import get_logger
+from diffserve.types.request import GenerationRequest, ProgressEvent, RequestOutput
 
 logger = get_logger(__name__)
 
+# What the engine yields for one request: progress events, then the output.
+Events = AsyncIterator[ProgressEvent | RequestOutput]
+
 
 class ImagesHandler:
-    def __init__(self, host: EngineHost, limits: ServerLimits, store: ImageStore, metrics: ServerMetrics,
-                 model_names: frozenset[str]) -> None:
+    def __init__(self, host: EngineHost, store: ImageStore, metrics: ServerMetrics, model_names: frozenset[str],
+                 *, default_steps: int | None = None) -> None:
         self.host = host
-        self.limits = limits
+        self.default_steps = default_steps
         self.store = store
         self.metrics = metrics
         self.model_names = model_names
@@ -55,7 +58,7 @@ class ImagesHandler:
         if body.model is not None and body.model not in self.model_names:
             raise APIError(404, f"model {body.model!r} is not served here; GET /v1/models lists "
                                 f"{sorted(self.model_names)}", param="model", code="model_not_found")
-        gen = to_generation_request(body, self.limits, request_id=f"img-{uuid.uuid4().hex}")
+        gen = to_generation_request(body, f"img-{uuid.uuid4().hex}", self.default_steps)
         engine = self.host.require()
         if body.user:
             logger.debug("request %s from user %r", gen.request_id, body.user)
@@ -73,8 +76,8 @@ class ImagesHandler:
             self.metrics.inflight.dec()
         return JSONResponse(payload, headers={"X-Request-Id": gen.request_id})
 
-    async def _run_until_disconnect(self, request: Request, engine: Any, gen: GenerationRequest,
-                                    events: AsyncIterator[Any]) -> RequestOutput:
+    async def _run_until_disconnect(self, request: Request, engine: AsyncEngineClient, gen: GenerationRequest,
+                                    events: Events) -> RequestOutput:
         async def consume() -> RequestOutput:
             async for event in events:
                 if isinstance(event, RequestOutput):
@@ -133,8 +136,8 @@ class ImagesHandler:
                                     config_fingerprint=output.config_fingerprint))
         return response.model_dump(mode="json")
 
-    async def _sse(self, request: Request, engine: Any, body: ImageGenerationRequest, gen: GenerationRequest,
-                   events: AsyncIterator[Any], first: asyncio.Future[Any],
+    async def _sse(self, request: Request, engine: AsyncEngineClient, body: ImageGenerationRequest, gen: GenerationRequest,
+                   events: Events, first: asyncio.Future[ProgressEvent | RequestOutput],
                    received: float) -> AsyncIterator[str]:
         finished = False
         self.metrics.inflight.inc()
@@ -168,11 +171,11 @@ class ImagesHandler:
                     await abort_quietly(engine, gen.request_id)
 
 
-def aiter_events(engine: Any, gen: GenerationRequest) -> AsyncIterator[Any]:
+def aiter_events(engine: AsyncEngineClient, gen: GenerationRequest) -> Events:
     return engine.generate(gen).__aiter__()
 
 
-async def admit(engine: Any, request_id: str, events: AsyncIterator[Any]) -> asyncio.Future[Any]:
+async def admit(engine: AsyncEngineClient, request_id: str, events: Events) -> asyncio.Future[ProgressEvent | RequestOutput]:
     """Submit the request and return the future of its first event.
 
     The engine admits (validates, enqueues) synchronously inside the first ``__anext__``, before it
@@ -187,14 +190,15 @@ async def admit(engine: Any, request_id: str, events: AsyncIterator[Any]) -> asy
     return first
 
 
-async def anext_or_abort(engine: Any, request_id: str, events: AsyncIterator[Any]) -> Any:
+async def anext_or_abort(engine: AsyncEngineClient, request_id: str,
+                         events: Events) -> ProgressEvent | RequestOutput:
     try:
         return await events.__anext__()
     except StopAsyncIteration as exc:
         raise RequestAbortedError(f"request {request_id} ended without an output") from exc
 
 
-async def abort_quietly(engine: Any, request_id: str) -> None:
+async def abort_quietly(engine: AsyncEngineClient, request_id: str) -> None:
     try:
         await engine.abort(request_id)
     except Exception as exc:  # noqa: BLE001 - a failed abort must not mask the original outcome

@@ -1,22 +1,21 @@
 """The HTTP API's request and response models (OpenAI's images API plus diffserve extensions).
 
 Parsing is strict: unknown fields, wrong types and out-of-range values are errors naming the field,
-never silently ignored or coerced (``"2"`` is not ``2``). Limits that the *deployment* sets
-(``server.max_n`` ...) are checked in :func:`to_generation_request`, which turns a parsed body into
-the engine's ``GenerationRequest``.
+never silently ignored or coerced (``"2"`` is not ``2``). :func:`to_generation_request` turns a parsed
+body into the engine's ``GenerationRequest``; the limits the *deployment* sets (``server.max_n`` ...)
+are checked by the engine at admission (``engine/admission.py``) and answered with 422.
 """
 
 from __future__ import annotations
 
 import json
 import re
-from dataclasses import dataclass
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from diffserve.engine.request import MAX_SEED, GenerationRequest
 from diffserve.errors import RequestError
+from diffserve.types.request import MAX_SEED, GenerationRequest
 
 OutputFormat = Literal["png", "jpeg", "webp"]
 ResponseFormat = Literal["b64_json", "url"]
@@ -29,13 +28,6 @@ UNSUPPORTED_OPENAI_PARAMS = frozenset({
 })
 
 _SIZE_RE = re.compile(r"^(\d{1,5})x(\d{1,5})$")
-
-
-class LimitExceededError(RequestError):
-    """A value is well-formed but above what this deployment allows (HTTP 422)."""
-
-    def __init__(self, message: str, *, param: str) -> None:
-        super().__init__(message, param=param, code="limit_exceeded")
 
 
 class ImageGenerationRequest(BaseModel):
@@ -60,25 +52,6 @@ class ImageGenerationRequest(BaseModel):
     # T5 tokens per prompt (1..512); short prompts run much faster with a small window.
     max_sequence_length: int | None = None
     stream: bool = False
-
-
-@dataclass(frozen=True)
-class ServerLimits:
-    """Per-deployment request limits (from ``ResolvedConfig.server``) and request defaults."""
-
-    max_n: int = 4
-    max_pixels: int = 1024 * 1024
-    max_steps: int = 100
-    max_body_bytes: int = 1 << 20
-    # Steps for requests that send no num_inference_steps (None: the engine's default).
-    default_steps: int | None = None
-
-    @classmethod
-    def from_config(cls, server: Any, default_steps: int | None = None) -> ServerLimits:
-        """Read the limits off a ``ServerConfig``; fields it does not define keep the defaults."""
-        kwargs = {name: getattr(server, name) for name in ("max_n", "max_pixels", "max_steps", "max_body_bytes")
-                  if getattr(server, name, None) is not None}
-        return cls(**kwargs, default_steps=default_steps)
 
 
 def parse_body(raw: bytes) -> ImageGenerationRequest:
@@ -127,33 +100,22 @@ def parse_size(size: str | None) -> tuple[int | None, int | None]:
     return width, height
 
 
-def to_generation_request(body: ImageGenerationRequest, limits: ServerLimits,
-                          request_id: str) -> GenerationRequest:
-    """Check the deployment's limits (422) and build the engine request (its own checks give 400)."""
-    if body.n > limits.max_n:
-        raise LimitExceededError(f"n={body.n} is above this server's limit of {limits.max_n}", param="n")
+def to_generation_request(body: ImageGenerationRequest, request_id: str,
+                          default_steps: int | None = None) -> GenerationRequest:
+    """Map the body to the engine request (whose construction checks its fields: HTTP 400). The
+    deployment's limits (422) and the model's capabilities are checked once, at engine admission."""
     width, height = parse_size(body.size)
-    if width is not None and height is not None and width * height > limits.max_pixels:
-        raise LimitExceededError(
-            f"size={body.size} has {width * height} pixels, above this server's limit of {limits.max_pixels}",
-            param="size")
-    if body.num_inference_steps is not None and body.num_inference_steps > limits.max_steps:
-        raise LimitExceededError(
-            f"num_inference_steps={body.num_inference_steps} is above this server's limit of {limits.max_steps}",
-            param="num_inference_steps")
     kwargs: dict[str, Any] = {"prompt": body.prompt, "n": body.n, "width": width, "height": height,
                               "negative_prompt": body.negative_prompt, "seed": body.seed,
                               "request_id": request_id}
-    if body.num_inference_steps is None and limits.default_steps is not None:
-        kwargs["num_inference_steps"] = limits.default_steps
+    if body.num_inference_steps is None and default_steps is not None:
+        kwargs["num_inference_steps"] = default_steps
     # Unset extensions keep the engine's defaults instead of being overwritten with None.
     for name in ("num_inference_steps", "guidance_scale", "true_cfg_scale", "max_sequence_length"):
         value = getattr(body, name)
         if value is not None:
             kwargs[name] = value
-    request = GenerationRequest(**kwargs)
-    request.validate()
-    return request
+    return GenerationRequest(**kwargs)
 
 
 class ImageData(BaseModel):

@@ -1,4 +1,4 @@
-"""Linear backends by name. Implementations are imported only when chosen."""
+"""Linear backends by name (the table is ``registry.backends.LINEAR_BACKENDS``)."""
 
 from __future__ import annotations
 
@@ -6,22 +6,11 @@ import torch
 
 from diffserve.layers.backend import BackendRegistry
 from diffserve.layers.linear.base import LinearBackend
+from diffserve.registry.backends import LINEAR_BACKENDS
 
-# name -> "module:Class"; the order is auto's preference (first available wins).
-LINEAR_BACKENDS: dict[str, str] = {
-    "torch": "diffserve.layers.linear.torch:TorchLinearBackend",
-}
-REGISTRY: BackendRegistry[LinearBackend] = BackendRegistry("linear", LINEAR_BACKENDS, tuple(LINEAR_BACKENDS))
-
-
-def linear_backend_names() -> list[str]:
-    return REGISTRY.names()
-
-
-def get_linear_backend_class(name: str) -> type[LinearBackend]:
-    return REGISTRY.get_class(name)
+REGISTRY: BackendRegistry[LinearBackend] = BackendRegistry(LINEAR_BACKENDS)
 
 
 def select_linear_backend(name: str, device: torch.device | str, dtype: torch.dtype) -> LinearBackend:
-    """Return a backend instance for ``name`` on ``device``/``dtype`` (module-level so tests can wrap it)."""
+    """A backend instance for ``name`` on ``device``/``dtype`` (``auto``: the first that can run)."""
     return REGISTRY.select(name, device, dtype)

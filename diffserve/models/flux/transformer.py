@@ -9,7 +9,7 @@ import torch
 from torch import Tensor, nn
 
 from diffserve.layers.attention.module import Attention
-from diffserve.layers.kernels import KernelSet, build_kernel_set
+from diffserve.layers.kernels import KernelSet
 from diffserve.layers.linear.module import Linear
 from diffserve.logging import get_logger
 from diffserve.models.flux.blocks import DoubleStreamBlock, LastLayer, SingleStreamBlock
@@ -19,8 +19,6 @@ from diffserve.models.flux.weights import convert_diffusers_state_dict
 from diffserve.models.loader import load_strict, read_config, read_safetensors
 
 logger = get_logger(__name__)
-
-ATTENTION_ROLES = ("double_block", "single_block")
 
 
 class FluxTransformer(nn.Module):
@@ -108,13 +106,11 @@ def _static_tally(block: nn.Module) -> dict[str, Any]:
     return tally
 
 
-def load_flux_transformer(transformer_dir: str | Path, *, dtype: torch.dtype = torch.float32,
-                          device: torch.device | str = "cpu", linear_backend: str = "auto",
-                          attention_backend: Any = "auto") -> FluxTransformer:
-    """Build the native transformer for a diffusers-format ``transformer/`` directory and load its weights."""
+def load_flux_transformer(transformer_dir: str | Path, kernels: KernelSet, *, dtype: torch.dtype = torch.float32,
+                          device: torch.device | str = "cpu") -> FluxTransformer:
+    """Build the native transformer for a diffusers-format ``transformer/`` directory on ``kernels`` (the
+    stage's backends, see ``layers.kernels.build_kernel_set``) and load its weights."""
     params = FluxParams.from_diffusers_config(read_config(transformer_dir))
-    kernels = build_kernel_set(linear_backend, attention_backend, roles=ATTENTION_ROLES, device=device,
-                               dtype=dtype)
     state_dict = convert_diffusers_state_dict(read_safetensors(transformer_dir), params)
     # Built on the meta device: no memory is touched until the real weights are assigned.
     with torch.device("meta"):

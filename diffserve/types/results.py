@@ -1,13 +1,17 @@
-"""What ``FluxPipeline.run`` yields: one ``StepEvent`` per denoise step, then one ``BatchResult``."""
+"""What a pipeline run yields (one ``StepEvent`` per denoise step, then one ``BatchResult``) and the
+per-request ``RequestResult`` that travels unchanged from the pipeline through the worker to the engine.
+
+One result type end to end: the pipeline fills images, seeds and timings, the worker adds the batch's
+attestation, the channel moves it, and the engine materialises it into the user's ``RequestOutput``.
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # pragma: no cover
+    import torch
     from PIL import Image
 
 
@@ -20,30 +24,32 @@ class StepEvent:
 
 
 @dataclass
-class ImageResult:
-    """One request's output.
+class RequestResult:
+    """One request's images.
 
     ``images`` is uint8 ``[n, H, W, 3]`` on CPU for output_type "pil", float32 ``[n, 3, H, W]`` in [0, 1]
     for "pt", and the packed latents ``[n, tokens, 64]`` for "latent". ``seeds[i]`` reproduces image i.
     ``timings_ms`` has "encode", "denoise" and "decode" (shared by the requests of one batch).
+    ``attestation`` (added by the worker) says what actually ran for the batch this request was part of.
     """
 
     request_id: str
     images: torch.Tensor
     seeds: list[int]
     timings_ms: dict[str, float] = field(default_factory=dict)
-    output_type: str = "pil"
+    attestation: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass
 class BatchResult:
-    """The outputs of a batch, in request order."""
+    """The results of a batch, in request order (the last item a pipeline run yields)."""
 
-    outputs: list[ImageResult]
+    outputs: list[RequestResult]
 
 
 def to_pil(images: torch.Tensor) -> list[Image.Image]:
     """uint8 ``[n, H, W, 3]`` (the "pil" output) -> PIL images."""
+    import torch
     from PIL import Image
 
     if images.dtype != torch.uint8 or images.ndim != 4 or images.shape[-1] != 3:

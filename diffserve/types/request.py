@@ -1,4 +1,8 @@
-"""The request and output envelopes shared by the engine, the executors, the worker and the pipeline."""
+"""The request and output envelopes shared by the engine, the executors, the worker and the pipeline.
+
+A ``GenerationRequest`` validates its own fields when it is built, so one that exists is well formed;
+the deployment's limits and the model's capabilities are checked once more, at admission
+(``engine/admission.py``), because only the engine knows them."""
 
 from __future__ import annotations
 
@@ -36,7 +40,10 @@ class GenerationRequest:
     # Warmup requests run through the normal path but are excluded from counters and metrics.
     is_warmup: bool = False
 
-    def validate(self) -> None:
+    def __post_init__(self) -> None:
+        self._validate()
+
+    def _validate(self) -> None:
         """Raise ``RequestError`` naming the bad value and the fix. Model-independent checks only."""
         if not isinstance(self.prompt, str) or not self.prompt.strip():
             raise RequestError("prompt must be a non-empty string", param="prompt")
@@ -75,7 +82,9 @@ class GenerationRequest:
                                param="output_type")
 
     def with_seed(self) -> GenerationRequest:
-        """Return this request with a concrete seed (a random one if none was given)."""
+        """Return this request with a concrete seed (a random one if none was given).
+
+        Called once, at admission (``EngineCore.submit``); everything downstream needs ``seeds``."""
         if self.seed is not None:
             return self
         return replace(self, seed=secrets.randbelow(2**31))

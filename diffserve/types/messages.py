@@ -1,7 +1,7 @@
 """The typed messages between an executor and its workers (the same objects for uni and mp).
 
 Commands flow parent -> worker, replies worker -> parent. Both executors speak exactly this
-protocol over a ``Channel`` (``transport.py``), so timeouts, errors and cancellation mean the same
+protocol over a ``Channel`` (``channel.py``), so timeouts, errors and cancellation mean the same
 thing whether the worker is a thread in this process or a spawned process.
 """
 
@@ -11,9 +11,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
 if TYPE_CHECKING:  # pragma: no cover
-    import torch
-
-    from diffserve.engine.request import GenerationRequest
+    from diffserve.types.capabilities import PipelineCapabilities
+    from diffserve.types.request import GenerationRequest
 
 CommandKind = Literal["execute", "rpc", "cancel", "shutdown"]
 ReplyKind = Literal["ready", "init_failed", "step", "result", "error", "cancelled"]
@@ -50,16 +49,11 @@ class Reply:
     param: str | None = None
 
 
-@dataclass
-class WorkerOutput:
-    """The result of one request of a batch, as produced by the worker.
+@dataclass(frozen=True)
+class WorkerInfo:
+    """The value of a ``ready`` reply: who the worker is and what its pipeline can serve (``None``:
+    no model loaded, the worker serves RPCs only)."""
 
-    ``images`` is a uint8 tensor [n, H, W, 3]; the engine (one owner of materialisation) turns it into
-    PIL images. ``attestation`` says what actually ran for the batch this request was part of.
-    """
-
-    request_id: str
-    images: torch.Tensor
-    seeds: list[int]
-    timings_ms: dict[str, float]
-    attestation: dict[str, Any]
+    pid: int
+    device: str
+    capabilities: PipelineCapabilities | None

@@ -17,7 +17,8 @@ from dataclasses import replace
 from multiprocessing.connection import Connection
 from typing import Any
 
-from diffserve.executor.messages import Reply, WorkerOutput
+from diffserve.types.messages import Reply
+from diffserve.types.results import RequestResult
 
 
 class ChannelClosed(Exception):
@@ -126,7 +127,7 @@ class PipeChannel(Channel):
 def _split_tensors(message: Any) -> tuple[Any, list[Any]]:
     """Replace the image tensors of a result reply by (shape, dtype) so they travel as raw frames."""
     if not (isinstance(message, Reply) and message.kind == "result" and isinstance(message.value, list)
-            and message.value and all(isinstance(o, WorkerOutput) for o in message.value)):
+            and message.value and all(isinstance(o, RequestResult) for o in message.value)):
         return message, []
     tensors = [o.images.detach().to("cpu").contiguous() for o in message.value]
     metas = [replace(o, images=(tuple(t.shape), str(t.dtype).removeprefix("torch.")))
@@ -136,7 +137,7 @@ def _split_tensors(message: Any) -> tuple[Any, list[Any]]:
 
 def _join_tensors(message: Any, conn: Connection) -> Any:
     if not (isinstance(message, Reply) and message.kind == "result" and isinstance(message.value, list)
-            and message.value and all(isinstance(o, WorkerOutput) for o in message.value)):
+            and message.value and all(isinstance(o, RequestResult) for o in message.value)):
         return message
     import torch
 

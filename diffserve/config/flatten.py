@@ -1,0 +1,34 @@
+"""Dotted key -> value views of the resolved sections (what explain shows and the fingerprint hashes)."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from diffserve.config.schema import ServerConfig, StageConfig
+
+
+def flatten_stage(stage: StageConfig) -> dict[str, Any]:
+    """Dotted key -> value of every setting of a stage (roles and extras one key each)."""
+    values: dict[str, Any] = {}
+    for f in dataclasses.fields(stage):
+        if f.name in ("stage_id",):
+            continue
+        value = getattr(stage, f.name)
+        if f.name == "attention_backend":
+            values["attention_backend.default"] = value.default
+            for role, name in sorted(value.roles.items()):
+                values[f"attention_backend.{role}"] = name
+        elif f.name == "extras":
+            for key, item in sorted(value.items()):
+                values[f"extras.{key}"] = item
+        elif dataclasses.is_dataclass(value):
+            for sub in dataclasses.fields(value):
+                values[f"{f.name}.{sub.name}"] = getattr(value, sub.name)
+        else:
+            values[f.name] = value
+    return values
+
+
+def flatten_server(server: ServerConfig) -> dict[str, Any]:
+    return {f"server.{f.name}": getattr(server, f.name) for f in dataclasses.fields(server)}

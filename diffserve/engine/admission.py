@@ -1,0 +1,53 @@
+"""Admission: the one place a well-formed request meets this deployment and this model.
+
+A ``GenerationRequest`` checked its own fields when it was built; here, once per request, it is checked
+against the deployment's limits (``server.*``: ``LimitExceededError``, HTTP 422) and the loaded
+pipeline's declared capabilities (``RequestError``, HTTP 400), and gets its seed. Nothing downstream
+validates again: the scheduler, the worker and the pipeline trust what was admitted.
+"""
+
+from __future__ import annotations
+
+from diffserve.config.schema import ServerConfig
+from diffserve.errors import LimitExceededError, RequestError
+from diffserve.types.capabilities import PipelineCapabilities
+from diffserve.types.request import GenerationRequest
+
+
+def check_limits(request: GenerationRequest, server: ServerConfig, default_size: int | None = None) -> None:
+    """The deployment's limits; a size left to the model counts as ``default_size`` when it is known."""
+    if request.n > server.max_n:
+        raise LimitExceededError(f"n={request.n} is above this server's limit of {server.max_n}", param="n")
+    height = request.height or default_size
+    width = request.width or default_size
+    if height and width and height * width > server.max_pixels:
+        raise LimitExceededError(f"size={width}x{height} has {width * height} pixels, above this server's "
+                                 f"limit of {server.max_pixels}", param="size")
+    if request.num_inference_steps > server.max_steps:
+        raise LimitExceededError(f"num_inference_steps={request.num_inference_steps} is above this server's "
+                                 f"limit of {server.max_steps}", param="num_inference_steps")
+
+
+def check_capabilities(request: GenerationRequest, capabilities: PipelineCapabilities) -> None:
+    """What the loaded model can make (size multiple, text window, true CFG)."""
+    multiple = capabilities.size_multiple
+    for name in ("height", "width"):
+        value = getattr(request, name)
+        if value is not None and value % multiple:
+            raise RequestError(f"{name}={value} must be a multiple of {multiple} for this model "
+                               f"(e.g. {max(multiple, value // multiple * multiple)})", param=name)
+    if request.max_sequence_length > capabilities.max_sequence_length:
+        raise RequestError(f"max_sequence_length={request.max_sequence_length} is above this model's "
+                           f"{capabilities.max_sequence_length} tokens", param="max_sequence_length")
+    if request.true_cfg_scale > 1 and request.negative_prompt is not None and not capabilities.true_cfg:
+        raise RequestError(f"{capabilities.family} does not run true CFG; leave true_cfg_scale at 1",
+                           param="true_cfg_scale")
+
+
+def admit(request: GenerationRequest, server: ServerConfig,
+          capabilities: PipelineCapabilities | None) -> GenerationRequest:
+    """Check ``request`` against the deployment and the model; return it with a concrete seed."""
+    check_limits(request, server, capabilities.default_size if capabilities else None)
+    if capabilities is not None:
+        check_capabilities(request, capabilities)
+    return request.with_seed()

@@ -1,0 +1,58 @@
+"""``EngineClient``: what the HTTP server and the CLI may rely on, whichever engine they hold.
+
+``Engine`` (blocking ``generate``) and ``AsyncEngine`` (async ``generate``) both implement
+``EngineClient``; ``AsyncEngineClient`` adds the asyncio request API the server and ``diffserve generate``
+use. Entry points depend on these protocols, never on ``Any`` or on probing attributes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+
+if TYPE_CHECKING:  # pragma: no cover
+    from diffserve.config.resolved import ResolvedConfig
+    from diffserve.engine.stats import BatchStats
+    from diffserve.types.request import GenerationRequest, ProgressEvent, RequestOutput
+
+
+@runtime_checkable
+class EngineClient(Protocol):
+    """State, workers, stats and lifetime of a running engine."""
+
+    @property
+    def config(self) -> ResolvedConfig: ...
+
+    @property
+    def executor_name(self) -> str: ...
+
+    @property
+    def is_ready(self) -> bool: ...
+
+    @property
+    def is_dead(self) -> bool: ...
+
+    @property
+    def queue_depth(self) -> int: ...
+
+    def check_health(self) -> None: ...
+
+    def stats(self) -> dict[str, Any]: ...
+
+    def add_stats_listener(self, listener: Callable[[BatchStats], None]) -> None: ...
+
+    def collective_rpc(self, method: str | Callable[..., Any], args: tuple = (),
+                       kwargs: dict[str, Any] | None = None, timeout: float | None = None) -> list[Any]: ...
+
+    def shutdown(self) -> None: ...
+
+
+@runtime_checkable
+class AsyncEngineClient(EngineClient, Protocol):
+    """An engine whose requests are awaited (what the HTTP server and the CLI drive)."""
+
+    def generate(self, request: GenerationRequest) -> AsyncIterator[ProgressEvent | RequestOutput]:
+        """Progress events, then the output; closing the iterator early aborts the request."""
+        ...
+
+    async def abort(self, request_id: str) -> bool: ...

@@ -1,0 +1,63 @@
+"""The ``Pipeline`` protocol: what the worker needs from a model family, and nothing more.
+
+A family (one folder under ``diffserve/models/`` plus one entry in ``registry.models``) provides a class
+that is built from the whole resolved ``StageConfig`` and a ``BuildContext`` (device, rank/parallel
+context, kernel observers), declares its ``capabilities`` (checked by the engine at admission, before a
+request can reach a worker) and runs a homogeneous batch (one scheduler batch key) as a generator:
+one ``StepEvent`` per denoise step, then one ``BatchResult``. Closing the generator cancels the batch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Generator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
+
+from diffserve.types.capabilities import PipelineCapabilities
+
+__all__ = ["BuildContext", "ParallelContext", "Pipeline", "PipelineCapabilities"]
+
+if TYPE_CHECKING:  # pragma: no cover
+    from diffserve.config.schema import StageConfig
+    from diffserve.layers.attestation import KernelCounters
+    from diffserve.layers.observe import KernelObserver
+    from diffserve.types.request import GenerationRequest
+    from diffserve.types.results import BatchResult, StepEvent
+
+
+@dataclass(frozen=True)
+class ParallelContext:
+    """Where this replica's rank sits. One rank until parallel denoising lands (the resolver refuses
+    world sizes a family cannot run, so a pipeline never sees one it does not support)."""
+
+    rank: int = 0
+    world_size: int = 1
+
+
+@dataclass(frozen=True)
+class BuildContext:
+    """Everything a pipeline is built with besides the model directory and the stage config."""
+
+    device: str = "cpu"
+    parallel: ParallelContext = ParallelContext()
+    kernel_observers: tuple[KernelObserver, ...] = ()
+
+
+@runtime_checkable
+class Pipeline(Protocol):
+    capabilities: PipelineCapabilities
+
+    @classmethod
+    def from_stage(cls, model_dir: str | Path, stage: StageConfig, context: BuildContext) -> Pipeline:
+        """Load every component of ``model_dir``; kernels, dtype and compilation come from ``stage``."""
+        ...
+
+    @property
+    def kernel_counters(self) -> KernelCounters:
+        """The counters every Linear/Attention of the denoiser reports to (the attestation)."""
+        ...
+
+    def run(self, batch: Sequence[GenerationRequest]) -> Generator[StepEvent | BatchResult, None, None]:
+        """Run one homogeneous batch whose requests already carry seeds."""
+        ...

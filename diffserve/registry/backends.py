@@ -1,0 +1,51 @@
+"""The kernel backends by kind: the one table of names, spellings and implementations.
+
+``config`` derives the allowed ``linear_backend`` / ``attention_backend`` values from these tables and
+``layers`` selects and imports from them, so the two can never drift. Adding a backend is one entry here
+plus one file under ``diffserve/layers/<kind>/``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from diffserve.registry.targets import spelling_table
+
+
+@dataclass(frozen=True)
+class BackendTable:
+    """Backends of one kind. ``targets`` order is the table order; ``auto_preference`` is what ``auto``
+    tries, first runnable wins (a reference backend such as ``math`` is never chosen by ``auto``)."""
+
+    kind: str
+    targets: Mapping[str, str]
+    auto_preference: tuple[str, ...]
+    aliases: Mapping[str, str] = field(default_factory=dict)
+
+    def names(self) -> list[str]:
+        return list(self.targets)
+
+    def spellings(self) -> dict[str, str]:
+        """Every accepted spelling (lower case, ``_`` for ``-``) -> canonical name, ``auto`` included."""
+        return spelling_table(list(self.targets), dict(self.aliases), extra=("auto",))
+
+
+LINEAR_BACKENDS = BackendTable(
+    kind="linear",
+    targets={"torch": "diffserve.layers.linear.torch:TorchLinearBackend"},
+    auto_preference=("torch",),
+    aliases={"pytorch": "torch"},
+)
+
+ATTENTION_BACKENDS = BackendTable(
+    kind="attention",
+    targets={
+        "sdpa": "diffserve.layers.attention.sdpa:SdpaAttentionBackend",
+        "math": "diffserve.layers.attention.math:MathAttentionBackend",
+        "flash_attn": "diffserve.layers.attention.flash:FlashAttentionBackend",
+    },
+    # flash_attn when it can run (CUDA, half precision, package installed), else sdpa.
+    auto_preference=("flash_attn", "sdpa"),
+    aliases={"torch_sdpa": "sdpa", "flash_attention": "flash_attn", "flash": "flash_attn"},
+)

@@ -1,0 +1,30 @@
+"""The batch key: the one contract that decides which requests may share a forward.
+
+The scheduler batches only requests with equal keys, and a pipeline may assume (and checks) that every
+batch it runs has one key: same latent shape, schedule, guidance, true-CFG mode, text length and output
+type. Anything that makes two requests' forwards differ belongs in this key, nowhere else.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+from diffserve.types.request import GenerationRequest
+
+
+class BatchKey(NamedTuple):
+    height: int | None
+    width: int | None
+    num_inference_steps: int
+    guidance_scale: float
+    true_cfg_scale: float
+    has_negative_prompt: bool
+    max_sequence_length: int
+    output_type: str
+    is_warmup: bool
+
+
+def batch_key(request: GenerationRequest) -> BatchKey:
+    return BatchKey(request.height, request.width, request.num_inference_steps, float(request.guidance_scale),
+                    float(request.true_cfg_scale), request.negative_prompt is not None,
+                    request.max_sequence_length, request.output_type, request.is_warmup)

@@ -1,0 +1,18 @@
+"""What a loaded pipeline declares it can serve. It travels from the worker to the engine in the ready
+handshake, and the engine checks every request against it at admission (``engine/admission.py``)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class PipelineCapabilities:
+    """What a loaded pipeline can serve; the engine validates every request against it at admission."""
+
+    family: str  # registry.models key (model_index.json _class_name)
+    default_size: int  # height/width of a request that gives none
+    size_multiple: int  # height and width must be multiples of this
+    max_sequence_length: int  # most text tokens per prompt
+    true_cfg: bool  # runs a negative-prompt forward when true_cfg_scale > 1
+    attention_roles: tuple[str, ...]  # attention call sites, each with its own backend choice

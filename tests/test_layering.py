@@ -1,0 +1,175 @@
+"""The package order of docs/architecture.md, enforced: no import of a higher layer, no file-level cycle.
+
+Every ``import``/``from ... import`` of a ``diffserve`` module counts, wherever it is written (module level,
+inside a function, under ``TYPE_CHECKING``): a deferred import is still a dependency.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGE = ROOT / "diffserve"
+
+# Low -> high. A module may import its own layer and the layers below it, never one above.
+LAYERS: tuple[tuple[str, ...], ...] = (
+    ("errors", "logging"),
+    ("types",),
+    ("registry",),
+    ("config",),
+    ("layers",),
+    ("models",),
+    ("worker",),
+    ("executor",),
+    ("engine",),
+    ("entrypoints",),
+)
+RANK = {name: rank for rank, names in enumerate(LAYERS) for name in names}
+ROOT_MODULE = "diffserve"  # the package __init__: the public API, above everything
+
+
+def module_name(path: Path) -> str:
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def imports_of(source: str, module: str, is_package: bool, known: set[str]) -> set[str]:
+    """The package modules ``source`` imports, relative imports resolved. ``from pkg import name`` counts
+    ``pkg.name`` when that is a module, else ``pkg``; the root ``diffserve`` (every module's implicit
+    parent, lazy by design) is never a dependency."""
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                parts = module.split(".")
+                base = parts[: len(parts) - node.level + (1 if is_package else 0)]
+                target = ".".join([*base, node.module] if node.module else base)
+            else:
+                target = node.module or ""
+            for alias in node.names:
+                found.add(f"{target}.{alias.name}" if f"{target}.{alias.name}" in known else target)
+    return {name for name in found if name in known and name != ROOT_MODULE}
+
+
+def layer_of(module: str) -> int:
+    parts = module.split(".")
+    if len(parts) == 1:
+        return len(LAYERS)
+    return RANK[parts[1]]
+
+
+def import_graph(files: dict[str, tuple[str, bool]]) -> dict[str, set[str]]:
+    """module -> the package modules it imports."""
+    known = set(files)
+    return {module: imports_of(source, module, is_package, known) - {module}
+            for module, (source, is_package) in files.items()}
+
+
+def package_files() -> dict[str, tuple[str, bool]]:
+    return {module_name(p): (p.read_text(encoding="utf-8"), p.name == "__init__.py")
+            for p in sorted(PACKAGE.rglob("*.py"))}
+
+
+def upward_imports(graph: dict[str, set[str]]) -> list[str]:
+    bad = []
+    for module, targets in graph.items():
+        for target in targets:
+            if layer_of(target) > layer_of(module):
+                bad.append(f"{module} imports {target} (a higher layer)")
+    return sorted(bad)
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components with more than one module (Tarjan), plus self-imports."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+    counter = [0]
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = counter[0]
+        counter[0] += 1
+        stack.append(node)
+        on_stack.add(node)
+        for target in graph.get(node, ()):
+            if target not in index:
+                visit(target)
+                low[node] = min(low[node], low[target])
+            elif target in on_stack:
+                low[node] = min(low[node], index[target])
+        if low[node] == index[node]:
+            component = []
+            while True:
+                member = stack.pop()
+                on_stack.discard(member)
+                component.append(member)
+                if member == node:
+                    break
+            if len(component) > 1 or node in graph.get(node, ()):
+                found.append(sorted(component))
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return found
+
+
+def test_every_subpackage_has_a_layer() -> None:
+    top = {p.name if p.is_dir() else p.stem for p in PACKAGE.iterdir()
+           if (p.is_dir() and (p / "__init__.py").exists()) or (p.suffix == ".py" and p.stem != "__init__")}
+    assert top <= set(RANK), f"declare these in LAYERS (and docs/architecture.md): {sorted(top - set(RANK))}"
+
+
+def test_no_module_imports_a_higher_layer() -> None:
+    assert upward_imports(import_graph(package_files())) == []
+
+
+def test_no_file_level_import_cycle() -> None:
+    assert cycles(import_graph(package_files())) == []
+
+
+def test_layers_match_the_architecture_doc() -> None:
+    doc = (ROOT / "docs" / "architecture.md").read_text(encoding="utf-8")
+    declared = " < ".join("/".join(names) for names in LAYERS)
+    assert declared in doc, f"docs/architecture.md must state the layer order: {declared}"
+
+
+# -- the checks themselves fail on the mistakes they exist for ---------------------------------------
+
+def _with(files: dict[str, tuple[str, bool]], module: str, source: str) -> dict[str, tuple[str, bool]]:
+    return {**files, module: (source, False)}
+
+
+@pytest.mark.parametrize("module, source", [
+    ("diffserve.models.wrong_way", "from diffserve.engine.core import EngineCore\n"),
+    ("diffserve.worker.wrong_way", "def f():\n    from diffserve.executor import factory\n"),
+    ("diffserve.config.wrong_way", "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n"
+                                   "    from diffserve.layers.kernels import KernelSet\n"),
+    ("diffserve.types.wrong_way", "import diffserve.config.schema\n"),
+])
+def test_a_wrong_way_import_is_caught(module: str, source: str) -> None:
+    files = _with(package_files(), module, source)
+    bad = upward_imports(import_graph(files))
+    assert len(bad) == 1 and bad[0].startswith(f"{module} imports "), bad
+
+
+def test_a_file_cycle_is_caught() -> None:
+    files = package_files()
+    files = _with(files, "diffserve.config.ping", "from diffserve.config import pong\n")
+    files = _with(files, "diffserve.config.pong", "from diffserve.config.ping import X\n")
+    assert ["diffserve.config.ping", "diffserve.config.pong"] in cycles(import_graph(files))
+
+
+def test_relative_imports_are_resolved() -> None:
+    known = {"diffserve.engine", "diffserve.engine.core", "diffserve.models.flux.x"}
+    assert imports_of("from ...engine import core\n", "diffserve.models.flux.x", False, known) == {
+        "diffserve.engine.core"}
