@@ -71,7 +71,7 @@ def _mapping(ctx: Ctx, value: Any, path: str, source: Source) -> Mapping | None:
 
 def _unknown(ctx: Ctx, key: str, path: str, source: Source, valid: tuple[str, ...] | list[str],
              extra_hint: str | None = None) -> None:
-    hint = extra_hint or did_you_mean(key, valid) or f"valid keys: {', '.join(sorted(valid))}"
+    hint = extra_hint or did_you_mean(key, valid) or f"valid keys: {', '.join(sorted(set(valid)))}"
     ctx.out.error(f"unknown key {key!r}", path=_join(path, key), source=source, hint=hint)
 
 

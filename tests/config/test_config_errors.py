@@ -125,3 +125,12 @@ def test_pipeline_only_names_in_stage_overrides() -> None:
         run(stage_overrides={0: {"max_queue": 3}})
     with pytest.raises(ConfigError, match="pipeline-wide only"):
         run(stage_overrides={0: {"topology": "single"}})
+
+
+def test_unknown_engine_keyword_lists_each_valid_key_once() -> None:
+    from diffserve.config.resolve import resolve
+
+    with pytest.raises(ConfigError) as info:
+        resolve(model=None, overrides={"lora_modules": ["style=/x"]}, env={})
+    listed = str(info.value).split("valid keys: ")[1].rstrip(")").split(", ")
+    assert "attention_backend" in listed and len(listed) == len(set(listed)), listed

@@ -12,6 +12,8 @@ from typing import Any
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
+from diffserve.engine.stats import BatchStats
+
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64)
 CONTENT_TYPE = CONTENT_TYPE_LATEST
@@ -57,15 +59,14 @@ class ServerMetrics:
                 self.phase_latency.labels(phase=phase).observe(ms / 1000.0)
         self.images.inc(n_images)
 
-    def observe_batch(self, stats: Any) -> None:
+    def observe_batch(self, stats: BatchStats) -> None:
         """Per executed batch (an engine stats listener, called on the engine thread; prometheus_client
         is thread-safe). Kernel calls are counted per batch, not per request, so a batch of several
         requests is not counted several times."""
-        self.batches.labels(outcome=str(getattr(stats, "outcome", "ok"))).inc()
-        batch_size = getattr(stats, "batch_size", 0)
-        if batch_size:
-            self.batch_size.observe(batch_size)
-        for kind, backend, calls in kernel_calls(getattr(stats, "kernels", None) or {}):
+        self.batches.labels(outcome=stats.outcome).inc()
+        if stats.batch_size:
+            self.batch_size.observe(stats.batch_size)
+        for kind, backend, calls in kernel_calls(stats.kernels):
             self.kernel_calls.labels(kind=kind, backend=backend).inc(calls)
 
     def render(self) -> bytes:
