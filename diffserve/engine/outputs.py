@@ -5,17 +5,14 @@ from __future__ import annotations
 from typing import Any
 
 from diffserve.types.request import GenerationRequest, RequestOutput
-from diffserve.types.results import RequestResult
+from diffserve.types.results import RequestResult, to_pil
 
 
 def to_images(images: Any, output_type: str) -> list[Any]:
     """uint8 [n, H, W, 3] -> one PIL image per row (``pil``) or one tensor per row (``pt``/``latent``)."""
     if output_type != "pil":
         return [images[i] for i in range(images.shape[0])]
-    from PIL import Image
-
-    array = images.detach().to("cpu").contiguous().numpy()
-    return [Image.fromarray(array[i]) for i in range(array.shape[0])]
+    return to_pil(images)
 
 
 def build_output(request: GenerationRequest, output: RequestResult, queue_ms: float,

@@ -122,10 +122,6 @@ class MultiprocExecutor(Executor):
         for monitor in self._monitors:
             monitor.join(timeout=2.0)
 
-    def alive_pids(self) -> list[int]:
-        """PIDs of worker processes still running (for tests and health checks)."""
-        return [p.pid for p in self._processes if p.is_alive()]
-
 
 def _stop_processes(processes: list[Any], channels: list[PipeChannel]) -> None:
     """Shutdown command, then SIGTERM, then SIGKILL. Never raises; references no executor."""

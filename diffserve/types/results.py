@@ -54,4 +54,5 @@ def to_pil(images: torch.Tensor) -> list[Image.Image]:
 
     if images.dtype != torch.uint8 or images.ndim != 4 or images.shape[-1] != 3:
         raise ValueError(f"to_pil expects uint8 [n, H, W, 3], got {images.dtype} {tuple(images.shape)}")
-    return [Image.fromarray(image.numpy()) for image in images.cpu()]
+    array = images.detach().cpu().contiguous().numpy()
+    return [Image.fromarray(array[i]) for i in range(array.shape[0])]

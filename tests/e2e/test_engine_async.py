@@ -46,6 +46,21 @@ def engine(request: Any, tiny_flux_dir: Any) -> Any:
     eng.shutdown()
 
 
+def test_engines_implement_the_client_protocols(engine: AsyncEngine) -> None:
+    from diffserve import Engine
+    from diffserve.engine.client import AsyncEngineClient, EngineClient
+
+    # What the HTTP layer and the CLI depend on: checked on the real object, not assumed.
+    assert isinstance(engine, AsyncEngineClient) and isinstance(engine, EngineClient)
+    assert not isinstance(object(), EngineClient)
+    for name in ("config", "executor_name", "is_ready", "is_dead", "queue_depth", "check_health", "stats",
+                 "add_stats_listener", "collective_rpc", "shutdown"):
+        assert hasattr(Engine, name), name
+    # Admission knows what the loaded model can make (reported by the worker in its ready handshake).
+    caps = engine._core.executor.capabilities
+    assert caps is not None and caps.family == "FluxPipeline" and caps.size_multiple == 16
+
+
 def test_eight_concurrent_requests_batch_and_keep_their_seeds(engine: AsyncEngine) -> None:
     batches: list[int] = []
     engine.add_stats_listener(lambda stats: batches.append(stats.batch_size))

@@ -1,0 +1,59 @@
+"""Admission: the one check of a request against the deployment's limits and the model's capabilities."""
+
+from __future__ import annotations
+
+import pytest
+
+from diffserve.config.schema import ServerConfig
+from diffserve.engine.admission import admit
+from diffserve.errors import LimitExceededError, RequestError
+from diffserve.types.capabilities import PipelineCapabilities
+from diffserve.types.request import GenerationRequest
+
+SERVER = ServerConfig(max_n=2, max_pixels=128 * 128, max_steps=8)
+CAPS = PipelineCapabilities(family="TestPipeline", default_size=256, size_multiple=32, max_sequence_length=256,
+                            true_cfg=False, attention_roles=("block",))
+
+
+def req(**kw) -> GenerationRequest:
+    return GenerationRequest(**{"prompt": "a fox", "height": 64, "width": 64, "num_inference_steps": 2,
+                                "max_sequence_length": 64, **kw})
+
+
+def test_fields_are_checked_when_the_request_is_built() -> None:
+    with pytest.raises(RequestError) as info:
+        req(height=100)
+    assert info.value.param == "height"
+
+
+@pytest.mark.parametrize("kw, param", [(dict(n=3), "n"), (dict(height=256, width=256), "size"),
+                                       (dict(num_inference_steps=9), "num_inference_steps")])
+def test_deployment_limits_are_limit_errors(kw: dict, param: str) -> None:
+    with pytest.raises(LimitExceededError) as info:
+        admit(req(**kw), SERVER, None)
+    assert (info.value.param, info.value.code) == (param, "limit_exceeded")
+
+
+def test_a_size_left_to_the_model_counts_as_its_default_size() -> None:
+    admit(req(height=None, width=None), SERVER, None)  # unknown model: nothing to count
+    with pytest.raises(LimitExceededError, match="256x256"):
+        admit(req(height=None, width=None), SERVER, CAPS)
+
+
+@pytest.mark.parametrize("kw, param, text", [
+    (dict(width=48), "width", "must be a multiple of 32 for this model (e.g. 32)"),
+    (dict(max_sequence_length=300), "max_sequence_length", "above this model's 256 tokens"),
+    (dict(negative_prompt="dark", true_cfg_scale=2.0), "true_cfg_scale", "does not run true CFG"),
+])
+def test_model_capabilities_are_request_errors(kw: dict, param: str, text: str) -> None:
+    with pytest.raises(RequestError) as info:
+        admit(req(**kw), ServerConfig(), CAPS)
+    assert info.value.param == param and text in str(info.value)
+    assert not isinstance(info.value, LimitExceededError)
+
+
+def test_the_seed_is_assigned_once_here() -> None:
+    given = req(seed=7)
+    assert admit(given, ServerConfig(), CAPS) is given
+    chosen = admit(req(seed=None), ServerConfig(), CAPS)
+    assert chosen.seed is not None and chosen.seeds == [chosen.seed]
