@@ -13,7 +13,7 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from diffserve.engine.admission import admit
+from diffserve.engine.admission import admit, check_capabilities
 from diffserve.engine.outputs import build_output
 from diffserve.engine.scheduler import RequestState, Scheduler, Sink
 from diffserve.engine.stats import BatchStats, EngineCounters
@@ -187,9 +187,12 @@ class EngineCore:
                                     num_inference_steps=warm.steps, seed=0, max_sequence_length=64,
                                     request_id="warmup", is_warmup=True)
         start = time.monotonic()
-        # Admitted like any request, then straight to the executor: warmup never enters the queue, the
-        # counters or the stats (the worker pauses the kernel counters for an all-warmup batch).
-        self.executor.execute([admit(request, self.config.server, self.executor.capabilities)])
+        # Checked against the model (not the request limits: the operator chose it), then straight to the
+        # executor: warmup never enters the queue, the counters or the stats (the worker pauses the
+        # kernel counters for an all-warmup batch).
+        if self.executor.capabilities is not None:
+            check_capabilities(request, self.executor.capabilities)
+        self.executor.execute([request])
         logger.info("warmup %dx%d, %d step(s) took %.0f ms", warm.width, warm.height, warm.steps,
                     (time.monotonic() - start) * 1000.0)
 
