@@ -8,6 +8,7 @@ the rule and a hint; the caller adds the key path and the source location.
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -120,6 +121,46 @@ def int_normalizer(minimum: int = 0, multiple_of: int = 1) -> Normalizer:
 
     normalize.minimum = minimum  # type: ignore[attr-defined]
     return normalize
+
+
+def float_normalizer(minimum: float, maximum: float) -> Normalizer:
+    """Finite numbers (or their decimal text) in ``[minimum, maximum]``; ``inf``/``nan`` are refused."""
+
+    def normalize(value: Any) -> float:
+        if isinstance(value, str):
+            try:
+                value = float(value.strip())
+            except ValueError:
+                raise ConfigError(f"{value!r} is not a number", hint="write a number like 2.5") from None
+        if not isinstance(value, (int, float)) or isinstance(value, bool):
+            raise ConfigError(f"{value!r} is not a number", hint="write a number like 2.5")
+        value = float(value)
+        if not math.isfinite(value) or not minimum <= value <= maximum:
+            raise ConfigError(f"{value} is outside [{minimum}, {maximum}]",
+                              hint=f"use a value between {minimum} and {maximum}")
+        return value
+
+    normalize.minimum = minimum  # type: ignore[attr-defined]
+    normalize.maximum = maximum  # type: ignore[attr-defined]
+    return normalize
+
+
+_HOST = re.compile(r"^(\*|[a-z0-9*]([a-z0-9.*-]{0,252}))(:\d{1,5})?$|^\[[0-9a-f:.]+\](:\d{1,5})?$")
+
+
+def normalize_host_list(value: Any) -> str:
+    """Comma-separated ``Host`` header values (``example.com``, ``127.0.0.1:8000``, ``*.corp``); empty: any."""
+    if value is None:
+        return ""
+    if isinstance(value, (list, tuple)):
+        value = ",".join(str(v) for v in value)
+    if not isinstance(value, str):
+        raise ConfigError(f"{value!r} is not a host list", hint='write hosts like "localhost,127.0.0.1"')
+    hosts = [h.strip().lower() for h in value.split(",") if h.strip()]
+    bad = [h for h in hosts if not _HOST.match(h)]
+    if bad:
+        raise ConfigError(f"{bad[0]!r} is not a host name", hint='write hosts like "localhost,127.0.0.1:8000"')
+    return ",".join(dict.fromkeys(hosts))
 
 
 def normalize_devices(value: Any) -> str:

@@ -23,7 +23,7 @@ class Leaf:
     key: str            # "dtype", "parallel.ring_degree", "server.max_n", "topology"
     flat: str           # "dtype", "ring_degree", "max_n", "topology"
     scope: str          # "stage" (per stage, or pipeline-wide for all stages) | "pipeline" (pipeline only)
-    kind: str           # "str" | "int" | "bool" | "attention"
+    kind: str           # "str" | "int" | "float" | "bool" | "attention"
     default: Any
     doc: str
     normalize: c.Normalizer

@@ -11,7 +11,7 @@ from typing import Any
 from diffserve.config.fields import SECTIONS, STAGE_KEYS, STAGE_LEAVES, TOPOLOGY_LEAF, Leaf
 from diffserve.config.schema import ATTENTION_ROLES, PLATFORMS
 
-_JSON_TYPES = {"str": "string", "int": "integer", "bool": "boolean"}
+_JSON_TYPES = {"str": "string", "int": "integer", "float": "number", "bool": "boolean"}
 
 
 def _aliases(leaf: Leaf) -> str:
@@ -35,6 +35,9 @@ def _leaf_schema(leaf: Leaf) -> dict[str, Any]:
     minimum = getattr(leaf.normalize, "minimum", None)
     if minimum is not None:
         schema["minimum"] = minimum
+    maximum = getattr(leaf.normalize, "maximum", None)
+    if maximum is not None:
+        schema["maximum"] = maximum
     return schema
 
 

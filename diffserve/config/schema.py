@@ -135,6 +135,23 @@ class ServerConfig:
     max_queue: int = opt(64, "most requests waiting; beyond it requests are rejected (HTTP 429)",
                          c.int_normalizer(1), kind="int")
     max_body_bytes: int = opt(1048576, "largest HTTP request body accepted", c.int_normalizer(1024), kind="int")
+    max_prompt_chars: int = opt(4000, "longest prompt, negative_prompt or user string in characters (HTTP 422)",
+                                c.int_normalizer(1), kind="int")
+    batch_deadline_floor_s: int = opt(120, "seconds any batch may run before its worker counts as hung",
+                                      c.int_normalizer(1), kind="int")
+    batch_deadline_s_per_mpix_step: float = opt(
+        30.0, "seconds added to the floor per megapixel x denoise step x image of a batch",
+        c.float_normalizer(0.0, 1e6), kind="float")
+    max_consecutive_failures: int = opt(3, "failed batches in a row that mark the engine dead (/health 503)",
+                                        c.int_normalizer(1), kind="int")
+    max_connections: int = opt(64, "concurrent HTTP connections; more are answered 503 and closed",
+                               c.int_normalizer(1), kind="int")
+    body_timeout_s: int = opt(10, "seconds a client may take to send its request body (HTTP 408 after)",
+                              c.int_normalizer(1), kind="int")
+    allowed_hosts: str = opt("", "comma-separated Host header values accepted (empty: any); against DNS "
+                             "rebinding", c.normalize_host_list)
+    expose_config: bool = opt(False, "/v1/config shows absolute paths and extras values (off: redacted)",
+                              c.normalize_bool, kind="bool")
 
 
 # Stage fields that are identity, never settable from a source.

@@ -43,7 +43,8 @@ def test_equivalent_spellings_and_orders_share_a_fingerprint(tmp_path: Path) -> 
 # A second valid value for every flat setting (never its default).
 OTHER = {"dtype": "float16", "linear_backend": "torch", "attention_backend": "math", "enforce_eager": True,
          "distributed_executor_backend": "mp", "devices": "1", "worker_extension_cls": "pkg.mod.Ext",
-         "topology": "split_text_encoder", "warmup_enabled": True}
+         "topology": "split_text_encoder", "warmup_enabled": True, "allowed_hosts": "localhost",
+         "expose_config": True}
 
 
 # cache.backend has a single valid value today ("none"), so nothing to change it to.
@@ -52,7 +53,7 @@ def test_any_value_changes_the_fingerprint(flat: str) -> None:
     leaf = FLAT_LEAVES[flat]
     if flat in OTHER:
         value = OTHER[flat]
-    elif leaf.kind == "int":
+    elif leaf.kind in ("int", "float"):
         value = leaf.default * 2
     else:
         raise AssertionError(f"add a second valid value for {flat} to OTHER")
