@@ -65,6 +65,17 @@ class EngineBase:
         return self._core.is_dead
 
     @property
+    def heartbeat_age_s(self) -> float:
+        """Seconds since the engine loop last beat: at most ~0.5 s while idle; it grows while a batch
+        runs (bounded by the batch deadline) and without bound once the loop is gone."""
+        return self._core.heartbeat_age_s
+
+    @property
+    def loop_state(self) -> str:
+        """``idle``, ``running`` or ``dead`` (the engine died or was shut down)."""
+        return self._core.loop_state
+
+    @property
     def queue_depth(self) -> int:
         return self._core.scheduler.queue_depth
 

@@ -33,6 +33,16 @@ class EngineClient(Protocol):
     def is_dead(self) -> bool: ...
 
     @property
+    def heartbeat_age_s(self) -> float:
+        """Seconds since the engine loop last beat (it beats every ~0.5 s while idle)."""
+        ...
+
+    @property
+    def loop_state(self) -> str:
+        """``idle``, ``running`` or ``dead``."""
+        ...
+
+    @property
     def queue_depth(self) -> int: ...
 
     def check_health(self) -> None: ...

@@ -4,6 +4,11 @@ executor, progress and result delivery, abort, warmup and death handling.
 ``Engine`` and ``AsyncEngine`` are thin front ends over this one loop, so both have the same
 semantics. Every request gets exactly one final item through its sink: a ``RequestOutput`` or an
 exception (``RequestAbortedError``, ``EngineDeadError``, ``WorkerError``, ``RequestError``).
+
+Liveness (``watchdog.py``): every batch runs under a deadline derived from its work; a batch past it
+means a hung worker, and the engine dies (mp: the worker processes are SIGKILLed). The loop beats a
+heartbeat while idle and at every batch start and end. ``server.max_consecutive_failures`` failed
+batches in a row also kill the engine, so ``/health`` turns 503 instead of answering 500 forever.
 """
 
 from __future__ import annotations
@@ -17,13 +22,15 @@ from diffserve.engine.admission import admit, check_capabilities
 from diffserve.engine.outputs import build_output
 from diffserve.engine.scheduler import RequestState, Scheduler, Sink
 from diffserve.engine.stats import BatchStats, EngineCounters
+from diffserve.engine.watchdog import FailureStreak, Heartbeat, batch_deadline_s
 from diffserve.errors import (
     EngineDeadError,
     EngineNotReadyError,
     RequestAbortedError,
+    RequestError,
     WorkerError,
 )
-from diffserve.executor.base import Executor
+from diffserve.executor.base import DeadlineExceeded, Executor
 from diffserve.executor.factory import make_executor
 from diffserve.logging import get_logger
 from diffserve.types.request import GenerationRequest, ProgressEvent
@@ -49,6 +56,8 @@ class EngineCore:
         self._stopping = threading.Event()
         self._shutdown_lock = threading.Lock()
         self._is_shutdown = False
+        self._heartbeat = Heartbeat()
+        self._failures = FailureStreak(config.server.max_consecutive_failures)
         self.executor = executor or make_executor(config, self.stage.stage_id)
         self.executor.on_dead = self._on_worker_death
         try:
@@ -89,51 +98,78 @@ class EngineCore:
 
     def _loop(self) -> None:
         while not self._stopping.is_set():
+            self._heartbeat.beat("idle")
+            if self._dead is not None:
+                # Admission is closed: next_batch would return at once, so wait here instead of spinning.
+                self._stopping.wait(0.5)
+                continue
             batch = self.scheduler.next_batch(timeout=0.5)
             if not batch:
                 continue
+            self._heartbeat.beat("running")
+            outcome: tuple[str, BaseException | None]
             try:
-                self._run_batch(batch)
+                outcome = self._run_batch(batch)
             except Exception as exc:  # a bug here must fail these requests, not stop the loop
                 logger.exception("engine loop error")
                 for state in batch:
                     state.finish(WorkerError(f"engine error: {exc}"))
+                outcome = ("error", exc)
             finally:
                 self.scheduler.done(batch)
+                self._heartbeat.beat("idle")
+            fatal = self._failures.record(*outcome)
+            if fatal is not None:
+                self._die(fatal)
 
-    def _run_batch(self, batch: list[RequestState]) -> None:
+    def _run_batch(self, batch: list[RequestState]) -> tuple[str, BaseException | None]:
+        """Run one batch; returns its outcome (``ok``, ``error``, ``rejected``, ``aborted``, ``dead``,
+        ``empty``) and the error, for the consecutive-failure streak."""
         live = [s for s in batch if not s.aborted and not s.finished]
         if not live:
-            return
+            return ("empty", None)
 
         def on_step(step: int, total: int) -> None:
             for state in live:
                 if not state.finished:
                     state.sink(ProgressEvent(state.request_id, step, total))
 
+        requests = [s.request for s in live]
+        capabilities = self.executor.capabilities
+        deadline = batch_deadline_s(requests, self.config.server,
+                                    capabilities.default_size if capabilities is not None else None)
         start = time.monotonic()
         try:
-            outputs = self.executor.execute([s.request for s in live], on_step,
-                                            should_cancel=lambda: all(s.aborted for s in live))
+            outputs = self.executor.execute(requests, on_step, should_cancel=lambda: all(s.aborted for s in live),
+                                            timeout=deadline)
         except RequestAbortedError:
             # Stats first, then the final items: whoever sees a result also sees its batch counted.
             self._emit(live, start, "aborted", None)
             self._deliver([(s, RequestAbortedError(f"request {s.request_id} was aborted")) for s in live])
-            return
+            return ("aborted", None)
+        except DeadlineExceeded:
+            self._hung(live, deadline)
+            return ("dead", None)
         except EngineDeadError as exc:
             self._die(exc)
-            return
+            return ("dead", exc)
         except Exception as exc:
             if len(live) > 1:
-                # Isolate the failure: rerun each request alone so one bad request fails alone.
+                # Isolate the failure: rerun each request alone so one bad request fails alone. The
+                # reruns make one batch for the failure streak: it failed unless one of them succeeded.
                 logger.warning("batch of %d failed (%s); retrying its requests one by one", len(live), exc)
-                for state in live:
-                    self._run_batch([state])
-                return
+                outcomes = [self._run_batch([state]) for state in live]
+                if any(kind == "ok" for kind, _ in outcomes):
+                    return ("ok", None)
+                if any(kind == "dead" for kind, _ in outcomes):
+                    return ("dead", None)
+                errors = [error for kind, error in outcomes if kind == "error"]
+                return ("error", errors[-1]) if errors else ("rejected", None)
             self._emit(live, start, "error", None)
             self.counters.requests_failed += int(not live[0].finished)
             self._deliver([(live[0], exc)])
-            return
+            # A request the model refuses is the client's fault, not a sign of a sick engine.
+            return ("rejected" if isinstance(exc, RequestError) else "error", exc)
         by_id = {o.request_id: o for o in outputs}
         finals: list[tuple[RequestState, Any]] = []
         for state in live:
@@ -147,6 +183,17 @@ class EngineCore:
         self.counters.requests_ok += sum(1 for s, item in finals
                                          if not s.finished and not isinstance(item, BaseException))
         self._deliver(finals)
+        return ("ok", None)
+
+    def _hung(self, live: list[RequestState], deadline: float) -> None:
+        """The batch ran past its deadline: its worker is hung. The executor kills what it can (mp:
+        SIGKILL), and the engine dies, failing every waiting and running request."""
+        ids = [s.request_id for s in live]
+        logger.error("batch %s exceeded its deadline of %.1fs: the worker is hung", ids, deadline)
+        error = EngineDeadError(f"a batch ({', '.join(ids)}) exceeded its deadline of {deadline:.1f}s: "
+                                f"the {self.executor.name} worker is hung")
+        self.executor.abandon(str(error))
+        self._die(error)
 
     def _deliver(self, finals: list[tuple[RequestState, Any]]) -> None:
         """Leave the running set, then hand out the final items: a caller that has its result sees the
@@ -219,6 +266,19 @@ class EngineCore:
     @property
     def is_dead(self) -> bool:
         return self._dead is not None
+
+    @property
+    def heartbeat_age_s(self) -> float:
+        """Seconds since the loop thread last beat (it beats at least every ~0.5 s while idle)."""
+        return self._heartbeat.age_s
+
+    @property
+    def loop_state(self) -> str:
+        """``idle``, ``running`` (a batch is on the executor) or ``dead`` (engine dead or shut down)."""
+        thread = getattr(self, "_thread", None)
+        if self._dead is not None or self._is_shutdown or (thread is not None and not thread.is_alive()):
+            return "dead"
+        return self._heartbeat.state
 
     def shutdown(self) -> None:
         """Fail waiting requests, stop the loop and the workers. Idempotent."""

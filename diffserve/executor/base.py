@@ -6,12 +6,14 @@ how a command reaches it and how its death is noticed:
 * ``execute(batch, on_step, should_cancel, timeout)`` -> one ``RequestResult`` per request (rank 0's).
   ``should_cancel()`` is polled while the batch runs; when it turns true the worker stops at the next
   denoise step and ``RequestAbortedError`` is raised. A timeout cancels the batch the same way and
-  raises ``TimeoutError``.
+  raises ``DeadlineExceeded`` (a ``TimeoutError``).
 * ``collective_rpc(method, args, kwargs, timeout)`` -> a flat list, one value per rank, in rank order.
   A timeout raises ``TimeoutError`` (the late reply is dropped); an exception inside a worker raises
   ``WorkerError`` (or the original diffserve error type), and the worker keeps serving.
 * A dead worker fails every in-flight and later call with ``EngineDeadError`` within a second.
-* ``shutdown()`` is idempotent and leaves no worker behind.
+* ``abandon(reason)``: the workers are hung (a batch ran past its deadline). The executor is marked
+  dead at once; mp SIGKILLs its worker processes, uni can only leave its thread behind.
+* ``shutdown()`` is idempotent, leaves no worker process behind and never waits unboundedly.
 """
 
 from __future__ import annotations
@@ -38,6 +40,10 @@ logger = get_logger(__name__)
 # How often a waiting caller re-checks its cancel predicate (abort latency on top of one step).
 _CANCEL_POLL_S = 0.02
 DEFAULT_READY_TIMEOUT_S = 300.0
+
+
+class DeadlineExceeded(TimeoutError):
+    """An ``execute`` ran past its timeout (the batch was cancelled; a hung worker never answers)."""
 
 
 class Executor(ABC):
@@ -79,6 +85,9 @@ class Executor(ABC):
     def _stop_workers(self) -> None:
         """Stop every worker and release channels; must not raise."""
 
+    def _kill_hung(self) -> None:  # noqa: B027 - only executors that own processes can kill them
+        """Forcibly stop hung workers (after ``abandon`` marked the executor dead); must not raise."""
+
     # -- the shared semantics -----------------------------------------------------------------------
 
     def execute(self, batch: list[GenerationRequest], on_step: StepCallback | None = None,
@@ -87,7 +96,10 @@ class Executor(ABC):
         """Run one batch on every rank (SPMD) and return rank 0's outputs."""
         call = self._broadcast(Command("execute", batch=list(batch)), on_step)
         try:
-            self._wait(call, timeout, should_cancel)
+            try:
+                self._wait(call, timeout, should_cancel)
+            except TimeoutError as exc:
+                raise DeadlineExceeded(str(exc)) from exc
             values = call.values()
             if call.cancelled:
                 raise RequestAbortedError("batch cancelled between denoise steps")
@@ -115,6 +127,15 @@ class Executor(ABC):
     @property
     def is_dead(self) -> bool:
         return self.calls.dead is not None or self._is_shutdown
+
+    def abandon(self, reason: str) -> None:
+        """The workers are hung: fail every call now (``EngineDeadError(reason)``), then kill what can be
+        killed. A cancel was already sent by the timed-out call; a hung worker cannot act on it."""
+        self._mark_dead(reason)
+        try:
+            self._kill_hung()
+        except Exception:  # never let cleanup hide the death itself
+            logger.exception("%s executor: stopping hung workers failed", self.name)
 
     def shutdown(self) -> None:
         """Stop the workers. Idempotent; in-flight calls fail with ``EngineDeadError``."""

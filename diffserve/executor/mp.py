@@ -3,8 +3,12 @@
 * Ready handshake with a timeout; a worker that fails to load reports why (same exception type).
 * The monitor thread waits on the pipe *and* the process sentinel: replies are dispatched, and a
   worker that exits unasked fails every in-flight and later call with ``EngineDeadError``.
-* Shutdown: a ``shutdown`` command, then SIGTERM, then SIGKILL; a ``weakref.finalize`` does the same at
-  interpreter exit or garbage collection, and workers exit on their own when the parent is gone.
+* Any other exception in a monitor (an undecodable reply, a truncated frame) marks the executor dead:
+  the pipe is out of step from then on, and a silently dead reader would leave every later call hanging.
+* A hung worker (``abandon``: a batch past its deadline) is SIGKILLed, so it cannot outlive its batch.
+* Shutdown: a ``shutdown`` command, then SIGTERM, then SIGKILL, each wait bounded; a ``weakref.finalize``
+  does the same at interpreter exit or garbage collection, and workers exit on their own when the parent
+  is gone (a watchdog thread in the worker, running from before the model loads).
 """
 
 from __future__ import annotations
@@ -34,6 +38,7 @@ logger = get_logger(__name__)
 
 _GRACE_S = 5.0  # after the shutdown command, before SIGTERM
 _TERM_S = 3.0  # after SIGTERM, before SIGKILL
+_KILL_S = 5.0  # after SIGKILL: the kernel reaps within milliseconds; past this, log and move on
 
 
 class MultiprocExecutor(Executor):
@@ -92,6 +97,14 @@ class MultiprocExecutor(Executor):
         self.workers.append(reply.value)
 
     def _monitor(self, rank: int) -> None:
+        try:
+            self._watch(rank)
+        except Exception as exc:  # noqa: BLE001 - any reader failure must be a death, never a silent hang
+            process = self._processes[rank]
+            self._mark_dead(f"mp worker {rank} (pid {process.pid}): reading its reply failed: "
+                            f"{type(exc).__name__}: {exc}")
+
+    def _watch(self, rank: int) -> None:
         process, channel = self._processes[rank], self._channels[rank]
         while True:
             try:
@@ -117,6 +130,14 @@ class MultiprocExecutor(Executor):
         except ChannelClosed as exc:
             raise EngineDeadError(f"mp worker {rank} is unreachable: {exc}") from exc
 
+    def _kill_hung(self) -> None:
+        for process in self._processes:
+            if process.is_alive():
+                logger.error("mp worker pid %s is hung, sending SIGKILL", process.pid)
+                process.kill()
+        _join_all(self._processes, _KILL_S)
+        _warn_survivors(self._processes)
+
     def _stop_workers(self) -> None:
         self._finalizer()
         for monitor in self._monitors:
@@ -139,13 +160,21 @@ def _stop_processes(processes: list[Any], channels: list[PipeChannel]) -> None:
         if process.is_alive():
             logger.warning("mp worker pid %s ignored SIGTERM, sending SIGKILL", process.pid)
             process.kill()
-    _join_all(processes, None)
+    _join_all(processes, _KILL_S)
+    _warn_survivors(processes)
     for channel in channels:
         channel.close()
 
 
-def _join_all(processes: list[Any], budget: float | None) -> None:
-    deadline = None if budget is None else time.monotonic() + budget
+def _join_all(processes: list[Any], budget: float) -> None:
+    """Join every process within ``budget`` seconds in total (never unbounded)."""
+    deadline = time.monotonic() + budget
     for process in processes:
-        remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
-        process.join(remaining)
+        process.join(max(0.0, deadline - time.monotonic()))
+
+
+def _warn_survivors(processes: list[Any]) -> None:
+    # SIGKILL cannot be ignored; a process still here is in uninterruptible sleep (a stuck driver call).
+    for process in processes:
+        if process.is_alive():
+            logger.error("mp worker pid %s is still alive after SIGKILL; giving up waiting", process.pid)

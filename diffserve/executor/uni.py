@@ -3,6 +3,9 @@
 The worker thread serves the same command loop as an mp worker process, so an RPC waits for the
 running batch, a cancel lands between steps and a timeout means the same thing as on mp. Only the
 channel differs: in-process queues, objects passed by reference (no copies of images).
+
+A thread cannot be killed: a hung worker thread (``abandon``) is left behind as a daemon, the executor
+is dead, and shutdown no longer waits for it.
 """
 
 from __future__ import annotations
@@ -24,6 +27,8 @@ if TYPE_CHECKING:  # pragma: no cover
 
 logger = get_logger(__name__)
 
+_JOIN_S = 30.0  # a batch notices shutdown at its next step; a long step gets this long
+
 
 class UniExecutor(Executor):
     """The one rank of a stage as a thread of this process (the registry caps uni at one rank)."""
@@ -36,6 +41,7 @@ class UniExecutor(Executor):
         self._channels: list[QueueChannel] = []
         self._threads: list[threading.Thread] = []
         self._readers: list[threading.Thread] = []
+        self._hung = False
         try:
             for rank in range(self.world_size):
                 self._start_worker(rank)
@@ -70,13 +76,20 @@ class UniExecutor(Executor):
         self.workers.append(reply.value)
 
     def _read(self, rank: int, channel: QueueChannel) -> None:
-        while True:
-            try:
-                reply = channel.recv()
-            except ChannelClosed:
-                self._mark_dead(f"uni worker {rank} stopped")
-                return
-            self._deliver(reply)
+        try:
+            while True:
+                try:
+                    reply = channel.recv()
+                except ChannelClosed:
+                    self._mark_dead(f"uni worker {rank} stopped")
+                    return
+                self._deliver(reply)
+        except Exception as exc:  # noqa: BLE001 - a dead reader must be a death, never a silent hang
+            self._mark_dead(f"uni worker {rank}: reading its reply failed: {type(exc).__name__}: {exc}")
+
+    def _kill_hung(self) -> None:
+        # Nothing can stop a thread stuck in a step; remember it so shutdown does not wait on it.
+        self._hung = True
 
     def _send(self, rank: int, command: Command) -> None:
         if not self._threads[rank].is_alive():
@@ -86,8 +99,10 @@ class UniExecutor(Executor):
     def _stop_workers(self) -> None:
         for channel in self._channels:
             channel.send(Command("shutdown"))
+        budget = 0.5 if self._hung else _JOIN_S
         for thread in self._threads:
             # A batch notices shutdown at its next step; a thread stuck in a long step stays a daemon.
-            thread.join(timeout=30.0)
+            thread.join(timeout=budget)
             if thread.is_alive():
-                logger.warning("uni worker thread %s did not stop within 30s", thread.name)
+                logger.warning("uni worker thread %s did not stop within %.1fs; left behind as a daemon",
+                               thread.name, budget)

@@ -10,6 +10,8 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import threading
+import time
 import traceback
 from collections import deque
 from collections.abc import Callable
@@ -30,6 +32,8 @@ logger = get_logger(__name__)
 
 # How often an idle mp worker checks that its parent is still alive.
 _PARENT_CHECK_S = 1.0
+# How often the watchdog thread of an mp worker checks it (also while loading and inside a step).
+_WATCHDOG_S = 0.5
 
 
 def error_reply(call_id: int, rank: int, exc: BaseException) -> Reply:
@@ -148,8 +152,9 @@ def process_main(conn: Connection, config: ResolvedConfig, stage_id: int, rank: 
     """Entry point of an mp worker process (spawned: imports only what it needs).
 
     No PR_SET_PDEATHSIG: Linux ties it to the parent *thread*, so a worker started from a short-lived
-    thread would be killed with it. The loop polls ``getppid()`` instead (idle and between steps), and a
-    closed pipe ends the loop too.
+    thread would be killed with it. The loop polls ``getppid()`` (idle and between steps) and a closed
+    pipe ends the loop; a watchdog thread, started before the model loads, covers the rest: a load or a
+    step that never returns.
     """
     from diffserve.types.channel import PipeChannel
 
@@ -159,6 +164,7 @@ def process_main(conn: Connection, config: ResolvedConfig, stage_id: int, rank: 
         configure_logging(log_level)
     # The parent decides when we stop; a Ctrl-C in the terminal must not kill workers mid-batch.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    start_parent_watchdog(parent_pid)
     channel = PipeChannel(conn)
     try:
         serve(channel, lambda: Worker(config, stage_id, rank, executor="mp"),
@@ -166,3 +172,21 @@ def process_main(conn: Connection, config: ResolvedConfig, stage_id: int, rank: 
     finally:
         channel.close()
 
+
+def start_parent_watchdog(parent_pid: int, interval_s: float = _WATCHDOG_S) -> threading.Thread:
+    """Exit this process (``os._exit``) as soon as ``parent_pid`` is no longer its parent.
+
+    A thread, not the command loop, so it also fires while the model loads or a step hangs; ``os._exit``
+    because nothing else may run then: the main thread may be stuck, and there is nobody to report to.
+    """
+
+    def watch() -> None:
+        while True:
+            time.sleep(interval_s)
+            if os.getppid() != parent_pid:
+                logger.warning("worker pid %d: parent %d is gone, exiting", os.getpid(), parent_pid)
+                os._exit(1)
+
+    thread = threading.Thread(target=watch, name="diffserve-parent-watchdog", daemon=True)
+    thread.start()
+    return thread
