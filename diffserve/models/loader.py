@@ -1,4 +1,7 @@
-"""Read safetensors weights (one file or a sharded index) and load them strictly into a module."""
+"""Read safetensors weights (one file or a sharded index) and load them strictly into a module.
+
+Only safetensors: there is deliberately no pickle (``torch.load``) path, see docs/security.md.
+"""
 
 from __future__ import annotations
 
@@ -13,6 +16,9 @@ from diffserve.errors import ModelLoadError
 from diffserve.logging import get_logger
 
 logger = get_logger(__name__)
+
+# Weight files that are pickles (torch.save / legacy checkpoints); named in errors, never opened.
+_PICKLE_SUFFIXES = frozenset({".bin", ".pt", ".pth", ".ckpt", ".pkl"})
 
 
 def read_config(component_dir: str | Path) -> dict:
@@ -33,7 +39,12 @@ def read_safetensors(component_dir: str | Path, stem: str = "diffusion_pytorch_m
     if single.is_file():
         return load_file(str(single))
     if not index.is_file():
-        raise ModelLoadError(f"no weights in {directory}: expected {single.name} or {index.name}")
+        # Pickle checkpoints are never read (unpickling runs arbitrary code); say so, so a directory
+        # with only a .bin is not mistaken for a missing download.
+        pickles = sorted(p.name for p in directory.glob("*") if p.suffix in _PICKLE_SUFFIXES)
+        hint = f" ({', '.join(pickles)} not loaded: pickle weights are refused, convert to safetensors)" \
+            if pickles else ""
+        raise ModelLoadError(f"no weights in {directory}: expected {single.name} or {index.name}{hint}")
     weight_map: dict[str, str] = json.loads(index.read_text(encoding="utf-8")).get("weight_map", {})
     tensors: dict[str, torch.Tensor] = {}
     for shard in sorted(set(weight_map.values())):

@@ -74,15 +74,31 @@ def load_extension(dotted_path: str | None) -> WorkerExtension | None:
     except (ImportError, AttributeError) as exc:
         raise ConfigError(f"cannot import {dotted_path!r}: {exc}", path="worker_extension_cls",
                           hint="the module must be importable in the worker process") from exc
+    _check_extension_class(dotted_path, cls)
     instance = cls()
-    if not isinstance(instance, WorkerExtension):
-        # Duck-typed extensions are accepted, but they must at least have the hooks.
-        for hook in ("before_load", "after_load"):
-            if not callable(getattr(instance, hook, None)):
-                raise ConfigError(f"{dotted_path!r} has no {hook}() hook", path="worker_extension_cls",
-                                  hint="subclass diffserve.worker.extension.WorkerExtension")
     logger.info("worker extension %s loaded", dotted_path)
     return instance
+
+
+def _check_extension_class(dotted_path: str, cls: object) -> None:
+    """Refuse anything but an extension class, before calling it.
+
+    Importing the module already ran its code (the deploy config is trusted, see docs/security.md),
+    but the named attribute is only ever instantiated once it is known to be an extension: a function
+    or other callable named here by mistake is never called, and a class without the hooks is never
+    instantiated. Duck-typed extensions (a class with callable ``before_load`` and ``after_load``) are
+    accepted, as documented.
+    """
+    if not isinstance(cls, type):
+        raise ConfigError(f"{dotted_path!r} is a {type(cls).__name__}, not a class; it was not called",
+                          path="worker_extension_cls",
+                          hint="name a subclass of diffserve.worker.extension.WorkerExtension")
+    if issubclass(cls, WorkerExtension):
+        return
+    for hook in ("before_load", "after_load"):
+        if not callable(getattr(cls, hook, None)):
+            raise ConfigError(f"{dotted_path!r} has no {hook}() hook", path="worker_extension_cls",
+                              hint="subclass diffserve.worker.extension.WorkerExtension")
 
 
 def extension_method(extension: Any, name: str) -> Callable[..., Any] | None:

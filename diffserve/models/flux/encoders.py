@@ -24,8 +24,12 @@ class TextEncoders:
         try:
             self.clip_tokenizer = AutoTokenizer.from_pretrained(str(root / "tokenizer"))
             self.t5_tokenizer = AutoTokenizer.from_pretrained(str(root / "tokenizer_2"))
-            self.clip = CLIPTextModel.from_pretrained(str(root / "text_encoder"), dtype=dtype).to(device).eval()
-            self.t5 = T5EncoderModel.from_pretrained(str(root / "text_encoder_2"), dtype=dtype).to(device).eval()
+            # use_safetensors=True: a directory holding only pytorch_model.bin is refused instead of
+            # unpickled, so a model directory can never run code through the text encoders.
+            self.clip = CLIPTextModel.from_pretrained(str(root / "text_encoder"), dtype=dtype,
+                                                      use_safetensors=True).to(device).eval()
+            self.t5 = T5EncoderModel.from_pretrained(str(root / "text_encoder_2"), dtype=dtype,
+                                                     use_safetensors=True).to(device).eval()
         except (OSError, ValueError) as exc:
             raise ModelLoadError(f"cannot load the text encoders from {root}: {exc}") from exc
         self.device = device

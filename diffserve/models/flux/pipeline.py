@@ -106,7 +106,9 @@ class FluxPipeline:
             transformer.compile_blocks()
         encoders = TextEncoders(root, dtype=dtype, device=device)
         try:
-            vae = AutoencoderKL.from_pretrained(str(root / "vae"), torch_dtype=dtype).to(device).eval()
+            # use_safetensors=True: diffusers would otherwise fall back to unpickling a .bin file.
+            vae = AutoencoderKL.from_pretrained(str(root / "vae"), torch_dtype=dtype,
+                                                use_safetensors=True).to(device).eval()
             scheduler_config = json.loads((root / "scheduler" / "scheduler_config.json").read_text())
         except (OSError, ValueError) as exc:
             raise ModelLoadError(f"cannot load the VAE or scheduler config from {root}: {exc}") from exc
