@@ -16,6 +16,12 @@ from diffserve.types.request import GenerationRequest
 
 def check_limits(request: GenerationRequest, server: ServerConfig, default_size: int | None = None) -> None:
     """The deployment's limits; a size left to the model counts as ``default_size`` when it is known."""
+    # Prompts are tokenized and copied into image metadata: bound them before any of that work.
+    for name in ("prompt", "negative_prompt"):
+        text = getattr(request, name)
+        if text is not None and len(text) > server.max_prompt_chars:
+            raise LimitExceededError(f"{name} has {len(text)} characters, above this server's limit of "
+                                     f"{server.max_prompt_chars}", param=name)
     if request.n > server.max_n:
         raise LimitExceededError(f"n={request.n} is above this server's limit of {server.max_n}", param="n")
     height = request.height or default_size

@@ -6,6 +6,7 @@ the deployment's limits and the model's capabilities are checked once more, at a
 
 from __future__ import annotations
 
+import math
 import secrets
 import uuid
 from dataclasses import dataclass, field, replace
@@ -15,6 +16,10 @@ from diffserve.errors import RequestError
 
 OutputType = Literal["pil", "latent", "pt"]
 MAX_SEED = 2**63 - 1
+# Upper bounds of the float knobs: far above any useful value, and a bound keeps a typo (or 1e308) from
+# reaching the sampler as an overflow.
+MAX_GUIDANCE_SCALE = 100.0
+MAX_TRUE_CFG_SCALE = 100.0
 
 
 @dataclass(frozen=True)
@@ -63,8 +68,8 @@ class GenerationRequest:
             )
         if not isinstance(self.n, int) or self.n < 1:
             raise RequestError(f"n={self.n!r} must be an integer >= 1", param="n")
-        if self.guidance_scale < 0:
-            raise RequestError(f"guidance_scale={self.guidance_scale!r} must be >= 0", param="guidance_scale")
+        _check_float(self.guidance_scale, "guidance_scale", 0.0, MAX_GUIDANCE_SCALE)
+        _check_float(self.true_cfg_scale, "true_cfg_scale", 0.0, MAX_TRUE_CFG_SCALE)
         if self.true_cfg_scale < 1.0 and self.true_cfg_scale != 0:
             raise RequestError(
                 f"true_cfg_scale={self.true_cfg_scale!r} must be >= 1 (1 disables true CFG)",
@@ -95,6 +100,14 @@ class GenerationRequest:
         if self.seed is None:
             raise RequestError("request has no seed yet; call with_seed() first", param="seed")
         return [self.seed + i for i in range(self.n)]
+
+
+def _check_float(value: object, name: str, low: float, high: float) -> None:
+    """A finite number in ``[low, high]``: inf and NaN pass every ``<`` comparison, so test them first."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise RequestError(f"{name}={value!r} must be a finite number", param=name)
+    if not low <= value <= high:
+        raise RequestError(f"{name}={value!r} must be in [{low:g}, {high:g}]", param=name)
 
 
 @dataclass

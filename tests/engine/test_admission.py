@@ -57,3 +57,21 @@ def test_the_seed_is_assigned_once_here() -> None:
     assert admit(given, ServerConfig(), CAPS) is given
     chosen = admit(req(seed=None), ServerConfig(), CAPS)
     assert chosen.seed is not None and chosen.seeds == [chosen.seed]
+
+
+@pytest.mark.parametrize("name", ["prompt", "negative_prompt"])
+def test_prompts_over_max_prompt_chars_are_limit_errors(name: str) -> None:
+    server = ServerConfig(max_prompt_chars=10)
+    admit(req(**{name: "x" * 10}), server, None)  # at the limit: admitted
+    with pytest.raises(LimitExceededError) as info:
+        admit(req(**{name: "x" * 11}), server, None)
+    assert (info.value.param, info.value.code) == (name, "limit_exceeded")
+
+
+@pytest.mark.parametrize("name", ["guidance_scale", "true_cfg_scale"])
+@pytest.mark.parametrize("value", [float("inf"), float("-inf"), float("nan"), 100.5, "3"])
+def test_float_fields_must_be_finite_and_bounded(name: str, value: object) -> None:
+    with pytest.raises(RequestError) as info:
+        req(**{name: value})
+    assert info.value.param == name
+    req(**{name: 100.0})  # the documented upper bound itself is accepted

@@ -79,7 +79,7 @@ def test_unknown_model_is_404(server, client) -> None:
     assert (err["param"], err["code"]) == ("model", "model_not_found")
     with pytest.raises(openai.NotFoundError):
         client.models.retrieve("dall-e-3")
-    assert httpx.get(server.url + "/v1/images/0123456789abcdef.png").status_code == 404
+    assert httpx.get(server.url + "/v1/images/0123456789abcdef.png", headers=server.auth).status_code == 404
 
 
 def test_oversized_body_is_413_before_parsing(server) -> None:

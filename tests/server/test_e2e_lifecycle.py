@@ -48,6 +48,9 @@ def test_not_ready_until_warmed(server, client) -> None:
     server.wait_for("/ready")
     result = client.images.generate(prompt="now", size="64x64", extra_body={"num_inference_steps": 2})
     assert len(result.data) == 1
+    # /ready reports the engine loop's heartbeat: an idle loop beats about every 0.5 s.
+    loop = httpx.get(server.url + "/ready").json()["loop"]
+    assert loop["state"] == "idle" and 0 <= loop["heartbeat_age_s"] < 5, loop
 
 
 def test_killed_worker_gives_503_engine_dead(server, client) -> None:

@@ -89,14 +89,16 @@ def test_unseeded_request_is_reproducible(client) -> None:
 
 
 @pytest.mark.parametrize(("fmt", "pil_format"), [("png", "PNG"), ("jpeg", "JPEG"), ("webp", "WEBP")])
-def test_output_formats_b64_and_url(client, fmt: str, pil_format: str) -> None:
+def test_output_formats_b64_and_url(server, client, fmt: str, pil_format: str) -> None:
     b64 = client.images.generate(prompt="a fox", size="64x32", output_format=fmt, extra_body=FAST)
     assert b64.output_format == fmt
     assert decode(b64.data[0].b64_json).format == pil_format
     url = client.images.generate(prompt="a fox", size="64x32", output_format=fmt, response_format="url",
                                  output_compression=80, extra_body=FAST)
     assert url.data[0].b64_json is None and url.data[0].url.endswith(f".{fmt}")
-    fetched = httpx.get(url.data[0].url)  # no API key: the URL itself is the capability
+    # Image URLs are not public paths: with an API key set, fetching one needs it too.
+    assert httpx.get(url.data[0].url).status_code == 401
+    fetched = httpx.get(url.data[0].url, headers=server.auth)
     assert fetched.status_code == 200 and fetched.headers["content-type"] == f"image/{fmt}"
     img = Image.open(io.BytesIO(fetched.content))
     assert img.format == pil_format and img.size == (64, 32)

@@ -7,6 +7,7 @@ directory on first use). Config flags are the shared ones from ``diffserve.confi
 from __future__ import annotations
 
 import argparse
+import os
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -35,7 +36,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     server.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
     server.add_argument("--port", type=int, default=8000, help="port to bind (default 8000)")
     server.add_argument("--api-key", default=None,
-                        help="require 'Authorization: Bearer KEY' on /v1/* (probes and metrics stay open)")
+                        help="require 'Authorization: Bearer KEY' on every path except /health, /ready and "
+                             "/metrics (visible in the process list: prefer --api-key-file or "
+                             "DIFFSERVE_API_KEY; exactly one of the three)")
+    server.add_argument("--api-key-file", default=None, metavar="PATH",
+                        help="read the API key from PATH (surrounding whitespace stripped)")
     server.add_argument("--served-model-name", default=None,
                         help="the model id clients send and /v1/models lists "
                              "(default: the model directory's name, or tiny-flux for the demo)")
@@ -54,8 +59,11 @@ def run(args: argparse.Namespace) -> int:
 
     from diffserve.config.cli_args import config_kwargs_from_args
     from diffserve.config.resolve import resolve
+    from diffserve.entrypoints.api_key import resolve_api_key
     from diffserve.entrypoints.openai.app import create_app
 
+    # Before the model is built: a key given twice (or an unreadable key file) fails at once.
+    api_key = resolve_api_key(args.api_key, args.api_key_file, os.environ)
     model, name, aliases = _model_and_names(args)
     config = resolve(model=model, **config_kwargs_from_args(args))
     for warning in config.warnings:
@@ -68,12 +76,16 @@ def run(args: argparse.Namespace) -> int:
         return AsyncEngine.from_config(config)
 
     app = create_app(engine_factory=build_engine, config=config, served_model_name=name,
-                     model_aliases=aliases, api_key=args.api_key, default_steps=args.default_steps,
+                     model_aliases=aliases, api_key=api_key, default_steps=args.default_steps,
                      image_ttl_s=args.image_url_ttl)
     logger.info("serving model %r at http://%s:%d (GET /ready turns 200 once the model is warmed)",
                 name, args.host, args.port)
+    # limit_concurrency: connections beyond server.max_connections get uvicorn's plain 503 and are
+    # closed. An idle keep-alive connection is dropped after 5 s, and headers larger than 16 KiB are
+    # refused, so neither idle nor header-stuffing clients pile up; body_timeout_s bounds the body.
     uvicorn.run(app, host=args.host, port=args.port, log_level="warning", access_log=False,
-                timeout_graceful_shutdown=10)
+                timeout_graceful_shutdown=10, limit_concurrency=config.server.max_connections,
+                timeout_keep_alive=5, http="h11", h11_max_incomplete_event_size=16 * 1024)
     return 0
 
 

@@ -21,11 +21,23 @@ from diffserve.config.schema import ServerConfig
 from diffserve.engine.client import AsyncEngineClient
 from diffserve.entrypoints.openai.config_view import config_view
 from diffserve.entrypoints.openai.engine_host import EngineFactory, EngineHost
-from diffserve.entrypoints.openai.errors import APIError, engine_dead, not_ready, to_api_error
+from diffserve.entrypoints.openai.errors import (
+    APIError,
+    engine_dead,
+    not_ready,
+    request_id_from,
+    to_api_error,
+)
 from diffserve.entrypoints.openai.image_store import ImageStore
 from diffserve.entrypoints.openai.images import ImagesHandler
 from diffserve.entrypoints.openai.metrics import CONTENT_TYPE, ServerMetrics
-from diffserve.entrypoints.openai.middleware import APIKeyMiddleware, BodyLimitMiddleware, MetricsMiddleware
+from diffserve.entrypoints.openai.middleware import (
+    APIKeyMiddleware,
+    BodyLimitMiddleware,
+    HostMiddleware,
+    MetricsMiddleware,
+    RouteGuardMiddleware,
+)
 from diffserve.logging import get_logger
 
 logger = get_logger(__name__)
@@ -58,7 +70,8 @@ def create_app(engine: AsyncEngineClient | None = None, *, engine_factory: Engin
     server = config.server if config is not None else ServerConfig()
     store = ImageStore(ttl_s=image_ttl_s)
     names = frozenset({served_model_name, *model_aliases})
-    handler = ImagesHandler(host, store, metrics, names, default_steps=default_steps)
+    handler = ImagesHandler(host, store, metrics, names, default_steps=default_steps,
+                            max_user_chars=server.max_prompt_chars)
     created = int(time.time())
 
     @asynccontextmanager
@@ -80,19 +93,20 @@ def create_app(engine: AsyncEngineClient | None = None, *, engine_factory: Engin
 
     @app.exception_handler(StarletteHTTPException)
     async def _http_error(_: Request, exc: StarletteHTTPException) -> JSONResponse:
-        code = "not_found" if exc.status_code == 404 else "http_error"
-        return error_response(APIError(exc.status_code, str(exc.detail), code=code))
+        codes = {404: "not_found", 405: "method_not_allowed"}
+        return error_response(APIError(exc.status_code, str(exc.detail), code=codes.get(exc.status_code,
+                                                                                         "http_error")))
 
     @app.exception_handler(Exception)
-    async def _any_error(_: Request, exc: Exception) -> JSONResponse:
-        return error_response(to_api_error(exc))
+    async def _any_error(request: Request, exc: Exception) -> JSONResponse:
+        return error_response(to_api_error(exc, request_id_from(request.headers.get("x-request-id"))))
 
     @app.post("/v1/images/generations")
     async def generations(request: Request) -> Response:
         try:
             return await handler.create(request)
         except Exception as exc:  # noqa: BLE001 - every failure becomes an OpenAI-shaped error
-            return error_response(to_api_error(exc))
+            return error_response(to_api_error(exc, request_id_from(request.headers.get("x-request-id"))))
 
     @app.get("/v1/images/{name}", name="get_image")
     async def get_image(name: str) -> Response:
@@ -116,7 +130,8 @@ def create_app(engine: AsyncEngineClient | None = None, *, engine_factory: Engin
             return error_response(engine_dead())
         if not host.is_ready:
             return error_response(not_ready())
-        return JSONResponse({"status": "ready", "model": served_model_name})
+        # The engine loop's heartbeat: a wedged loop shows as a growing age while "idle".
+        return JSONResponse({"status": "ready", "model": served_model_name, "loop": host.loop_status()})
 
     @app.get("/v1/models")
     async def models() -> dict[str, Any]:
@@ -133,16 +148,20 @@ def create_app(engine: AsyncEngineClient | None = None, *, engine_factory: Engin
         cfg = config if config is not None else host.engine.config if host.engine is not None else None
         if cfg is None:
             raise not_ready()
-        return config_view(cfg)
+        return config_view(cfg, expose=server.expose_config)
 
     @app.get("/metrics")
     async def prometheus() -> Response:
         return Response(metrics.render(), media_type=CONTENT_TYPE)
 
-    # Added last = runs first: metrics see every response, auth runs before the body is read.
-    app.add_middleware(BodyLimitMiddleware, max_bytes=server.max_body_bytes)
+    # Added last = runs first: metrics see every response; then Host, the key (so an unknown path
+    # without the key is 401, not 404), the route table (404/405), and only then is a body read.
+    app.add_middleware(BodyLimitMiddleware, max_bytes=server.max_body_bytes, timeout_s=server.body_timeout_s)
+    app.add_middleware(RouteGuardMiddleware, routes=app.router.routes)
     if api_key:
         app.add_middleware(APIKeyMiddleware, api_key=api_key)
+    if server.allowed_hosts:
+        app.add_middleware(HostMiddleware, allowed=server.allowed_hosts)
     app.add_middleware(MetricsMiddleware, metrics=metrics)
     return app
 

@@ -12,6 +12,17 @@ from typing import Any
 MIME_TYPES = {"png": "image/png", "jpeg": "image/jpeg", "webp": "image/webp"}
 # Quality used for lossy formats when the request gives no output_compression (OpenAI's default).
 DEFAULT_QUALITY = 100
+# Longest metadata text kept in a PNG: every image of a request would otherwise carry a copy of a
+# prompt as long as the server accepts.
+MAX_METADATA_CHARS = 1000
+TRUNCATED_MARKER = "...[truncated]"
+
+
+def clip_text(value: str, limit: int = MAX_METADATA_CHARS) -> str:
+    """``value`` cut to ``limit`` characters, the cut marked so nobody mistakes it for the prompt."""
+    if len(value) <= limit:
+        return value
+    return value[:limit - len(TRUNCATED_MARKER)] + TRUNCATED_MARKER
 
 
 def encode_image(image: Any, output_format: str, *, compression: int | None = None,
@@ -24,7 +35,7 @@ def encode_image(image: Any, output_format: str, *, compression: int | None = No
     if output_format == "png":
         info = PngImagePlugin.PngInfo()
         for key, value in (metadata or {}).items():
-            info.add_text(key, str(value))
+            info.add_text(key, clip_text(str(value)))
         level = 6 if compression is None else round(compression * 9 / 100)
         image.save(buf, format="PNG", pnginfo=info, compress_level=level)
     elif output_format == "jpeg":

@@ -70,6 +70,12 @@ class EngineHost:
             return False
         return self.engine.is_ready
 
+    def loop_status(self) -> dict[str, object] | None:
+        """The engine loop's state (idle, running, dead) and seconds since its last heartbeat."""
+        if self.engine is None:
+            return None
+        return {"state": self.engine.loop_state, "heartbeat_age_s": round(self.engine.heartbeat_age_s, 3)}
+
     def queue_depth(self) -> float:
         if self.engine is None:
             return 0.0

@@ -6,6 +6,9 @@ official SDK raises its typed exception (BadRequestError, AuthenticationError, .
 
 from __future__ import annotations
 
+import re
+import uuid
+
 from diffserve.errors import (
     EngineDeadError,
     EngineNotReadyError,
@@ -26,8 +29,10 @@ class APIError(Exception):
     """An error already decided at the HTTP layer (auth, unknown model, body too large)."""
 
     def __init__(self, status: int, message: str, *, type: str = "invalid_request_error",
-                 param: str | None = None, code: str | None = None) -> None:
+                 param: str | None = None, code: str | None = None,
+                 headers: dict[str, str] | None = None) -> None:
         super().__init__(message)
+        self.extra_headers = dict(headers or {})
         self.status = status
         self.message = message
         self.type = type
@@ -39,14 +44,28 @@ class APIError(Exception):
 
     def headers(self) -> dict[str, str]:
         if self.status in (429, 503):
-            return {"Retry-After": str(RETRY_AFTER_S)}
+            return {"Retry-After": str(RETRY_AFTER_S), **self.extra_headers}
         if self.status == 401:
-            return {"WWW-Authenticate": "Bearer"}
-        return {}
+            return {"WWW-Authenticate": "Bearer", **self.extra_headers}
+        return dict(self.extra_headers)
 
 
-def to_api_error(exc: BaseException) -> APIError:
-    """The HTTP error for an exception raised while serving a request."""
+# A client's X-Request-Id is echoed into logs and bodies only if it is short and plain.
+_REQUEST_ID = re.compile(r"^[A-Za-z0-9._:-]{1,64}$")
+
+
+def request_id_from(header: str | None) -> str:
+    """The client's ``X-Request-Id`` when it is safe to log and echo, else a fresh one."""
+    if header and _REQUEST_ID.match(header):
+        return header
+    return f"req-{uuid.uuid4().hex}"
+
+
+def to_api_error(exc: BaseException, request_id: str | None = None) -> APIError:
+    """The HTTP error for an exception raised while serving a request.
+
+    An unexpected exception is logged with its traceback under ``request_id``; the body carries only
+    that id, never the exception text (it may hold paths, config values or library internals)."""
     if isinstance(exc, APIError):
         return exc
     if isinstance(exc, LimitExceededError):
@@ -65,9 +84,10 @@ def to_api_error(exc: BaseException) -> APIError:
     if isinstance(exc, RequestAbortedError):
         # 499 is nginx's "client closed request": only visible in logs and metrics.
         return APIError(499, str(exc) or "request aborted", type="invalid_request_error", code="aborted")
-    logger.exception("unexpected error while serving a request", exc_info=exc)
-    return APIError(500, f"internal error: {type(exc).__name__}: {exc}", type="server_error",
-                    code="internal_error")
+    request_id = request_id or request_id_from(None)
+    logger.error("unexpected error while serving request %s", request_id, exc_info=exc)
+    return APIError(500, f"internal error; see the server log for request {request_id}", type="server_error",
+                    code="internal_error", headers={"X-Request-Id": request_id})
 
 
 def not_ready() -> APIError:

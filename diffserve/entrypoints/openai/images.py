@@ -11,7 +11,7 @@ import base64
 import json
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import anyio
@@ -22,7 +22,7 @@ from diffserve import __version__
 from diffserve.engine.client import AsyncEngineClient
 from diffserve.entrypoints.openai.encoding import MIME_TYPES, encode_all
 from diffserve.entrypoints.openai.engine_host import EngineHost
-from diffserve.entrypoints.openai.errors import APIError, to_api_error
+from diffserve.entrypoints.openai.errors import APIError, request_id_from, to_api_error
 from diffserve.entrypoints.openai.image_store import ImageStore
 from diffserve.entrypoints.openai.metrics import ServerMetrics
 from diffserve.entrypoints.openai.protocol import (
@@ -45,8 +45,9 @@ Events = AsyncIterator[ProgressEvent | RequestOutput]
 
 class ImagesHandler:
     def __init__(self, host: EngineHost, store: ImageStore, metrics: ServerMetrics, model_names: frozenset[str],
-                 *, default_steps: int | None = None) -> None:
+                 *, default_steps: int | None = None, max_user_chars: int | None = None) -> None:
         self.host = host
+        self.max_user_chars = max_user_chars
         self.default_steps = default_steps
         self.store = store
         self.metrics = metrics
@@ -58,6 +59,10 @@ class ImagesHandler:
         if body.model is not None and body.model not in self.model_names:
             raise APIError(404, f"model {body.model!r} is not served here; GET /v1/models lists "
                                 f"{sorted(self.model_names)}", param="model", code="model_not_found")
+        if body.user is not None and self.max_user_chars is not None and len(body.user) > self.max_user_chars:
+            # `user` only reaches a debug log line, but an unbounded one would still be logged whole.
+            raise APIError(422, f"user has {len(body.user)} characters, above this server's limit of "
+                                f"{self.max_user_chars}", param="user", code="limit_exceeded")
         gen = to_generation_request(body, f"img-{uuid.uuid4().hex}", self.default_steps)
         engine = self.host.require()
         if body.user:
@@ -65,9 +70,17 @@ class ImagesHandler:
         events = aiter_events(engine, gen)
         if body.stream:
             first = await admit(engine, gen.request_id, events)
-            stream = self._sse(request, engine, body, gen, events, first, received)
-            return StreamingResponse(stream, media_type="text/event-stream",
-                                     headers={"X-Request-Id": gen.request_id, "Cache-Control": "no-cache"})
+            started = [False]
+
+            async def never_started() -> None:
+                first.cancel()
+                self.metrics.aborted.inc()
+                logger.info("client went away before the stream started; aborting %s", gen.request_id)
+                await abort_quietly(engine, gen.request_id)
+
+            stream = self._sse(request, engine, body, gen, events, first, received, started)
+            return GuardedStream(stream, started, never_started, media_type="text/event-stream",
+                                 headers={"X-Request-Id": gen.request_id, "Cache-Control": "no-cache"})
         self.metrics.inflight.inc()
         try:
             output = await self._run_until_disconnect(request, engine, gen, events)
@@ -97,6 +110,7 @@ class ImagesHandler:
             if not work.done():
                 work.cancel()
                 logger.info("client went away; aborting %s", gen.request_id)
+                self.metrics.aborted.inc()
                 await asyncio.gather(work, return_exceptions=True)
                 await abort_quietly(engine, gen.request_id)
         if work.cancelled():
@@ -138,7 +152,8 @@ class ImagesHandler:
 
     async def _sse(self, request: Request, engine: AsyncEngineClient, body: ImageGenerationRequest, gen: GenerationRequest,
                    events: Events, first: asyncio.Future[ProgressEvent | RequestOutput],
-                   received: float) -> AsyncIterator[str]:
+                   received: float, started: list[bool]) -> AsyncIterator[str]:
+        started[0] = True
         finished = False
         self.metrics.inflight.inc()
         try:
@@ -160,15 +175,38 @@ class ImagesHandler:
                 RequestAbortedError(f"request {gen.request_id} ended without an output")).body()})
         except Exception as exc:  # noqa: BLE001 - after the 200 header, errors travel as an event
             finished = True
-            yield sse({"type": "error", **to_api_error(exc).body()})
+            yield sse({"type": "error", **to_api_error(exc, request_id_from(gen.request_id)).body()})
         finally:
             self.metrics.inflight.dec()
             first.cancel()  # no-op once done; stops waiting for a request still queued
             if not finished:
                 # Client disconnect cancels this generator; the abort must still reach the engine.
+                self.metrics.aborted.inc()
                 with anyio.CancelScope(shield=True):
                     logger.info("stream closed early; aborting %s", gen.request_id)
                     await abort_quietly(engine, gen.request_id)
+
+
+class GuardedStream(StreamingResponse):
+    """A stream that still aborts its request when the body generator never ran.
+
+    A client that disconnects before the response starts cancels the stream before the generator's
+    first step, so the generator's own cleanup (the abort) never runs, and a queued request would
+    then run to completion for nobody. ``started[0]`` is set by the generator's first line."""
+
+    def __init__(self, content: AsyncIterator[str], started: list[bool],
+                 on_never_started: Callable[[], Awaitable[None]], **kwargs: Any) -> None:
+        super().__init__(content, **kwargs)
+        self.started = started
+        self.on_never_started = on_never_started
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            if not self.started[0]:
+                with anyio.CancelScope(shield=True):
+                    await self.on_never_started()
 
 
 def aiter_events(engine: AsyncEngineClient, gen: GenerationRequest) -> Events:

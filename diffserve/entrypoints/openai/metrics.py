@@ -42,6 +42,9 @@ class ServerMetrics:
         self.kernel_calls = Counter(
             "diffserve_kernel_calls", "Kernel calls attested by the worker, by kind and backend",
             ["kind", "backend"], registry=r)
+        self.aborted = Counter(
+            "diffserve_requests_aborted", "Generation requests aborted because the client went away "
+            "(queued, running or being encoded)", registry=r)
         self.inflight = Gauge("diffserve_inflight_requests", "Generation requests being served", registry=r)
         self.queue_depth = Gauge("diffserve_queue_depth", "Requests waiting in the engine's queue",
                                  registry=r)

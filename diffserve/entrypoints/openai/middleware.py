@@ -1,18 +1,23 @@
-"""ASGI middleware that runs before any routing or JSON parsing: metrics, API key, body size.
+"""ASGI middleware that runs before any routing or JSON parsing: metrics, Host, API key, route, body.
 
-They are plain ASGI (not FastAPI dependencies) so an unauthenticated or oversized request is refused
-before its body is read or parsed.
+They are plain ASGI (not FastAPI dependencies) so a request from the wrong host, without the key, to
+a path or method that does not exist, too large, too slow or not JSON is refused before its body is
+parsed, and in most of those cases before it is read at all.
 """
 
 from __future__ import annotations
 
+import asyncio
 import hmac
 import json
 import time
-from collections.abc import Awaitable, Callable, MutableMapping
+from collections.abc import Awaitable, Callable, MutableMapping, Sequence
 from typing import Any
 
+from starlette.routing import BaseRoute, Match
+
 from diffserve.entrypoints.openai.errors import APIError
+from diffserve.entrypoints.openai.hosts import HostAllowList
 from diffserve.entrypoints.openai.metrics import ServerMetrics
 
 Scope = MutableMapping[str, Any]
@@ -24,6 +29,10 @@ ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 KNOWN_ENDPOINTS = frozenset({"/health", "/ready", "/metrics", "/v1/models", "/v1/config",
                              "/v1/images/generations"})
 IMAGE_FILES_PREFIX = "/v1/images/"
+# The only paths served without the API key: probes for load balancers and the scrape endpoint.
+# Everything else, unknown paths and image URLs included, needs the key once one is set.
+PUBLIC_PATHS = frozenset({"/health", "/ready", "/metrics"})
+BODY_METHODS = frozenset({"POST", "PUT", "PATCH"})
 
 
 def endpoint_label(path: str) -> str:
@@ -36,11 +45,30 @@ def endpoint_label(path: str) -> str:
 
 
 def is_public(path: str) -> bool:
-    """Probes and metrics stay open for load balancers and scrapers; image URLs are capabilities
-    (128 random bits) that browsers must be able to fetch without a header."""
-    if not path.startswith("/v1/"):
-        return True
-    return path.startswith(IMAGE_FILES_PREFIX) and path != "/v1/images/generations"
+    return path in PUBLIC_PATHS
+
+
+def header(scope: Scope, name: bytes) -> bytes | None:
+    for key, value in scope["headers"]:
+        if key == name:
+            return value
+    return None
+
+
+def is_json_media_type(value: bytes | None) -> bool:
+    """``application/json`` or ``application/*+json``, optionally ``; charset=utf-8``. Anything else
+    (``text/plain``, form posts) is what a browser may send cross-site without a CORS preflight."""
+    if value is None:
+        return False
+    media, _, params = value.decode("latin-1").partition(";")
+    media = media.strip().lower()
+    if not (media == "application/json" or (media.startswith("application/") and media.endswith("+json"))):
+        return False
+    for param in params.split(";"):
+        key, _, val = param.partition("=")
+        if key.strip().lower() == "charset" and val.strip().strip('"').lower() not in ("utf-8", "utf8"):
+            return False
+    return True
 
 
 async def send_error(send: Send, error: APIError) -> None:
@@ -77,6 +105,24 @@ class MetricsMiddleware:
             self.metrics.http_latency.labels(endpoint=endpoint).observe(time.perf_counter() - start)
 
 
+class HostMiddleware:
+    """400 ``invalid_host`` unless the Host header is in ``server.allowed_hosts`` (empty: any)."""
+
+    def __init__(self, app: ASGIApp, allowed: str) -> None:
+        self.app = app
+        self.allowed = HostAllowList(allowed)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http":
+            raw = header(scope, b"host")
+            if not self.allowed.allows(raw.decode("latin-1") if raw is not None else None):
+                await send_error(send, APIError(400, "this server does not answer to that Host header "
+                                                     "(server.allowed_hosts)", param="Host", code="invalid_host",
+                                                headers={"Connection": "close"}))
+                return
+        await self.app(scope, receive, send)
+
+
 class APIKeyMiddleware:
     def __init__(self, app: ASGIApp, api_key: str) -> None:
         self.app = app
@@ -86,7 +132,7 @@ class APIKeyMiddleware:
         if scope["type"] != "http" or is_public(scope["path"]):
             await self.app(scope, receive, send)
             return
-        given = dict(scope["headers"]).get(b"authorization", b"")
+        given = header(scope, b"authorization") or b""
         # compare_digest: the time taken must not reveal how many leading bytes matched.
         if not hmac.compare_digest(given, self.expected):
             code = "missing_api_key" if not given else "invalid_api_key"
@@ -96,47 +142,93 @@ class APIKeyMiddleware:
         await self.app(scope, receive, send)
 
 
+class RouteGuardMiddleware:
+    """404 for unrouted paths and 405 for wrong methods, from the route table, before a body is read:
+    a client trickling a large body to a path that does not exist holds nothing."""
+
+    def __init__(self, app: ASGIApp, routes: Sequence[BaseRoute]) -> None:
+        self.app = app
+        self.routes = routes
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        allowed: set[str] = set()
+        for route in self.routes:
+            match, _ = route.matches(scope)
+            if match == Match.FULL:
+                await self.app(scope, receive, send)
+                return
+            if match == Match.PARTIAL:
+                allowed.update(getattr(route, "methods", None) or ())
+        close = {"Connection": "close"} if scope["method"] in BODY_METHODS else {}
+        if allowed:
+            await send_error(send, APIError(405, f"method {scope['method']} is not allowed on {scope['path']}",
+                                            code="method_not_allowed",
+                                            headers={"Allow": ", ".join(sorted(allowed)), **close}))
+        else:
+            await send_error(send, APIError(404, f"no such endpoint: {scope['path'][:200]}", code="not_found",
+                                            headers=close))
+
+
+class _BodyTooLarge(Exception):
+    pass
+
+
 class BodyLimitMiddleware:
     """Refuse bodies over ``max_bytes`` (413) from Content-Length, and while reading for chunked
-    uploads, then replay the buffered body to the app."""
+    uploads; refuse a body not complete within ``timeout_s`` (408) and one that is not JSON (415);
+    then replay the buffered body to the app."""
 
-    def __init__(self, app: ASGIApp, max_bytes: int) -> None:
+    def __init__(self, app: ASGIApp, max_bytes: int, timeout_s: float = 10.0) -> None:
         self.app = app
         self.max_bytes = max_bytes
+        self.timeout_s = timeout_s
 
     def _too_large(self) -> APIError:
         return APIError(413, f"request body is larger than this server's limit of {self.max_bytes} bytes",
-                        code="body_too_large")
+                        code="body_too_large", headers={"Connection": "close"})
+
+    def _not_json(self) -> APIError:
+        return APIError(415, "Content-Type must be application/json", param="Content-Type",
+                        code="unsupported_media_type", headers={"Connection": "close"})
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or scope["method"] not in ("POST", "PUT", "PATCH"):
+        if scope["type"] != "http" or scope["method"] not in BODY_METHODS:
             await self.app(scope, receive, send)
             return
-        declared = dict(scope["headers"]).get(b"content-length")
+        declared = header(scope, b"content-length")
+        is_json = is_json_media_type(header(scope, b"content-type"))
         if declared is not None:
             try:
                 too_large = int(declared) > self.max_bytes
             except ValueError:
-                await send_error(send, APIError(400, "invalid Content-Length header", code="invalid_header"))
+                await send_error(send, APIError(400, "invalid Content-Length header", code="invalid_header",
+                                                headers={"Connection": "close"}))
                 return
             if too_large:
                 await send_error(send, self._too_large())
                 return
-        chunks: list[bytes] = []
-        size = 0
-        while True:
-            message = await receive()
-            if message["type"] == "http.disconnect":
+            if not is_json:  # known size: refuse before reading; chunked: after (413 wins there)
+                await send_error(send, self._not_json())
                 return
-            chunk = message.get("body", b"")
-            size += len(chunk)
-            if size > self.max_bytes:
-                await send_error(send, self._too_large())
-                return
-            chunks.append(chunk)
-            if not message.get("more_body", False):
-                break
-        body = b"".join(chunks)
+        try:
+            # The deadline bounds how long a slow (or stalled) client holds a connection and a buffer.
+            async with asyncio.timeout(self.timeout_s):
+                body = await self._read(receive)
+        except _BodyTooLarge:
+            await send_error(send, self._too_large())
+            return
+        except TimeoutError:
+            await send_error(send, APIError(408, f"request body not received within {self.timeout_s:g} s",
+                                            code="body_timeout", headers={"Connection": "close"}))
+            return
+        if body is None:
+            return  # the client went away while sending
+        if not is_json:
+            await send_error(send, self._not_json())
+            return
         replayed = False
 
         async def replay() -> Message:
@@ -148,3 +240,18 @@ class BodyLimitMiddleware:
             return await receive()
 
         await self.app(scope, replay, send)
+
+    async def _read(self, receive: Receive) -> bytes | None:
+        chunks: list[bytes] = []
+        size = 0
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                return None
+            chunk = message.get("body", b"")
+            size += len(chunk)
+            if size > self.max_bytes:
+                raise _BodyTooLarge
+            chunks.append(chunk)
+            if not message.get("more_body", False):
+                return b"".join(chunks)

@@ -15,7 +15,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from diffserve.errors import RequestError
-from diffserve.types.request import MAX_SEED, GenerationRequest
+from diffserve.types.request import MAX_GUIDANCE_SCALE, MAX_SEED, MAX_TRUE_CFG_SCALE, GenerationRequest
 
 OutputFormat = Literal["png", "jpeg", "webp"]
 ResponseFormat = Literal["b64_json", "url"]
@@ -27,13 +27,17 @@ UNSUPPORTED_OPENAI_PARAMS = frozenset({
     "frame_duration_ms", "svg",
 })
 
+# No valid body nests deeper than 2; the bound keeps hostile nesting away from recursive code.
+MAX_JSON_DEPTH = 32
+
 _SIZE_RE = re.compile(r"^(\d{1,5})x(\d{1,5})$")
 
 
 class ImageGenerationRequest(BaseModel):
     """Body of ``POST /v1/images/generations``."""
 
-    model_config = ConfigDict(extra="forbid", strict=True)
+    # allow_inf_nan=False: 1e400 parses as inf and NaN/Infinity literals as floats; neither is a value.
+    model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
 
     prompt: str = Field(min_length=1)
     model: str | None = None
@@ -46,8 +50,8 @@ class ImageGenerationRequest(BaseModel):
     # diffserve extensions (the SDK sends them through ``extra_body``).
     negative_prompt: str | None = None
     num_inference_steps: int | None = Field(default=None, ge=1)
-    guidance_scale: float | None = Field(default=None, ge=0)
-    true_cfg_scale: float | None = None
+    guidance_scale: float | None = Field(default=None, ge=0, le=MAX_GUIDANCE_SCALE)
+    true_cfg_scale: float | None = Field(default=None, ge=0, le=MAX_TRUE_CFG_SCALE)
     seed: int | None = Field(default=None, ge=0, le=MAX_SEED)
     # T5 tokens per prompt (1..512); short prompts run much faster with a small window.
     max_sequence_length: int | None = None
@@ -56,10 +60,15 @@ class ImageGenerationRequest(BaseModel):
 
 def parse_body(raw: bytes) -> ImageGenerationRequest:
     """Parse a raw JSON body. Raises ``RequestError`` (HTTP 400) naming the first bad field."""
+    if _nesting_exceeds(raw, MAX_JSON_DEPTH):
+        raise RequestError(f"request body nests deeper than {MAX_JSON_DEPTH} levels", param=None,
+                           code="invalid_json")
     try:
         data = json.loads(raw)
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise RequestError(f"request body is not valid JSON: {exc}", param=None, code="invalid_json") from exc
+    except (ValueError, UnicodeDecodeError, RecursionError) as exc:
+        # RecursionError: the C parser recurses per nesting level (kept as a second line of defence).
+        raise RequestError(f"request body is not valid JSON: {type(exc).__name__}: {str(exc)[:200]}",
+                           param=None, code="invalid_json") from exc
     if not isinstance(data, dict):
         raise RequestError("request body must be a JSON object", param=None, code="invalid_json")
     unsupported = sorted(UNSUPPORTED_OPENAI_PARAMS & data.keys())
@@ -70,6 +79,36 @@ def parse_body(raw: bytes) -> ImageGenerationRequest:
         return ImageGenerationRequest.model_validate(data)
     except ValidationError as exc:
         raise _request_error(exc) from exc
+
+
+_OPENERS = frozenset(b"[{")
+_CLOSERS = frozenset(b"]}")
+
+
+def _nesting_exceeds(raw: bytes, limit: int) -> bool:
+    """Whether brackets outside strings nest deeper than ``limit``: one linear pass, before the parser
+    ever recurses. Malformed input is left to ``json.loads`` to report."""
+    if raw.count(b"[") + raw.count(b"{") <= limit:
+        return False  # not enough brackets to exceed the limit (the common case, no scan)
+    depth = 0
+    in_string = escaped = False
+    for byte in raw:
+        if in_string:
+            if escaped:
+                escaped = False
+            elif byte == 0x5C:  # backslash
+                escaped = True
+            elif byte == 0x22:  # quote
+                in_string = False
+        elif byte == 0x22:
+            in_string = True
+        elif byte in _OPENERS:
+            depth += 1
+            if depth > limit:
+                return True
+        elif byte in _CLOSERS:
+            depth -= 1
+    return False
 
 
 def _request_error(exc: ValidationError) -> RequestError:
