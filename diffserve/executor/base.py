@@ -51,10 +51,12 @@ class Executor(ABC):
 
     name: str = "base"
 
-    def __init__(self, config: ResolvedConfig, stage_id: int,
+    def __init__(self, config: ResolvedConfig, stage_id: int, replica: int = 0,
                  ready_timeout: float = DEFAULT_READY_TIMEOUT_S) -> None:
         self.config = config
         self.stage_id = stage_id
+        # Which copy of the stage's worker group this is (``num_replicas``); reported in attestations.
+        self.replica = replica
         # Ranks come from the resolved config only (the resolver checked this executor can run them).
         self.world_size = config.stage(stage_id).parallel.world_size
         self.ready_timeout = ready_timeout

@@ -14,8 +14,9 @@ if TYPE_CHECKING:  # pragma: no cover
     from diffserve.config.resolved import ResolvedConfig
 
 
-def make_executor(config: ResolvedConfig, stage_id: int | None = None, **kwargs: Any) -> Executor:
-    """The executor of stage ``stage_id`` (default: the diffusion stage), imported only when chosen.
+def make_executor(config: ResolvedConfig, stage_id: int | None = None, *, replica: int = 0,
+                  **kwargs: Any) -> Executor:
+    """Replica ``replica`` of stage ``stage_id`` (default: the diffusion stage), imported only when chosen.
 
     A world size or replica count the executor or the model family cannot run is a ``ConfigError``
     here (``config/layout.py``), never a silent downgrade; ``kwargs`` go to the constructor
@@ -31,4 +32,4 @@ def make_executor(config: ResolvedConfig, stage_id: int | None = None, **kwargs:
     cls = load_target(spec.target)
     if not (isinstance(cls, type) and issubclass(cls, Executor)):
         raise TypeError(f"registry entry {spec.name!r} -> {spec.target} is not an Executor subclass")
-    return cls(config, stage.stage_id, **kwargs)
+    return cls(config, stage.stage_id, replica=replica, **kwargs)

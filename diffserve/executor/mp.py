@@ -46,9 +46,9 @@ class MultiprocExecutor(Executor):
 
     name = "mp"
 
-    def __init__(self, config: ResolvedConfig, stage_id: int,
+    def __init__(self, config: ResolvedConfig, stage_id: int, replica: int = 0,
                  ready_timeout: float = DEFAULT_READY_TIMEOUT_S) -> None:
-        super().__init__(config, stage_id, ready_timeout)
+        super().__init__(config, stage_id, replica, ready_timeout)
         ctx = multiprocessing.get_context("spawn")
         root_logger = logging.getLogger("diffserve")
         log_level = root_logger.level if root_logger.handlers else None
@@ -60,8 +60,9 @@ class MultiprocExecutor(Executor):
         try:
             for rank in range(self.world_size):
                 parent_conn, child_conn = ctx.Pipe(duplex=True)
-                process = ctx.Process(target=process_main, name=f"diffserve-worker-{rank}", daemon=True,
-                                      args=(child_conn, config, stage_id, rank, os.getpid(), log_level))
+                process = ctx.Process(target=process_main, name=f"diffserve-worker-{self.replica}-{rank}", daemon=True,
+                                      args=(child_conn, config, stage_id, rank, os.getpid(), log_level,
+                                            self.replica))
                 process.start()
                 child_conn.close()  # only the child holds its end: its exit closes the pipe
                 self._processes.append(process)

@@ -35,9 +35,9 @@ class UniExecutor(Executor):
 
     name = "uni"
 
-    def __init__(self, config: ResolvedConfig, stage_id: int,
+    def __init__(self, config: ResolvedConfig, stage_id: int, replica: int = 0,
                  ready_timeout: float = DEFAULT_READY_TIMEOUT_S) -> None:
-        super().__init__(config, stage_id, ready_timeout)
+        super().__init__(config, stage_id, replica, ready_timeout)
         self._channels: list[QueueChannel] = []
         self._threads: list[threading.Thread] = []
         self._readers: list[threading.Thread] = []
@@ -56,11 +56,11 @@ class UniExecutor(Executor):
 
     def _start_worker(self, rank: int) -> None:
         parent_end, worker_end = queue_channel_pair()
-        config, stage_id = self.config, self.stage_id
+        config, stage_id, replica = self.config, self.stage_id, self.replica
 
         def run() -> None:
             try:
-                serve(worker_end, lambda: Worker(config, stage_id, rank, executor="uni"))
+                serve(worker_end, lambda: Worker(config, stage_id, rank, executor="uni", replica=replica))
             finally:
                 worker_end.close()  # tells the reader the worker is gone
 

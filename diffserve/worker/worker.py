@@ -36,10 +36,12 @@ BUILTIN_RPCS = frozenset({"ping", "pid", "kernel_counters", "reset_kernel_counte
 class Worker:
     """Owns the pipeline of one stage on one device; ``rank`` is its index in the executor."""
 
-    def __init__(self, config: ResolvedConfig, stage_id: int, rank: int = 0, executor: str = "uni") -> None:
+    def __init__(self, config: ResolvedConfig, stage_id: int, rank: int = 0, executor: str = "uni",
+                 replica: int = 0) -> None:
         self.config = config
         self.stage = config.stage(stage_id)
         self.rank = rank
+        self.replica = replica
         self.executor = executor
         self.device = device_for(self.stage, rank)
         self.extension: WorkerExtension | None = None
@@ -117,6 +119,7 @@ class Worker:
             **counters.snapshot(),
             "executor": self.executor,
             "worker_pid": os.getpid(),
+            "replica": self.replica,
             "rank": self.rank,
             "device": str(self.device),
             "batch_size": batch_size,
@@ -156,7 +159,7 @@ class Worker:
             self.pipeline.kernel_counters.reset()
 
     def describe(self) -> dict[str, Any]:
-        return {"rank": self.rank, "pid": os.getpid(), "device": str(self.device), "executor": self.executor,
+        return {"rank": self.rank, "replica": self.replica, "pid": os.getpid(), "device": str(self.device), "executor": self.executor,
                 "stage_id": self.stage.stage_id, "batches_run": self.batches_run,
                 "cancelled": list(self.cancelled),
                 "extension": type(self.extension).__qualname__ if self.extension is not None else None}
