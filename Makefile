@@ -1,4 +1,5 @@
-# The two README commands: `make demo` (the main job) and `make test` (install + whole suite).
+# The two README commands: `make demo` (the main job) and `make test` (install + whole suite, the ray
+# executor's tests included: install-test adds the `ray` extra, after the pinned torch).
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
@@ -22,7 +23,7 @@ $(VENV)/.installed: pyproject.toml $(VENV)/.torch
 	touch $@
 
 $(VENV)/.installed-test: pyproject.toml $(VENV)/.installed
-	$(PY) -m pip install --quiet -e ".[server,test]"
+	$(PY) -m pip install --quiet -e ".[server,test,ray]"
 	touch $@
 
 install: $(VENV)/.installed

@@ -28,3 +28,24 @@ def tiny_flux_dev_dir(tmp_path_factory: pytest.TempPathFactory):
     return build_flux_model(
         "tiny-flux", tmp_path_factory.mktemp("models") / "tiny-flux-dev", seed=0, guidance_embeds=True
     )
+
+
+# --- Ray (the ray executor) ------------------------------------------------------------------------
+@pytest.fixture(scope="session")
+def ray_session():
+    """One local Ray for the whole session, started only when a ray-parametrized test asks for it.
+
+    The executors reuse an initialized Ray instead of starting their own. PYTHONPATH carries the test
+    directories (pytest puts them on sys.path) so worker extensions defined in test modules import inside
+    the actors. Logical CPUs are bookkeeping only: at least 4, because a module-scoped 2-rank executor
+    fixture can be alive while a test starts another executor (each rank holds one CPU bundle).
+    """
+    import sys
+
+    ray = pytest.importorskip("ray")
+    if not ray.is_initialized():
+        path = os.pathsep.join(entry or os.getcwd() for entry in sys.path)
+        ray.init(address="local", num_cpus=max(4, os.cpu_count() or 2), include_dashboard=False,
+                 log_to_driver=False, runtime_env={"env_vars": {"PYTHONPATH": path}})
+    yield ray
+    ray.shutdown()

@@ -17,6 +17,7 @@ def _canonical(resolved: ResolvedConfig) -> dict[str, Any]:
         "model": resolved.model,
         "platform": resolved.platform,
         "topology": resolved.topology,
+        "ray_address": resolved.ray_address,
         **flatten_server(resolved.server),
         "stages": [{"stage_id": s.stage_id, **flatten_stage(s)} for s in resolved.stages],
     }
@@ -35,7 +36,8 @@ def _entry(resolved: ResolvedConfig, key: str, value: Any) -> dict[str, Any]:
 
 def explain_dict(resolved: ResolvedConfig) -> dict[str, Any]:
     """The ``diffserve config explain --json`` document."""
-    pipeline = {"topology": _entry(resolved, "topology", resolved.topology)}
+    pipeline = {"topology": _entry(resolved, "topology", resolved.topology),
+                "ray_address": _entry(resolved, "ray_address", resolved.ray_address)}
     pipeline.update({k: _entry(resolved, k, v) for k, v in flatten_server(resolved.server).items()})
     stages = []
     for stage in resolved.stages:

@@ -10,12 +10,14 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from diffserve.config import canonical as c
 from diffserve.config.schema import DERIVED_STAGE_FIELDS, ServerConfig, StageConfig
+from diffserve.errors import ConfigError
 
 
 @dataclass(frozen=True)
@@ -61,9 +63,36 @@ TOPOLOGY_LEAF = Leaf(key="topology", flat="topology", scope="pipeline", kind="st
                      doc="stage layout: single (0 = diffusion) or split_text_encoder (0 = text_encoder, 1 = diffusion)",
                      normalize=c.normalize_topology, choices=c.canonical_values(c.TOPOLOGY_ALIASES))
 
+# host:port or ray://host:port (Ray Client); a bracketed IPv6 host is allowed.
+_RAY_ADDRESS = re.compile(r"(ray://)?([a-z0-9][a-z0-9._-]*|\[[0-9a-f:]+\]):([0-9]{1,5})")
+
+
+def normalize_ray_address(value: Any) -> str:
+    """``""`` (start a local Ray), ``auto`` (join the running cluster) or ``[ray://]host:port``, lower-cased
+    (host names are case-insensitive, so two spellings of one address fingerprint alike)."""
+    if not isinstance(value, str):
+        raise ConfigError(f"expected an address string, got {type(value).__name__}",
+                          hint='use "", auto, host:6379 or ray://host:10001')
+    text = value.strip().lower()
+    if text in ("", "auto"):
+        return text
+    match = _RAY_ADDRESS.fullmatch(text)
+    if match is None or not 0 < int(match.group(3)) < 65536:
+        raise ConfigError(f"{value!r} is not a Ray address",
+                          hint='use "" (local Ray), auto (the running cluster), host:6379 or ray://host:10001')
+    return text
+
+
+RAY_ADDRESS_LEAF = Leaf(key="ray_address", flat="ray_address", scope="pipeline", kind="str", default="",
+                        doc='where the ray executor runs: "" starts a local Ray (reused if this process '
+                            'already initialized one), auto joins the running cluster, or host:6379 / '
+                            'ray://host:10001', normalize=normalize_ray_address)
+# Pipeline-only keys written at the top level of a deploy file (the server.* leaves sit in a section).
+TOP_LEVEL_PIPELINE_LEAVES: Mapping[str, Leaf] = {leaf.key: leaf for leaf in (TOPOLOGY_LEAF, RAY_ADDRESS_LEAF)}
+
 STAGE_LEAVES: Mapping[str, Leaf] = {leaf.key: leaf for leaf in _leaves_of(StageConfig, "stage", "", "")}
 PIPELINE_LEAVES: Mapping[str, Leaf] = {
-    TOPOLOGY_LEAF.key: TOPOLOGY_LEAF,
+    **TOP_LEVEL_PIPELINE_LEAVES,
     **{leaf.key: leaf for leaf in _leaves_of(ServerConfig, "pipeline", "server.", "")},
 }
 FLAT_LEAVES: Mapping[str, Leaf] = {leaf.flat: leaf for leaf in (*STAGE_LEAVES.values(), *PIPELINE_LEAVES.values())}

@@ -18,6 +18,7 @@ from diffserve.config.fields import (
     SECTIONS,
     STAGE_KEYS,
     STAGE_LEAVES,
+    TOP_LEVEL_PIPELINE_LEAVES,
     Leaf,
     did_you_mean,
 )
@@ -27,7 +28,7 @@ from diffserve.config.yaml_lines import key_line
 from diffserve.errors import ConfigError
 
 _MAX_DEPTH = 32
-_PIPELINE_ONLY = ("topology", "server")
+_PIPELINE_ONLY = (*TOP_LEVEL_PIPELINE_LEAVES, "server")
 
 
 @dataclass(frozen=True)
@@ -252,8 +253,8 @@ def pipeline_doc(ctx: Ctx, doc: Mapping, path: str, *, reserved: tuple[str, ...]
         if not _is_key(ctx, doc, key, path) or key in reserved or value is None:
             continue
         source = ctx.src(doc, key)
-        if key == "topology":
-            _leaf(ctx, PIPELINE_LEAVES["topology"], value, None, _join(path, key), source)
+        if key in TOP_LEVEL_PIPELINE_LEAVES:
+            _leaf(ctx, TOP_LEVEL_PIPELINE_LEAVES[key], value, None, _join(path, key), source)
         elif key == "server":
             _section(ctx, "server", value, None, _join(path, key), source)
         elif key == "stages" and stages:

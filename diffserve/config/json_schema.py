@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from diffserve.config.fields import SECTIONS, STAGE_KEYS, STAGE_LEAVES, TOPOLOGY_LEAF, Leaf
+from diffserve.config.fields import SECTIONS, STAGE_KEYS, STAGE_LEAVES, TOP_LEVEL_PIPELINE_LEAVES, Leaf
 from diffserve.config.schema import ATTENTION_ROLES, PLATFORMS
 
 _JSON_TYPES = {"str": "string", "int": "integer", "float": "number", "bool": "boolean"}
@@ -70,7 +70,7 @@ def deploy_json_schema() -> dict[str, Any]:
     stage_entry = {"type": "object", "additionalProperties": False, "required": ["stage_id"],
                    "properties": {"stage_id": {"type": "integer", "minimum": 0}, **_stage_properties()}}
     overlay_props = {
-        "topology": _leaf_schema(TOPOLOGY_LEAF),
+        **{key: _leaf_schema(leaf) for key, leaf in TOP_LEVEL_PIPELINE_LEAVES.items()},
         "server": _section_schema("server"),
         "stages": {"type": "array", "items": stage_entry},
         **_stage_properties(),

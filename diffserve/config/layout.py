@@ -1,5 +1,6 @@
 """Whether a resolved stage can be run: can its executor and its model run the requested number of
-ranks and replicas, and do the attention roles it names exist in its model.
+ranks per replica, and do the attention roles it names exist in its model. Any ``num_replicas`` runs:
+each replica is an independent copy of the stage's worker group (``engine/replicas.py``).
 
 Checked when the executor is built (``executor/factory.py``), not by ``resolve()``: a config is a
 description that ``config explain`` must be able to show whatever it asks for; running it is what
@@ -51,9 +52,6 @@ def check_layout(stage: StageConfig, family: ModelFamily | None, provenance: Map
         out.error(f"parallel world size {world}: {family.class_name} does not run CFG/sequence/tensor "
                   f"parallelism yet (at most {family.max_world_size} rank per replica)",
                   path=f"{prefix}.parallel", source=parallel_source, hint="set the parallel degrees to 1")
-    if stage.num_replicas > 1:
-        out.error(f"num_replicas={stage.num_replicas}: data-parallel replicas are not supported yet",
-                  path=f"{prefix}.num_replicas", source=where("num_replicas"), hint="set num_replicas: 1")
     if family is not None:
         unknown = sorted(set(stage.attention_backend.roles) - set(family.attention_roles))
         if unknown:

@@ -19,6 +19,7 @@ from diffserve.config.extras import fold_extras
 from diffserve.config.fields import PIPELINE_LEAVES, STAGE_LEAVES
 from diffserve.config.platform import current_platform
 from diffserve.config.provenance import DEFAULT_SOURCE, Assignment, Collector, Source
+from diffserve.config.requirements import missing_requirements
 from diffserve.config.resolved import ResolvedConfig
 from diffserve.config.schema import (
     ATTENTION_ROLES,
@@ -75,8 +76,11 @@ def resolve(model: str | os.PathLike | None = None,
     provenance: dict[str, Source] = {}
     server = _server(pipeline, provenance)
     provenance["topology"] = pipeline.get("topology", (None, DEFAULT_SOURCE))[1]
+    ray_address, provenance["ray_address"] = pipeline.get(
+        "ray_address", (PIPELINE_LEAVES["ray_address"].default, DEFAULT_SOURCE))
     warnings: list[str] = []
     stages = tuple(_build_stage(stage_id, role, out, provenance, warnings) for stage_id, role in enumerate(roles))
+    out.errors.extend(missing_requirements(stages, provenance))
     _raise_if_errors(out.errors)
     for warning in warnings:
         logger.warning("%s", warning)
@@ -84,7 +88,7 @@ def resolve(model: str | os.PathLike | None = None,
     resolved = ResolvedConfig(model=model_path, model_family=family.class_name if family else None,
                               topology=topology, platform=platform_name, server=server,
                               stages=stages, provenance=FrozenDict(provenance), warnings=tuple(warnings),
-                              deploy_files=tuple(files))
+                              deploy_files=tuple(files), ray_address=ray_address)
     return _replace_fingerprint(resolved)
 
 

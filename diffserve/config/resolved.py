@@ -25,6 +25,8 @@ class ResolvedConfig:
     provenance: Mapping[str, Source] = field(default_factory=FrozenDict)
     warnings: tuple[str, ...] = ()
     deploy_files: tuple[str, ...] = ()
+    # Where the ray executor runs ("" local, "auto", or an address); other executors ignore it.
+    ray_address: str = ""
 
     def stage(self, stage_id: int) -> StageConfig:
         for stage in self.stages:

@@ -18,6 +18,10 @@ class ExecutorSpec:
     target: str  # "module:Class" of the Executor subclass
     max_world_size: int | None  # most ranks per replica; None: any
     doc: str
+    # A module the executor needs that diffserve does not install by default, and the extra that
+    # installs it: choosing the executor without it is a ConfigError at resolve time (config/requirements.py).
+    requires: str | None = None
+    extra: str | None = None
 
 
 EXECUTORS: dict[str, ExecutorSpec] = {
@@ -25,6 +29,9 @@ EXECUTORS: dict[str, ExecutorSpec] = {
     for spec in (
         ExecutorSpec("uni", "diffserve.executor.uni:UniExecutor", 1, "the worker on a thread of this process"),
         ExecutorSpec("mp", "diffserve.executor.mp:MultiprocExecutor", None, "one spawned process per rank"),
+        ExecutorSpec("ray", "diffserve.executor.ray:RayExecutor", None,
+                     "one Ray actor per rank, in a placement group (one bundle per rank)",
+                     requires="ray", extra="ray"),
     )
 }
 EXECUTOR_ALIASES: dict[str, str] = {"multiprocessing": "mp"}

@@ -44,7 +44,7 @@ def test_equivalent_spellings_and_orders_share_a_fingerprint(tmp_path: Path) -> 
 OTHER = {"dtype": "float16", "linear_backend": "torch", "attention_backend": "math", "enforce_eager": True,
          "distributed_executor_backend": "mp", "devices": "1", "worker_extension_cls": "pkg.mod.Ext",
          "topology": "split_text_encoder", "warmup_enabled": True, "allowed_hosts": "localhost",
-         "expose_config": True}
+         "expose_config": True, "ray_address": "auto"}
 
 
 # cache.backend has a single valid value today ("none"), so nothing to change it to.

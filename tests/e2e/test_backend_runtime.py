@@ -1,6 +1,6 @@
 """Deploy settings proven at runtime: the YAML's backends reach a worker that really serves requests.
 
-For each executor the deploy YAML is the only source of dtype, linear_backend, attention_backend,
+For each executor (uni, mp, ray) the deploy YAML is the only source of dtype, linear_backend, attention_backend,
 enforce_eager, the executor and the worker extension. ``BackendProbe`` (below) runs inside the
 worker: in ``before_load`` it installs itself as a kernel observer (``worker.observe_kernels``), so every
 backend object the model is built with is recorded and its kernel method counted at call time
@@ -109,8 +109,10 @@ REQUEST = dict(prompt="a fox", height=128, width=128, num_inference_steps=2, gui
                n=1, max_sequence_length=64)
 
 
-@pytest.fixture(scope="module", params=["uni", "mp"])
+@pytest.fixture(scope="module", params=["uni", "mp", "ray"])
 def engine(request: Any, tiny_flux_dir: Any, tmp_path_factory: Any) -> Any:
+    if request.param == "ray":  # the session's local Ray, started only when a ray test is selected
+        request.getfixturevalue("ray_session")
     # env={}: no DIFFSERVE_* variable of the machine running the tests can change what is proven.
     eng = Engine(str(tiny_flux_dir), deploy_config=deploy_yaml(tmp_path_factory.mktemp("deploy"), request.param),
                  env={})
@@ -154,6 +156,8 @@ def test_yaml_backends_reach_the_worker_that_serves(engine: Engine) -> None:
             assert pid == os.getpid()
         else:
             assert pid != os.getpid() and pid_alive(pid)
+        # ray stamps the Ray node each result ran on; the others run on this machine and say nothing.
+        assert (out.attestation.get("node") is not None) == (engine.executor_name == "ray")
         assert out.attestation["config_fingerprint"] == engine.config.fingerprint
 
     # What was built: every selection asked for the YAML's names and got them; no linear or attention
@@ -179,14 +183,12 @@ def test_negative_control_forced_backend_name_fails_the_check(engine: Engine) ->
 _IMAGES: dict[str, bytes] = {}
 
 
-def test_same_seed_same_bytes_on_uni_and_mp(engine: Engine, tiny_flux_dir: Any, tmp_path: Any) -> None:
+def test_same_seed_same_bytes_on_every_executor(engine: Engine, tiny_flux_dir: Any, tmp_path: Any) -> None:
     out = engine.generate(GenerationRequest(**REQUEST))
     _IMAGES[engine.executor_name] = out.images[0].tobytes()
-    other = "mp" if engine.executor_name == "uni" else "uni"
-    if other not in _IMAGES and engine.executor_name == "mp":
+    if "uni" not in _IMAGES:
         # Only this parameter was selected (-k): make the uni image here so the comparison still runs.
         with Engine(str(tiny_flux_dir), deploy_config=deploy_yaml(tmp_path, "uni"), env={}) as uni:
             _IMAGES["uni"] = uni.generate(GenerationRequest(**REQUEST)).images[0].tobytes()
-    if len(_IMAGES) == 2:
-        assert _IMAGES["uni"] == _IMAGES["mp"]
-        assert len(_IMAGES["uni"]) == 128 * 128 * 3
+    assert _IMAGES[engine.executor_name] == _IMAGES["uni"]
+    assert len(_IMAGES["uni"]) == 128 * 128 * 3

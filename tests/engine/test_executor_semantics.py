@@ -1,4 +1,5 @@
-"""Executor contract, proven on both executors with real workers (threads for uni, processes for mp).
+"""Executor contract, proven on every executor with real workers (threads for uni, processes for mp,
+Ray actors in the session's local Ray for ray).
 
 These workers have no model (``model=None``): the contract under test is transport, RPC, errors,
 timeouts, death and shutdown. Batches through a real pipeline are covered in tests/e2e.
@@ -6,6 +7,8 @@ timeouts, death and shutdown. Batches through a real pipeline are covered in tes
 
 from __future__ import annotations
 
+import dataclasses
+import importlib.util
 import os
 import signal
 import threading
@@ -16,9 +19,10 @@ import pytest
 from diffserve.config.resolve import resolve
 from diffserve.errors import ConfigError, EngineDeadError, RequestError, WorkerError
 from diffserve.executor.factory import make_executor
+from diffserve.registry.executors import EXECUTORS as REGISTERED
 from diffserve.worker.extension import WorkerExtension
 
-EXECUTORS = ("uni", "mp")
+EXECUTORS = ("uni", "mp", "ray")
 
 
 class ProbeExtension(WorkerExtension):
@@ -72,12 +76,19 @@ def _pid_alive(pid: int) -> bool:
         return False
 
 
-# uni runs one rank (registry.executors caps it); mp runs as many as the config asks for.
-RANKS = {"uni": 1, "mp": 2}
+def _needs_runtime(kind: str, request: pytest.FixtureRequest) -> None:
+    # Only ray tests start the session's local Ray; a run that selects no ray test never starts it.
+    if kind == "ray":
+        request.getfixturevalue("ray_session")
+
+
+# uni runs one rank (registry.executors caps it); mp and ray run as many as the config asks for.
+RANKS = {"uni": 1, "mp": 2, "ray": 2}
 
 
 @pytest.fixture(scope="module", params=EXECUTORS)
 def executor(request):
+    _needs_runtime(request.param, request)
     ex = make_executor(_config(request.param, ranks=RANKS[request.param]))
     assert ex.world_size == RANKS[request.param]
     yield ex
@@ -93,9 +104,11 @@ def test_hooks_ran_and_rpc_is_flat_per_rank_in_rank_order(executor) -> None:
     assert pids == executor.worker_pids
     if executor.name == "uni":
         assert pids == [os.getpid()]
-    else:
+    else:  # mp: spawned children; ray: actor processes started by the raylet
         assert len(set(pids)) == 2 and os.getpid() not in pids
         assert all(_pid_alive(p) for p in pids)
+    if executor.name == "ray":
+        assert len(executor.nodes) == 2 and all(executor.nodes)
     assert executor.collective_rpc("ping") == ["pong"] * ranks
 
 
@@ -133,25 +146,31 @@ def _rank_of(worker) -> int:
 
 
 @pytest.mark.parametrize("kind", EXECUTORS)
-def test_bad_extension_path_fails_startup_with_config_error(kind: str) -> None:
+def test_bad_extension_path_fails_startup_with_config_error(kind: str, request: pytest.FixtureRequest) -> None:
+    _needs_runtime(kind, request)
     with pytest.raises(ConfigError, match="worker_extension_cls"):
         make_executor(_config(kind, extension="no_such_module_xyz.Ext"), ready_timeout=120)
 
 
 @pytest.mark.parametrize("kind", EXECUTORS)
-def test_shutdown_is_idempotent_and_later_calls_fail_fast(kind: str) -> None:
+def test_shutdown_is_idempotent_and_later_calls_fail_fast(kind: str, request: pytest.FixtureRequest) -> None:
+    _needs_runtime(kind, request)
     ex = make_executor(_config(kind))
     pids = list(ex.worker_pids)
+    start = time.monotonic()
     ex.shutdown()
     ex.shutdown()
+    assert time.monotonic() - start < 15
     with pytest.raises(EngineDeadError):
         ex.collective_rpc("ping")
-    if kind == "mp":
+    if kind != "uni":  # no worker process (mp child, ray actor) outlives shutdown
         assert not any(_pid_alive(p) for p in pids)
 
 
-def test_mp_sigkill_fails_in_flight_call_fast_and_leaves_no_child() -> None:
-    ex = make_executor(_config("mp", ranks=2))
+@pytest.mark.parametrize("kind", ["mp", "ray"])
+def test_sigkill_fails_in_flight_call_fast_and_leaves_no_child(kind: str, request: pytest.FixtureRequest) -> None:
+    _needs_runtime(kind, request)
+    ex = make_executor(_config(kind, ranks=2))
     deaths: list[EngineDeadError] = []
     ex.on_dead = deaths.append
     pids = list(ex.worker_pids)
@@ -178,7 +197,7 @@ def test_mp_sigkill_fails_in_flight_call_fast_and_leaves_no_child() -> None:
     with pytest.raises(EngineDeadError):
         ex.check_health()
     start = time.monotonic()
-    ex.shutdown()  # rank 0 is still sleeping: shutdown escalates to SIGTERM and returns
+    ex.shutdown()  # rank 0 is still sleeping: shutdown escalates (SIGTERM on mp, ray.kill on ray) and returns
     assert time.monotonic() - start < 15
     assert not any(_pid_alive(p) for p in pids)
 
@@ -214,8 +233,8 @@ def test_mp_worker_exits_when_its_parent_is_killed(tmp_path) -> None:
     assert not _pid_alive(worker_pid), "worker outlived its parent"
 
 
+# (num_replicas > 1 runs now: each replica is its own executor, engine/replicas.py.)
 @pytest.mark.parametrize("field, where", [
-    ({"num_replicas": 2}, "stages.0.num_replicas"),
     ({"parallel": {"tensor_parallel_size": 2}}, "stages.0.parallel"),
 ])
 def test_unsupported_layouts_are_refused_not_downgraded(field: dict, where: str) -> None:
@@ -227,8 +246,29 @@ def test_unsupported_layouts_are_refused_not_downgraded(field: dict, where: str)
 
 
 def test_an_unregistered_executor_is_refused_at_resolve() -> None:
-    with pytest.raises(ConfigError, match="valid values: uni, mp"):
+    with pytest.raises(ConfigError, match="valid values: uni, mp, ray"):
+        resolve(model=None, deploy_config={"distributed_executor_backend": "dask"}, env={})
+
+
+def test_an_executor_whose_package_is_missing_is_refused_at_resolve(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The registry seam: ray's spec names a module that cannot be found. Refused when the config is
+    # resolved (no executor built, nothing imported), naming the extra; never a fallback to mp.
+    monkeypatch.setitem(REGISTERED, "ray", dataclasses.replace(REGISTERED["ray"], requires="no_such_module_xyz"))
+    with pytest.raises(ConfigError) as info:
         resolve(model=None, deploy_config={"distributed_executor_backend": "ray"}, env={})
+    assert 'pip install "diffserve[ray]"' in str(info.value)
+    assert "stages.0.distributed_executor_backend" in str(info.value)
+    assert "no_such_module_xyz" in str(info.value)
+    # The same spec is fine when nothing asks for it.
+    assert resolve(model=None, deploy_config={"distributed_executor_backend": "mp"}, env={})
+
+
+def test_ray_without_the_ray_package_names_the_extra(monkeypatch: pytest.MonkeyPatch) -> None:
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *args: None if name.split(".")[0] == "ray" else real(name, *args))
+    with pytest.raises(ConfigError, match=r'executor .ray. needs the .ray. package.*pip install "diffserve\[ray\]"'):
+        resolve(model=None, overrides={"distributed_executor_backend": "ray"}, env={})
 
 
 def test_a_model_that_cannot_run_parallel_is_refused(tiny_flux_dir) -> None:

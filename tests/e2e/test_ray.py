@@ -1,0 +1,142 @@
+"""The ray executor end to end: a real Engine on Ray actors in the session's local Ray (one node, CPU).
+
+Serving and attestation (executor, worker PID, Ray node), bit-identity with uni, an actor killed mid-run
+(EngineDeadError within seconds, nothing hangs), shutdown that leaves no actor process and no placement
+group, ``ray_address`` with provenance, and the resolve-time refusal when Ray is not installed.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import signal
+import threading
+import time
+from typing import Any
+
+import pytest
+from e2e_utils import pid_alive
+
+from diffserve import Engine, GenerationRequest
+from diffserve.config.resolve import resolve
+from diffserve.errors import ConfigError, EngineDeadError
+
+pytestmark = pytest.mark.e2e
+
+REQUEST = dict(prompt="a fox", height=128, width=128, num_inference_steps=2, guidance_scale=0.0, seed=42,
+               n=1, max_sequence_length=64)
+SETTINGS = dict(dtype="float32", enforce_eager=True, env={})
+
+
+def _diffserve_groups(ray: Any) -> dict[str, str]:
+    """placement group id -> state, for the groups diffserve created (works without the dashboard)."""
+    return {pg_id: entry["state"] for pg_id, entry in ray.util.placement_group_table().items()
+            if entry["name"].startswith("diffserve-")}
+
+
+def _wait_until(predicate: Any, seconds: float) -> bool:
+    deadline = time.monotonic() + seconds
+    while not predicate() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return predicate()
+
+
+def test_ray_serves_attests_its_node_and_matches_uni(ray_session: Any, tiny_flux_dir: Any) -> None:
+    groups_before = _diffserve_groups(ray_session)
+    with Engine(str(tiny_flux_dir), distributed_executor_backend="ray", **SETTINGS) as engine:
+        assert engine.executor_name == "ray"
+        out = engine.generate(GenerationRequest(**REQUEST))
+        (pid,) = engine.worker_pids
+        attestation = out.attestation
+        assert attestation["executor"] == "ray" and attestation["worker_pid"] == pid
+        assert pid != os.getpid() and pid_alive(pid)
+        # The node is the Ray node id of the actor: on this one-node cluster, the only node.
+        nodes = [node["NodeID"] for node in ray_session.nodes() if node["Alive"]]
+        assert attestation["node"] in nodes
+        assert attestation["config_fingerprint"] == engine.config.fingerprint
+        assert engine.collective_rpc("pid") == [pid]
+        new_groups = set(_diffserve_groups(ray_session)) - set(groups_before)
+        assert len(new_groups) == 1  # one placement group for the one replica
+    # Shutdown: the actor process is gone and the placement group removed.
+    assert not pid_alive(pid)
+    assert {_diffserve_groups(ray_session)[g] for g in new_groups} == {"REMOVED"}
+    with Engine(str(tiny_flux_dir), distributed_executor_backend="uni", **SETTINGS) as uni:
+        reference = uni.generate(GenerationRequest(**REQUEST))
+    assert out.images[0].tobytes() == reference.images[0].tobytes()
+    assert out.seeds == reference.seeds == [42]
+    assert "node" not in reference.attestation
+
+
+def test_killing_the_actor_mid_run_fails_fast_and_leaves_nothing(ray_session: Any, tiny_flux_dir: Any) -> None:
+    engine = Engine(str(tiny_flux_dir), distributed_executor_backend="ray", **SETTINGS)
+    try:
+        _kill_mid_run(engine, ray_session)
+    finally:
+        engine.shutdown()
+
+
+def _kill_mid_run(engine: Engine, ray_session: Any) -> None:
+    (pid,) = engine.worker_pids
+    box: dict[str, Any] = {}
+    first = threading.Event()
+
+    def run() -> None:
+        try:
+            box["out"] = engine.generate(GenerationRequest(**{**REQUEST, "num_inference_steps": 100}),
+                                         on_progress=lambda _event: first.set())
+        except BaseException as exc:  # noqa: BLE001 - checked below
+            box["error"] = exc
+        box["done_at"] = time.monotonic()
+        first.set()
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    assert first.wait(60), "the long request never made a step"
+    killed_at = time.monotonic()
+    os.kill(pid, signal.SIGKILL)
+    thread.join(10)
+    assert not thread.is_alive()
+    assert isinstance(box.get("error"), EngineDeadError), box
+    assert box["done_at"] - killed_at < 10
+    assert engine.is_dead and not engine.is_ready
+    with pytest.raises(EngineDeadError):
+        engine.generate(GenerationRequest(**REQUEST))
+    start = time.monotonic()
+    engine.shutdown()
+    engine.shutdown()  # idempotent
+    assert time.monotonic() - start < 15
+    assert not pid_alive(pid)
+    assert all(state == "REMOVED" for state in _diffserve_groups(ray_session).values())
+    # Every CPU bundle went back to the cluster (nothing of this engine holds resources).
+    assert _wait_until(lambda: ray_session.available_resources().get("CPU")
+                       == ray_session.cluster_resources().get("CPU"), 10)
+
+
+def test_ray_address_is_a_pipeline_key_with_provenance(tmp_path: Any) -> None:
+    deploy = tmp_path / "deploy.yaml"
+    deploy.write_text("distributed_executor_backend: ray\nray_address: AUTO\n")
+    resolved = resolve(model=None, deploy_config=str(deploy), env={})
+    assert resolved.ray_address == "auto"
+    assert resolved.provenance["ray_address"].layer == "yaml"
+    assert resolved.provenance["ray_address"].line == 2
+    from_env = resolve(model=None, deploy_config=str(deploy), env={"DIFFSERVE_RAY_ADDRESS": "Head:6379"})
+    assert (from_env.ray_address, from_env.provenance["ray_address"].layer) == ("head:6379", "env")
+    from_cli = resolve(model=None, deploy_config=str(deploy), env={"DIFFSERVE_RAY_ADDRESS": "head:6379"},
+                       overrides={"ray_address": "ray://head:10001"})
+    assert (from_cli.ray_address, from_cli.provenance["ray_address"].layer) == ("ray://head:10001", "cli")
+    assert resolve(model=None, env={}).ray_address == ""
+    with pytest.raises(ConfigError, match="ray_address.*not a Ray address"):
+        resolve(model=None, deploy_config={"ray_address": "http://head"}, env={})
+    with pytest.raises(ConfigError, match="pipeline-wide only"):
+        resolve(model=None, deploy_config={"stages": [{"stage_id": 0, "ray_address": "auto"}]}, env={})
+
+
+def test_ray_without_the_package_is_refused_at_resolve(monkeypatch: pytest.MonkeyPatch, tiny_flux_dir: Any) -> None:
+    # As if `pip install diffserve` ran without the [ray] extra: the Engine refuses before any worker.
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *args: None if name.split(".")[0] == "ray" else real(name, *args))
+    with pytest.raises(ConfigError) as info:
+        Engine(str(tiny_flux_dir), distributed_executor_backend="ray", **SETTINGS)
+    assert 'pip install "diffserve[ray]"' in str(info.value)
+    assert "stages.0.distributed_executor_backend" in str(info.value)
