@@ -42,6 +42,8 @@ def evaluate(sections: list[Section], settings: Settings) -> list[Target]:
     out.append(_at_most(m, "overhead.http.extra", "HTTP overhead vs in-process uni (small-flux 256x256)", 0.10,
                         pct=True))
     out.append(_throughput(m, settings))
+    out.append(_at_most(m, "replicas.ray.extra", "ray executor overhead vs uni in-process (one request)", 0.05,
+                        pct=True))
     out.append(_at_most(m, "cold.generate_default.ratio", "cold start: diffserve generate / diffusers script "
                         "(tiny-flux)", 0.80, extra=_cold_note(m)))
     out.append(_at_most(m, "cold.generate_default.rss_ratio", "peak RSS: diffserve generate / diffusers script "

@@ -54,7 +54,19 @@ class EngineBase:
 
     @property
     def worker_pids(self) -> list[int]:
-        return list(self._core.executor.worker_pids)
+        """Every replica's worker pids, replica-major (``[replica 0 rank 0, rank 1..., replica 1 ...]``),
+        replicas taken out included."""
+        return self._core.replicas.worker_pids
+
+    @property
+    def num_replicas(self) -> int:
+        """Replicas configured (``num_replicas``)."""
+        return self._core.replicas.count
+
+    @property
+    def replicas_live(self) -> int:
+        """Replicas still serving (0 once the engine is dead or shut down)."""
+        return self._core.replicas_live
 
     @property
     def is_ready(self) -> bool:
@@ -66,8 +78,8 @@ class EngineBase:
 
     @property
     def heartbeat_age_s(self) -> float:
-        """Seconds since the engine loop last beat: at most ~0.5 s while idle; it grows while a batch
-        runs (bounded by the batch deadline) and without bound once the loop is gone."""
+        """Seconds since the stalest live replica loop last beat: at most ~0.5 s while idle; it grows
+        while a batch runs (bounded by the batch deadline) and without bound once the loop is gone."""
         return self._core.heartbeat_age_s
 
     @property
@@ -100,8 +112,10 @@ class EngineBase:
     def collective_rpc(self, method: str | Callable[..., Any], args: tuple = (),
                        kwargs: dict[str, Any] | None = None, timeout: float | None = None) -> list[Any]:
         """Call ``method`` (a worker-extension method or built-in, or a picklable ``fn(worker, ...)``) on
-        every worker, between batches. Returns one result per rank, in rank order."""
-        return self._core.executor.collective_rpc(method, args, kwargs, timeout)
+        every worker of every live replica, between batches. Returns one result per rank, replica-major
+        (replica 0's ranks in rank order, then replica 1's...); ``timeout`` bounds the whole call."""
+        self._core.check_health()
+        return self._core.replicas.collective_rpc(method, args, kwargs, timeout)
 
     # -- lifetime -----------------------------------------------------------------------------------
 

@@ -34,12 +34,22 @@ class EngineClient(Protocol):
 
     @property
     def heartbeat_age_s(self) -> float:
-        """Seconds since the engine loop last beat (it beats every ~0.5 s while idle)."""
+        """Seconds since the stalest live replica loop last beat (each beats every ~0.5 s while idle)."""
         ...
 
     @property
     def loop_state(self) -> str:
         """``idle``, ``running`` or ``dead``."""
+        ...
+
+    @property
+    def num_replicas(self) -> int:
+        """Replicas configured (``num_replicas``)."""
+        ...
+
+    @property
+    def replicas_live(self) -> int:
+        """Replicas still serving; below ``num_replicas`` the engine is degraded, at 0 it is dead."""
         ...
 
     @property

@@ -1,14 +1,18 @@
-"""The engine core: admission, the background loop that runs batches on the
-executor, progress and result delivery, abort, warmup and death handling.
+"""The engine core: admission, the dispatch loops that run batches on the
+replicas' executors, progress and result delivery, abort and death handling.
 
 ``Engine`` and ``AsyncEngine`` are thin front ends over this one loop, so both have the same
 semantics. Every request gets exactly one final item through its sink: a ``RequestOutput`` or an
 exception (``RequestAbortedError``, ``EngineDeadError``, ``WorkerError``, ``RequestError``).
 
-Liveness (``watchdog.py``): every batch runs under a deadline derived from its work; a batch past it
-means a hung worker, and the engine dies (mp: the worker processes are SIGKILLed). The loop beats a
-heartbeat while idle and at every batch start and end. ``server.max_consecutive_failures`` failed
-batches in a row also kill the engine, so ``/health`` turns 503 instead of answering 500 forever.
+Replicas (``replicas.py``): one dispatch thread per replica pulls a batch from the shared scheduler
+only while its replica is free, so the least loaded replica takes the work and a batch runs once.
+
+Liveness (``watchdog.py``), per replica: every batch runs under a deadline derived from its work; a
+batch past it means a hung worker (mp: its processes are SIGKILLed). Each loop beats a heartbeat while
+idle and at every batch start and end. ``server.max_consecutive_failures`` failed batches in a row on
+one replica also take it out. A replica that is out stops serving; when the last one goes, the engine
+is dead, so ``/health`` turns 503 instead of answering 500 forever.
 """
 
 from __future__ import annotations
@@ -18,11 +22,12 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from diffserve.engine.admission import admit, check_capabilities
+from diffserve.engine.admission import admit
 from diffserve.engine.outputs import build_output
+from diffserve.engine.replicas import Replica, ReplicaSet
 from diffserve.engine.scheduler import RequestState, Scheduler, Sink
 from diffserve.engine.stats import BatchStats, EngineCounters
-from diffserve.engine.watchdog import FailureStreak, Heartbeat, batch_deadline_s
+from diffserve.engine.watchdog import batch_deadline_s
 from diffserve.errors import (
     EngineDeadError,
     EngineNotReadyError,
@@ -31,7 +36,6 @@ from diffserve.errors import (
     WorkerError,
 )
 from diffserve.executor.base import DeadlineExceeded, Executor
-from diffserve.executor.factory import make_executor
 from diffserve.logging import get_logger
 from diffserve.types.request import GenerationRequest, ProgressEvent
 from diffserve.types.results import RequestResult
@@ -43,9 +47,9 @@ logger = get_logger(__name__)
 
 
 class EngineCore:
-    """Owns the executor, the scheduler and the loop thread of one engine."""
+    """Owns the replicas (executors), the scheduler and the dispatch threads of one engine."""
 
-    def __init__(self, config: ResolvedConfig, executor: Executor | None = None) -> None:
+    def __init__(self, config: ResolvedConfig) -> None:
         self.config = config
         self.stage = config.stage_for_role("diffusion")
         self.scheduler = Scheduler(self.stage.max_batch_size, config.server.max_queue)
@@ -56,19 +60,22 @@ class EngineCore:
         self._stopping = threading.Event()
         self._shutdown_lock = threading.Lock()
         self._is_shutdown = False
-        self._heartbeat = Heartbeat()
-        self._failures = FailureStreak(config.server.max_consecutive_failures)
-        self.executor = executor or make_executor(config, self.stage.stage_id)
-        self.executor.on_dead = self._on_worker_death
-        try:
-            if self.stage.warmup.enabled and config.model:
-                self._warmup()
-        except BaseException:
-            self.executor.shutdown()
-            raise
-        self._thread = threading.Thread(target=self._loop, name="diffserve-engine-core", daemon=True)
-        self._thread.start()
+        self.replicas = ReplicaSet(config, self.stage)
+        # Builds and warms every replica; a replica dying from here on is taken out (``_take_out``).
+        self.replicas.start(on_dead=self._take_out)
+        if self._dead is not None:  # every replica died before serving anything
+            self.replicas.shutdown()
+            raise EngineDeadError(str(self._dead))
+        for replica in self.replicas.replicas:
+            replica.thread = threading.Thread(target=self._loop, args=(replica,), daemon=True,
+                                              name=f"diffserve-engine-replica-{replica.index}")
+            replica.thread.start()
         self._ready = True
+
+    @property
+    def executor(self) -> Executor:
+        """A live replica's executor (its name and capabilities are every replica's)."""
+        return self.replicas.executor()
 
     # -- admission ----------------------------------------------------------------------------------
 
@@ -78,7 +85,7 @@ class EngineCore:
         self.check_health()
         if not self._ready:
             raise EngineNotReadyError("the engine is still loading or warming up")
-        state = RequestState(admit(request, self.config.server, self.executor.capabilities), sink)
+        state = RequestState(admit(request, self.config.server, self.replicas.capabilities), sink)
         self.scheduler.add(state)
         return state
 
@@ -96,33 +103,39 @@ class EngineCore:
 
     # -- the loop -----------------------------------------------------------------------------------
 
-    def _loop(self) -> None:
+    def _loop(self, replica: Replica) -> None:
+        """One replica's dispatch loop: it asks for a batch only while its replica is free."""
         while not self._stopping.is_set():
-            self._heartbeat.beat("idle")
-            if self._dead is not None:
-                # Admission is closed: next_batch would return at once, so wait here instead of spinning.
+            replica.heartbeat.beat("idle")
+            if self._dead is not None or not replica.live:
+                # Nothing to pull (admission closed, or this replica is out): beat without spinning.
                 self._stopping.wait(0.5)
                 continue
             batch = self.scheduler.next_batch(timeout=0.5)
             if not batch:
                 continue
-            self._heartbeat.beat("running")
+            if not replica.live:
+                # It died while this thread waited for work: the batch never reached it, so another
+                # replica runs it instead of failing requests that never started.
+                self.scheduler.requeue(batch)
+                continue
+            replica.heartbeat.beat("running")
             outcome: tuple[str, BaseException | None]
             try:
-                outcome = self._run_batch(batch)
+                outcome = self._run_batch(replica, batch)
             except Exception as exc:  # a bug here must fail these requests, not stop the loop
-                logger.exception("engine loop error")
+                logger.exception("engine loop error (replica %d)", replica.index)
                 for state in batch:
                     state.finish(WorkerError(f"engine error: {exc}"))
                 outcome = ("error", exc)
             finally:
                 self.scheduler.done(batch)
-                self._heartbeat.beat("idle")
-            fatal = self._failures.record(*outcome)
+                replica.heartbeat.beat("idle")
+            fatal = replica.failures.record(*outcome)
             if fatal is not None:
-                self._die(fatal)
+                self._take_out(replica, fatal)
 
-    def _run_batch(self, batch: list[RequestState]) -> tuple[str, BaseException | None]:
+    def _run_batch(self, replica: Replica, batch: list[RequestState]) -> tuple[str, BaseException | None]:
         """Run one batch; returns its outcome (``ok``, ``error``, ``rejected``, ``aborted``, ``dead``,
         ``empty``) and the error, for the consecutive-failure streak."""
         live = [s for s in batch if not s.aborted and not s.finished]
@@ -135,37 +148,39 @@ class EngineCore:
                     state.sink(ProgressEvent(state.request_id, step, total))
 
         requests = [s.request for s in live]
-        capabilities = self.executor.capabilities
+        executor = replica.executor
+        capabilities = executor.capabilities
         deadline = batch_deadline_s(requests, self.config.server,
                                     capabilities.default_size if capabilities is not None else None)
         start = time.monotonic()
         try:
-            outputs = self.executor.execute(requests, on_step, should_cancel=lambda: all(s.aborted for s in live),
+            outputs = executor.execute(requests, on_step, should_cancel=lambda: all(s.aborted for s in live),
                                             timeout=deadline)
         except RequestAbortedError:
             # Stats first, then the final items: whoever sees a result also sees its batch counted.
-            self._emit(live, start, "aborted", None)
+            self._emit(replica, live, start, "aborted", None)
             self._deliver([(s, RequestAbortedError(f"request {s.request_id} was aborted")) for s in live])
             return ("aborted", None)
         except DeadlineExceeded:
-            self._hung(live, deadline)
+            self._hung(replica, live, deadline)
             return ("dead", None)
         except EngineDeadError as exc:
-            self._die(exc)
+            self._take_out(replica, exc)
+            self._fail_lost(replica, live, exc)
             return ("dead", exc)
         except Exception as exc:
             if len(live) > 1:
                 # Isolate the failure: rerun each request alone so one bad request fails alone. The
                 # reruns make one batch for the failure streak: it failed unless one of them succeeded.
                 logger.warning("batch of %d failed (%s); retrying its requests one by one", len(live), exc)
-                outcomes = [self._run_batch([state]) for state in live]
+                outcomes = [self._run_batch(replica, [state]) for state in live]
                 if any(kind == "ok" for kind, _ in outcomes):
                     return ("ok", None)
                 if any(kind == "dead" for kind, _ in outcomes):
                     return ("dead", None)
                 errors = [error for kind, error in outcomes if kind == "error"]
                 return ("error", errors[-1]) if errors else ("rejected", None)
-            self._emit(live, start, "error", None)
+            self._emit(replica, live, start, "error", None)
             self.counters.requests_failed += int(not live[0].finished)
             self._deliver([(live[0], exc)])
             # A request the model refuses is the client's fault, not a sign of a sick engine.
@@ -179,21 +194,40 @@ class EngineCore:
                 continue
             queue_ms = ((state.started or start) - state.arrival) * 1000.0
             finals.append((state, build_output(state.request, output, queue_ms, self.config.fingerprint)))
-        self._emit(live, start, "ok", outputs[0] if outputs else None)
+        self._emit(replica, live, start, "ok", outputs[0] if outputs else None)
         self.counters.requests_ok += sum(1 for s, item in finals
                                          if not s.finished and not isinstance(item, BaseException))
         self._deliver(finals)
         return ("ok", None)
 
-    def _hung(self, live: list[RequestState], deadline: float) -> None:
+    def _hung(self, replica: Replica, live: list[RequestState], deadline: float) -> None:
         """The batch ran past its deadline: its worker is hung. The executor kills what it can (mp:
-        SIGKILL), and the engine dies, failing every waiting and running request."""
+        SIGKILL) and the replica is taken out; its batch fails (the whole engine dies, failing every
+        waiting request too, if it was the last replica)."""
         ids = [s.request_id for s in live]
-        logger.error("batch %s exceeded its deadline of %.1fs: the worker is hung", ids, deadline)
+        logger.error("batch %s exceeded its deadline of %.1fs: the worker of replica %d is hung", ids,
+                     deadline, replica.index)
         error = EngineDeadError(f"a batch ({', '.join(ids)}) exceeded its deadline of {deadline:.1f}s: "
-                                f"the {self.executor.name} worker is hung")
-        self.executor.abandon(str(error))
-        self._die(error)
+                                f"the {replica.executor.name} worker of replica {replica.index} is hung")
+        replica.executor.abandon(str(error))
+        self._take_out(replica, error)
+        self._fail_lost(replica, live, error)
+
+    def _fail_lost(self, replica: Replica, live: list[RequestState], error: EngineDeadError) -> None:
+        """The requests a lost replica was running fail (they are not retried elsewhere: a request
+        that crashes its worker would take the next replica down too). Once the engine is dead they
+        already got its error from ``_die``."""
+        if self._is_shutdown:
+            return  # shutdown already failed them
+        if self._dead is not None or not self.replicas.live():
+            # The last replica is gone: the monitor that took it out may not have marked the engine
+            # dead yet, and a caller that gets its error must already see ``is_dead``.
+            self._die(error)
+            return
+        message = (f"replica {replica.index} of {self.replicas.count} was lost while running this request "
+                   f"({error}); {len(self.replicas.live())} replica(s) still serve: retry the request")
+        self.counters.requests_failed += sum(1 for s in live if not s.finished)
+        self._deliver([(state, EngineDeadError(message)) for state in live])
 
     def _deliver(self, finals: list[tuple[RequestState, Any]]) -> None:
         """Leave the running set, then hand out the final items: a caller that has its result sees the
@@ -202,9 +236,10 @@ class EngineCore:
         for state, item in finals:
             state.finish(item)
 
-    def _emit(self, live: list[RequestState], start: float, outcome: str, first: RequestResult | None) -> None:
+    def _emit(self, replica: Replica, live: list[RequestState], start: float, outcome: str,
+              first: RequestResult | None) -> None:
         stats = BatchStats(
-            executor=self.executor.name, batch_size=len(live),
+            executor=replica.executor.name, replica=replica.index, batch_size=len(live),
             images=sum(s.request.n for s in live),
             request_ids=tuple(s.request_id for s in live),
             queue_ms=tuple(round(((s.started or start) - s.arrival) * 1000.0, 3) for s in live),
@@ -228,24 +263,19 @@ class EngineCore:
 
     # -- warmup, death, shutdown --------------------------------------------------------------------
 
-    def _warmup(self) -> None:
-        warm = self.stage.warmup
-        request = GenerationRequest(prompt="warmup", height=warm.height, width=warm.width,
-                                    num_inference_steps=warm.steps, seed=0, max_sequence_length=64,
-                                    request_id="warmup", is_warmup=True)
-        start = time.monotonic()
-        # Checked against the model (not the request limits: the operator chose it), then straight to the
-        # executor: warmup never enters the queue, the counters or the stats (the worker pauses the
-        # kernel counters for an all-warmup batch).
-        if self.executor.capabilities is not None:
-            check_capabilities(request, self.executor.capabilities)
-        self.executor.execute([request])
-        logger.info("warmup %dx%d, %d step(s) took %.0f ms", warm.width, warm.height, warm.steps,
-                    (time.monotonic() - start) * 1000.0)
-
-    def _on_worker_death(self, error: EngineDeadError) -> None:
-        """Called from the executor's monitor: fail queued and running requests right away."""
-        self._die(error)
+    def _take_out(self, replica: Replica, error: EngineDeadError) -> None:
+        """Take a replica that cannot serve out of service (its executor's ``on_dead``, a hung batch, a
+        failure streak); idempotent. The engine dies only with its last replica."""
+        if self._is_shutdown:
+            return  # the executors report their own shutdown as a death: not a failure
+        remaining = self.replicas.take_out(replica, error)
+        if remaining is None:
+            return
+        if remaining == 0:
+            self._die(error)
+        else:
+            logger.error("replica %d of %d taken out (%s); %d replica(s) still serve", replica.index,
+                         self.replicas.count, error, remaining)
 
     def _die(self, error: EngineDeadError) -> None:
         if self._dead is None:
@@ -255,30 +285,42 @@ class EngineCore:
             state.finish(EngineDeadError(str(error)))
 
     def check_health(self) -> None:
+        """Raise ``EngineDeadError`` when no replica serves; a degraded engine (some out) is healthy."""
         if self._dead is not None:
             raise EngineDeadError(str(self._dead))
-        self.executor.check_health()
+        if self._is_shutdown:
+            raise EngineDeadError("the engine was shut down")
+        if self._ready and not self.replicas.live():
+            # The last replica is out but _die() may not have run yet (it follows take_out): say why.
+            reasons = [str(r.out or r.executor.calls.dead) for r in self.replicas.replicas
+                       if r.out is not None or r.executor.calls.dead is not None]
+            raise EngineDeadError(f"no replica is live: {reasons[-1]}" if reasons else "no replica is live")
 
     @property
     def is_ready(self) -> bool:
-        return self._ready and self._dead is None and not self._is_shutdown
+        return self._ready and not self.is_dead and not self._is_shutdown
 
     @property
     def is_dead(self) -> bool:
-        return self._dead is not None
+        # No live replica counts at once: the monitor that takes the last one out marks ``_dead`` a
+        # moment later.
+        return self._dead is not None or (self._ready and not self._is_shutdown and not self.replicas.live())
+
+    @property
+    def replicas_live(self) -> int:
+        return 0 if self._dead is not None or self._is_shutdown else len(self.replicas.live())
 
     @property
     def heartbeat_age_s(self) -> float:
-        """Seconds since the loop thread last beat (it beats at least every ~0.5 s while idle)."""
-        return self._heartbeat.age_s
+        """Seconds since the stalest live replica loop last beat (each beats every ~0.5 s while idle)."""
+        return self.replicas.heartbeat_age_s
 
     @property
     def loop_state(self) -> str:
-        """``idle``, ``running`` (a batch is on the executor) or ``dead`` (engine dead or shut down)."""
-        thread = getattr(self, "_thread", None)
-        if self._dead is not None or self._is_shutdown or (thread is not None and not thread.is_alive()):
+        """``idle``, ``running`` (a batch is on an executor) or ``dead`` (engine dead or shut down)."""
+        if self._dead is not None or self._is_shutdown:
             return "dead"
-        return self._heartbeat.state
+        return self.replicas.loop_state
 
     def shutdown(self) -> None:
         """Fail waiting requests, stop the loop and the workers. Idempotent."""
@@ -289,7 +331,8 @@ class EngineCore:
         self._stopping.set()
         for state in self.scheduler.drain():
             state.finish(EngineDeadError("the engine was shut down"))
-        self.executor.shutdown()
-        thread = getattr(self, "_thread", None)
-        if thread is not None and thread is not threading.current_thread():
-            thread.join(timeout=10.0)
+        self.replicas.shutdown()
+        for replica in self.replicas.replicas:
+            thread = replica.thread
+            if thread is not None and thread is not threading.current_thread():
+                thread.join(timeout=10.0)

@@ -98,6 +98,18 @@ class Scheduler:
             for state in batch:
                 self._running.pop(state.request_id, None)
 
+    def requeue(self, batch: list[RequestState]) -> None:
+        """Put a batch that never reached a worker back at the head of the queue, in its order (its
+        replica was lost before it could run it). Nothing to do once the queue was drained."""
+        with self._cond:
+            if self._closed:
+                return
+            for state in batch:
+                self._running.pop(state.request_id, None)
+                state.started = None
+            self._waiting[:0] = [s for s in batch if not s.aborted and not s.finished]
+            self._cond.notify_all()
+
     def abort(self, request_id: str) -> tuple[RequestState | None, bool]:
         """Mark a request aborted. Returns (state, was_queued); (None, False) if unknown or finished."""
         with self._cond:

@@ -21,6 +21,7 @@ class BatchStats:
     outcome: str
     phase_ms: dict[str, float] = field(default_factory=dict)
     kernels: dict[str, Any] = field(default_factory=dict)
+    replica: int = 0  # which replica ran it (``num_replicas``)
 
 
 @dataclass

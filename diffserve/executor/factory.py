@@ -18,9 +18,9 @@ def make_executor(config: ResolvedConfig, stage_id: int | None = None, *, replic
                   **kwargs: Any) -> Executor:
     """Replica ``replica`` of stage ``stage_id`` (default: the diffusion stage), imported only when chosen.
 
-    A world size or replica count the executor or the model family cannot run is a ``ConfigError``
-    here (``config/layout.py``), never a silent downgrade; ``kwargs`` go to the constructor
-    (``ready_timeout``).
+    A world size the executor or the model family cannot run is a ``ConfigError`` here
+    (``config/layout.py``), never a silent downgrade; ``kwargs`` go to the constructor
+    (``ready_timeout``). The engine calls it once per replica (``engine/replicas.py``).
     """
     stage = config.stage_for_role("diffusion") if stage_id is None else config.stage(stage_id)
     require_runnable(config, stage)

@@ -1,17 +1,19 @@
-"""Which torch device a rank of a stage runs on."""
+"""Which torch device a rank of a replica of a stage runs on."""
 
 from __future__ import annotations
 
 from diffserve.config.schema import StageConfig
 
 
-def device_for(stage: StageConfig, rank: int) -> str:
-    """The stage's device list (``devices: "0,1"``) indexed by rank when CUDA is present, else the CPU."""
+def device_for(stage: StageConfig, rank: int, replica: int = 0) -> str:
+    """The stage's device list (``devices: "0,1"``) indexed by ``replica * world_size + rank`` when
+    CUDA is present (so replicas do not pile onto one device), else the CPU."""
     import torch
 
     if not torch.cuda.is_available():
         return "cpu"
+    slot = replica * stage.parallel.world_size + rank
     devices = [d for d in stage.devices.replace(" ", "").split(",") if d and d != "auto"]
-    index = devices[rank % len(devices)] if devices else rank
+    index = devices[slot % len(devices)] if devices else slot % max(torch.cuda.device_count(), 1)
     text = str(index)
     return text if text.startswith(("cuda", "cpu")) else f"cuda:{text}"

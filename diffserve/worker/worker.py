@@ -43,7 +43,7 @@ class Worker:
         self.rank = rank
         self.replica = replica
         self.executor = executor
-        self.device = device_for(self.stage, rank)
+        self.device = device_for(self.stage, rank, replica)
         self.extension: WorkerExtension | None = None
         self.pipeline: Pipeline | None = None
         self.kernel_observers: list[KernelObserver] = []

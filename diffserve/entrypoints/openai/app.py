@@ -66,7 +66,8 @@ def create_app(engine: AsyncEngineClient | None = None, *, engine_factory: Engin
         loaded.add_stats_listener(metrics.observe_batch)
 
     host = EngineHost(engine=engine, factory=engine_factory, on_loaded=on_loaded)
-    metrics.bind_engine_state(queue_depth=host.queue_depth, ready=lambda: float(host.is_ready))
+    metrics.bind_engine_state(queue_depth=host.queue_depth, ready=lambda: float(host.is_ready),
+                              replicas_live=host.replicas_live)
     server = config.server if config is not None else ServerConfig()
     store = ImageStore(ttl_s=image_ttl_s)
     names = frozenset({served_model_name, *model_aliases})
@@ -120,9 +121,17 @@ def create_app(engine: AsyncEngineClient | None = None, *, engine_factory: Engin
     @app.get("/health")
     async def health() -> Response:
         # Liveness: the process answers; a dead engine fails it so orchestrators restart the server.
+        # Replicas taken out leave it 200 ("degraded"): the others still serve, a restart would stop them.
         if host.is_dead:
             return error_response(engine_dead())
-        return JSONResponse({"status": "ok"})
+        replicas = host.replicas()
+        if replicas is None:
+            return JSONResponse({"status": "ok"})
+        live, configured = replicas
+        if live == 0:
+            return error_response(engine_dead("no replica is live"))
+        return JSONResponse({"status": "degraded" if live < configured else "ok", "replicas_live": live,
+                             "replicas": configured})
 
     @app.get("/ready")
     async def ready() -> Response:

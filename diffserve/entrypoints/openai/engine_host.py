@@ -76,6 +76,18 @@ class EngineHost:
             return None
         return {"state": self.engine.loop_state, "heartbeat_age_s": round(self.engine.heartbeat_age_s, 3)}
 
+    def replicas(self) -> tuple[int, int] | None:
+        """``(live, configured)`` replicas of a loaded engine; None while it loads."""
+        if self.engine is None:
+            return None
+        return self.engine.replicas_live, self.engine.num_replicas
+
+    def replicas_live(self) -> float:
+        """For the gauge: 0 while loading, after a failed load and once the engine is dead."""
+        if self.engine is None or self.is_dead:
+            return 0.0
+        return float(self.engine.replicas_live)
+
     def queue_depth(self) -> float:
         if self.engine is None:
             return 0.0

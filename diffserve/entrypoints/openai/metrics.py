@@ -49,11 +49,16 @@ class ServerMetrics:
         self.queue_depth = Gauge("diffserve_queue_depth", "Requests waiting in the engine's queue",
                                  registry=r)
         self.ready = Gauge("diffserve_engine_ready", "1 when the model is loaded and warmed", registry=r)
+        self.replicas_live = Gauge("diffserve_replicas_live",
+                                   "Engine replicas still serving (below num_replicas: degraded)", registry=r)
 
-    def bind_engine_state(self, queue_depth: Callable[[], float], ready: Callable[[], float]) -> None:
+    def bind_engine_state(self, queue_depth: Callable[[], float], ready: Callable[[], float],
+                          replicas_live: Callable[[], float] | None = None) -> None:
         """Gauges read live from the engine at scrape time."""
         self.queue_depth.set_function(queue_depth)
         self.ready.set_function(ready)
+        if replicas_live is not None:
+            self.replicas_live.set_function(replicas_live)
 
     def observe_output(self, timings_ms: dict[str, float], n_images: int) -> None:
         """Per request: the engine's phase timings (plus the server's own encode time)."""

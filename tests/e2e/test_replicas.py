@@ -1,0 +1,282 @@
+"""Data-parallel replicas (``num_replicas: 2``) on every executor: the work is shared and every image is
+bit-identical to a one-replica run; a replica whose worker dies or hangs is taken out while the other
+keeps serving; the last one going kills the engine; /health and /metrics show the degraded state."""
+
+from __future__ import annotations
+
+import importlib.util
+import multiprocessing
+import os
+import re
+import signal
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from e2e_utils import pid_alive
+from server_process import ServerProcess
+
+from diffserve import Engine, GenerationRequest
+from diffserve.errors import EngineDeadError
+from diffserve.registry.executors import EXECUTORS as REGISTERED
+from diffserve.worker.extension import WorkerExtension
+
+pytestmark = pytest.mark.e2e
+
+# Ray joins once its executor is registered (it is being built alongside this feature).
+EXECUTORS = ["uni", "mp"] + (["ray"] if importlib.util.find_spec("ray") and "ray" in REGISTERED else [])
+# Executors whose workers are processes of their own, which a test can SIGKILL.
+PROCESS_EXECUTORS = [e for e in EXECUTORS if e != "uni"]
+
+# Released at teardown: a uni worker thread hung in a step cannot be killed.
+RELEASE = threading.Event()
+
+
+class SlowStepExtension(WorkerExtension):
+    """Every transformer forward sleeps 50 ms first, so a long request is still running when killed."""
+
+    def after_load(self, worker: Any) -> None:
+        transformer = worker.pipeline.transformer
+        original = transformer.forward
+
+        def forward(*args: Any, **kwargs: Any) -> Any:
+            time.sleep(0.05)
+            return original(*args, **kwargs)
+
+        transformer.forward = forward
+
+
+class HangReplicaOneExtension(WorkerExtension):
+    """Replica 1's transformer forward blocks until RELEASE is set; replica 0 is healthy."""
+
+    def after_load(self, worker: Any) -> None:
+        if worker.replica != 1:
+            return
+        transformer = worker.pipeline.transformer
+
+        def forward(*args: Any, **kwargs: Any) -> Any:
+            RELEASE.wait()
+            raise RuntimeError("released from the injected hang")
+
+        transformer.forward = forward
+
+
+def make_request(seed: int, steps: int = 4) -> GenerationRequest:
+    return GenerationRequest(prompt="a fox", height=128, width=128, num_inference_steps=steps, seed=seed,
+                             guidance_scale=0.0, max_sequence_length=64)
+
+
+def deploy(executor: str, replicas: int, extension: type | None = None, **extra: Any) -> dict[str, Any]:
+    config = {"dtype": "float32", "enforce_eager": True, "distributed_executor_backend": executor,
+              "num_replicas": replicas, **extra}
+    if extension is not None:
+        config["worker_extension_cls"] = f"{extension.__module__}.{extension.__qualname__}"
+    return config
+
+
+def needs_backend(request: pytest.FixtureRequest, executor: str) -> None:
+    if executor == "ray":  # a Ray session is the other executor's fixture; skip until it exists
+        try:
+            request.getfixturevalue("ray_session")
+        except pytest.FixtureLookupError:
+            pytest.skip("the ray_session fixture is not available")
+
+
+def in_thread(engine: Engine, req: GenerationRequest, started: threading.Event | None = None,
+              ) -> tuple[threading.Thread, dict[str, Any]]:
+    box: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            box["out"] = engine.generate(req, timeout=120,
+                                         on_progress=(lambda e: started.set()) if started else None)
+        except BaseException as exc:  # noqa: BLE001 - checked by the test
+            box["error"] = exc
+        box["done_at"] = time.monotonic()
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    return thread, box
+
+
+def wait_until(predicate: Any, timeout: float) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.05)
+    return predicate()
+
+
+@pytest.mark.parametrize("executor", EXECUTORS)
+def test_two_replicas_share_the_work_bit_identically(executor: str, tiny_flux_dir: Path,
+                                                     request: pytest.FixtureRequest) -> None:
+    needs_backend(request, executor)
+    seeds = list(range(200, 208))
+    with Engine(str(tiny_flux_dir), deploy_config=deploy(executor, 1), env={}) as single:
+        reference = {seed: single.generate(make_request(seed)).images[0].tobytes() for seed in seeds}
+    with Engine(str(tiny_flux_dir), deploy_config=deploy(executor, 2, max_batch_size=2,
+                                                         warmup={"enabled": True, "steps": 1}),
+                env={}) as engine:
+        assert engine.num_replicas == 2 and engine.replicas_live == 2 and engine.is_ready
+        assert len(engine.worker_pids) == 2
+        # Warmup ran once per replica, and RPCs reach every rank of every replica, replica-major.
+        described = engine.collective_rpc("describe")
+        assert [d["replica"] for d in described] == [0, 1]
+        assert [d["batches_run"] for d in described] == [1, 1]
+        outs: dict[int, Any] = {}
+        threads = [threading.Thread(target=lambda s=s: outs.__setitem__(s, engine.generate(make_request(s))))
+                   for s in seeds]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(120)
+        assert sorted(outs) == seeds
+        assert {out.attestation["replica"] for out in outs.values()} == {0, 1}
+        assert all(out.attestation["batch_size"] <= 2 for out in outs.values())  # max_batch_size per batch
+        for seed, out in outs.items():
+            assert out.seeds == [seed] and out.images[0].tobytes() == reference[seed], seed
+        assert engine.stats()["requests_ok"] == 8
+        pids = list(engine.worker_pids)
+    assert not engine.is_ready and engine.replicas_live == 0
+    if executor != "uni":
+        assert not any(pid_alive(p) for p in pids)
+
+
+@pytest.mark.parametrize("executor", PROCESS_EXECUTORS)
+def test_killed_replica_is_taken_out_and_the_last_one_kills_the_engine(executor: str, tiny_flux_dir: Path,
+                                                                       request: pytest.FixtureRequest) -> None:
+    needs_backend(request, executor)
+    engine = Engine(str(tiny_flux_dir), deploy_config=deploy(executor, 2, SlowStepExtension), env={})
+    pids = list(engine.worker_pids)
+    try:
+        assert len(pids) == 2 and all(pid_alive(p) for p in pids)
+        # Two long requests with different batch keys: running at the same time, they run on both.
+        started = [threading.Event(), threading.Event()]
+        long_runs = [in_thread(engine, make_request(1, steps=60), started[0]),
+                     in_thread(engine, make_request(2, steps=59), started[1])]
+        assert all(event.wait(60) for event in started)
+        killed_at = time.monotonic()
+        os.kill(pids[1], signal.SIGKILL)
+        for thread, _ in long_runs:
+            thread.join(30)
+        boxes = [box for _, box in long_runs]
+        errors = [box["error"] for box in boxes if "error" in box]
+        # The killed replica's request fails with the documented error, at once; the other finishes.
+        assert len(errors) == 1, boxes
+        assert isinstance(errors[0], EngineDeadError) and "replica 1 of 2" in str(errors[0])
+        assert "retry" in str(errors[0])
+        failed = next(box for box in boxes if "error" in box)
+        assert failed["done_at"] - killed_at < 10
+        survivor = next(box["out"] for box in boxes if "out" in box)
+        assert survivor.attestation["replica"] == 0
+        # Degraded, not dead: later requests run on replica 0, RPCs reach the live replica only.
+        assert not engine.is_dead and engine.is_ready and engine.replicas_live == 1
+        engine.check_health()
+        later = [engine.generate(make_request(seed), timeout=60) for seed in (3, 4, 5)]
+        assert [out.attestation["replica"] for out in later] == [0, 0, 0]
+        assert engine.collective_rpc("ping", timeout=30) == ["pong"]
+        # The last replica going kills the engine: the in-flight request and later ones get EngineDeadError.
+        event = threading.Event()
+        thread, box = in_thread(engine, make_request(6, steps=60), event)
+        assert event.wait(60)
+        killed_at = time.monotonic()
+        os.kill(pids[0], signal.SIGKILL)
+        thread.join(10)
+        assert isinstance(box.get("error"), EngineDeadError), box
+        assert box["done_at"] - killed_at < 10
+        assert engine.is_dead and engine.replicas_live == 0
+        with pytest.raises(EngineDeadError):
+            engine.generate(make_request(7))
+    finally:
+        start = time.monotonic()
+        engine.shutdown()
+        assert time.monotonic() - start < 15
+    assert not any(pid_alive(p) for p in pids)
+    assert not set(pids) & {p.pid for p in multiprocessing.active_children()}
+
+
+def test_hung_replica_is_taken_out_while_the_other_serves(tiny_flux_dir: Path) -> None:
+    engine = Engine(str(tiny_flux_dir), deploy_config=deploy(
+        "uni", 2, HangReplicaOneExtension, max_batch_size=1, warmup={"enabled": False},
+        server={"batch_deadline_floor_s": 2, "batch_deadline_s_per_mpix_step": 0}), env={})
+    try:
+        runs = [in_thread(engine, make_request(seed)) for seed in range(10, 14)]
+        # Replica 1 picks up a request and hangs: past its 2 s deadline it is taken out, not the engine.
+        assert wait_until(lambda: engine.replicas_live == 1, 15)
+        for thread, _ in runs:
+            thread.join(30)
+        boxes = [box for _, box in runs]
+        errors = [box["error"] for box in boxes if "error" in box]
+        assert len(errors) == 1, boxes
+        assert isinstance(errors[0], EngineDeadError) and "deadline" in str(errors[0])
+        assert "replica 1" in str(errors[0])
+        assert all(box["out"].attestation["replica"] == 0 for box in boxes if "out" in box)
+        assert not engine.is_dead and engine.loop_state != "dead"
+        assert engine.generate(make_request(20), timeout=30).attestation["replica"] == 0
+        time.sleep(1.0)
+        assert engine.heartbeat_age_s < 1.0  # the live replica's loop keeps beating
+    finally:
+        start = time.monotonic()
+        engine.shutdown()
+        assert time.monotonic() - start < 10
+        RELEASE.set()
+
+
+def _worker_children(pid: int) -> list[int]:
+    """Spawned multiprocessing children of ``pid`` (not the resource tracker), from /proc."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            stat = Path(f"/proc/{entry}/stat").read_text()
+            cmd = Path(f"/proc/{entry}/cmdline").read_bytes().decode(errors="replace")
+        except OSError:
+            continue
+        fields = stat[stat.rindex(")") + 2:].split()
+        if fields[1] == str(pid) and fields[0] != "Z" and "multiprocessing" in cmd and "resource_tracker" not in cmd:
+            found.append(int(entry))
+    return found
+
+
+def _gauge(url: str) -> float:
+    text = httpx.get(url + "/metrics", timeout=5).text
+    match = re.search(r"^diffserve_replicas_live ([0-9.]+)$", text, re.MULTILINE)
+    assert match, text
+    return float(match.group(1))
+
+
+def test_http_health_reports_degraded_replicas(tiny_flux_dir: Path, tmp_path: Path) -> None:
+    path = tmp_path / "deploy.yaml"
+    path.write_text("distributed_executor_backend: mp\nnum_replicas: 2\nenforce_eager: true\ndtype: float32\n")
+    server = ServerProcess([str(tiny_flux_dir), "--deploy-config", str(path)], tmp_path / "server.log")
+    workers: list[int] = []
+    body = {"prompt": "a fox", "size": "64x64", "num_inference_steps": 2}
+    try:
+        server.wait_for("/ready")
+        assert httpx.get(server.url + "/health").json() == {"status": "ok", "replicas_live": 2, "replicas": 2}
+        assert _gauge(server.url) == 2.0
+        workers = _worker_children(server.proc.pid)
+        assert len(workers) == 2, workers
+        os.kill(workers[0], signal.SIGKILL)
+        assert wait_until(lambda: httpx.get(server.url + "/health", timeout=5).json().get("status") == "degraded",
+                          10), server.log()
+        health = httpx.get(server.url + "/health", timeout=5)
+        assert health.status_code == 200 and health.json() == {"status": "degraded", "replicas_live": 1,
+                                                               "replicas": 2}
+        assert httpx.get(server.url + "/ready", timeout=5).status_code == 200
+        assert _gauge(server.url) == 1.0
+        assert httpx.post(server.url + "/v1/images/generations", json=body, timeout=60).status_code == 200
+        os.kill(workers[1], signal.SIGKILL)
+        assert wait_until(lambda: httpx.get(server.url + "/health", timeout=5).status_code == 503, 10)
+        assert httpx.get(server.url + "/ready", timeout=5).status_code == 503
+        assert _gauge(server.url) == 0.0
+    finally:
+        for pid in workers:
+            if pid_alive(pid):
+                os.kill(pid, signal.SIGKILL)
+        server.stop()
