@@ -128,7 +128,7 @@ class RayExecutor(Executor):
             actor = actor_cls.options(
                 num_cpus=0 if self._gpu else 1, num_gpus=1 if self._gpu else 0,
                 max_concurrency=_MAX_CONCURRENCY, max_restarts=0, scheduling_strategy=strategy,
-            ).remote(self.config, self.stage_id, rank, self.replica, log_level)
+            ).remote(self.config, self.stage_id, rank, self.replica, log_level, _driver_threads())
             self._actors.append(actor)
 
     def _handshake(self) -> None:
@@ -249,3 +249,9 @@ def _short(exc: BaseException) -> str:
     # Ray's actor-death messages run to many lines; the first names the cause.
     text = str(exc).strip().splitlines()
     return f"{type(exc).__name__}: {text[0][:300] if text else ''}"
+
+
+def _driver_threads() -> int | None:
+    """The driver's ``OMP_NUM_THREADS``, if it set a valid one (the actors follow it)."""
+    value = os.environ.get("OMP_NUM_THREADS", "")
+    return int(value) if value.isdigit() and int(value) > 0 else None

@@ -33,8 +33,14 @@ class RankActor:
     """One rank of one replica of a stage, as a Ray actor (``ray.remote`` is applied by the executor)."""
 
     def __init__(self, config: ResolvedConfig, stage_id: int, rank: int, replica: int,
-                 log_level: int | None) -> None:
+                 log_level: int | None, torch_threads: int | None = None) -> None:
         import ray
+        import torch
+
+        # Ray sets OMP_NUM_THREADS to the actor's num_cpus (1 here: the bundle is for placement), which
+        # would run the model on one core where uni and mp use the process default. Follow the driver's
+        # OMP_NUM_THREADS when it set one, else every core of this node, as a spawned mp worker does.
+        torch.set_num_threads(torch_threads or os.cpu_count() or 1)
 
         if log_level is not None:  # the driver logs (CLI/server): so does its worker, at the same level
             from diffserve.logging import configure_logging

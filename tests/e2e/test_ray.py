@@ -34,6 +34,12 @@ def _diffserve_groups(ray: Any) -> dict[str, str]:
             if entry["name"].startswith("diffserve-")}
 
 
+def _torch_threads(worker: Any) -> int:
+    import torch
+
+    return torch.get_num_threads()
+
+
 def _wait_until(predicate: Any, seconds: float) -> bool:
     deadline = time.monotonic() + seconds
     while not predicate() and time.monotonic() < deadline:
@@ -55,6 +61,10 @@ def test_ray_serves_attests_its_node_and_matches_uni(ray_session: Any, tiny_flux
         assert attestation["node"] in nodes
         assert attestation["config_fingerprint"] == engine.config.fingerprint
         assert engine.collective_rpc("pid") == [pid]
+        # Ray sets OMP_NUM_THREADS=1 in actors; the worker runs on as many threads as an mp worker would.
+        driver = os.environ.get("OMP_NUM_THREADS", "")
+        expected = int(driver) if driver.isdigit() and int(driver) > 0 else os.cpu_count()
+        assert engine.collective_rpc(_torch_threads) == [expected]
         new_groups = set(_diffserve_groups(ray_session)) - set(groups_before)
         assert len(new_groups) == 1  # one placement group for the one replica
     # Shutdown: the actor process is gone and the placement group removed.
