@@ -11,7 +11,7 @@ or family that can do more changes the answer without touching this file. Failur
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 from diffserve.config.provenance import DEFAULT_SOURCE, Collector, Source
 from diffserve.config.resolved import ResolvedConfig
@@ -19,6 +19,10 @@ from diffserve.config.schema import StageConfig
 from diffserve.errors import ConfigErrors
 from diffserve.registry.executors import EXECUTORS
 from diffserve.registry.models import MODEL_FAMILIES, ModelFamily
+
+# Each parallel degree and what it parallelizes (for the refusal message).
+_DEGREES = {"tensor_parallel_size": "tensor parallelism", "cfg_parallel_size": "CFG parallelism",
+            "ulysses_degree": "Ulysses sequence parallelism", "ring_degree": "ring-attention sequence parallelism"}
 
 
 def require_runnable(config: ResolvedConfig, stage: StageConfig) -> None:
@@ -32,6 +36,23 @@ def require_runnable(config: ResolvedConfig, stage: StageConfig) -> None:
         raise ConfigErrors(out.errors)
 
 
+def _check_family_parallel(stage: StageConfig, family: ModelFamily, where: Callable[[str], Source],
+                           out: Collector) -> None:
+    prefix = f"stages.{stage.stage_id}"
+    supported = ", ".join(family.parallel_dims) or "none"
+    refused = [name for name in _DEGREES if getattr(stage.parallel, name) > 1 and name not in family.parallel_dims]
+    for name in refused:
+        out.error(f"parallel.{name} {getattr(stage.parallel, name)}: {family.class_name} does not run "
+                  f"{_DEGREES[name]}", path=f"{prefix}.parallel.{name}", source=where(f"parallel.{name}"),
+                  hint=f"set parallel.{name}: 1 (parallel degrees this model runs: {supported})")
+    world = stage.parallel.world_size
+    if not refused and world > family.max_world_size:
+        source = next(where(f"parallel.{name}") for name in _DEGREES if getattr(stage.parallel, name) > 1)
+        out.error(f"parallel world size {world}: {family.class_name} runs at most {family.max_world_size} "
+                  "ranks per replica", path=f"{prefix}.parallel", source=source,
+                  hint=f"lower the parallel degrees (this model runs: {supported}); use num_replicas for more")
+
+
 def check_layout(stage: StageConfig, family: ModelFamily | None, provenance: Mapping[str, Source],
                  out: Collector) -> None:
     prefix = f"stages.{stage.stage_id}"
@@ -40,18 +61,22 @@ def check_layout(stage: StageConfig, family: ModelFamily | None, provenance: Map
         return provenance.get(f"{prefix}.{key}", DEFAULT_SOURCE)
 
     world = stage.parallel.world_size
-    parallel_source = next((where(f"parallel.{name}") for name in
-                            ("tensor_parallel_size", "cfg_parallel_size", "ulysses_degree", "ring_degree")
+    parallel_source = next((where(f"parallel.{name}") for name in _DEGREES
                             if getattr(stage.parallel, name) > 1), DEFAULT_SOURCE)
     executor = EXECUTORS[stage.distributed_executor_backend]
     if executor.max_world_size is not None and world > executor.max_world_size:
+        others = " or ".join(name for name, spec in EXECUTORS.items()
+                             if spec.max_world_size is None or spec.max_world_size >= world)
         out.error(f"parallel world size {world} needs {world} ranks, but the {executor.name!r} executor runs "
                   f"{executor.max_world_size}", path=f"{prefix}.parallel", source=parallel_source,
-                  hint="set distributed_executor_backend: mp, or the parallel degrees to 1")
-    if family is not None and world > family.max_world_size:
-        out.error(f"parallel world size {world}: {family.class_name} does not run CFG/sequence/tensor "
-                  f"parallelism yet (at most {family.max_world_size} rank per replica)",
-                  path=f"{prefix}.parallel", source=parallel_source, hint="set the parallel degrees to 1")
+                  hint=f"set distributed_executor_backend: {others}, or the parallel degrees to 1")
+    if stage.parallel.cfg_parallel_size > 2:
+        # True CFG has two branches (prompt, negative prompt): a third rank would have nothing to do.
+        out.error(f"cfg_parallel_size {stage.parallel.cfg_parallel_size}: true CFG has two branches, so "
+                  "it is 1 or 2", path=f"{prefix}.parallel.cfg_parallel_size",
+                  source=where("parallel.cfg_parallel_size"), hint="set parallel.cfg_parallel_size: 2")
+    if family is not None:
+        _check_family_parallel(stage, family, where, out)
     if family is not None:
         unknown = sorted(set(stage.attention_backend.roles) - set(family.attention_roles))
         if unknown:

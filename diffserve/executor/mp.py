@@ -29,6 +29,7 @@ from diffserve.executor.calls import remote_exception
 from diffserve.logging import get_logger
 from diffserve.types.channel import ChannelClosed, PipeChannel
 from diffserve.types.messages import Command
+from diffserve.worker.distributed import free_port
 from diffserve.worker.loop import process_main
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -57,12 +58,14 @@ class MultiprocExecutor(Executor):
         self._monitors: list[threading.Thread] = []
         # Registered before anything can fail, so a half-started executor is cleaned up too.
         self._finalizer = weakref.finalize(self, _stop_processes, self._processes, self._channels)
+        # One rendezvous per replica for its process group (worker/distributed.py); a single rank needs none.
+        init_method = f"tcp://127.0.0.1:{free_port()}" if self.world_size > 1 else None
         try:
             for rank in range(self.world_size):
                 parent_conn, child_conn = ctx.Pipe(duplex=True)
                 process = ctx.Process(target=process_main, name=f"diffserve-worker-{self.replica}-{rank}", daemon=True,
                                       args=(child_conn, config, stage_id, rank, os.getpid(), log_level,
-                                            self.replica))
+                                            self.replica, init_method))
                 process.start()
                 child_conn.close()  # only the child holds its end: its exit closes the pipe
                 self._processes.append(process)
@@ -81,9 +84,15 @@ class MultiprocExecutor(Executor):
 
     def _handshake(self, rank: int) -> None:
         process, channel = self._processes[rank], self._channels[rank]
-        ready = wait([channel.connection, process.sentinel], timeout=self.ready_timeout)
+        # A peer that dies while loading would leave this rank waiting in the group rendezvous.
+        peers = {p.sentinel: r for r, p in enumerate(self._processes) if r != rank}
+        ready = wait([channel.connection, process.sentinel, *peers], timeout=self.ready_timeout)
         if not ready:
             raise EngineDeadError(f"mp worker {rank} not ready within {self.ready_timeout:.0f}s")
+        dead_peer = next((peers[s] for s in ready if s in peers), None)
+        if dead_peer is not None and not (channel.connection in ready or channel.poll(0)):
+            raise EngineDeadError(f"mp worker {dead_peer} exited during startup "
+                                  f"(exit code {self._processes[dead_peer].exitcode}); see its stderr")
         try:
             reply = channel.recv() if channel.connection in ready or channel.poll(0) else None
         except ChannelClosed:
@@ -123,6 +132,10 @@ class MultiprocExecutor(Executor):
             # Pipe closed or process gone: give the exit code a moment to appear for the message.
             process.join(0.5)
             self._mark_dead(f"mp worker {rank} (pid {process.pid}) died, exit code {process.exitcode}")
+            if self.world_size > 1 and not self._is_shutdown:
+                # The process group is broken: a surviving rank would wait in its next collective
+                # until the group timeout. Nothing can use it any more, so stop it now.
+                self._kill_hung()
             return
 
     def _send(self, rank: int, command: Command) -> None:

@@ -38,7 +38,7 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 from diffserve.errors import EngineDeadError
 from diffserve.executor.base import DEFAULT_READY_TIMEOUT_S, Executor
 from diffserve.executor.calls import remote_exception
-from diffserve.executor.ray_actor import RankActor
+from diffserve.executor.ray_actor import RankActor, rendezvous_address
 from diffserve.logging import get_logger
 from diffserve.types.messages import Command, Reply
 
@@ -122,14 +122,21 @@ class RayExecutor(Executor):
         root_logger = logging.getLogger("diffserve")
         log_level = root_logger.level if root_logger.handlers else None
         actor_cls = ray.remote(RankActor)
+        init_method = self._rendezvous() if self.world_size > 1 else None
         for rank in range(self.world_size):
             strategy = PlacementGroupSchedulingStrategy(placement_group=self._placement,
                                                         placement_group_bundle_index=rank)
             actor = actor_cls.options(
                 num_cpus=0 if self._gpu else 1, num_gpus=1 if self._gpu else 0,
                 max_concurrency=_MAX_CONCURRENCY, max_restarts=0, scheduling_strategy=strategy,
-            ).remote(self.config, self.stage_id, rank, self.replica, log_level, _driver_threads())
+            ).remote(self.config, self.stage_id, rank, self.replica, log_level, _driver_threads(), init_method)
             self._actors.append(actor)
+
+    def _rendezvous(self) -> str:
+        """``tcp://ip:port`` on the node of bundle 0 (where rank 0 will run): the process group's store."""
+        strategy = PlacementGroupSchedulingStrategy(placement_group=self._placement, placement_group_bundle_index=0)
+        ref = ray.remote(rendezvous_address).options(num_cpus=0, scheduling_strategy=strategy).remote()
+        return str(ray.get(ref, timeout=self.ready_timeout))
 
     def _handshake(self) -> None:
         # Every rank loads at once; the deadline covers them all.
@@ -165,10 +172,18 @@ class RayExecutor(Executor):
                     self._deliver(reply)
                 if closed:
                     self._mark_dead(f"ray worker {rank} ({self._who(rank)}) died: its command loop ended")
+                    self._kill_group()
                     return
         except Exception as exc:  # noqa: BLE001 - a dead reader must be a death, never a silent hang
             if not self._stopping.is_set():
                 self._mark_dead(f"ray worker {rank} ({self._who(rank)}) died: {_short(exc)}")
+                self._kill_group()
+
+    def _kill_group(self) -> None:
+        # Several ranks share a process group that is now broken: a survivor would wait in its next
+        # collective until the group timeout, so it goes at once (as on mp).
+        if self.world_size > 1 and not self._stopping.is_set():
+            self._kill_hung()
 
     def _get(self, ref: Any) -> tuple[list[Reply], bool] | None:
         """The poll's answer, or None once the executor is stopping (re-checked every second)."""

@@ -33,7 +33,7 @@ class RankActor:
     """One rank of one replica of a stage, as a Ray actor (``ray.remote`` is applied by the executor)."""
 
     def __init__(self, config: ResolvedConfig, stage_id: int, rank: int, replica: int,
-                 log_level: int | None, torch_threads: int | None = None) -> None:
+                 log_level: int | None, torch_threads: int | None = None, init_method: str | None = None) -> None:
         import ray
         import torch
 
@@ -58,7 +58,8 @@ class RankActor:
 
         def run() -> None:
             try:
-                serve(worker_end, lambda: Worker(config, stage_id, rank, executor="ray", replica=replica))
+                serve(worker_end, lambda: Worker(config, stage_id, rank, executor="ray", replica=replica,
+                                                  init_method=init_method))
             finally:
                 worker_end.close()  # the parent's reader sees the loop is gone
 
@@ -111,6 +112,16 @@ class RankActor:
                 if isinstance(output, RequestResult):
                     output.attestation["node"] = self.node_id
         return reply
+
+
+def rendezvous_address() -> str:
+    """Run as a Ray task on rank 0's bundle: this node's IP and a port free on it."""
+    import ray
+
+    from diffserve.worker.distributed import free_port
+
+    host = ray.util.get_node_ip_address()
+    return f"tcp://{host}:{free_port(host)}"
 
 
 def _only_visible_gpu(config: ResolvedConfig, stage_id: int) -> ResolvedConfig:

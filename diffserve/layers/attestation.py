@@ -12,6 +12,8 @@ from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
 
+from diffserve.layers.collectives import CollectiveCounters
+
 
 class KernelCounters:
     """Counts calls per backend name for linear and attention, plus transformer forwards."""
@@ -20,6 +22,8 @@ class KernelCounters:
         self.linear: dict[str, int] = {}
         self.attention: dict[str, int] = {}
         self.transformer_forwards = 0
+        # Collectives of a parallel layout (layers/collectives.py); reported beside the snapshot.
+        self.collectives = CollectiveCounters()
         self._paused = 0
 
     @property
@@ -57,6 +61,7 @@ class KernelCounters:
         self.linear.clear()
         self.attention.clear()
         self.transformer_forwards = 0
+        self.collectives.reset()
 
     @contextmanager
     def paused(self) -> Iterator[None]:

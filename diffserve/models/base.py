@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Generator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from diffserve.types.capabilities import PipelineCapabilities
 
@@ -28,11 +28,26 @@ if TYPE_CHECKING:  # pragma: no cover
 
 @dataclass(frozen=True)
 class ParallelContext:
-    """Where this replica's rank sits. One rank until parallel denoising lands (the resolver refuses
-    world sizes a family cannot run, so a pipeline never sees one it does not support)."""
+    """Where this rank sits in its replica's worker group (built by ``worker/distributed.py``).
+
+    Ranks are laid out CFG-major: ``rank = cfg_rank * ulysses_size + ulysses_rank``. A group is a
+    ``torch.distributed`` process group, or ``None`` when that dimension has size 1 (nothing to
+    exchange). It lives only in the worker process that built it (process groups do not pickle).
+    """
 
     rank: int = 0
     world_size: int = 1
+    cfg_rank: int = 0
+    cfg_size: int = 1
+    ulysses_rank: int = 0
+    ulysses_size: int = 1
+    cfg_group: Any = None
+    ulysses_group: Any = None
+    world_group: Any = None  # the default group; None on one rank
+
+    @property
+    def distributed(self) -> bool:
+        return self.world_size > 1
 
 
 @dataclass(frozen=True)

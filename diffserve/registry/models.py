@@ -23,7 +23,9 @@ class ModelFamily:
     pipeline: str  # "module:Class" of the pipeline (a models.base.Pipeline)
     topology: str  # default stage layout (config.schema.TOPOLOGIES)
     attention_roles: tuple[str, ...]  # attention call sites that may get their own backend
-    max_world_size: int = 1  # ranks one replica may span (1: no CFG/sequence parallelism yet)
+    max_world_size: int = 1  # ranks one replica may span (1: no parallel denoising)
+    # The ``parallel.*`` degrees its pipeline implements (config/layout.py refuses any other above 1).
+    parallel_dims: tuple[str, ...] = ()
 
     def load_pipeline_class(self) -> Any:
         return load_target(self.pipeline)
@@ -33,7 +35,10 @@ MODEL_FAMILIES: dict[str, ModelFamily] = {
     family.class_name: family
     for family in (
         ModelFamily("FluxPipeline", "diffserve.models.flux.pipeline:FluxPipeline", "single",
-                    attention_roles=("double_block", "single_block")),
+                    attention_roles=("double_block", "single_block"),
+                    # CFG-parallel (the two true-CFG branches on two ranks) times Ulysses (the image
+                    # tokens; the degree must divide the heads, checked at load: models/flux/pipeline.py).
+                    max_world_size=16, parallel_dims=("cfg_parallel_size", "ulysses_degree")),
     )
 }
 

@@ -148,7 +148,7 @@ def serve(channel: Channel, make_worker: Callable[[], Worker],
 
 
 def process_main(conn: Connection, config: ResolvedConfig, stage_id: int, rank: int, parent_pid: int,
-                 log_level: int | None = None, replica: int = 0) -> None:
+                 log_level: int | None = None, replica: int = 0, init_method: str | None = None) -> None:
     """Entry point of an mp worker process (spawned: imports only what it needs).
 
     No PR_SET_PDEATHSIG: Linux ties it to the parent *thread*, so a worker started from a short-lived
@@ -167,7 +167,8 @@ def process_main(conn: Connection, config: ResolvedConfig, stage_id: int, rank: 
     start_parent_watchdog(parent_pid)
     channel = PipeChannel(conn)
     try:
-        serve(channel, lambda: Worker(config, stage_id, rank, executor="mp", replica=replica),
+        serve(channel, lambda: Worker(config, stage_id, rank, executor="mp", replica=replica,
+                                      init_method=init_method),
               parent_alive=lambda: os.getppid() == parent_pid)
     finally:
         channel.close()

@@ -13,17 +13,19 @@ from contextlib import nullcontext
 from typing import TYPE_CHECKING, Any
 
 from diffserve.errors import WorkerError
+from diffserve.layers.attestation import KernelCounters
+from diffserve.layers.collectives import CollectiveCounters
 from diffserve.logging import get_logger
 from diffserve.models.base import BuildContext, ParallelContext, Pipeline
 from diffserve.registry.models import MODEL_FAMILIES
 from diffserve.types.messages import WorkerInfo
 from diffserve.types.results import BatchResult, RequestResult, StepEvent
 from diffserve.worker.device import device_for
+from diffserve.worker.distributed import gather_to_rank0, init_parallel, stop_agreed
 from diffserve.worker.extension import WorkerExtension, extension_method, load_extension
 
 if TYPE_CHECKING:  # pragma: no cover
     from diffserve.config.resolved import ResolvedConfig
-    from diffserve.layers.attestation import KernelCounters
     from diffserve.layers.observe import KernelObserver
     from diffserve.types.request import GenerationRequest
 
@@ -37,7 +39,7 @@ class Worker:
     """Owns the pipeline of one stage on one device; ``rank`` is its index in the executor."""
 
     def __init__(self, config: ResolvedConfig, stage_id: int, rank: int = 0, executor: str = "uni",
-                 replica: int = 0) -> None:
+                 replica: int = 0, init_method: str | None = None) -> None:
         self.config = config
         self.stage = config.stage(stage_id)
         self.rank = rank
@@ -48,6 +50,10 @@ class Worker:
         self.pipeline: Pipeline | None = None
         self.kernel_observers: list[KernelObserver] = []
         self.batches_run = 0
+        # The rendezvous of this replica's process group (``tcp://host:port``), set by the executor
+        # when the stage spans several ranks; ``parallel`` is filled in by ``load``.
+        self.init_method = init_method
+        self.parallel = ParallelContext()
         # Batches stopped by a cancel: (request ids, steps done, total steps), most recent last.
         self.cancelled: list[dict[str, Any]] = []
 
@@ -63,9 +69,12 @@ class Worker:
             self.extension.before_load(self)
         if self.config.model and self.config.model_family:
             family = MODEL_FAMILIES[self.config.model_family]
+            # The groups exist only to serve the pipeline: a model-less group of ranks serves RPCs alone.
+            # The batch deadline floor bounds a collective whose peer never comes (no new key needed).
+            self.parallel = init_parallel(self.stage, self.rank, self.device, self.init_method,
+                                          float(self.config.server.batch_deadline_floor_s))
             context = BuildContext(device=self.device, kernel_observers=tuple(self.kernel_observers),
-                                   parallel=ParallelContext(rank=self.rank,
-                                                            world_size=self.stage.parallel.world_size))
+                                   parallel=self.parallel)
             self.pipeline = family.load_pipeline_class().from_stage(self.config.model, self.stage, context)
         else:
             logger.warning("no model configured: worker %d serves RPCs only", self.rank)
@@ -97,7 +106,7 @@ class Worker:
                         result = event
                         continue
                     on_step(event.step, event.total_steps)
-                    if should_stop():
+                    if stop_agreed(self.parallel, should_stop(), self.device, counters):
                         self._record_cancel(batch, event)
                         return None
             finally:
@@ -105,7 +114,10 @@ class Worker:
         if result is None:
             raise WorkerError("pipeline finished without a result", remote_type="WorkerError")
         self.batches_run += 1
-        attestation = self._attestation(counters, len(batch), (time.perf_counter() - start) * 1000.0)
+        # One small gather of every rank's counters (all ranks reach it: the stop decision is shared).
+        per_rank = gather_to_rank0(self.parallel, {"kernels": counters.snapshot(),
+                                                   "collectives": counters.collectives.snapshot()})
+        attestation = self._attestation(counters, len(batch), (time.perf_counter() - start) * 1000.0, per_rank)
         for output in result.outputs:
             output.attestation = dict(attestation)
         return result.outputs
@@ -114,9 +126,27 @@ class Worker:
         self.cancelled = [*self.cancelled[-99:], {"request_ids": [r.request_id for r in batch],
                                                   "steps_done": event.step, "total_steps": event.total_steps}]
 
-    def _attestation(self, counters: KernelCounters, batch_size: int, batch_ms: float) -> dict[str, Any]:
+    def _attestation(self, counters: KernelCounters, batch_size: int, batch_ms: float,
+                     per_rank: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+        parallel = self.stage.parallel
+        layout = {"world_size": parallel.world_size, "cfg_parallel_size": parallel.cfg_parallel_size,
+                  "ulysses_degree": parallel.ulysses_degree}
+        if per_rank is None or len(per_rank) <= 1:
+            totals: dict[str, Any] = counters.snapshot()
+            collectives = counters.collectives.snapshot()
+        else:  # rank 0 of several: the totals are the sums over ranks, each rank's own beside them
+            summed, summed_collectives = KernelCounters(), CollectiveCounters()
+            for tally in per_rank:
+                summed.add(tally["kernels"])
+                summed.transformer_forwards += tally["kernels"]["transformer_forwards"]
+                summed_collectives.add(tally["collectives"])
+            totals, collectives = summed.snapshot(), summed_collectives.snapshot()
         return {
-            **counters.snapshot(),
+            **totals,
+            "parallel": layout,
+            "collectives": collectives,
+            **({"per_rank": [tally["kernels"] for tally in per_rank]}
+               if per_rank is not None and len(per_rank) > 1 else {}),
             "executor": self.executor,
             "worker_pid": os.getpid(),
             "replica": self.replica,

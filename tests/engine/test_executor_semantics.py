@@ -273,7 +273,7 @@ def test_ray_without_the_ray_package_names_the_extra(monkeypatch: pytest.MonkeyP
 
 def test_a_model_that_cannot_run_parallel_is_refused(tiny_flux_dir) -> None:
     config = resolve(model=str(tiny_flux_dir), deploy_config={"distributed_executor_backend": "mp",
-                                                              "parallel": {"ulysses_degree": 2}}, env={})
+                                                              "parallel": {"ring_degree": 2}}, env={})
     with pytest.raises(ConfigError, match="FluxPipeline does not run") as info:
         make_executor(config)
     assert "stages.0.parallel" in str(info.value)

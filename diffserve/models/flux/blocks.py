@@ -9,6 +9,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from diffserve.layers.kernels import KernelSet
+from diffserve.layers.ulysses import UlyssesAttention
 from diffserve.models.flux.embeddings import apply_rope
 
 
@@ -82,6 +83,14 @@ def heads_first(qk: Tensor, v: Tensor) -> tuple[Tensor, Tensor, Tensor]:
     return qk[:, :, 0].transpose(1, 2), qk[:, :, 1].transpose(1, 2), v.transpose(1, 2)
 
 
+def attend(attn: nn.Module, q: Tensor, k: Tensor, v: Tensor, txt_len: int) -> Tensor:
+    """The joint-sequence attention call. Under Ulysses (``FluxTransformer.shard_sequence``) the rank
+    holds only an image shard, and the exchange must know where the replicated text ends."""
+    if isinstance(attn, UlyssesAttention):
+        return attn(q, k, v, txt_len)
+    return attn(q, k, v)
+
+
 def modulate(x: Tensor, mod: ModulationOut) -> Tensor:
     """``(1 + scale) * LayerNorm(x) + shift`` as one fused multiply-add."""
     return torch.addcmul(mod.shift, layer_norm(x), 1 + mod.scale)
@@ -120,7 +129,7 @@ class DoubleStreamBlock(nn.Module):
 
         # run actual attention over the joint sequence, text first
         qk = apply_rope(torch.cat((txt_qk, img_qk), dim=1), pe)
-        attn = self.attn(*heads_first(qk, torch.cat((txt_v, img_v), dim=1)))
+        attn = attend(self.attn, *heads_first(qk, torch.cat((txt_v, img_v), dim=1)), txt.shape[1])
         txt_attn, img_attn = attn[:, : txt.shape[1]], attn[:, txt.shape[1] :]
 
         # calculate the img and txt blocks
@@ -145,11 +154,11 @@ class SingleStreamBlock(nn.Module):
         self.modulation = Modulation(hidden_size, double=False, kernels=kernels)
         self.attn = kernels.make_attention("single_block")
 
-    def forward(self, x: Tensor, vec: Tensor, pe: Tensor) -> Tensor:
+    def forward(self, x: Tensor, vec: Tensor, pe: Tensor, txt_len: int = 0) -> Tensor:
         mod, _ = self.modulation(vec)
         qkv, mlp_in = torch.split(self.linear1(modulate(x, mod)), [3 * self.hidden_size, self.mlp_hidden_dim], dim=-1)
         qk, v = split_qkv(qkv, self.num_heads, self.norm)
-        attn = self.attn(*heads_first(apply_rope(qk, pe), v))
+        attn = attend(self.attn, *heads_first(apply_rope(qk, pe), v), txt_len)
         output = self.linear2(torch.cat((attn, F.gelu(mlp_in, approximate="tanh")), dim=2))
         return torch.addcmul(x, mod.gate, output)
 

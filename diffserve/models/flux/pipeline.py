@@ -17,11 +17,13 @@ import torch
 from torch import Tensor
 
 from diffserve.config.schema import StageConfig
-from diffserve.errors import ModelLoadError
+from diffserve.errors import ConfigError, ModelLoadError
 from diffserve.layers.attestation import KernelCounters
+from diffserve.layers.collectives import all_gather_into
 from diffserve.layers.kernels import build_kernel_set
+from diffserve.layers.ulysses import image_shard
 from diffserve.logging import get_logger
-from diffserve.models.base import BuildContext, PipelineCapabilities
+from diffserve.models.base import BuildContext, ParallelContext, PipelineCapabilities
 from diffserve.models.flux.encoders import TextEncoders
 from diffserve.models.flux.sampling import (
     check_scheduler_config,
@@ -66,14 +68,19 @@ class _Conditioning:
     neg_txt: Tensor | None = None
     neg_vec: Tensor | None = None
     cfg_scale: float = 1.0
+    # CFG-parallel: this rank holds one branch in txt/vec (cfg_rank 0 the prompt, 1 the negative one)
+    # and gets the other from its CFG group each step.
+    cfg_split: bool = False
 
 
 class FluxPipeline:
     """Native FLUX.1 text-to-image: diffusers-format model directory in, images (and step events) out."""
 
     def __init__(self, transformer: FluxTransformer, encoders: TextEncoders, vae: Any,
-                 scheduler_config: Mapping[str, Any], *, device: torch.device, dtype: torch.dtype) -> None:
+                 scheduler_config: Mapping[str, Any], *, device: torch.device, dtype: torch.dtype,
+                 parallel: ParallelContext = ParallelContext()) -> None:
         check_scheduler_config(scheduler_config)
+        self.parallel = parallel
         self.transformer = transformer
         self.encoders = encoders
         self.vae = vae
@@ -82,9 +89,11 @@ class FluxPipeline:
         self.dtype = dtype
         self.vae_scale_factor = 2 ** (len(vae.config.block_out_channels) - 1)
         self.latent_channels = transformer.params.in_channels // 4
+        # Ulysses shards the image tokens ((H/16) * (W/16)) evenly: a side that is a multiple of
+        # 16 * degree guarantees it, and admission then refuses any other size before a rank sees it.
         self.capabilities = PipelineCapabilities(
             family=FAMILY.class_name, default_size=int(vae.config.sample_size),
-            size_multiple=2 * self.vae_scale_factor, max_sequence_length=_T5_MAX_TOKENS, true_cfg=True,
+            size_multiple=2 * self.vae_scale_factor * parallel.ulysses_size, max_sequence_length=_T5_MAX_TOKENS, true_cfg=True,
             attention_roles=FAMILY.attention_roles)
 
     @classmethod
@@ -102,6 +111,12 @@ class FluxPipeline:
         kernels = build_kernel_set(stage.linear_backend, stage.attention_backend, roles=FAMILY.attention_roles,
                                    device=device, dtype=dtype, observers=context.kernel_observers)
         transformer = load_flux_transformer(root / "transformer", kernels, dtype=dtype, device=device)
+        if context.parallel.ulysses_size > 1:
+            if transformer.params.num_heads % context.parallel.ulysses_size:
+                raise ConfigError(f"ulysses_degree {context.parallel.ulysses_size} must divide the "
+                                  f"transformer's {transformer.params.num_heads} attention heads",
+                                  path=f"stages.{stage.stage_id}.parallel.ulysses_degree")
+            transformer.shard_sequence(context.parallel.ulysses_group, kernels.counters.collectives)
         if not stage.enforce_eager:
             transformer.compile_blocks()
         encoders = TextEncoders(root, dtype=dtype, device=device)
@@ -113,7 +128,8 @@ class FluxPipeline:
         except (OSError, ValueError) as exc:
             raise ModelLoadError(f"cannot load the VAE or scheduler config from {root}: {exc}") from exc
         logger.info("loaded %s (%s on %s) in %.1fs", root, dtype, device, time.perf_counter() - start)
-        return cls(transformer, encoders, vae, scheduler_config, device=device, dtype=dtype)
+        return cls(transformer, encoders, vae, scheduler_config, device=device, dtype=dtype,
+                   parallel=context.parallel)
 
     @classmethod
     def from_pretrained(cls, model_dir: str | Path, *, device: str = "cpu", compile: bool = False,
@@ -150,6 +166,11 @@ class FluxPipeline:
         height = first.height or self.capabilities.default_size
         width = first.width or self.capabilities.default_size
         steps = first.num_inference_steps
+        if self.parallel.cfg_rank != 0 and not _true_cfg(first):
+            # A batch without true CFG has one branch: the cfg_rank 0 ranks run it, this rank idles
+            # (no forwards, no collectives) and only keeps step pace with the stop decision.
+            yield from self._idle(batch, steps)
+            return
 
         start = time.perf_counter()
         latents, cond, sigmas, timesteps = self._prepare(batch, height, width)
@@ -159,15 +180,25 @@ class FluxPipeline:
         for i in range(steps):
             latents = self._denoise_step(latents, cond, sigmas, timesteps, i, first.guidance_scale)
             yield StepEvent(step=i + 1, total_steps=steps)
+        latents = self._unshard(latents)
         timings["denoise"] = _ms_since(start)
 
         start = time.perf_counter()
-        images = self._decode(batch, latents, height, width)
+        # Every rank holds the same latents; only rank 0's result is returned, so only it decodes.
+        images = (self._decode(batch, latents, height, width) if self.parallel.rank == 0
+                  else [torch.empty(0) for _ in batch])
         timings["decode"] = _ms_since(start)
         yield BatchResult([
             RequestResult(request_id=r.request_id, images=img, seeds=r.seeds, timings_ms=dict(timings))
             for r, img in zip(batch, images, strict=True)
         ])
+
+    def _idle(self, batch: list[GenerationRequest],
+              steps: int) -> Generator[StepEvent | BatchResult, None, None]:
+        for i in range(steps):
+            yield StepEvent(step=i + 1, total_steps=steps)
+        yield BatchResult([RequestResult(request_id=r.request_id, images=torch.empty(0), seeds=r.seeds)
+                           for r in batch])
 
     @torch.inference_mode()
     def _prepare(self, batch: list[GenerationRequest], height: int,
@@ -176,20 +207,42 @@ class FluxPipeline:
         sigmas, timesteps = get_schedule(batch[0].num_inference_steps, img_ids.shape[0], self.scheduler_config)
         length = batch[0].max_sequence_length
         repeats = torch.tensor([r.n for r in batch], device=self.device)
-        txt, vec = self.encoders.encode([r.prompt for r in batch], length)
+        split = self.parallel.cfg_size > 1 and _true_cfg(batch[0])
+        if split and self.parallel.cfg_rank == 1:
+            # This rank's branch is the negative one: it encodes only the negative prompts.
+            txt, vec = self.encoders.encode([r.negative_prompt or "" for r in batch], length)
+        else:
+            txt, vec = self.encoders.encode([r.prompt for r in batch], length)
         noise = get_noise([s for r in batch for s in r.seeds], self.latent_channels, height, width,
                           dtype=self.dtype, device=self.device)
         cond = _Conditioning(txt=txt.repeat_interleave(repeats, dim=0), vec=vec.repeat_interleave(repeats, dim=0),
                              pe=self.transformer.rope(text_ids(length, device=self.device, dtype=self.dtype),
                                                       img_ids))
         first = batch[0]
-        if first.true_cfg_scale > 1 and first.negative_prompt is not None:
+        if split:
+            cond.cfg_split, cond.cfg_scale = True, float(first.true_cfg_scale)
+        elif _true_cfg(first):
             # True CFG: a second, negative-prompt forward per step (every request of the batch has one).
             neg_txt, neg_vec = self.encoders.encode([r.negative_prompt or "" for r in batch], length)
             cond.neg_txt = neg_txt.repeat_interleave(repeats, dim=0)
             cond.neg_vec = neg_vec.repeat_interleave(repeats, dim=0)
             cond.cfg_scale = float(first.true_cfg_scale)
-        return pack(noise), cond, sigmas.to(self.device), timesteps.to(self.device)
+        latents = pack(noise)
+        if self.parallel.ulysses_size > 1:
+            # Every rank draws the full noise (same seeds), then keeps its image shard for the whole loop:
+            # the Euler step is per token, so the shards only meet again in _unshard.
+            rank, degree = self.parallel.ulysses_rank, self.parallel.ulysses_size
+            latents = latents.chunk(degree, dim=1)[rank].contiguous()
+            cond.pe = image_shard(cond.pe, length, rank, degree, dim=1)
+        return latents, cond, sigmas.to(self.device), timesteps.to(self.device)
+
+    @torch.inference_mode()
+    def _unshard(self, latents: Tensor) -> Tensor:
+        """The full latents from the Ulysses shards (one all_gather per batch), on every rank of the group."""
+        if self.parallel.ulysses_size == 1:
+            return latents
+        shards = all_gather_into(latents, self.parallel.ulysses_group, self.transformer.counters)
+        return torch.cat(shards.unbind(0), dim=1)
 
     @torch.inference_mode()
     def _denoise_step(self, x: Tensor, cond: _Conditioning, sigmas: Tensor, timesteps: Tensor, i: int,
@@ -200,7 +253,12 @@ class FluxPipeline:
         if self.transformer.params.guidance_embed:
             guidance = torch.full((x.shape[0],), guidance_scale, device=self.device, dtype=torch.float32)
         pred = self.transformer(x, None, cond.txt, None, t, cond.vec, guidance, pe=cond.pe)
-        if cond.neg_txt is not None:
+        if cond.cfg_split:
+            # One exchange per step; every rank combines the same two tensors in the same order, so
+            # the latents stay identical on all ranks (and equal to the single-rank result).
+            pred, neg = all_gather_into(pred, self.parallel.cfg_group, self.transformer.counters).unbind(0)
+            pred = neg + cond.cfg_scale * (pred - neg)
+        elif cond.neg_txt is not None:
             neg = self.transformer(x, None, cond.neg_txt, None, t, cond.neg_vec, guidance, pe=cond.pe)
             pred = neg + cond.cfg_scale * (pred - neg)
         return euler_step(x, pred, sigmas[i], sigmas[i + 1])
@@ -224,6 +282,11 @@ class FluxPipeline:
                 else:
                     per_request[i] = (images.permute(0, 2, 3, 1).float() * 255).round().to(torch.uint8)
         return [images.cpu() for images in per_request]
+
+
+def _true_cfg(request: GenerationRequest) -> bool:
+    """A second (negative-prompt) branch per step; the batch key makes it all-or-none in a batch."""
+    return request.true_cfg_scale > 1 and request.negative_prompt is not None
 
 
 def _ms_since(start: float) -> float:

@@ -11,6 +11,7 @@ from torch import Tensor, nn
 from diffserve.layers.attention.module import Attention
 from diffserve.layers.kernels import KernelSet
 from diffserve.layers.linear.module import Linear
+from diffserve.layers.ulysses import UlyssesAttention
 from diffserve.logging import get_logger
 from diffserve.models.flux.blocks import DoubleStreamBlock, LastLayer, SingleStreamBlock
 from diffserve.models.flux.embeddings import MLPEmbedder, rope, timestep_embedding
@@ -79,12 +80,19 @@ class FluxTransformer(nn.Module):
         x = torch.cat((txt, img), dim=1)
         for block in self.single_blocks:
             self._count_compiled(block)
-            x = block(x, vec, pe)
+            x = block(x, vec, pe, txt.shape[1])
         return self.final_layer(x[:, txt.shape[1] :], vec)
 
     def _count_compiled(self, block: nn.Module) -> None:
         if self._block_tallies is not None:
             self.counters.add(self._block_tallies[type(block)])
+
+    def shard_sequence(self, group: Any, counters: Any) -> None:
+        """Ulysses sequence parallelism over ``group``: from now on ``forward`` takes this rank's image
+        shard (and the matching rows of ``pe``) and every block's attention exchanges heads for tokens
+        (``layers/ulysses.py``); the wrapped Attention still counts its call. Call before compiling."""
+        for block in (*self.double_blocks, *self.single_blocks):
+            block.attn = UlyssesAttention(block.attn, group, counters)
 
     def compile_blocks(self) -> None:
         """``torch.compile`` every block (dynamic shapes), lazily: the first forward pays the compile cost."""
