@@ -18,7 +18,15 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
-from benchmarks import cold_start, e2e_latency, overhead, replicas, throughput, transformer_step  # noqa: E402
+from benchmarks import (  # noqa: E402
+    cold_start,
+    e2e_latency,
+    overhead,
+    parallel,
+    replicas,
+    throughput,
+    transformer_step,
+)
 from benchmarks.common import machine, pin_threads  # noqa: E402
 from benchmarks.models import DEFAULT_CACHE, ensure_model, model_facts  # noqa: E402
 from benchmarks.report import json_path, write_json, write_markdown  # noqa: E402
@@ -36,6 +44,7 @@ MEASUREMENTS = (
     ("throughput", "d. Throughput with concurrent clients", throughput.measure),
     ("cold", "e. Cold start and peak memory", cold_start.measure),
     ("replicas", "f. Replicas and the Ray executor", replicas.measure),
+    ("parallel", "g. Parallel denoising (CFG and Ulysses)", parallel.measure),
 )
 
 
@@ -44,7 +53,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--smoke", action="store_true", help="tiny model, a couple of iterations (CI)")
     p.add_argument("--out", type=Path, default=DEFAULT_OUT, help="markdown report path")
     p.add_argument("--cache-dir", type=Path, default=DEFAULT_CACHE, help="where built models are kept")
-    p.add_argument("--only", default="", help="comma-separated measurement keys: e2e,step,overhead,throughput,cold,replicas")
+    p.add_argument("--only", default="", help="comma-separated measurement keys: e2e,step,overhead,throughput,cold,replicas,parallel")
     p.add_argument("--render", type=Path, default=None, metavar="JSON",
                    help="measure nothing: rebuild the report (targets and their notes) from a results JSON")
     return p.parse_args(argv)

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-SECTION_KEYS = ("e2e", "step", "overhead", "throughput", "cold", "replicas")
+SECTION_KEYS = ("e2e", "step", "overhead", "throughput", "cold", "replicas", "parallel")
 
 
 @pytest.mark.e2e
