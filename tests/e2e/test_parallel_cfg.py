@@ -170,3 +170,12 @@ def test_ray_runs_cfg_parallel_and_a_killed_actor_takes_the_group_down(tiny_flux
         assert not any(pid_alive(pid) for pid in pids)
     finally:
         engine.shutdown()
+
+
+def test_a_ulysses_degree_that_does_not_divide_the_heads_names_the_allowed_ones(tiny_flux_dir) -> None:
+    from diffserve.errors import ConfigError
+
+    # The tiny model has 4 attention heads: 3 cannot shard them.
+    with pytest.raises(ConfigError, match=r"ulysses_degree 3 must divide .* 4 attention heads.*use one of 1, 2, 4"):
+        Engine(str(tiny_flux_dir), distributed_executor_backend="mp", ulysses_degree=3, enforce_eager=True,
+               dtype="float32", env={})

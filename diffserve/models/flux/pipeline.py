@@ -113,9 +113,12 @@ class FluxPipeline:
         transformer = load_flux_transformer(root / "transformer", kernels, dtype=dtype, device=device)
         if context.parallel.ulysses_size > 1:
             if transformer.params.num_heads % context.parallel.ulysses_size:
+                heads = transformer.params.num_heads
+                allowed = ", ".join(str(u) for u in range(1, heads + 1) if heads % u == 0)
                 raise ConfigError(f"ulysses_degree {context.parallel.ulysses_size} must divide the "
-                                  f"transformer's {transformer.params.num_heads} attention heads",
-                                  path=f"stages.{stage.stage_id}.parallel.ulysses_degree")
+                                  f"transformer's {heads} attention heads",
+                                  path=f"stages.{stage.stage_id}.parallel.ulysses_degree",
+                                  hint=f"use one of {allowed}")
             transformer.shard_sequence(context.parallel.ulysses_group, kernels.counters.collectives)
         if not stage.enforce_eager:
             transformer.compile_blocks()
