@@ -15,6 +15,7 @@ from typing import Any
 import faults_ext
 import httpx
 import pytest
+from background import generate_in_background
 from faults_proc import HERE, deploy, kill_all, pid_alive, wait_gone, wait_until, worker_children
 from server_process import ServerProcess
 
@@ -97,18 +98,7 @@ def test_sigstopped_mp_worker_is_killed_and_gives_503(tiny_flux_dir: Path, tmp_p
 
 
 def _generate_in_thread(engine: Engine) -> tuple[threading.Thread, dict[str, Any]]:
-    box: dict[str, Any] = {}
-
-    def run() -> None:
-        try:
-            box["out"] = engine.generate(request(), timeout=60)
-        except BaseException as exc:  # noqa: BLE001 - checked by the test
-            box["error"] = exc
-        box["done_at"] = time.monotonic()
-
-    thread = threading.Thread(target=run, daemon=True)
-    thread.start()
-    return thread, box
+    return generate_in_background(engine, request(), timeout=60)
 
 
 def test_mp_hung_step_kills_the_worker_and_the_engine(tiny_flux_dir: Path) -> None:

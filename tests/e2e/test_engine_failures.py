@@ -11,6 +11,7 @@ import time
 from typing import Any
 
 import pytest
+from background import generate_in_background
 from e2e_utils import pid_alive
 
 from diffserve import Engine, GenerationRequest
@@ -47,19 +48,8 @@ def deploy(executor: str, **extra: Any) -> dict[str, Any]:
 
 def start_long(engine: Engine, steps: int = 100, **kw: Any) -> tuple[threading.Thread, dict[str, Any]]:
     """Run a long request on a thread; returns once its first denoise step is done."""
-    box: dict[str, Any] = {}
     first = threading.Event()
-
-    def run() -> None:
-        try:
-            box["out"] = engine.generate(request(steps=steps, seed=7, **kw), on_progress=lambda e: first.set())
-        except BaseException as exc:  # noqa: BLE001 - checked by the test
-            box["error"] = exc
-        box["done_at"] = time.monotonic()
-        first.set()
-
-    thread = threading.Thread(target=run)
-    thread.start()
+    thread, box = generate_in_background(engine, request(steps=steps, seed=7, **kw), started=first)
     assert first.wait(120)
     return thread, box
 

@@ -15,6 +15,7 @@ import time
 from typing import Any
 
 import pytest
+from background import generate_in_background
 from e2e_utils import pid_alive
 
 from diffserve import Engine, GenerationRequest
@@ -87,20 +88,9 @@ def test_killing_the_actor_mid_run_fails_fast_and_leaves_nothing(ray_session: An
 
 def _kill_mid_run(engine: Engine, ray_session: Any) -> None:
     (pid,) = engine.worker_pids
-    box: dict[str, Any] = {}
     first = threading.Event()
-
-    def run() -> None:
-        try:
-            box["out"] = engine.generate(GenerationRequest(**{**REQUEST, "num_inference_steps": 100}),
-                                         on_progress=lambda _event: first.set())
-        except BaseException as exc:  # noqa: BLE001 - checked below
-            box["error"] = exc
-        box["done_at"] = time.monotonic()
-        first.set()
-
-    thread = threading.Thread(target=run)
-    thread.start()
+    thread, box = generate_in_background(engine, GenerationRequest(**{**REQUEST, "num_inference_steps": 100}),
+                                         started=first)
     assert first.wait(60), "the long request never made a step"
     killed_at = time.monotonic()
     os.kill(pid, signal.SIGKILL)

@@ -16,6 +16,7 @@ from typing import Any
 
 import httpx
 import pytest
+from background import generate_in_background
 from e2e_utils import pid_alive
 from server_process import ServerProcess
 
@@ -87,19 +88,7 @@ def needs_backend(request: pytest.FixtureRequest, executor: str) -> None:
 
 def in_thread(engine: Engine, req: GenerationRequest, started: threading.Event | None = None,
               ) -> tuple[threading.Thread, dict[str, Any]]:
-    box: dict[str, Any] = {}
-
-    def run() -> None:
-        try:
-            box["out"] = engine.generate(req, timeout=120,
-                                         on_progress=(lambda e: started.set()) if started else None)
-        except BaseException as exc:  # noqa: BLE001 - checked by the test
-            box["error"] = exc
-        box["done_at"] = time.monotonic()
-
-    thread = threading.Thread(target=run, daemon=True)
-    thread.start()
-    return thread, box
+    return generate_in_background(engine, req, timeout=120, started=started)
 
 
 def wait_until(predicate: Any, timeout: float) -> bool:
