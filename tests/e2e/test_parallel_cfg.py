@@ -179,3 +179,19 @@ def test_a_ulysses_degree_that_does_not_divide_the_heads_names_the_allowed_ones(
     with pytest.raises(ConfigError, match=r"ulysses_degree 3 must divide .* 4 attention heads.*use one of 1, 2, 4"):
         Engine(str(tiny_flux_dir), distributed_executor_backend="mp", ulysses_degree=3, enforce_eager=True,
                dtype="float32", env={})
+
+
+def test_cfg_parallel_replicas_serve_together_and_match_single_rank(tiny_flux_dir, single) -> None:
+    # The combination users meet: two replicas, each a CFG-parallel group of two ranks (4 processes).
+    import concurrent.futures
+
+    with Engine(str(tiny_flux_dir), env={}, dtype="float32", enforce_eager=True,
+                distributed_executor_backend="mp", cfg_parallel_size=2, num_replicas=2) as engine:
+        assert len(engine.worker_pids) == 4
+        with concurrent.futures.ThreadPoolExecutor(4) as pool:
+            outs = list(pool.map(lambda seed: engine.generate(request(seed=seed), timeout=180), range(40, 44)))
+    assert {out.attestation["replica"] for out in outs} == {0, 1}
+    for seed, out in zip(range(40, 44), outs, strict=True):
+        assert out.attestation["parallel"]["world_size"] == 2
+        assert out.attestation["collectives"]["all_gather"]["calls"] > 0
+        assert psnr(pixels(out), pixels(single.generate(request(seed=seed)))) == float("inf")
