@@ -15,6 +15,7 @@ from typing import Any
 
 from diffserve.errors import ConfigError
 from diffserve.registry.backends import ATTENTION_BACKENDS, LINEAR_BACKENDS
+from diffserve.registry.caches import cache_spellings
 from diffserve.registry.executors import executor_spellings
 
 Normalizer = Callable[[Any], Any]
@@ -26,11 +27,11 @@ DTYPE_ALIASES: Mapping[str, str] = {
     "bfloat16": "bfloat16", "bf16": "bfloat16", "torch.bfloat16": "bfloat16",
     "float16": "float16", "fp16": "float16", "half": "float16", "torch.float16": "float16",
 }
-# Backends and executors: their tables live in the registries the runtime loads from (one home each).
+# Backends, caches and executors: their tables live in the registries the runtime loads from (one home each).
 LINEAR_BACKEND_ALIASES: Mapping[str, str] = LINEAR_BACKENDS.spellings()
 ATTENTION_BACKEND_ALIASES: Mapping[str, str] = ATTENTION_BACKENDS.spellings()
 EXECUTOR_ALIASES: Mapping[str, str] = executor_spellings()
-CACHE_BACKEND_ALIASES: Mapping[str, str] = {"none": "none"}
+CACHE_BACKEND_ALIASES: Mapping[str, str] = cache_spellings()
 TOPOLOGY_ALIASES: Mapping[str, str] = {
     "single": "single",
     "split_text_encoder": "split_text_encoder",

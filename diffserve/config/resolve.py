@@ -14,6 +14,7 @@ import os
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from diffserve.config.cache import settle_cache
 from diffserve.config.explain import fingerprint_of
 from diffserve.config.extras import fold_extras
 from diffserve.config.fields import PIPELINE_LEAVES, STAGE_LEAVES
@@ -141,6 +142,7 @@ def _build_stage(stage_id: int, role: str, out: Collector, provenance: dict[str,
         if key.startswith(("extras.", "attention_backend.")) and key not in values:
             values[key], sources[key] = value, source
     fold_extras(stage_id, values, sources, out, warnings)
+    settle_cache(stage_id, values, sources, out)
 
     default = values.pop("attention_backend.default")
     # Canonical form: a role equal to the default is the default (so spellings fingerprint alike).

@@ -68,8 +68,20 @@ class ParallelConfig:
 
 @dataclass(frozen=True)
 class CacheConfig:
-    backend: str = opt("none", "step-cache acceleration backend", c.normalize_cache_backend,
+    """Step cache (docs/cache.md). For every backend a higher threshold skips more steps."""
+
+    backend: str = opt("none", "step cache: none, fbcache (First-Block Cache) or teacache", c.normalize_cache_backend,
                        choices=c.canonical_values(c.CACHE_BACKEND_ALIASES))
+    # None until resolved: the backend's published default (registry/caches.py), recorded as a default.
+    threshold: float | None = opt(None, "skip a step while its signal is below this (higher = more skipping); "
+                                  "unset = the backend's default; a request may ask for its own",
+                                  c.float_normalizer(0.0, 100.0), kind="float")
+    max_threshold: float = opt(1.0, "largest cache_threshold a request may ask for (HTTP 400 above it)",
+                               c.float_normalizer(0.0, 100.0), kind="float")
+    warmup_steps: int = opt(1, "first denoise steps always computed (at least 1: nothing is cached before)",
+                            c.int_normalizer(1), kind="int")
+    max_consecutive_skips: int = opt(0, "most steps skipped in a row before one is computed; 0 = no limit",
+                                     c.int_normalizer(0), kind="int")
 
 
 @dataclass(frozen=True)

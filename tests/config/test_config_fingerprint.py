@@ -44,11 +44,13 @@ def test_equivalent_spellings_and_orders_share_a_fingerprint(tmp_path: Path) -> 
 OTHER = {"dtype": "float16", "linear_backend": "torch", "attention_backend": "math", "enforce_eager": True,
          "distributed_executor_backend": "mp", "devices": "1", "worker_extension_cls": "pkg.mod.Ext",
          "topology": "split_text_encoder", "warmup_enabled": True, "allowed_hosts": "localhost",
-         "expose_config": True, "ray_address": "auto"}
+         "expose_config": True, "ray_address": "auto", "cache_backend": "fbcache", "cache_threshold": 0.3,
+         "cache_max_consecutive_skips": 3}
+# Settings that only exist next to another one: both fingerprints are taken with these set.
+CONTEXT = {"cache_threshold": {"cache_backend": "fbcache"}}
 
 
-# cache.backend has a single valid value today ("none"), so nothing to change it to.
-@pytest.mark.parametrize("flat", sorted(set(FLAT_LEAVES) - {"cache_backend"}))
+@pytest.mark.parametrize("flat", sorted(FLAT_LEAVES))
 def test_any_value_changes_the_fingerprint(flat: str) -> None:
     leaf = FLAT_LEAVES[flat]
     if flat in OTHER:
@@ -57,7 +59,14 @@ def test_any_value_changes_the_fingerprint(flat: str) -> None:
         value = leaf.default * 2
     else:
         raise AssertionError(f"add a second valid value for {flat} to OTHER")
-    assert run(overrides={flat: value}).fingerprint != run().fingerprint
+    context = CONTEXT.get(flat, {})
+    assert run(overrides={**context, flat: value}).fingerprint != run(overrides=context).fingerprint
+
+
+def test_a_backend_default_threshold_equals_the_same_threshold_written_out() -> None:
+    # The default is filled in before fingerprinting: writing the backend's default changes nothing.
+    assert (run(overrides={"cache_backend": "fbcache"}).fingerprint
+            == run(overrides={"cache_backend": "fbcache", "cache_threshold": 0.08}).fingerprint)
 
 
 def test_extras_roles_model_and_platform_change_the_fingerprint(flux_model: Path) -> None:
