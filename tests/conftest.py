@@ -30,6 +30,14 @@ def tiny_flux_dev_dir(tmp_path_factory: pytest.TempPathFactory):
     )
 
 
+@pytest.fixture(scope="session")
+def small_flux_dir(tmp_path_factory: pytest.TempPathFactory):
+    """The random-weight small-flux pipeline dir (seed 0): quality gates and larger parity checks."""
+    from diffserve.models.tiny import build_flux_model
+
+    return build_flux_model("small-flux", tmp_path_factory.mktemp("models") / "small-flux", seed=0)
+
+
 # --- Ray (the ray executor) ------------------------------------------------------------------------
 @pytest.fixture(scope="session")
 def ray_session():

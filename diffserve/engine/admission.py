@@ -8,7 +8,9 @@ validates again: the scheduler, the worker and the pipeline trust what was admit
 
 from __future__ import annotations
 
-from diffserve.config.schema import ServerConfig
+from dataclasses import replace
+
+from diffserve.config.schema import CacheConfig, ServerConfig
 from diffserve.errors import LimitExceededError, RequestError
 from diffserve.types.capabilities import PipelineCapabilities
 from diffserve.types.request import GenerationRequest
@@ -50,10 +52,31 @@ def check_capabilities(request: GenerationRequest, capabilities: PipelineCapabil
                            param="true_cfg_scale")
 
 
-def admit(request: GenerationRequest, server: ServerConfig,
-          capabilities: PipelineCapabilities | None) -> GenerationRequest:
-    """Check ``request`` against the deployment and the model; return it with a concrete seed."""
+def check_cache(request: GenerationRequest, cache: CacheConfig) -> GenerationRequest:
+    """A request's ``cache_threshold`` against the stage's step cache; an unset one becomes the stage's,
+    so requests that differ only in spelling the default batch together."""
+    threshold = request.cache_threshold
+    if cache.backend == "none":
+        if threshold:
+            raise RequestError(f"cache_threshold={threshold} needs a step cache, and this deployment has none "
+                               "(cache.backend: none); leave cache_threshold unset", param="cache_threshold")
+        return request
+    if threshold is None:
+        return replace(request, cache_threshold=cache.threshold)
+    if threshold > cache.max_threshold:
+        raise RequestError(f"cache_threshold={threshold} is above this deployment's cache.max_threshold "
+                           f"{cache.max_threshold}; use 0 (no caching) to {cache.max_threshold}",
+                           param="cache_threshold")
+    return request
+
+
+def admit(request: GenerationRequest, server: ServerConfig, capabilities: PipelineCapabilities | None,
+          cache: CacheConfig | None = None) -> GenerationRequest:
+    """Check ``request`` against the deployment and the model; return it with a concrete seed (and the
+    stage's cache threshold when it gave none)."""
     check_limits(request, server, capabilities.default_size if capabilities else None)
     if capabilities is not None:
         check_capabilities(request, capabilities)
+    if cache is not None:
+        request = check_cache(request, cache)
     return request.with_seed()

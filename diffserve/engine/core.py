@@ -85,7 +85,7 @@ class EngineCore:
         self.check_health()
         if not self._ready:
             raise EngineNotReadyError("the engine is still loading or warming up")
-        state = RequestState(admit(request, self.config.server, self.replicas.capabilities), sink)
+        state = RequestState(admit(request, self.config.server, self.replicas.capabilities, self.stage.cache), sink)
         self.scheduler.add(state)
         return state
 

@@ -93,3 +93,11 @@ def all_reduce_max(value: int, group: Any = None, counters: Any = None,
     dist.all_reduce(tensor, op=dist.ReduceOp.MAX, group=group)
     _count(counters, "all_reduce", tensor)
     return int(tensor.item())
+
+
+def all_reduce_sum(tensor: Tensor, group: Any, counters: Any = None) -> Tensor:
+    """``tensor`` summed over ``group`` (in place, returned): partial statistics of a sharded sequence that
+    every rank must see whole, e.g. the step cache's signal under Ulysses. Counted as ``all_reduce``."""
+    dist.all_reduce(tensor, op=dist.ReduceOp.SUM, group=group)
+    _count(counters, "all_reduce", tensor)
+    return tensor

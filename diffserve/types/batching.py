@@ -2,7 +2,7 @@
 
 The scheduler batches only requests with equal keys, and a pipeline may assume (and checks) that every
 batch it runs has one key: same latent shape, schedule, guidance, true-CFG mode, text length and output
-type. Anything that makes two requests' forwards differ belongs in this key, nowhere else.
+type, step-cache threshold. Anything that makes two requests' forwards differ belongs in this key, nowhere else.
 """
 
 from __future__ import annotations
@@ -22,9 +22,11 @@ class BatchKey(NamedTuple):
     max_sequence_length: int
     output_type: str
     is_warmup: bool
+    cache_threshold: float | None  # rows of one batch share the step cache's threshold
 
 
 def batch_key(request: GenerationRequest) -> BatchKey:
     return BatchKey(request.height, request.width, request.num_inference_steps, float(request.guidance_scale),
                     float(request.true_cfg_scale), request.negative_prompt is not None,
-                    request.max_sequence_length, request.output_type, request.is_warmup)
+                    request.max_sequence_length, request.output_type, request.is_warmup,
+                    None if request.cache_threshold is None else float(request.cache_threshold))

@@ -20,6 +20,7 @@ MAX_SEED = 2**63 - 1
 # reaching the sampler as an overflow.
 MAX_GUIDANCE_SCALE = 100.0
 MAX_TRUE_CFG_SCALE = 100.0
+MAX_CACHE_THRESHOLD = 100.0  # the config's bound too; a deployment sets a tighter cache.max_threshold
 
 
 @dataclass(frozen=True)
@@ -41,6 +42,9 @@ class GenerationRequest:
     n: int = 1
     max_sequence_length: int = 512
     output_type: OutputType = "pil"
+    # Step-cache threshold for this request (higher = more steps skipped; 0 = no caching); None = the
+    # stage's ``cache.threshold``. Bounded by the stage's ``cache.max_threshold`` at admission.
+    cache_threshold: float | None = None
     request_id: str = field(default_factory=lambda: uuid.uuid4().hex)
     # Warmup requests run through the normal path but are excluded from counters and metrics.
     is_warmup: bool = False
@@ -82,6 +86,8 @@ class GenerationRequest:
                 f"max_sequence_length={self.max_sequence_length!r} must be in [1, 512]",
                 param="max_sequence_length",
             )
+        if self.cache_threshold is not None:
+            _check_float(self.cache_threshold, "cache_threshold", 0.0, MAX_CACHE_THRESHOLD)
         if self.output_type not in ("pil", "latent", "pt"):
             raise RequestError(f"output_type={self.output_type!r} must be one of pil, latent, pt",
                                param="output_type")

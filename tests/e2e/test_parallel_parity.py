@@ -111,13 +111,7 @@ def test_ray_ulysses2_matches_uni(tiny_flux_dir, single_f32, ray_session) -> Non
 
 
 # (d): one small-FLUX float32 CFG=2 parity on mp (64x64, one image; about 30 s on a 2-core CPU).
-@pytest.fixture(scope="module")
-def small_flux_dir(tmp_path_factory):
-    from diffserve.models.tiny import build_flux_model
-
-    return build_flux_model("small-flux", tmp_path_factory.mktemp("small") / "small-flux", seed=0)
-
-
+# small_flux_dir: tests/conftest.py.
 @pytest.mark.slow
 def test_small_flux_float32_cfg2_mp_matches_single_rank(small_flux_dir) -> None:
     def req(output_type: str) -> GenerationRequest:

@@ -16,7 +16,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from diffserve.config.schema import StageConfig
+from diffserve.config.schema import CacheConfig, StageConfig
 from diffserve.errors import ConfigError, ModelLoadError
 from diffserve.layers.attestation import KernelCounters
 from diffserve.layers.collectives import all_gather_into
@@ -35,7 +35,10 @@ from diffserve.models.flux.sampling import (
     text_ids,
     unpack,
 )
+from diffserve.models.flux.step_cache import cached_velocity
 from diffserve.models.flux.transformer import FluxTransformer, load_flux_transformer
+from diffserve.models.stepcache.policy import BranchCache, CacheSettings
+from diffserve.models.stepcache.report import image_entries
 from diffserve.registry.models import MODEL_FAMILIES
 from diffserve.types.batching import batch_key
 from diffserve.types.request import GenerationRequest
@@ -78,9 +81,10 @@ class FluxPipeline:
 
     def __init__(self, transformer: FluxTransformer, encoders: TextEncoders, vae: Any,
                  scheduler_config: Mapping[str, Any], *, device: torch.device, dtype: torch.dtype,
-                 parallel: ParallelContext = ParallelContext()) -> None:
+                 parallel: ParallelContext = ParallelContext(), cache: CacheConfig = CacheConfig()) -> None:
         check_scheduler_config(scheduler_config)
         self.parallel = parallel
+        self.cache = cache
         self.transformer = transformer
         self.encoders = encoders
         self.vae = vae
@@ -132,7 +136,7 @@ class FluxPipeline:
             raise ModelLoadError(f"cannot load the VAE or scheduler config from {root}: {exc}") from exc
         logger.info("loaded %s (%s on %s) in %.1fs", root, dtype, device, time.perf_counter() - start)
         return cls(transformer, encoders, vae, scheduler_config, device=device, dtype=dtype,
-                   parallel=context.parallel)
+                   parallel=context.parallel, cache=stage.cache)
 
     @classmethod
     def from_pretrained(cls, model_dir: str | Path, *, device: str = "cpu", compile: bool = False,
@@ -179,9 +183,11 @@ class FluxPipeline:
         latents, cond, sigmas, timesteps = self._prepare(batch, height, width)
         timings = {"encode": _ms_since(start)}
 
+        settings = self._cache_settings(first)
+        caches = self._branch_caches(settings, latents.shape[0], steps, cond)
         start = time.perf_counter()
         for i in range(steps):
-            latents = self._denoise_step(latents, cond, sigmas, timesteps, i, first.guidance_scale)
+            latents = self._denoise_step(latents, cond, sigmas, timesteps, i, first.guidance_scale, caches)
             yield StepEvent(step=i + 1, total_steps=steps)
         latents = self._unshard(latents)
         timings["denoise"] = _ms_since(start)
@@ -191,10 +197,31 @@ class FluxPipeline:
         images = (self._decode(batch, latents, height, width) if self.parallel.rank == 0
                   else [torch.empty(0) for _ in batch])
         timings["decode"] = _ms_since(start)
+        entries = image_entries(settings, steps, latents.shape[0], *caches, cfg=cond.neg_txt is not None)
+        per_request = [entries[sum(r.n for r in batch[:j]):][: r.n] for j, r in enumerate(batch)]
         yield BatchResult([
-            RequestResult(request_id=r.request_id, images=img, seeds=r.seeds, timings_ms=dict(timings))
-            for r, img in zip(batch, images, strict=True)
+            RequestResult(request_id=r.request_id, images=img, seeds=r.seeds, timings_ms=dict(timings),
+                          attestation={"cache": cache})
+            for r, img, cache in zip(batch, images, per_request, strict=True)
         ])
+
+    def _cache_settings(self, request: GenerationRequest) -> CacheSettings:
+        """The stage's cache rules with this batch's threshold (the request's, else the stage's)."""
+        threshold = request.cache_threshold if request.cache_threshold is not None else self.cache.threshold
+        return CacheSettings(self.cache.backend, float(threshold or 0.0), self.cache.warmup_steps,
+                             self.cache.max_consecutive_skips)
+
+    def _branch_caches(self, settings: CacheSettings, rows: int, steps: int,
+                       cond: _Conditioning) -> tuple[BranchCache | None, BranchCache | None]:
+        """One cache per CFG branch this rank runs (each branch decides alone); none when off."""
+        if not settings.enabled:
+            return None, None
+
+        def branch() -> BranchCache:
+            return BranchCache(settings, rows, steps, group=self.parallel.ulysses_group,
+                               counters=self.transformer.counters)
+
+        return branch(), branch() if cond.neg_txt is not None else None
 
     def _idle(self, batch: list[GenerationRequest],
               steps: int) -> Generator[StepEvent | BatchResult, None, None]:
@@ -249,22 +276,29 @@ class FluxPipeline:
 
     @torch.inference_mode()
     def _denoise_step(self, x: Tensor, cond: _Conditioning, sigmas: Tensor, timesteps: Tensor, i: int,
-                      guidance_scale: float) -> Tensor:
+                      guidance_scale: float,
+                      caches: tuple[BranchCache | None, BranchCache | None] = (None, None)) -> Tensor:
         # As diffusers: the timestep (sigma * 1000) goes to the model dtype, then back to [0, 1].
         t = timesteps[i].expand(x.shape[0]).to(x.dtype) / 1000
         guidance = None
         if self.transformer.params.guidance_embed:
             guidance = torch.full((x.shape[0],), guidance_scale, device=self.device, dtype=torch.float32)
-        pred = self.transformer(x, None, cond.txt, None, t, cond.vec, guidance, pe=cond.pe)
+        pred = self._velocity(caches[0], i, x, cond.txt, t, cond.vec, guidance, cond.pe)
         if cond.cfg_split:
             # One exchange per step; every rank combines the same two tensors in the same order, so
             # the latents stay identical on all ranks (and equal to the single-rank result).
             pred, neg = all_gather_into(pred, self.parallel.cfg_group, self.transformer.counters).unbind(0)
             pred = neg + cond.cfg_scale * (pred - neg)
         elif cond.neg_txt is not None:
-            neg = self.transformer(x, None, cond.neg_txt, None, t, cond.neg_vec, guidance, pe=cond.pe)
+            neg = self._velocity(caches[1], i, x, cond.neg_txt, t, cond.neg_vec, guidance, cond.pe)
             pred = neg + cond.cfg_scale * (pred - neg)
         return euler_step(x, pred, sigmas[i], sigmas[i + 1])
+
+    def _velocity(self, cache: BranchCache | None, i: int, x: Tensor, txt: Tensor, t: Tensor, vec: Tensor,
+                  guidance: Tensor | None, pe: Tensor) -> Tensor:
+        if cache is None:
+            return self.transformer(x, None, txt, None, t, vec, guidance, pe=pe)
+        return cached_velocity(self.transformer, cache, i, x, txt, t, vec, guidance, pe)
 
     @torch.inference_mode()
     def _decode(self, batch: list[GenerationRequest], latents: Tensor, height: int, width: int) -> list[Tensor]:

@@ -13,7 +13,7 @@ from diffserve.layers.kernels import KernelSet
 from diffserve.layers.linear.module import Linear
 from diffserve.layers.ulysses import UlyssesAttention
 from diffserve.logging import get_logger
-from diffserve.models.flux.blocks import DoubleStreamBlock, LastLayer, SingleStreamBlock
+from diffserve.models.flux.blocks import DoubleStreamBlock, LastLayer, SingleStreamBlock, modulate
 from diffserve.models.flux.embeddings import MLPEmbedder, rope, timestep_embedding
 from diffserve.models.flux.params import FluxParams
 from diffserve.models.flux.weights import convert_diffusers_state_dict
@@ -63,6 +63,14 @@ class FluxTransformer(nn.Module):
         if pe is None:
             pe = self.rope(txt_ids, img_ids)
 
+        img, txt, vec = self.embed(img, txt, timesteps, y, guidance)
+        return self.head(self.blocks(img, txt, vec, pe), vec)
+
+    # The pieces of ``forward``, in its order: the step cache (models/flux/step_cache.py) runs them apart
+    # and must stay bit-identical to the fused call when it computes every block.
+    def embed(self, img: Tensor, txt: Tensor, timesteps: Tensor, y: Tensor,
+              guidance: Tensor | None) -> tuple[Tensor, Tensor, Tensor]:
+        """Token embeddings of the image and text streams and the modulation vector ``vec``."""
         # timesteps are scaled in the model dtype, as the reference and diffusers do
         img = self.img_in(img)
         vec = self.time_in(timestep_embedding(timesteps.to(img.dtype) * 1000, 256).to(img.dtype))
@@ -71,9 +79,21 @@ class FluxTransformer(nn.Module):
                 raise ValueError("this model is guidance-distilled and needs a guidance value")
             vec = vec + self.guidance_in(timestep_embedding(guidance.to(img.dtype) * 1000, 256).to(img.dtype))
         vec = vec + self.vector_in(y)
-        txt = self.txt_in(txt)
+        return img, self.txt_in(txt), vec
 
-        for block in self.double_blocks:
+    def first_block(self, img: Tensor, txt: Tensor, vec: Tensor, pe: Tensor) -> tuple[Tensor, Tensor]:
+        """Double block 0 alone (First-Block Cache's probe); ``blocks(..., start=1)`` continues from it."""
+        self._count_compiled(self.double_blocks[0])
+        return self.double_blocks[0](img, txt, vec, pe)
+
+    def modulated_input(self, img: Tensor, vec: Tensor) -> Tensor:
+        """Block 0's timestep-modulated image input (TeaCache's probe; block 0 recomputes it if it runs)."""
+        mod, _ = self.double_blocks[0].img_mod(vec)
+        return modulate(img, mod)
+
+    def blocks(self, img: Tensor, txt: Tensor, vec: Tensor, pe: Tensor, start: int = 0) -> Tensor:
+        """Double blocks from ``start``, then every single block; returns the image tokens."""
+        for block in self.double_blocks[start:]:
             self._count_compiled(block)
             img, txt = block(img, txt, vec, pe)
 
@@ -81,7 +101,11 @@ class FluxTransformer(nn.Module):
         for block in self.single_blocks:
             self._count_compiled(block)
             x = block(x, vec, pe, txt.shape[1])
-        return self.final_layer(x[:, txt.shape[1] :], vec)
+        return x[:, txt.shape[1] :]
+
+    def head(self, img: Tensor, vec: Tensor) -> Tensor:
+        """The final modulated projection to the velocity."""
+        return self.final_layer(img, vec)
 
     def _count_compiled(self, block: nn.Module) -> None:
         if self._block_tallies is not None:

@@ -1,0 +1,40 @@
+"""``attestation["cache"]``: one entry per image, saying which steps its transformer skipped and why.
+
+An entry is ``{backend, threshold, computed_steps, skipped_steps, trace}`` for the image's prompt branch;
+an image with true CFG adds ``negative`` (the same three counts for its negative-prompt branch, which
+decides on its own). Under CFG-parallel the negative branch ran on another rank: the worker attaches
+that rank's entries with ``attach_negative``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from diffserve.models.stepcache.policy import COMPUTE, BranchCache, CacheSettings
+
+
+def image_entries(settings: CacheSettings, steps: int, images: int, positive: BranchCache | None,
+                  negative: BranchCache | None = None, *, cfg: bool = False) -> list[dict[str, Any]]:
+    """The entries of a batch's ``images`` rows. A branch of ``None`` ran uncached (every step computed:
+    backend none, or threshold 0 for this batch); ``cfg`` adds the negative branch's counts."""
+    entries = []
+    for row in range(images):
+        threshold = settings.threshold if positive is not None else 0.0
+        entry: dict[str, Any] = {"backend": settings.backend, "threshold": threshold, **_branch(positive, row, steps)}
+        if cfg:
+            entry["negative"] = _branch(negative, row, steps)
+        entries.append(entry)
+    return entries
+
+
+def _branch(cache: BranchCache | None, row: int, steps: int) -> dict[str, Any]:
+    if cache is None:
+        return {"computed_steps": steps, "skipped_steps": 0,
+                "trace": [[step + 1, None, COMPUTE] for step in range(steps)]}
+    return cache.report(row)
+
+
+def attach_negative(entries: list[dict[str, Any]], negative: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Entries of the prompt branch with the negative branch's counts (from its CFG rank) attached."""
+    return [{**entry, "negative": {k: other[k] for k in ("computed_steps", "skipped_steps", "trace")}}
+            for entry, other in zip(entries, negative, strict=True)]
