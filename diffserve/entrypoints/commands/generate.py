@@ -80,6 +80,10 @@ async def _generate(args: argparse.Namespace, model: str | None, prompt: str, ou
         kwargs["guidance_scale"] = args.guidance_scale
     if args.max_sequence_length is not None:
         kwargs["max_sequence_length"] = args.max_sequence_length
+    if args.config_cache_threshold is not None:
+        # One request: the config flag --cache-threshold is also this request's cache_threshold, so it is
+        # checked like an HTTP request's (bounded by cache.max_threshold, refused without a cache backend).
+        kwargs["cache_threshold"] = _number(args.config_cache_threshold, "cache_threshold")
     # Built (and so validated) before anything loads: a bad argument fails in milliseconds.
     request = GenerationRequest(**kwargs)
     if model is None:
@@ -117,9 +121,22 @@ async def _generate(args: argparse.Namespace, model: str | None, prompt: str, ou
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_bytes(blob)
         print(f"wrote {path} ({output_obj.width}x{output_obj.height}, seed {seed})")
+    for i, entry in enumerate(output_obj.attestation.get("cache", [])):
+        if entry["backend"] != "none":
+            print(f"step cache image {i}: {entry['backend']} threshold {entry['threshold']:g}, skipped "
+                  f"{entry['skipped_steps']} of {entry['computed_steps'] + entry['skipped_steps']} steps")
     print(f"config fingerprint {output_obj.config_fingerprint}; timings ms "
           + ", ".join(f"{k}={v:.0f}" for k, v in output_obj.timings.items()))
     return 0
+
+
+def _number(text: str, param: str) -> float:
+    from diffserve.errors import RequestError
+
+    try:
+        return float(text)
+    except ValueError:
+        raise RequestError(f"--{param.replace('_', '-')} {text!r} is not a number", param=param) from None
 
 
 def output_paths(output: Path, n: int) -> list[Path]:

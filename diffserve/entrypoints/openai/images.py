@@ -140,7 +140,7 @@ class ImagesHandler:
                 data.append(ImageData(url=str(request.url_for("get_image", name=name))))
             else:
                 data.append(ImageData(b64_json=base64.b64encode(blob).decode("ascii")))
-        self.metrics.observe_output(timings, len(encoded))
+        self.metrics.observe_output(timings, len(encoded), output.attestation.get("cache"))
         response = ImagesResponse(
             created=int(time.time()), data=data, output_format=body.output_format,
             size=f"{output.width}x{output.height}",

@@ -42,6 +42,9 @@ class ServerMetrics:
         self.kernel_calls = Counter(
             "diffserve_kernel_calls", "Kernel calls attested by the worker, by kind and backend",
             ["kind", "backend"], registry=r)
+        self.cache_steps = Counter(
+            "diffserve_step_cache_steps", "Denoise steps per image and CFG branch, by step-cache backend and "
+            "decision (compute or skip)", ["backend", "decision"], registry=r)
         self.aborted = Counter(
             "diffserve_requests_aborted", "Generation requests aborted because the client went away "
             "(queued, running or being encoded)", registry=r)
@@ -60,12 +63,19 @@ class ServerMetrics:
         if replicas_live is not None:
             self.replicas_live.set_function(replicas_live)
 
-    def observe_output(self, timings_ms: dict[str, float], n_images: int) -> None:
-        """Per request: the engine's phase timings (plus the server's own encode time)."""
+    def observe_output(self, timings_ms: dict[str, float], n_images: int,
+                       cache: list[dict[str, Any]] | None = None) -> None:
+        """Per request: the engine's phase timings (plus the server's own encode time) and the step
+        cache's decisions of each image (``attestation["cache"]``)."""
         for phase, ms in timings_ms.items():
             if isinstance(ms, (int, float)):
                 self.phase_latency.labels(phase=phase).observe(ms / 1000.0)
         self.images.inc(n_images)
+        for entry in cache or []:
+            for branch in (entry, entry.get("negative")):
+                if branch:
+                    self.cache_steps.labels(backend=entry["backend"], decision="compute").inc(branch["computed_steps"])
+                    self.cache_steps.labels(backend=entry["backend"], decision="skip").inc(branch["skipped_steps"])
 
     def observe_batch(self, stats: BatchStats) -> None:
         """Per executed batch (an engine stats listener, called on the engine thread; prometheus_client

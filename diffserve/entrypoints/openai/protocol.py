@@ -15,7 +15,13 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from diffserve.errors import RequestError
-from diffserve.types.request import MAX_GUIDANCE_SCALE, MAX_SEED, MAX_TRUE_CFG_SCALE, GenerationRequest
+from diffserve.types.request import (
+    MAX_CACHE_THRESHOLD,
+    MAX_GUIDANCE_SCALE,
+    MAX_SEED,
+    MAX_TRUE_CFG_SCALE,
+    GenerationRequest,
+)
 
 OutputFormat = Literal["png", "jpeg", "webp"]
 ResponseFormat = Literal["b64_json", "url"]
@@ -55,6 +61,8 @@ class ImageGenerationRequest(BaseModel):
     seed: int | None = Field(default=None, ge=0, le=MAX_SEED)
     # T5 tokens per prompt (1..512); short prompts run much faster with a small window.
     max_sequence_length: int | None = None
+    # Step-cache threshold (higher = more steps skipped, 0 = no caching); unset: the deployment's.
+    cache_threshold: float | None = Field(default=None, ge=0, le=MAX_CACHE_THRESHOLD)
     stream: bool = False
 
 
@@ -150,7 +158,7 @@ def to_generation_request(body: ImageGenerationRequest, request_id: str,
     if body.num_inference_steps is None and default_steps is not None:
         kwargs["num_inference_steps"] = default_steps
     # Unset extensions keep the engine's defaults instead of being overwritten with None.
-    for name in ("num_inference_steps", "guidance_scale", "true_cfg_scale", "max_sequence_length"):
+    for name in ("num_inference_steps", "guidance_scale", "true_cfg_scale", "max_sequence_length", "cache_threshold"):
         value = getattr(body, name)
         if value is not None:
             kwargs[name] = value
