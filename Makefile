@@ -1,5 +1,6 @@
 # The two README commands: `make demo` (the main job) and `make test` (install + whole suite, the ray
-# executor's tests included: install-test adds the `ray` extra, after the pinned torch).
+# executor's tests included: install-test adds the `ray` extra and `bench` (cache-dit, for benchmark
+# section h), after the pinned torch).
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
@@ -23,7 +24,7 @@ $(VENV)/.installed: pyproject.toml $(VENV)/.torch
 	touch $@
 
 $(VENV)/.installed-test: pyproject.toml $(VENV)/.installed
-	$(PY) -m pip install --quiet -e ".[server,test,ray]"
+	$(PY) -m pip install --quiet -e ".[server,test,ray,bench]"
 	touch $@
 
 install: $(VENV)/.installed

@@ -164,3 +164,38 @@ def _cpu_capability(torch: Any) -> str:
         return str(torch.backends.cpu.get_cpu_capability())
     except Exception:  # noqa: BLE001
         return "unknown"
+
+
+def _luma(image: Any) -> np.ndarray:
+    """ITU-R BT.601 luminance (0..255, float64) of an RGB image; a single-channel image as is."""
+    arr = to_array(image).astype(np.float64)
+    if arr.ndim == 3 and arr.shape[-1] >= 3:
+        return arr[..., 0] * 0.299 + arr[..., 1] * 0.587 + arr[..., 2] * 0.114
+    return arr[..., 0] if arr.ndim == 3 else arr
+
+
+def _gaussian_filter(x: np.ndarray, kernel: np.ndarray) -> np.ndarray:
+    """Separable 'valid' filtering of a 2-D array with a 1-D kernel along both axes."""
+    rows = np.apply_along_axis(lambda r: np.convolve(r, kernel, mode="valid"), 1, x)
+    return np.apply_along_axis(lambda c: np.convolve(c, kernel, mode="valid"), 0, rows)
+
+
+def ssim(a: Any, b: Any, *, window: int = 11, sigma: float = 1.5) -> float:
+    """Mean SSIM (Wang et al. 2004) between two 8-bit images on their luminance: 11x11 Gaussian
+    window (sigma 1.5), K1 = 0.01, K2 = 0.03, L = 255, 'valid' windows only. 1.0 when identical."""
+    x, y = _luma(a), _luma(b)
+    if x.shape != y.shape:
+        raise ValueError(f"image shapes differ: {x.shape} vs {y.shape}")
+    side = min(x.shape)
+    if side < window:  # tiny images: the largest odd window that fits
+        window = side if side % 2 else side - 1
+    half = window // 2
+    kernel = np.exp(-0.5 * (np.arange(-half, half + 1) / sigma) ** 2)
+    kernel /= kernel.sum()
+    c1, c2 = (0.01 * 255) ** 2, (0.03 * 255) ** 2
+    mu_x, mu_y = _gaussian_filter(x, kernel), _gaussian_filter(y, kernel)
+    var_x = _gaussian_filter(x * x, kernel) - mu_x**2
+    var_y = _gaussian_filter(y * y, kernel) - mu_y**2
+    cov = _gaussian_filter(x * y, kernel) - mu_x * mu_y
+    ssim_map = ((2 * mu_x * mu_y + c1) * (2 * cov + c2)) / ((mu_x**2 + mu_y**2 + c1) * (var_x + var_y + c2))
+    return float(ssim_map.mean())

@@ -43,6 +43,27 @@ def write_json(path: Path, info: dict[str, Any], models: dict[str, Any], setting
     path.write_text(json.dumps(data, indent=2, default=str) + "\n", encoding="utf-8")
 
 
+def _other_kinds(path: Path, info: dict[str, Any]) -> list[str]:
+    """Links to the reports beside this one that were measured on another CPU capability (each kind keeps
+    its own file: one never overwrites the other)."""
+    lines = []
+    for other in sorted(Path(path).parent.glob("RESULTS*.md")):
+        twin = json_path(other)
+        if other.name == Path(path).name or not twin.exists():
+            continue
+        try:
+            data = json.loads(twin.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            continue
+        capability = data.get("machine", {}).get("cpu_capability")
+        if capability == info.get("cpu_capability"):
+            continue
+        titles = ", ".join(s["title"].split(".", 1)[0] for s in data.get("sections", []))
+        lines.append(f"- [{other.name}]({other.name}): measured on a CPU with torch capability {capability} ({data.get('mode')} "
+                     f"run, sections {titles}).")
+    return ["Reports of other machine kinds:", "", *lines, ""] if lines else []
+
+
 def write_markdown(path: Path, info: dict[str, Any], models: dict[str, Any], settings: Settings,
                    sections: list[Section], targets: list[Target], total_s: float, *,
                    generated: str | None = None) -> None:
@@ -60,6 +81,7 @@ def write_markdown(path: Path, info: dict[str, Any], models: dict[str, Any], set
         f" max_sequence_length {MAX_SEQUENCE_LENGTH} unless a section says otherwise;"
         f" torch threads = {info.get('torch_threads')} for every contender.",
         "",
+        *_other_kinds(path, info),
         "## Targets",
         "",
         *_table(["target", "goal", "measured", "status", "note"],

@@ -24,6 +24,7 @@ from benchmarks import (  # noqa: E402
     overhead,
     parallel,
     replicas,
+    step_cache,
     throughput,
     transformer_step,
 )
@@ -45,6 +46,7 @@ MEASUREMENTS = (
     ("cold", "e. Cold start and peak memory", cold_start.measure),
     ("replicas", "f. Replicas and the Ray executor", replicas.measure),
     ("parallel", "g. Parallel denoising (CFG and Ulysses)", parallel.measure),
+    ("cache", "h. Step cache side by side with cache-dit", step_cache.measure),
 )
 
 
@@ -53,7 +55,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--smoke", action="store_true", help="tiny model, a couple of iterations (CI)")
     p.add_argument("--out", type=Path, default=DEFAULT_OUT, help="markdown report path")
     p.add_argument("--cache-dir", type=Path, default=DEFAULT_CACHE, help="where built models are kept")
-    p.add_argument("--only", default="", help="comma-separated measurement keys: e2e,step,overhead,throughput,cold,replicas,parallel")
+    p.add_argument("--only", default="", help="comma-separated measurement keys: e2e,step,overhead,throughput,cold,replicas,parallel,cache")
+    p.add_argument("--merge", action="store_true",
+                   help="keep the sections of the report at --out that this run does not measure (only when "
+                        "it was measured in the same mode on the same CPU capability)")
     p.add_argument("--render", type=Path, default=None, metavar="JSON",
                    help="measure nothing: rebuild the report (targets and their notes) from a results JSON")
     return p.parse_args(argv)
@@ -73,6 +78,23 @@ def render(source: Path, out: Path) -> int:
                generated=data.get("generated"))
     print(f"[bench] re-rendered {out} from {source}", flush=True)
     return 0
+
+
+def kept_sections(out: Path, info: dict, settings: Settings) -> dict[str, Section]:
+    """The sections of the report at ``out`` (``--merge``), refused when they were measured in another
+    mode or on another CPU capability: figures of one machine kind never mix with another's."""
+    import json
+
+    path = json_path(out)
+    if not path.exists():
+        return {}
+    data = json.loads(path.read_text(encoding="utf-8"))
+    mode = "smoke" if settings.smoke else "full"
+    theirs = (data.get("mode"), data.get("machine", {}).get("cpu_capability"))
+    if theirs != (mode, info.get("cpu_capability")):
+        raise SystemExit(f"--merge: {path} was measured as {theirs}, this run is {(mode, info.get('cpu_capability'))}; "
+                         "write to another --out")
+    return {s["key"]: Section(**s) for s in data["sections"]}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -95,9 +117,12 @@ def main(argv: list[str] | None = None) -> int:
 
     out = args.out
     total = 0.0
+    kept = kept_sections(out, info, settings) if args.merge else {}
     sections: list[Section] = []
     for key, title, fn in MEASUREMENTS:
         if only and key not in only:
+            if key in kept:
+                sections.append(kept[key])
             continue
         sections.append(guarded(key, title, lambda s, fn=fn: fn(s, settings, models)))
         # Written after every measurement, so a long run can be read (and survives) part-way.

@@ -57,6 +57,11 @@ class Settings:
     models: tuple[str, ...] = field(default=("tiny-flux", "small-flux"))
     # Seconds of timed calls one case may use after its first round (None: always ``iters``).
     case_budget_s: float | None = None
+    # Step cache vs cache-dit (section h): the case and the thresholds swept on both engines. On the
+    # random-weight benchmark models block 0's residual changes by ~0.5 relative per step, so the
+    # published FBCache default 0.08 never skips; these straddle that signal.
+    cache_case: Case = Case("small-flux", 256, 28)
+    cache_thresholds: tuple[float, ...] = (0.55, 0.6, 0.65, 0.7, 0.75)
 
 
 TINY_E2E = Case("tiny-flux", 128, 2)
@@ -106,4 +111,6 @@ SMOKE = Settings(
     cold_repeats=1,
     cold_compile=False,
     models=("tiny-flux",),
+    cache_case=Case("tiny-flux", 128, 8),
+    cache_thresholds=(0.5, 0.7),
 )

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-SECTION_KEYS = ("e2e", "step", "overhead", "throughput", "cold", "replicas", "parallel")
+SECTION_KEYS = ("e2e", "step", "overhead", "throughput", "cold", "replicas", "parallel", "cache")
 
 
 @pytest.mark.e2e
@@ -36,7 +36,7 @@ def test_smoke_benchmark_writes_every_section(tmp_path: Path) -> None:
     for key, section in sections.items():
         assert section["status"] == "ok", f"{key}: {section['status']}: {section['reason']} {section['notes']}"
         assert section["rows"], key
-    assert len(data["targets"]) == 12
+    assert len(data["targets"]) == 14
 
     text = out.read_text()
     for heading in ("## Targets", "## Machine", "## Models", *(f"## {s['title']}" for s in data["sections"])):

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from benchmarks.common import psnr, ssim
 
+from benchmarks.common import psnr, ssim
 from diffserve.models.flux.pipeline import FluxPipeline
 from diffserve.types.request import GenerationRequest
 
