@@ -19,11 +19,11 @@ STEPS = 3
 
 
 def request(seed: int = 11, cfg: bool = True, n: int = 2, output_type: str = "pil",
-            size: int = 128) -> GenerationRequest:
+            size: int = 128, **kw: Any) -> GenerationRequest:
     extra: dict[str, Any] = {"negative_prompt": "blurry, dark", "true_cfg_scale": 3.0} if cfg else {}
     return GenerationRequest(prompt="a red fox in snow", height=size, width=size, num_inference_steps=STEPS,
                              guidance_scale=0.0, max_sequence_length=64, seed=seed, n=n,
-                             output_type=output_type, **extra)
+                             output_type=output_type, **extra, **kw)
 
 
 def psnr(a: np.ndarray, b: np.ndarray) -> float:
@@ -46,14 +46,19 @@ def rel_l2(a: torch.Tensor, b: torch.Tensor) -> float:
     return float(torch.linalg.vector_norm(a - b) / torch.linalg.vector_norm(b))
 
 
-def engine(model_dir: Any, dtype: str, backend: str, **parallel: int) -> Engine:
+def engine(model_dir: Any, dtype: str, backend: str, **parallel: Any) -> Engine:
     return Engine(str(model_dir), env={}, dtype=dtype, enforce_eager=True,
                   distributed_executor_backend=backend, **parallel)
 
 
+# The float32 engines carry a step cache (fbcache): requests without a cache_threshold take the default
+# 0.08, which never skips on this random-weight model, and the ray test adds one cached request.
+CACHE = {"cache": {"backend": "fbcache"}}
+
+
 @pytest.fixture(scope="module")
 def single_f32(tiny_flux_dir):
-    with engine(tiny_flux_dir, "float32", "uni") as e:
+    with engine(tiny_flux_dir, "float32", "uni", **CACHE) as e:
         yield e
 
 
@@ -98,9 +103,15 @@ def test_bfloat16_mp_matches_single_rank_bfloat16(tiny_flux_dir, single_bf16, pa
 
 # (b) + (c): Ulysses=2 on ray, float32, against uni.
 def test_ray_ulysses2_matches_uni(tiny_flux_dir, single_f32, ray_session) -> None:
-    e = engine(tiny_flux_dir, "float32", "ray", ulysses_degree=2)
+    e = engine(tiny_flux_dir, "float32", "ray", ulysses_degree=2, **CACHE)
     try:
         att = check_parity(e, single_f32, "f32 ray ulysses2", min_psnr=60.0).attestation
+        # A cached request on the Ray group: the two ranks agree on every skip, and it is the uni image.
+        cached, reference = e.generate(request(cache_threshold=0.5)), single_f32.generate(request(cache_threshold=0.5))
+        assert np.array_equal(pixels(cached), pixels(reference))
+        decisions = [[t[2] for t in entry["trace"]] for entry in cached.attestation["cache"]]
+        assert decisions == [[t[2] for t in entry["trace"]] for entry in reference.attestation["cache"]]
+        assert "skip" in decisions[0] and cached.attestation["executor"] == "ray"
         assert att["executor"] == "ray"
         assert att["parallel"]["world_size"] == 2
         assert att["parallel"] == {"world_size": 2, "cfg_parallel_size": 1, "ulysses_degree": 2}
