@@ -9,6 +9,10 @@ import pytest
 os.environ["HF_HUB_OFFLINE"] = "1"
 os.environ["TRANSFORMERS_OFFLINE"] = "1"
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# The platform-default dtype depends on the CPU (bfloat16 with AVX512-BF16/AMX, else float32): the suite
+# pins "no native bfloat16" so it behaves alike on every machine kind; tests/config/test_platform_defaults.py
+# injects both kinds, and servers and workers started by tests inherit the pin.
+os.environ["DIFFSERVE_CPU_BF16"] = "0"
 
 
 # --- hermetic tiny FLUX models (built once per session by diffserve.models.tiny) ---------------

@@ -22,7 +22,8 @@ LAYER_RANK: dict[str, int] = {
     "cli_stage": 800,
 }
 MAX_CHAIN = 64  # base_config chain length; keeps yaml ranks below platform ranks
-LAYERS: tuple[str, ...] = ("default", *LAYER_RANK)
+# "platform-default" (config/platform_defaults.py) also fills only what no layer set, and is never explicit.
+LAYERS: tuple[str, ...] = ("default", "platform-default", *LAYER_RANK)
 
 
 @dataclass(frozen=True)

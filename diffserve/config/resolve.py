@@ -19,6 +19,7 @@ from diffserve.config.explain import fingerprint_of
 from diffserve.config.extras import fold_extras
 from diffserve.config.fields import PIPELINE_LEAVES, STAGE_LEAVES
 from diffserve.config.platform import current_platform
+from diffserve.config.platform_defaults import apply_platform_defaults
 from diffserve.config.provenance import DEFAULT_SOURCE, Assignment, Collector, Source
 from diffserve.config.requirements import missing_requirements
 from diffserve.config.resolved import ResolvedConfig
@@ -80,7 +81,8 @@ def resolve(model: str | os.PathLike | None = None,
     ray_address, provenance["ray_address"] = pipeline.get(
         "ray_address", (PIPELINE_LEAVES["ray_address"].default, DEFAULT_SOURCE))
     warnings: list[str] = []
-    stages = tuple(_build_stage(stage_id, role, out, provenance, warnings) for stage_id, role in enumerate(roles))
+    stages = tuple(_build_stage(stage_id, role, out, provenance, warnings, platform_name)
+                   for stage_id, role in enumerate(roles))
     out.errors.extend(missing_requirements(stages, provenance))
     _raise_if_errors(out.errors)
     for warning in warnings:
@@ -130,7 +132,7 @@ def _check_stage_refs(out: Collector, topology: str, roles: tuple[str, ...]) -> 
 
 
 def _build_stage(stage_id: int, role: str, out: Collector, provenance: dict[str, Source],
-                 warnings: list[str]) -> StageConfig:
+                 warnings: list[str], platform: str) -> StageConfig:
     picked = _pick(out.assignments, stage_id, pipeline_keys=False)
     values: dict[str, Any] = {}
     sources: dict[str, Source] = {}
@@ -142,6 +144,7 @@ def _build_stage(stage_id: int, role: str, out: Collector, provenance: dict[str,
         if key.startswith(("extras.", "attention_backend.")) and key not in values:
             values[key], sources[key] = value, source
     fold_extras(stage_id, values, sources, out, warnings)
+    apply_platform_defaults(platform, values, sources)
     settle_cache(stage_id, values, sources, out)
 
     default = values.pop("attention_backend.default")

@@ -46,5 +46,5 @@ class ResolvedConfig:
         return self.provenance.get(key, Source("default"))
 
     def is_explicit(self, key: str) -> bool:
-        """True when some layer set the value (a default is never explicit)."""
-        return self.source_of(key).layer != "default"
+        """True when some layer set the value (a default, the platform's included, is never explicit)."""
+        return self.source_of(key).layer not in ("default", "platform-default")

@@ -111,7 +111,8 @@ class StageConfig:
 
     stage_id: int = 0
     role: str = "diffusion"
-    dtype: str = opt("auto", "weights/activation dtype; auto = float32 on CPU, bfloat16 on GPUs",
+    dtype: str = opt("auto", "weights/activation dtype; unset = the platform's default (bfloat16 on GPUs and on "
+                     "CPUs with AVX512-BF16/AMX, else float32); auto = the same rule in the worker",
                      c.normalize_dtype, choices=c.canonical_values(c.DTYPE_ALIASES))
     linear_backend: str = opt("auto", "kernel backend of every Linear layer", c.normalize_linear_backend,
                               choices=c.canonical_values(c.LINEAR_BACKEND_ALIASES))
@@ -120,7 +121,8 @@ class StageConfig:
         metadata={"doc": "attention kernel: a name, or {default: NAME, <role>: NAME} per role",
                   "normalize": c.normalize_attention_backend, "kind": "attention",
                   "choices": c.canonical_values(c.ATTENTION_BACKEND_ALIASES)})
-    enforce_eager: bool = opt(False, "never compile; run eager PyTorch", c.normalize_bool, kind="bool")
+    enforce_eager: bool = opt(False, "never compile; run eager PyTorch (unset: true on CPU, false elsewhere)",
+                              c.normalize_bool, kind="bool")
     distributed_executor_backend: str = opt(
         "uni", "uni = worker in this process, mp = worker processes (one per rank)", c.normalize_executor,
         choices=c.canonical_values(c.EXECUTOR_ALIASES))

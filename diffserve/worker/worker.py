@@ -160,6 +160,7 @@ class Worker:
             "replica": self.replica,
             "rank": self.rank,
             "device": str(self.device),
+            "dtype": str(getattr(self.pipeline, "dtype", "")).removeprefix("torch."),
             "batch_size": batch_size,
             "batch_ms": round(batch_ms, 3),
             "config_fingerprint": self.config.fingerprint,

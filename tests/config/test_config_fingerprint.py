@@ -41,7 +41,7 @@ def test_equivalent_spellings_and_orders_share_a_fingerprint(tmp_path: Path) -> 
 
 
 # A second valid value for every flat setting (never its default).
-OTHER = {"dtype": "float16", "linear_backend": "torch", "attention_backend": "math", "enforce_eager": True,
+OTHER = {"dtype": "float16", "linear_backend": "torch", "attention_backend": "math", "enforce_eager": False,
          "distributed_executor_backend": "mp", "devices": "1", "worker_extension_cls": "pkg.mod.Ext",
          "topology": "split_text_encoder", "warmup_enabled": True, "allowed_hosts": "localhost",
          "expose_config": True, "ray_address": "auto", "cache_backend": "fbcache", "cache_threshold": 0.3,

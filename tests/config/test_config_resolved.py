@@ -65,10 +65,10 @@ def test_explain_json_shape(tmp_path: Path) -> None:
     assert fields["attention_backend.single_block"] == {
         "value": "math", "source": "yaml", "location": f"{(tmp_path / 'd.yaml').resolve()}:4"}
     assert fields["worker_extension_cls"]["source"] == "cli"
-    assert fields["dtype"] == {"value": "auto", "source": "default", "location": None}
+    assert fields["dtype"] == {"value": "float32", "source": "platform-default", "location": None}
     assert fields["extras.k"]["value"] == [1, {"a": "b"}]
     sources = {e["source"] for s in doc["stages"] for e in s["fields"].values()}
-    assert sources <= {"default", "model", "yaml", "platform", "env", "cli", "cli_stage"}
+    assert sources <= {"default", "platform-default", "model", "yaml", "platform", "env", "cli", "cli_stage"}
     assert doc["pipeline"]["server.max_n"]["source"] == "yaml"
 
 

@@ -16,6 +16,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from diffserve.config.platform import native_bfloat16
 from diffserve.config.schema import CacheConfig, StageConfig
 from diffserve.errors import ConfigError, ModelLoadError
 from diffserve.layers.attestation import KernelCounters
@@ -54,9 +55,10 @@ _T5_MAX_TOKENS = 512
 
 
 def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
-    """``"auto"`` is float32 on CPU (fast and exact there) and bfloat16 on accelerators."""
+    """An explicit ``"auto"``: the platform-default rule (``config/platform_defaults.py``) at run time,
+    bfloat16 on accelerators and on CPUs with native bfloat16 matmuls, float32 on other CPUs."""
     if name == "auto":
-        return torch.float32 if device.type == "cpu" else torch.bfloat16
+        return torch.bfloat16 if device.type != "cpu" or native_bfloat16()[0] else torch.float32
     return _DTYPES[name]
 
 

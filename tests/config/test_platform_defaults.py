@@ -1,0 +1,100 @@
+"""Platform-aware defaults (issue 15 item 1): an unset dtype / enforce_eager takes the platform's value
+with source ``platform-default`` and the reason, never above anything a user set. Both CPU kinds are
+injected: through ``DIFFSERVE_CPU_BF16`` and through the /proc/cpuinfo text the detection parses."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from config_helpers import run, write
+
+from diffserve.config.platform import native_bfloat16
+from diffserve.models.flux.pipeline import resolve_dtype
+
+AVX512_BF16 = "processor : 0\nflags : fpu sse2 avx2 avx512f avx512_bf16 avx512_vnni\n"
+AMX = "processor : 0\nflags : fpu avx2 avx512f amx_bf16 amx_tile\n"
+AVX2 = "processor : 0\nflags : fpu sse2 avx2 fma\n"
+
+
+@pytest.fixture
+def detect(monkeypatch):
+    """Drop the suite-wide pin so /proc/cpuinfo text decides."""
+    monkeypatch.delenv("DIFFSERVE_CPU_BF16", raising=False)
+
+
+def test_cpuinfo_flags_decide(detect) -> None:
+    assert native_bfloat16(AVX512_BF16) == (True, "the CPU has avx512_bf16")
+    assert native_bfloat16(AMX) == (True, "the CPU has amx_bf16")
+    assert native_bfloat16(AVX2)[0] is False
+    assert native_bfloat16("")[0] is False
+
+
+@pytest.mark.parametrize(("pin", "dtype"), [("1", "bfloat16"), ("0", "float32")], ids=["avx512-bf16", "avx2"])
+def test_cpu_defaults_per_kind(monkeypatch, pin: str, dtype: str) -> None:
+    monkeypatch.setenv("DIFFSERVE_CPU_BF16", pin)
+    resolved = run()
+    stage = resolved.stages[0]
+    assert (stage.dtype, stage.enforce_eager) == (dtype, True)
+    for key in ("stages.0.dtype", "stages.0.enforce_eager"):
+        source = resolved.source_of(key)
+        assert source.layer == "platform-default" and source.detail.startswith("cpu: ")
+        assert not resolved.is_explicit(key)
+    assert ("native bfloat16" if pin == "1" else "conversions") in resolved.source_of("stages.0.dtype").detail
+    assert "torch.compile" in resolved.source_of("stages.0.enforce_eager").detail
+
+
+def test_accelerators_keep_compiling_in_bfloat16(monkeypatch) -> None:
+    monkeypatch.setenv("DIFFSERVE_CPU_BF16", "0")
+    resolved = run(platform="cuda")
+    assert (resolved.stages[0].dtype, resolved.stages[0].enforce_eager) == ("bfloat16", False)
+    assert resolved.source_of("stages.0.dtype").layer == "platform-default"
+    assert resolved.source_of("stages.0.enforce_eager").layer == "default"
+
+
+def test_anything_a_user_set_wins(monkeypatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("DIFFSERVE_CPU_BF16", "1")
+    assert run(overrides={"dtype": "float32", "enforce_eager": False}).stages[0].dtype == "float32"
+    assert run(overrides={"enforce_eager": False}).stages[0].enforce_eager is False
+    assert run(overrides={"dtype": "auto"}).stages[0].dtype == "auto"  # an explicit auto is a choice
+    deploy = write(tmp_path / "d.yaml", """
+        platforms:
+          cpu: {dtype: float32}
+        """)
+    resolved = run(deploy_config=deploy)
+    assert resolved.stages[0].dtype == "float32" and resolved.source_of("stages.0.dtype").layer == "platform"
+    assert run(env={"DIFFSERVE_ENFORCE_EAGER": "0"}).stages[0].enforce_eager is False
+
+
+def test_explicit_auto_follows_the_same_rule_in_the_worker(monkeypatch) -> None:
+    monkeypatch.setenv("DIFFSERVE_CPU_BF16", "1")
+    assert resolve_dtype("auto", torch.device("cpu")) == torch.bfloat16
+    monkeypatch.setenv("DIFFSERVE_CPU_BF16", "0")
+    assert resolve_dtype("auto", torch.device("cpu")) == torch.float32
+    assert resolve_dtype("float16", torch.device("cpu")) == torch.float16
+
+
+def test_config_explain_shows_the_reason(tiny_flux_dir) -> None:
+    env = {"DIFFSERVE_CPU_BF16": "1", "HF_HUB_OFFLINE": "1", "PATH": ""}
+    proc = subprocess.run([sys.executable, "-m", "diffserve.entrypoints.cli", "config", "explain", str(tiny_flux_dir),
+                           "--platform", "cpu"], capture_output=True, text=True, env=env, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    rows = {line.split()[1]: line for line in proc.stdout.splitlines() if line.startswith("0 ")}
+    assert "bfloat16" in rows["dtype"] and "platform-default" in rows["dtype"] and "native bfloat16" in rows["dtype"]
+    assert "platform-default" in rows["enforce_eager"] and "torch.compile" in rows["enforce_eager"]
+
+
+@pytest.mark.parametrize(("pin", "dtype"), [("1", "bfloat16"), ("0", "float32")], ids=["avx512-bf16", "avx2"])
+def test_an_engine_with_no_dtype_runs_the_platform_default(monkeypatch, tiny_flux_dir, pin: str, dtype: str) -> None:
+    from diffserve import Engine, GenerationRequest
+
+    monkeypatch.setenv("DIFFSERVE_CPU_BF16", pin)
+    with Engine(str(tiny_flux_dir), env={}) as engine:
+        out = engine.generate(GenerationRequest(prompt="a fox", height=64, width=64, num_inference_steps=2,
+                                                seed=1, max_sequence_length=16))
+        stage = engine.config.stages[0]
+    assert out.attestation["dtype"] == dtype  # what the worker actually built
+    assert stage.enforce_eager is True and out.attestation["transformer_forwards"] == 2
