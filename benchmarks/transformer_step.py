@@ -35,6 +35,11 @@ def measure(section: Section, settings: Settings, models: dict[str, Path]) -> No
                     round(peak["gflops"], 1), "100%", "", "")
         section.add(dtype, f"F.linear [{ni + nt}x{d}]·[{d}x{4 * d}]", "", "", "", round(shape_ceiling, 1),
                     f"{shape_ceiling / peak['gflops']:.0%}", "100%", "")
+        packed = _onednn_gflops(dtype, ni + nt, d, 4 * d)
+        if packed is not None:
+            section.add(dtype, f"oneDNN, packed weight [{ni + nt}x{d}]·[{d}x{4 * d}] (linear_backend onednn)", "",
+                        "", "", round(packed, 1), f"{packed / peak['gflops']:.0%}", f"{packed / shape_ceiling:.0%}", "")
+            section.metrics[f"step.{dtype}.shape_gemm_onednn_gflops"] = packed
         section.metrics[f"step.{dtype}.peak_gflops"] = peak["gflops"]
         section.metrics[f"step.{dtype}.peak_size"] = peak["size"]
         section.metrics[f"step.{dtype}.shape_gemm_gflops"] = shape_ceiling
@@ -61,6 +66,8 @@ def _contenders(section: Section, settings: Settings, path: Path, cfg: dict[str,
         with torch.inference_mode():
             return native(x["img"], x["img_ids"], x["txt"], x["txt_ids"], x["t"], x["y"], guidance=x["guidance"])
 
+    section.notes.append(f"{dtype}: diffserve's kernels (the resolved config's, as the engine builds them): "
+                         f"{native.kernels.describe()}.")
     calls = {"diffusers": run_ref, "diffserve": run_native}
     samples, last = interleaved(calls, warmup=max(settings.warmup, 1), iters=settings.step_iters,
                                 budget_s=settings.case_budget_s)
@@ -74,6 +81,36 @@ def _contenders(section: Section, settings: Settings, path: Path, cfg: dict[str,
         section.metrics[f"step.{dtype}.{name}.frac_peak"] = gflops / peak
         section.metrics[f"step.{dtype}.{name}.frac_shape_gemm"] = gflops / shape_ceiling
     # The models are freed when this function returns (the closures go with ``calls``).
+
+
+def _onednn_gflops(dtype_name: str, tokens: int, d_in: int, d_out: int, iters: int = 10) -> float | None:
+    """GFLOP/s of the ``onednn`` linear backend's kernel (oneDNN inner product on a packed weight) at one of
+    the model's shapes; ``None`` where that backend cannot run."""
+    import time
+
+    import torch
+
+    from benchmarks.common import median
+    from benchmarks.contenders import torch_dtype
+
+    try:
+        from diffserve.layers.linear.onednn import OneDnnLinearBackend
+    except ImportError:
+        return None
+    dtype = torch_dtype(dtype_name)
+    if OneDnnLinearBackend.unavailable_reason(torch.device("cpu"), dtype) is not None:
+        return None
+    backend = OneDnnLinearBackend(torch.device("cpu"), dtype)
+    x = torch.randn(tokens, d_in).to(dtype)
+    w = torch.randn(d_out, d_in).to(dtype)
+    with torch.inference_mode():
+        backend.linear(x, w, None)
+        times = []
+        for _ in range(iters):
+            t0 = time.perf_counter()
+            backend.linear(x, w, None)
+            times.append(time.perf_counter() - t0)
+    return 2 * tokens * d_in * d_out / median(times) / 1e9
 
 
 def _native_transformer(path: Path, dtype: str) -> Any:

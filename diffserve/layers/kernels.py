@@ -34,9 +34,10 @@ class KernelSet:
     counters: KernelCounters = field(default_factory=KernelCounters)
 
     def make_linear(self, in_features: int, out_features: int, bias: bool = True, *, rowwise: bool = False,
-                    device: torch.device | str | None = None, dtype: torch.dtype | None = None) -> Linear:
+                    activation: str | None = None, device: torch.device | str | None = None,
+                    dtype: torch.dtype | None = None) -> Linear:
         return Linear(in_features, out_features, bias, backend=self.linear_backend, counters=self.counters,
-                      rowwise=rowwise, device=device, dtype=dtype)
+                      rowwise=rowwise, activation=activation, device=device, dtype=dtype)
 
     def make_attention(self, role: str) -> Attention:
         return Attention(role, backend=self.attention_backends[role], counters=self.counters)

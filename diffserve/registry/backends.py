@@ -33,9 +33,14 @@ class BackendTable:
 
 LINEAR_BACKENDS = BackendTable(
     kind="linear",
-    targets={"torch": "diffserve.layers.linear.torch:TorchLinearBackend"},
-    auto_preference=("torch",),
-    aliases={"pytorch": "torch"},
+    targets={
+        "torch": "diffserve.layers.linear.torch:TorchLinearBackend",
+        "onednn": "diffserve.layers.linear.onednn:OneDnnLinearBackend",
+    },
+    # onednn on CPU in float32/bfloat16 (packed weights, fused epilogue: faster than F.linear there),
+    # torch everywhere else.
+    auto_preference=("onednn", "torch"),
+    aliases={"pytorch": "torch", "mkldnn": "onednn", "dnnl": "onednn"},
 )
 
 ATTENTION_BACKENDS = BackendTable(

@@ -90,6 +90,6 @@ def test_schema_command(capsys) -> None:
     schema = json.loads(capsys.readouterr().out)
     stage_props = schema["properties"]["stages"]["items"]["properties"]
     assert set(STAGE_KEYS) <= set(stage_props)
-    assert stage_props["linear_backend"]["enum"] == ["auto", "torch"]
+    assert stage_props["linear_backend"]["enum"] == ["auto", "torch", "onednn"]
     assert schema["additionalProperties"] is False
     assert set(schema["properties"]["platforms"]["properties"]) == {"cpu", "cuda", "rocm", "xpu", "mps"}

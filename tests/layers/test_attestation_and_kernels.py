@@ -7,6 +7,7 @@ from diffserve.config.schema import AttentionBackendConfig, FrozenDict
 from diffserve.errors import BackendUnavailableError, ConfigError
 from diffserve.layers.attestation import KernelCounters
 from diffserve.layers.kernels import build_kernel_set
+from diffserve.layers.linear.registry import select_linear_backend
 from diffserve.layers.observe import KernelObserver
 
 ROLES = ("double_block", "single_block")
@@ -85,8 +86,9 @@ def test_observers_see_every_selection_and_may_wrap_the_backend() -> None:
     recorder = Recorder()
     ks = build_kernel_set("auto", attention("sdpa", single_block="math"), roles=ROLES, device="cpu",
                           dtype=torch.float32, observers=[recorder])
+    auto = select_linear_backend("auto", "cpu", torch.float32).name  # onednn where it can run, else torch
     # One selection per distinct name (roles asking for the same name share one backend).
-    assert recorder.seen == [("linear", "auto", "torch"), ("attention", "sdpa", "sdpa"),
+    assert recorder.seen == [("linear", "auto", auto), ("attention", "sdpa", "sdpa"),
                              ("attention", "math", "math")]
     assert isinstance(recorder, KernelObserver)
     layer = ks.make_linear(3, 4)
@@ -96,5 +98,5 @@ def test_observers_see_every_selection_and_may_wrap_the_backend() -> None:
     ks.make_attention("single_block")(q, q, q)
     # The wrapped backends served the calls, and the counters saw them under the names they report.
     assert recorder.calls == {"linear": 1, "attention": 2}
-    assert ks.counters.snapshot()["linear"] == {"torch": 1}
+    assert ks.counters.snapshot()["linear"] == {auto: 1}
     assert ks.counters.snapshot()["attention"] == {"sdpa": 1, "math": 1}

@@ -7,18 +7,30 @@ import torch.nn.functional as F
 from diffserve.errors import BackendUnavailableError
 from diffserve.layers.attestation import KernelCounters
 from diffserve.layers.linear.module import Linear
+from diffserve.layers.linear.onednn import OneDnnLinearBackend
 from diffserve.layers.linear.registry import select_linear_backend
 from diffserve.layers.linear.torch import TorchLinearBackend
 
 
-def test_auto_picks_torch_on_cpu() -> None:
-    backend = select_linear_backend("auto", "cpu", torch.float32)
+def test_auto_picks_onednn_on_cpu_where_it_runs_else_torch() -> None:
+    for dtype in (torch.float32, torch.bfloat16):
+        expected = "torch" if OneDnnLinearBackend.unavailable_reason(torch.device("cpu"), dtype) else "onednn"
+        assert select_linear_backend("auto", "cpu", dtype).name == expected
+    # float16 is not oneDNN's here: auto falls back to the reference backend.
+    backend = select_linear_backend("auto", "cpu", torch.float16)
     assert backend.name == "torch"
     assert isinstance(backend, TorchLinearBackend)
 
 
+def test_auto_falls_back_to_torch_when_onednn_is_off(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(torch.backends.mkldnn, "enabled", False)
+    assert select_linear_backend("auto", "cpu", torch.float32).name == "torch"
+    with pytest.raises(BackendUnavailableError, match="oneDNN is disabled"):
+        select_linear_backend("onednn", "cpu", torch.float32)
+
+
 def test_unknown_backend_names_the_valid_ones() -> None:
-    with pytest.raises(BackendUnavailableError, match="valid: auto, torch"):
+    with pytest.raises(BackendUnavailableError, match="valid: auto, torch, onednn"):
         select_linear_backend("cutlass9", "cpu", torch.float32)
 
 

@@ -8,7 +8,7 @@ import torch
 from torch import nn
 
 from diffserve.layers.attestation import KernelCounters
-from diffserve.layers.linear.base import LinearBackend
+from diffserve.layers.linear.base import ACTIVATIONS, LinearBackend
 
 
 class Linear(nn.Module):
@@ -19,13 +19,20 @@ class Linear(nn.Module):
     ``rowwise=True`` is for per-sample vectors ``[B, in]`` (conditioning, modulation): each row is
     multiplied on its own, because small-M GEMMs are not batch invariant (M=1 takes a GEMV path), and
     an image must not change with the batch it runs in. It is still one counted call.
+
+    ``activation`` (a name in ``linear.base.ACTIVATIONS``, e.g. ``"gelu_tanh"``) is applied to the output
+    by the backend (``backend.linear(x, weight, bias, activation)``), which may fuse it into its GEMM.
     """
 
     def __init__(self, in_features: int, out_features: int, bias: bool = True, *,
                  backend: LinearBackend, counters: KernelCounters, rowwise: bool = False,
+                 activation: str | None = None,
                  device: torch.device | str | None = None, dtype: torch.dtype | None = None) -> None:
         super().__init__()
+        if activation is not None and activation not in ACTIVATIONS:
+            raise ValueError(f"unknown activation {activation!r}; known: {', '.join(ACTIVATIONS)}")
         self.rowwise = rowwise
+        self.activation = activation
         self.in_features = in_features
         self.out_features = out_features
         self.backend = backend
@@ -49,10 +56,16 @@ class Linear(nn.Module):
         if not torch.compiler.is_compiling():
             self.counters.count_linear(self.backend_name)
         if self.rowwise and x.shape[0] > 1:
-            return torch.cat([self.backend.linear(row, self.weight, self.bias) for row in x.split(1)])
-        return self.backend.linear(x, self.weight, self.bias)
+            return torch.cat([self._apply(row) for row in x.split(1)])
+        return self._apply(x)
+
+    def _apply(self, x: torch.Tensor) -> torch.Tensor:
+        if self.activation is None:
+            return self.backend.linear(x, self.weight, self.bias)
+        return self.backend.linear(x, self.weight, self.bias, self.activation)
 
     def extra_repr(self) -> str:
         return (f"in_features={self.in_features}, out_features={self.out_features}, "
                 f"bias={self.bias is not None}, backend={self.backend_name}"
-                + (", rowwise" if self.rowwise else ""))
+                + (", rowwise" if self.rowwise else "")
+                + (f", activation={self.activation}" if self.activation else ""))

@@ -10,7 +10,7 @@ from torch import Tensor, nn
 
 from diffserve.layers.kernels import KernelSet
 from diffserve.layers.ulysses import UlyssesAttention
-from diffserve.models.flux.embeddings import apply_rope
+from diffserve.models.flux.embeddings import rotate_
 
 
 class RMSNorm(nn.Module):
@@ -30,8 +30,24 @@ class QKNorm(nn.Module):
 
     def forward(self, qk: Tensor) -> Tensor:
         """RMS-normalize ``qk`` ``[B, L, 2, H, D]`` (queries then keys) in one pass, each with its own scale."""
-        scale = torch.stack((self.query_norm.scale, self.key_norm.scale))[:, None, :]
-        return F.rms_norm(qk, qk.shape[-1:], eps=1e-6) * scale
+        return F.rms_norm(qk, qk.shape[-1:], eps=1e-6) * self.scales(qk.dtype)
+
+    def scales(self, dtype: torch.dtype) -> Tensor:
+        """The query and key scales as ``[2, 1, D]`` (broadcasting over ``[..., 2, H, D]``)."""
+        return torch.stack((self.query_norm.scale, self.key_norm.scale))[:, None, :].to(dtype)
+
+
+def norm_rope_into(out: Tensor, qk: Tensor, norm: QKNorm, pe: Tensor, rows: slice | None = None) -> None:
+    """QK-norm, then RoPE (rows ``rows`` of the ``rope`` table ``pe``), of ``qk`` ``[B, L, 2, H, D]`` (any
+    strides), written into ``out`` (same shape, any strides, e.g. a slice of the joint attention buffer).
+
+    One float32 chain (mean square, scale, complex rotate) and one rounding at the end: a half-precision
+    ``qk`` is neither rounded between the norm and the rotation nor copied by a separate ``cat``.
+    """
+    xf = qk.float()  # a float32 copy of half-precision input; float32 input itself (then only read)
+    inv_rms = torch.linalg.vector_norm(xf, dim=-1, keepdim=True).square_().div_(qk.shape[-1]).add_(1e-6).rsqrt_()
+    y = xf.mul_(inv_rms) if xf is not qk else torch.mul(xf, inv_rms)
+    out.copy_(rotate_(y.mul_(norm.scales(torch.float32)), pe, rows))
 
 
 def layer_norm(x: Tensor) -> Tensor:
@@ -67,20 +83,27 @@ class SelfAttention(nn.Module):
         self.norm = QKNorm(dim // num_heads)
         self.proj = kernels.make_linear(dim, dim)
 
-    def qk_v(self, x: Tensor) -> tuple[Tensor, Tensor]:
-        """``[B, L, dim]`` -> (normed queries and keys ``[B, L, 2, H, D]``, values ``[B, L, H, D]``)."""
-        return split_qkv(self.qkv(x), self.num_heads, self.norm)
+    def heads(self, x: Tensor) -> Tensor:
+        """``[B, L, dim]`` -> the raw projection as ``[B, L, 3, H, D]`` (a view: "B L (K H D) -> B L K H D")."""
+        return self.qkv(x).unflatten(-1, (3, self.num_heads, -1))
 
 
-def split_qkv(qkv: Tensor, num_heads: int, norm: QKNorm) -> tuple[Tensor, Tensor]:
-    # "B L (K H D) -> B L K H D" is a view; q and k stay together so norm and RoPE run once for both.
-    qkv = qkv.unflatten(-1, (3, num_heads, -1))
-    return norm(qkv[:, :, :2]), qkv[:, :, 2]
-
-
-def heads_first(qk: Tensor, v: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-    """``[B, L, 2, H, D]`` and ``[B, L, H, D]`` -> q, k, v as ``[B, H, L, D]`` views (no copies)."""
-    return qk[:, :, 0].transpose(1, 2), qk[:, :, 1].transpose(1, 2), v.transpose(1, 2)
+def attention_inputs(parts: list[tuple[Tensor, QKNorm]], pe: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """q, k, v ``[B, H, L, D]`` of the joint sequence from its ``(qkv [B, L_i, 3, H, D], norm)`` parts in
+    sequence order (text first): QK-norm and RoPE applied, every part written straight into one buffer,
+    so the concatenation costs no pass of its own."""
+    first = parts[0][0]
+    batch, heads, dim = first.shape[0], first.shape[3], first.shape[4]
+    length = sum(qkv.shape[1] for qkv, _ in parts)
+    joint = first.new_empty(batch, length, 3, heads, dim)
+    start = 0
+    for qkv, norm in parts:
+        rows = slice(start, start + qkv.shape[1])
+        norm_rope_into(joint[:, rows, :2], qkv[:, :, :2], norm, pe, rows)
+        joint[:, rows, 2].copy_(qkv[:, :, 2])
+        start = rows.stop
+    q, k, v = joint.unbind(2)
+    return q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
 
 
 def attend(attn: nn.Module, q: Tensor, k: Tensor, v: Tensor, txt_len: int) -> Tensor:
@@ -97,9 +120,9 @@ def modulate(x: Tensor, mod: ModulationOut) -> Tensor:
 
 
 def mlp(hidden_size: int, mlp_hidden_dim: int, kernels: KernelSet) -> nn.Sequential:
+    # The tanh-GELU is the first projection's activation: a backend may fuse it into its GEMM.
     return nn.Sequential(
-        kernels.make_linear(hidden_size, mlp_hidden_dim),
-        nn.GELU(approximate="tanh"),
+        kernels.make_linear(hidden_size, mlp_hidden_dim, activation="gelu_tanh"),
         kernels.make_linear(mlp_hidden_dim, hidden_size),
     )
 
@@ -124,12 +147,12 @@ class DoubleStreamBlock(nn.Module):
         txt_mod1, txt_mod2 = self.txt_mod(vec)
 
         # prepare image and text for attention
-        img_qk, img_v = self.img_attn.qk_v(modulate(img, img_mod1))
-        txt_qk, txt_v = self.txt_attn.qk_v(modulate(txt, txt_mod1))
+        img_qkv = self.img_attn.heads(modulate(img, img_mod1))
+        txt_qkv = self.txt_attn.heads(modulate(txt, txt_mod1))
 
         # run actual attention over the joint sequence, text first
-        qk = apply_rope(torch.cat((txt_qk, img_qk), dim=1), pe)
-        attn = attend(self.attn, *heads_first(qk, torch.cat((txt_v, img_v), dim=1)), txt.shape[1])
+        q, k, v = attention_inputs([(txt_qkv, self.txt_attn.norm), (img_qkv, self.img_attn.norm)], pe)
+        attn = attend(self.attn, q, k, v, txt.shape[1])
         txt_attn, img_attn = attn[:, : txt.shape[1]], attn[:, txt.shape[1] :]
 
         # calculate the img and txt blocks
@@ -141,14 +164,20 @@ class DoubleStreamBlock(nn.Module):
 
 
 class SingleStreamBlock(nn.Module):
-    """Parallel attention and MLP over the joint sequence; QKV and MLP-in are one fused projection."""
+    """Parallel attention and MLP over the joint sequence.
+
+    The reference's first projection (Q/K/V and MLP-in as one GEMM) is two here, ``qkv`` and ``mlp_in``,
+    so the MLP's tanh-GELU is ``mlp_in``'s own activation (fusable into its GEMM) and neither output is a
+    strided slice of the other.
+    """
 
     def __init__(self, hidden_size: int, num_heads: int, mlp_ratio: float, kernels: KernelSet) -> None:
         super().__init__()
         self.hidden_size = hidden_size
         self.num_heads = num_heads
         self.mlp_hidden_dim = int(hidden_size * mlp_ratio)
-        self.linear1 = kernels.make_linear(hidden_size, hidden_size * 3 + self.mlp_hidden_dim)
+        self.qkv = kernels.make_linear(hidden_size, hidden_size * 3)
+        self.mlp_in = kernels.make_linear(hidden_size, self.mlp_hidden_dim, activation="gelu_tanh")
         self.linear2 = kernels.make_linear(hidden_size + self.mlp_hidden_dim, hidden_size)
         self.norm = QKNorm(hidden_size // num_heads)
         self.modulation = Modulation(hidden_size, double=False, kernels=kernels)
@@ -156,10 +185,10 @@ class SingleStreamBlock(nn.Module):
 
     def forward(self, x: Tensor, vec: Tensor, pe: Tensor, txt_len: int = 0) -> Tensor:
         mod, _ = self.modulation(vec)
-        qkv, mlp_in = torch.split(self.linear1(modulate(x, mod)), [3 * self.hidden_size, self.mlp_hidden_dim], dim=-1)
-        qk, v = split_qkv(qkv, self.num_heads, self.norm)
-        attn = attend(self.attn, *heads_first(apply_rope(qk, pe), v), txt_len)
-        output = self.linear2(torch.cat((attn, F.gelu(mlp_in, approximate="tanh")), dim=2))
+        x_mod = modulate(x, mod)
+        qkv = self.qkv(x_mod).unflatten(-1, (3, self.num_heads, -1))
+        attn = attend(self.attn, *attention_inputs([(qkv, self.norm)], pe), txt_len)
+        output = self.linear2(torch.cat((attn, self.mlp_in(x_mod)), dim=2))
         return torch.addcmul(x, mod.gate, output)
 
 

@@ -7,6 +7,7 @@ import math
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+from torch.utils.weak import WeakIdKeyDictionary
 
 from diffserve.layers.kernels import KernelSet
 
@@ -49,13 +50,50 @@ def rope(ids: Tensor, axes_dim: tuple[int, ...], theta: int, dtype: torch.dtype 
     return torch.stack((cos, sin)).to(dtype)
 
 
-def apply_rope(x: Tensor, pe: Tensor) -> Tensor:
-    """Rotate consecutive channel pairs of ``x`` ``[B, L, ..., D]`` by the angles in ``pe`` (from ``rope``).
+# pe table -> its complex form: every block of a forward (and every step of a request) rotates by the same
+# table, so it is converted once. Weakly keyed: an entry goes with its table.
+_ROTATIONS: WeakIdKeyDictionary = WeakIdKeyDictionary()
 
-    ``out = x * cos + swap_pairs(x) * signed_sin``: three kernels, done in float32 for half-precision input.
-    """
-    shape = (pe.shape[1],) + (1,) * (x.ndim - 3) + (pe.shape[2],)
-    cos, sin = pe[0].view(shape), pe[1].view(shape)
-    xf = x if x.dtype == pe.dtype else x.to(pe.dtype)
-    swapped = xf.unflatten(-1, (-1, 2)).flip(-1).flatten(-2)
-    return torch.addcmul(xf * cos, swapped, sin).to(x.dtype)
+
+def rope_rotation(pe: Tensor) -> Tensor:
+    """The ``rope`` table as unit complex numbers ``e^{i angle}``, ``[L, head_dim / 2]`` complex64 (one per pair).
+
+    Cached per table object (recomputed if a non-inference table was changed in place)."""
+    if torch.compiler.is_compiling():
+        return _rotation(pe)
+    version = -1 if pe.is_inference() else pe._version
+    entry = _ROTATIONS.get(pe)
+    if entry is None or entry[0] != version:
+        entry = (version, _rotation(pe))
+        _ROTATIONS[pe] = entry
+    return entry[1]
+
+
+def _rotation(pe: Tensor) -> Tensor:
+    pe = pe.float()
+    return torch.complex(pe[0, :, 0::2], pe[1, :, 1::2])
+
+
+def rotate_(x: Tensor, pe: Tensor, rows: slice | None = None) -> Tensor:
+    """Rotate consecutive channel pairs of the float32 ``x`` ``[B, L, ..., D]`` by rows ``rows`` (default:
+    all) of the ``rope`` table ``pe``, in place: one complex multiply by ``rope_rotation(pe)``, no swapped
+    copy. Returns the rotated tensor (``x`` itself, except under ``torch.compile``: inductor has no complex
+    codegen, so a compiled block takes the real form ``x * cos + swap_pairs(x) * signed_sin``, which it fuses)."""
+    if torch.compiler.is_compiling():
+        table = (pe if rows is None else pe[:, rows]).float()
+        shape = (table.shape[1],) + (1,) * (x.ndim - 3) + (table.shape[2],)
+        swapped = x.unflatten(-1, (-1, 2)).flip(-1).flatten(-2)
+        return torch.addcmul(x * table[0].view(shape), swapped, table[1].view(shape))
+    rotation = rope_rotation(pe)
+    if rows is not None:
+        rotation = rotation[rows]
+    shape = (rotation.shape[0],) + (1,) * (x.ndim - 3) + (rotation.shape[1],)
+    torch.view_as_complex(x.unflatten(-1, (-1, 2))).mul_(rotation.view(shape))
+    return x
+
+
+def apply_rope(x: Tensor, pe: Tensor) -> Tensor:
+    """Rotate consecutive channel pairs of ``x`` ``[B, L, ..., D]`` by the angles in ``pe`` (from ``rope``),
+    in float32 (half-precision input is rounded back once, at the end)."""
+    xf = x.to(torch.float32, memory_format=torch.contiguous_format, copy=True)
+    return rotate_(xf, pe).to(x.dtype)

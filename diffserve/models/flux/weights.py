@@ -1,7 +1,8 @@
 """Map a diffusers ``FluxTransformer2DModel`` state dict onto the native module, fusing projections.
 
-Q/K/V become one ``qkv`` weight per stream, and in single blocks Q/K/V plus the MLP input become
-one ``linear1``, by concatenating rows at load time (one GEMM instead of three or four).
+Q/K/V become one ``qkv`` weight per stream (double blocks) or per block (single blocks) by concatenating
+rows at load time (one GEMM instead of three). A single block's MLP input stays its own ``mlp_in``: its
+tanh-GELU is that projection's activation, which a linear backend may fuse into the GEMM.
 """
 
 from __future__ import annotations
@@ -60,12 +61,13 @@ def conversion_rules(params: FluxParams) -> dict[str, Rule]:
         _linear(rules, f"{n}.img_attn.proj", f"{d}.attn.to_out.0")
         _linear(rules, f"{n}.txt_attn.proj", f"{d}.attn.to_add_out")
         _linear(rules, f"{n}.img_mlp.0", f"{d}.ff.net.0.proj")
-        _linear(rules, f"{n}.img_mlp.2", f"{d}.ff.net.2")
+        _linear(rules, f"{n}.img_mlp.1", f"{d}.ff.net.2")
         _linear(rules, f"{n}.txt_mlp.0", f"{d}.ff_context.net.0.proj")
-        _linear(rules, f"{n}.txt_mlp.2", f"{d}.ff_context.net.2")
+        _linear(rules, f"{n}.txt_mlp.1", f"{d}.ff_context.net.2")
     for i in range(params.depth_single_blocks):
         n, d = f"single_blocks.{i}", f"single_transformer_blocks.{i}"
-        _linear(rules, f"{n}.linear1", f"{d}.attn.to_q", f"{d}.attn.to_k", f"{d}.attn.to_v", f"{d}.proj_mlp")
+        _linear(rules, f"{n}.qkv", f"{d}.attn.to_q", f"{d}.attn.to_k", f"{d}.attn.to_v")
+        _linear(rules, f"{n}.mlp_in", f"{d}.proj_mlp")
         _linear(rules, f"{n}.linear2", f"{d}.proj_out")
         _norms(rules, f"{n}.norm", f"{d}.attn.norm_q", f"{d}.attn.norm_k")
         _linear(rules, f"{n}.modulation.lin", f"{d}.norm.linear")
