@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import sys
+from typing import NoReturn
 
 from diffserve import __version__
 from diffserve.errors import DiffserveError
@@ -41,6 +42,11 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+# One-shot commands: run as the process's own command (argv None), they end it without the
+# interpreter's teardown (``_exit_now``).
+FAST_EXIT_COMMANDS = frozenset({"generate"})
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -49,12 +55,36 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     configure_logging(args.log_level)
     try:
-        return int(args.func(args) or 0)
+        code = int(args.func(args) or 0)
     except DiffserveError as exc:
         print(f"diffserve {args.command}: error: {exc}", file=sys.stderr)
-        return 1
+        code = 1
     except KeyboardInterrupt:
-        return 130
+        code = 130
+    if argv is None and args.command in FAST_EXIT_COMMANDS:
+        _exit_now(code)
+    return code
+
+
+def _exit_now(code: int) -> NoReturn:
+    """End the process without the interpreter's teardown, which frees torch's, transformers' and
+    diffusers' modules and native libraries one by one: about 0.8 s on 2 cores, a sixth of a tiny-model
+    ``generate``. What a normal exit does that matters still happens, in the same order: other
+    non-daemon threads are joined, the atexit handlers run (logging, multiprocessing, ray, torch),
+    stdout and stderr are flushed."""
+    import atexit
+    import contextlib
+    import os
+    import threading
+
+    for thread in threading.enumerate():
+        if thread is not threading.current_thread() and not thread.daemon:
+            thread.join()
+    atexit._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(OSError, ValueError):
+            stream.flush()
+    os._exit(code)
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -68,7 +68,7 @@ async def _generate(args: argparse.Namespace, model: str | None, prompt: str, ou
     from diffserve.engine.async_engine import AsyncEngine
     from diffserve.engine.client import AsyncEngineClient
     from diffserve.entrypoints.openai.encoding import encode_all
-    from diffserve.entrypoints.openai.protocol import parse_size
+    from diffserve.entrypoints.openai.sizes import parse_size
     from diffserve.types.request import GenerationRequest, ProgressEvent, RequestOutput
 
     width, height = parse_size(args.size)

@@ -9,11 +9,11 @@ are checked by the engine at admission (``engine/admission.py``) and answered wi
 from __future__ import annotations
 
 import json
-import re
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from diffserve.entrypoints.openai.sizes import parse_size
 from diffserve.errors import RequestError
 from diffserve.types.request import (
     MAX_CACHE_THRESHOLD,
@@ -35,8 +35,6 @@ UNSUPPORTED_OPENAI_PARAMS = frozenset({
 
 # No valid body nests deeper than 2; the bound keeps hostile nesting away from recursive code.
 MAX_JSON_DEPTH = 32
-
-_SIZE_RE = re.compile(r"^(\d{1,5})x(\d{1,5})$")
 
 
 class ImageGenerationRequest(BaseModel):
@@ -130,21 +128,6 @@ def _request_error(exc: ValidationError) -> RequestError:
     shown = json.dumps(got) if isinstance(got, (str, int, float, bool, type(None))) else type(got).__name__
     return RequestError(f"{param}={shown}: {err.get('msg', 'invalid value')}", param=param,
                         code="invalid_value")
-
-
-def parse_size(size: str | None) -> tuple[int | None, int | None]:
-    """``"WxH"`` -> ``(width, height)``; ``None`` or ``"auto"`` -> the model's default size."""
-    if size is None or size == "auto":
-        return None, None
-    match = _SIZE_RE.match(size)
-    if not match:
-        raise RequestError(f"size={size!r} must look like 'WIDTHxHEIGHT', e.g. '512x512'", param="size")
-    width, height = int(match.group(1)), int(match.group(2))
-    for value in (width, height):
-        if value < 16 or value % 16:
-            raise RequestError(f"size={size!r}: width and height must be positive multiples of 16",
-                               param="size")
-    return width, height
 
 
 def to_generation_request(body: ImageGenerationRequest, request_id: str,

@@ -1,0 +1,162 @@
+"""The persistent compile cache (worker/compile_cache.py): one directory per deployment, keyed by model,
+config fingerprint, torch version and CPU capability; a worker points inductor at it before compiling,
+and a second process finds its graphs there (torch's own cache counters, no timings)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from diffserve.config.resolve import resolve
+from diffserve.worker import compile_cache
+from diffserve.worker.compile_cache import CompileCacheKey, cache_root, compile_cache_dir, key_for
+
+NEEDS_CC = pytest.mark.skipif(shutil.which("cc") is None and shutil.which("gcc") is None,
+                              reason="torch.compile (inductor) on CPU needs a C compiler")
+
+
+def _model(tmp_path: Path, name: str = "flux") -> Path:
+    model = tmp_path / name
+    model.mkdir()
+    (model / "model_index.json").write_text(json.dumps({"_class_name": "FluxPipeline"}), encoding="utf-8")
+    return model
+
+
+def test_key_changes_with_every_part() -> None:
+    base = CompileCacheKey(model="/m/flux", fingerprint="f1", torch_version="2.13.0", cpu_capability="AVX2",
+                           device="cpu")
+    changed = [CompileCacheKey(**{**base.__dict__, field: value}) for field, value in
+               (("model", "/m/other"), ("fingerprint", "f2"), ("torch_version", "2.14.0"),
+                ("cpu_capability", "AVX512"), ("device", "cuda"))]
+    names = {base.dirname(), *(key.dirname() for key in changed)}
+    assert len(names) == 1 + len(changed)
+    assert CompileCacheKey(**base.__dict__).dirname() == base.dirname()  # stable across processes
+    assert base.dirname().startswith("flux-")
+
+
+def test_key_follows_config_fingerprint_torch_and_cpu(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    model = _model(tmp_path)
+    compiled = resolve(model=str(model), overrides={"enforce_eager": False, "dtype": "float32"}, env={})
+    other = resolve(model=str(model), overrides={"enforce_eager": False, "dtype": "bfloat16"}, env={})
+    key = key_for(compiled, "cpu")
+    assert key.model == str(model.resolve()) and key.fingerprint == compiled.fingerprint
+    assert key.torch_version == torch.__version__
+    assert key.cpu_capability == torch.backends.cpu.get_cpu_capability()
+    assert key_for(other, "cpu").dirname() != key.dirname()
+    monkeypatch.setattr(torch, "__version__", "0.0.0-other")
+    assert key_for(compiled, "cpu").dirname() != key.dirname()
+    monkeypatch.undo()
+    monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: "OTHER_ISA")
+    assert key_for(compiled, "cpu").dirname() != key.dirname()
+
+
+def test_cache_root_is_diffserve_cache_dir_or_home(tmp_path: Path) -> None:
+    assert cache_root({"DIFFSERVE_CACHE_DIR": str(tmp_path)}) == tmp_path / "compile"
+    assert cache_root({}) == Path.home() / ".cache" / "diffserve" / "compile"
+    key = CompileCacheKey("/m/flux", "f", "t", "c", "cpu")
+    assert compile_cache_dir(key, {"DIFFSERVE_CACHE_DIR": str(tmp_path)}) == tmp_path / "compile" / key.dirname()
+
+
+def test_unwritable_root_falls_back_to_torch_default(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    blocker = tmp_path / "file"
+    blocker.write_text("not a directory")
+    monkeypatch.setenv("DIFFSERVE_CACHE_DIR", str(blocker))
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", "/unchanged")
+    config = resolve(model=str(_model(tmp_path)), overrides={"enforce_eager": False}, env={})
+    assert compile_cache.use_compile_cache(config, "cpu") is None
+    assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == "/unchanged"
+
+
+# Runs in a fresh process: what Worker.load does for a compiling stage (use_compile_cache), then the same
+# lazy per-module torch.compile(dynamic=True) as FluxTransformer.compile_blocks, on a small module.
+_COMPILE_ONCE = """
+import json, sys, torch
+from diffserve.config.resolve import resolve
+from diffserve.worker.compile_cache import use_compile_cache
+config = resolve(model=sys.argv[1], overrides={"enforce_eager": False, "dtype": "float32"}, env={})
+directory = use_compile_cache(config, "cpu")
+class Block(torch.nn.Module):  # a user module: dynamo does not trace torch.nn's own classes as frames
+    def __init__(self):
+        super().__init__()
+        self.a, self.b = torch.nn.Linear(8, 16), torch.nn.Linear(16, 8)
+    def forward(self, x):
+        return x + self.b(torch.nn.functional.gelu(self.a(x), approximate="tanh"))
+block = Block()
+block.compile(dynamic=True)
+with torch.inference_mode():
+    block(torch.randn(1, 5, 8)); block(torch.randn(1, 7, 8))
+from torch._dynamo.utils import counters
+from torch._inductor import config as inductor_config
+print(json.dumps({"dir": str(directory), "aot": dict(counters["aot_autograd"]), "fx": dict(counters["inductor"]),
+                  "vec_isa_ok": inductor_config.cpp.vec_isa_ok}))
+"""
+
+
+@pytest.mark.slow
+@NEEDS_CC
+def test_second_process_reuses_the_compiled_graphs(tmp_path: Path) -> None:
+    model = _model(tmp_path)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("TORCHINDUCTOR_", "TORCH_COMPILE"))}
+    env.update(DIFFSERVE_CACHE_DIR=str(tmp_path / "cache"), OMP_NUM_THREADS="1")
+
+    def run() -> dict:
+        proc = subprocess.run([sys.executable, "-c", _COMPILE_ONCE, str(model)], env=env, capture_output=True,
+                              text=True, timeout=240)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        return json.loads(proc.stdout.strip().splitlines()[-1])
+
+    first, second = run(), run()
+    config = resolve(model=str(model), overrides={"enforce_eager": False, "dtype": "float32"}, env={})
+    expected = tmp_path / "cache" / "compile" / key_for(config, "cpu").dirname()
+    assert first["dir"] == second["dir"] == str(expected)
+    assert json.loads((expected / "key.json").read_text())["fingerprint"] == config.fingerprint
+    assert first["aot"].get("autograd_cache_miss", 0) >= 1 and first["aot"].get("autograd_cache_saved", 0) >= 1
+    assert first["aot"].get("autograd_cache_hit", 0) == 0
+    assert second["aot"].get("autograd_cache_hit", 0) >= 1 and second["aot"].get("autograd_cache_miss", 0) == 0
+    assert second["fx"].get("fxgraph_cache_hit", 0) >= 1 and second["fx"].get("fxgraph_cache_miss", 0) == 0
+    isa = expected / "vec_isa.json"
+    if isa.exists():  # x86: the first process probed; the second reuses a probe that fully passed
+        recorded = json.loads(isa.read_text())
+        # the same value in both processes: inductor's cache keys include it
+        assert first["vec_isa_ok"] is second["vec_isa_ok"] is (True if recorded["passed"] == recorded["reported"]
+                                                                else None)
+
+
+class _StubPipeline:
+    """Stands in for FluxPipeline: Worker.load's cache set-up happens before the build, whatever it builds."""
+
+    capabilities = None
+
+    @classmethod
+    def from_stage(cls, model_dir: str, stage: object, context: object) -> _StubPipeline:
+        assert "TORCHINDUCTOR_CACHE_DIR" in os.environ or stage.enforce_eager
+        return cls()
+
+
+@pytest.mark.parametrize("eager", [True, False])
+def test_worker_load_sets_the_cache_only_when_compiling(eager: bool, tmp_path: Path,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    from diffserve.registry.models import ModelFamily
+    from diffserve.worker.worker import Worker
+
+    monkeypatch.setattr(ModelFamily, "load_pipeline_class", lambda self: _StubPipeline)
+    # the SIMD memo (covered above) would set an inductor switch in this test process
+    monkeypatch.setattr(compile_cache, "_reuse_vec_isa_probe", lambda directory: None)
+    monkeypatch.setenv("DIFFSERVE_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", "/before")  # restored after the test
+    config = resolve(model=str(_model(tmp_path)), overrides={"enforce_eager": eager, "dtype": "float32"}, env={})
+    Worker(config, 0).load()
+    expected = compile_cache_dir(key_for(config, "cpu"))
+    if eager:  # an eager worker leaves torch's cache alone
+        assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == "/before" and not expected.exists()
+    else:
+        assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == str(expected)
+        assert expected.parent == tmp_path / "cache" / "compile"
+        assert json.loads((expected / "key.json").read_text())["fingerprint"] == config.fingerprint
