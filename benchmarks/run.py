@@ -19,6 +19,7 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 from benchmarks import (  # noqa: E402
+    arrivals,
     cold_start,
     e2e_latency,
     overhead,
@@ -47,6 +48,7 @@ MEASUREMENTS = (
     ("replicas", "f. Replicas and the Ray executor", replicas.measure),
     ("parallel", "g. Parallel denoising (CFG and Ulysses)", parallel.measure),
     ("cache", "h. Step cache side by side with cache-dit", step_cache.measure),
+    ("arrivals", "i. Step-level batching under Poisson arrivals", arrivals.measure),
 )
 
 
@@ -55,7 +57,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--smoke", action="store_true", help="tiny model, a couple of iterations (CI)")
     p.add_argument("--out", type=Path, default=DEFAULT_OUT, help="markdown report path")
     p.add_argument("--cache-dir", type=Path, default=DEFAULT_CACHE, help="where built models are kept")
-    p.add_argument("--only", default="", help="comma-separated measurement keys: e2e,step,overhead,throughput,cold,replicas,parallel,cache")
+    p.add_argument("--only", default="", help="comma-separated measurement keys: e2e,step,overhead,throughput,cold,replicas,parallel,cache,"
+                   "arrivals")
     p.add_argument("--merge", action="store_true",
                    help="keep the sections of the report at --out that this run does not measure (only when "
                         "it was measured in the same mode on the same CPU capability)")

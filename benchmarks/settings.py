@@ -52,7 +52,8 @@ class Settings:
     throughput_rounds: int  # every point is measured this many times, interleaved; the median counts
     cold_case: Case
     cold_repeats: int
-    # Also time `diffserve generate` with its default config (compiles on first use; slow to start).
+    # Also time `diffserve generate --no-enforce-eager`: its first start (empty compile cache) once, and
+    # its second start (compile cache warm) cold_repeats times.
     cold_compile: bool
     models: tuple[str, ...] = field(default=("tiny-flux", "small-flux"))
     # Seconds of timed calls one case may use after its first round (None: always ``iters``).
@@ -62,6 +63,14 @@ class Settings:
     # published FBCache default 0.08 never skips; these straddle that signal.
     cache_case: Case = Case("small-flux", 256, 28)
     cache_thresholds: tuple[float, ...] = (0.55, 0.6, 0.65, 0.7, 0.75)
+    # Step-level vs request-level batching under Poisson arrivals (section i): the case, the requests
+    # per contender, level and round (one seeded trace), the load levels as fractions of the sequential
+    # capacity 1/S (S: the slower engine's single-request time) and max_batch_size in both modes.
+    arrivals_case: Case = Case("tiny-flux", 128, 10)
+    arrivals_requests: int = 40
+    arrivals_loads: tuple[float, ...] = (0.5, 0.9)
+    arrivals_batch: int = 4
+    arrivals_rounds: int = 2  # every level runs the trace this many times per contender, order reversed
 
 
 TINY_E2E = Case("tiny-flux", 128, 2)
@@ -113,4 +122,7 @@ SMOKE = Settings(
     models=("tiny-flux",),
     cache_case=Case("tiny-flux", 128, 8),
     cache_thresholds=(0.5, 0.7),
+    arrivals_case=Case("tiny-flux", 128, 4),
+    arrivals_requests=6,
+    arrivals_rounds=1,
 )

@@ -129,6 +129,9 @@ class StageConfig:
     num_replicas: int = opt(1, "independent copies of this stage", c.int_normalizer(1), kind="int")
     devices: str = opt("auto", 'device indices, e.g. "0" or "0,1"; auto = pick', c.normalize_devices)
     max_batch_size: int = opt(1, "most requests batched into one forward", c.int_normalizer(1), kind="int")
+    batching: str = opt("step", "step = requests of one batch key join a running batch at a step boundary and "
+                        "leave when done; request = a batch runs start to end as formed", c.normalize_batching,
+                        choices=c.canonical_values(c.BATCHING_ALIASES))
     parallel: ParallelConfig = section(ParallelConfig, "parallelism degrees", "")
     cache: CacheConfig = section(CacheConfig, "step cache", "cache_")
     warmup: WarmupConfig = section(WarmupConfig, "warmup run at startup", "warmup_")

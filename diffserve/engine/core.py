@@ -1,5 +1,5 @@
-"""The engine core: admission, the dispatch loops that run batches on the
-replicas' executors, progress and result delivery, abort and death handling.
+"""The engine core: admission, the dispatch loops that run batches on the replicas' executors (with
+step-level joins), progress and result delivery, abort and death handling.
 
 ``Engine`` and ``AsyncEngine`` are thin front ends over this one loop, so both have the same
 semantics. Every request gets exactly one final item through its sink: a ``RequestOutput`` or an
@@ -26,7 +26,7 @@ from diffserve.engine.admission import admit
 from diffserve.engine.outputs import build_output
 from diffserve.engine.replicas import Replica, ReplicaSet
 from diffserve.engine.scheduler import RequestState, Scheduler, Sink
-from diffserve.engine.stats import BatchStats, EngineCounters
+from diffserve.engine.stats import BatchStats, EngineCounters, kernel_delta
 from diffserve.engine.watchdog import batch_deadline_s
 from diffserve.errors import (
     EngineDeadError,
@@ -37,6 +37,7 @@ from diffserve.errors import (
 )
 from diffserve.executor.base import DeadlineExceeded, Executor
 from diffserve.logging import get_logger
+from diffserve.types.batching import batch_key
 from diffserve.types.request import GenerationRequest, ProgressEvent
 from diffserve.types.results import RequestResult
 
@@ -142,24 +143,54 @@ class EngineCore:
         if not live:
             return ("empty", None)
 
-        def on_step(step: int, total: int) -> None:
-            for state in live:
-                if not state.finished:
-                    state.sink(ProgressEvent(state.request_id, step, total))
+        def on_step(step: int, total: int, progress: tuple = ()) -> None:
+            steps = dict(progress)
+            for state in list(live):
+                # A request sent to join is not in the worker's progress until its first step.
+                if not state.finished and (not steps or state.request_id in steps):
+                    state.sink(ProgressEvent(state.request_id, steps.get(state.request_id, step), total))
 
         requests = [s.request for s in live]
         executor = replica.executor
         capabilities = executor.capabilities
-        deadline = batch_deadline_s(requests, self.config.server,
-                                    capabilities.default_size if capabilities is not None else None)
+        default_size = capabilities.default_size if capabilities is not None else None
+        deadline = batch_deadline_s(requests, self.config.server, default_size)
         start = time.monotonic()
+        joined: list[RequestState] = []
+        step_level = (self.stage.batching == "step" and self.stage.max_batch_size > 1
+                      and capabilities is not None and capabilities.step_batching)
+
+        def joiner() -> tuple[list[GenerationRequest], float]:  # head-of-queue requests of this key join
+            room = self.stage.max_batch_size - sum(1 for s in live if not s.finished)
+            # An idle replica starts the newcomer at once, on its own cores: better than joining here.
+            if any(r is not replica and r.heartbeat.state == "idle" for r in self.replicas.live()):
+                room = 0
+            states = self.scheduler.take_joinable(batch_key(requests[0]), room) if room > 0 else []
+            if not states:
+                return [], 0.0
+            joined.extend(states)
+            live.extend(states)
+            added = [s.request for s in states]
+            return added, batch_deadline_s(added, self.config.server, default_size)
+
+        counted: dict[str, Any] = {}
+
+        def on_partial(outputs: list[RequestResult]) -> None:
+            # Requests that finished together: their stats first, then their results (as for a batch).
+            finals = self._finals(live, outputs, start)
+            self._emit(replica, [s for s, _ in finals], start, "ok", outputs[0] if outputs else None, counted)
+            self._deliver_ok(finals)
+
         try:
-            outputs = executor.execute(requests, on_step, should_cancel=lambda: all(s.aborted for s in live),
-                                            timeout=deadline)
+            outputs = executor.execute(
+                requests, on_step, should_cancel=lambda: all(s.aborted for s in live if not s.finished),
+                timeout=deadline, joiner=joiner if step_level else None,
+                on_partial=on_partial if step_level else None)
         except RequestAbortedError:
             # Stats first, then the final items: whoever sees a result also sees its batch counted.
             self._emit(replica, live, start, "aborted", None)
-            self._deliver([(s, RequestAbortedError(f"request {s.request_id} was aborted")) for s in live])
+            self._deliver([(s, RequestAbortedError(f"request {s.request_id} was aborted")) for s in live
+                           if not s.finished])
             return ("aborted", None)
         except DeadlineExceeded:
             self._hung(replica, live, deadline)
@@ -169,6 +200,7 @@ class EngineCore:
             self._fail_lost(replica, live, exc)
             return ("dead", exc)
         except Exception as exc:
+            live[:] = [s for s in live if not s.finished]
             if len(live) > 1:
                 # Isolate the failure: rerun each request alone so one bad request fails alone. The
                 # reruns make one batch for the failure streak: it failed unless one of them succeeded.
@@ -185,20 +217,41 @@ class EngineCore:
             self._deliver([(live[0], exc)])
             # A request the model refuses is the client's fault, not a sign of a sick engine.
             return ("rejected" if isinstance(exc, RequestError) else "error", exc)
+        returned = {o.request_id for o in outputs} | {s.request_id for s in live if s.finished}
+        # A join that reached the worker after its last step was dropped there: run it in a later batch.
+        late = [s for s in joined if not s.finished and s.request_id not in returned]
+        if late:
+            self.scheduler.requeue(late)
+            live[:] = [s for s in live if s not in late]
+        finals = self._finals(live, outputs, start, last=True)
+        if finals or not step_level:
+            self._emit(replica, [s for s, _ in finals] if step_level else live, start, "ok",
+                       outputs[0] if outputs else None, counted if step_level else None)
+        self._deliver_ok(finals)
+        return ("ok", None)
+
+    def _finals(self, live: list[RequestState], outputs: list[RequestResult], start: float, *,
+                last: bool = False) -> list[tuple[RequestState, Any]]:
+        """The final items of the requests in ``outputs`` (a step-level batch has them as requests
+        finish); on the ``last`` call a live request without an output fails."""
         by_id = {o.request_id: o for o in outputs}
         finals: list[tuple[RequestState, Any]] = []
-        for state in live:
+        for state in list(live):
+            if state.finished:
+                continue
             output = by_id.get(state.request_id)
             if output is None:
-                finals.append((state, WorkerError(f"the worker returned no output for {state.request_id}")))
+                if last:
+                    finals.append((state, WorkerError(f"the worker returned no output for {state.request_id}")))
                 continue
             queue_ms = ((state.started or start) - state.arrival) * 1000.0
             finals.append((state, build_output(state.request, output, queue_ms, self.config.fingerprint)))
-        self._emit(replica, live, start, "ok", outputs[0] if outputs else None)
+        return finals
+
+    def _deliver_ok(self, finals: list[tuple[RequestState, Any]]) -> None:
         self.counters.requests_ok += sum(1 for s, item in finals
                                          if not s.finished and not isinstance(item, BaseException))
         self._deliver(finals)
-        return ("ok", None)
 
     def _hung(self, replica: Replica, live: list[RequestState], deadline: float) -> None:
         """The batch ran past its deadline: its worker is hung. The executor kills what it can (mp:
@@ -237,7 +290,16 @@ class EngineCore:
             state.finish(item)
 
     def _emit(self, replica: Replica, live: list[RequestState], start: float, outcome: str,
-              first: RequestResult | None) -> None:
+              first: RequestResult | None, counted: dict[str, Any] | None = None) -> None:
+        """Stats of a batch (or of the requests of a step-level batch that finished together). Kernel
+        counts in an attestation are cumulative over a run: ``counted`` holds what earlier groups of the
+        same run already reported, and only the difference is reported (and then added to it)."""
+        kernels = {k: first.attestation.get(k) for k in ("linear", "attention", "transformer_forwards")} \
+            if first is not None else {}
+        if counted is not None and kernels:
+            kernels, counted_now = kernel_delta(kernels, counted), kernels
+            counted.clear()
+            counted.update(counted_now)
         stats = BatchStats(
             executor=replica.executor.name, replica=replica.index, batch_size=len(live),
             images=sum(s.request.n for s in live),
@@ -245,8 +307,7 @@ class EngineCore:
             queue_ms=tuple(round(((s.started or start) - s.arrival) * 1000.0, 3) for s in live),
             batch_ms=round((time.monotonic() - start) * 1000.0, 3), outcome=outcome,
             phase_ms=dict(first.timings_ms) if first is not None else {},
-            kernels={k: first.attestation.get(k) for k in ("linear", "attention", "transformer_forwards")}
-            if first is not None else {},
+            kernels=kernels,
         )
         self.counters.batches += 1
         self.counters.images += stats.images if outcome == "ok" else 0
@@ -336,3 +397,4 @@ class EngineCore:
             thread = replica.thread
             if thread is not None and thread is not threading.current_thread():
                 thread.join(timeout=10.0)
+

@@ -93,6 +93,19 @@ class Scheduler:
                 self._running[state.request_id] = state
             return batch
 
+    def take_joinable(self, key: Any, room: int) -> list[RequestState]:
+        """Step-level batching: up to ``room`` requests from the HEAD of the queue while they share
+        ``key`` (never past an older request of another key, so joins cannot starve it)."""
+        with self._cond:
+            taken: list[RequestState] = []
+            while self._waiting and len(taken) < room and batch_key(self._waiting[0].request) == key:
+                taken.append(self._waiting.pop(0))
+            now = time.monotonic()
+            for state in taken:
+                state.started = now
+                self._running[state.request_id] = state
+            return taken
+
     def done(self, batch: list[RequestState]) -> None:
         with self._cond:
             for state in batch:

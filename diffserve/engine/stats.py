@@ -40,3 +40,16 @@ class EngineCounters:
         return {"requests_ok": self.requests_ok, "requests_failed": self.requests_failed,
                 "requests_aborted": self.requests_aborted, "batches": self.batches, "images": self.images,
                 "batch_sizes": list(self.batch_sizes)}
+
+def kernel_delta(kernels: dict[str, Any], counted: dict[str, Any]) -> dict[str, Any]:
+    """``kernels - counted`` for snapshot-shaped kernel tallies (per-backend dicts and plain counts)."""
+    out: dict[str, Any] = {}
+    for key, value in kernels.items():
+        before = counted.get(key)
+        if isinstance(value, dict):
+            out[key] = {name: calls - (before or {}).get(name, 0) for name, calls in value.items()}
+        elif isinstance(value, int) and isinstance(before, int):
+            out[key] = value - before
+        else:
+            out[key] = value
+    return out

@@ -25,7 +25,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from diffserve.errors import EngineDeadError, RequestAbortedError
-from diffserve.executor.calls import CallTable, PendingCall, StepCallback
+from diffserve.executor.calls import CallTable, PartialCallback, PendingCall, StepCallback
 from diffserve.logging import get_logger
 from diffserve.types.messages import Command, Reply, WorkerInfo
 from diffserve.types.results import RequestResult
@@ -36,6 +36,9 @@ if TYPE_CHECKING:  # pragma: no cover
     from diffserve.types.request import GenerationRequest
 
 logger = get_logger(__name__)
+
+# Step-level batching: () -> (requests to join the running batch, seconds they add to its deadline).
+Joiner = Callable[[], "tuple[list[GenerationRequest], float]"]
 
 # How often a waiting caller re-checks its cancel predicate (abort latency on top of one step).
 _CANCEL_POLL_S = 0.02
@@ -93,13 +96,20 @@ class Executor(ABC):
     # -- the shared semantics -----------------------------------------------------------------------
 
     def execute(self, batch: list[GenerationRequest], on_step: StepCallback | None = None,
-                should_cancel: Callable[[], bool] | None = None,
-                timeout: float | None = None) -> list[RequestResult]:
-        """Run one batch on every rank (SPMD) and return rank 0's outputs."""
-        call = self._broadcast(Command("execute", batch=list(batch)), on_step)
+                should_cancel: Callable[[], bool] | None = None, timeout: float | None = None,
+                joiner: Joiner | None = None, on_partial: PartialCallback | None = None) -> list[RequestResult]:
+        """Run one batch on every rank (SPMD) and return rank 0's outputs.
+
+        Step-level batching (``joiner`` given): while the batch runs, ``joiner()`` is polled for requests
+        to add at the next step boundary (and the seconds they add to the deadline); ``on_partial`` gets
+        the results of requests that finish before the batch does, and the return value holds the rest.
+        """
+        step_level = joiner is not None
+        call = self._broadcast(Command("execute", batch=list(batch), kwargs={"step_level": step_level}),
+                               on_step, on_partial)
         try:
             try:
-                self._wait(call, timeout, should_cancel)
+                self._wait(call, timeout, should_cancel, joiner)
             except TimeoutError as exc:
                 raise DeadlineExceeded(str(exc)) from exc
             values = call.values()
@@ -152,9 +162,10 @@ class Executor(ABC):
 
     # -- helpers ------------------------------------------------------------------------------------
 
-    def _broadcast(self, command: Command, on_step: StepCallback | None = None) -> PendingCall:
+    def _broadcast(self, command: Command, on_step: StepCallback | None = None,
+                   on_partial: PartialCallback | None = None) -> PendingCall:
         self.check_health()
-        call = self.calls.open(self.world_size, on_step)
+        call = self.calls.open(self.world_size, on_step, on_partial)
         command.call_id = call.call_id
         try:
             for rank in range(self.world_size):
@@ -165,10 +176,15 @@ class Executor(ABC):
         return call
 
     def _wait(self, call: PendingCall, timeout: float | None,
-              should_cancel: Callable[[], bool] | None) -> None:
+              should_cancel: Callable[[], bool] | None, joiner: Joiner | None = None) -> None:
         deadline = None if timeout is None else time.monotonic() + timeout
         cancel_sent = False
         while True:
+            if joiner is not None and not cancel_sent:
+                joining, extra_s = joiner()
+                if joining:
+                    self._send_all(Command("join", call_id=call.call_id, batch=list(joining)))
+                    deadline = None if deadline is None else deadline + extra_s
             remaining = None if deadline is None else deadline - time.monotonic()
             slice_s = _CANCEL_POLL_S if should_cancel is not None and not cancel_sent else 0.5
             if remaining is not None:
@@ -184,9 +200,13 @@ class Executor(ABC):
                 raise TimeoutError(f"{self.name} executor: no reply within {timeout:.1f}s")
 
     def _cancel(self, call: PendingCall) -> None:
+        self._send_all(Command("cancel", call_id=call.call_id))
+
+    def _send_all(self, command: Command) -> None:
+        """``command`` to every rank; a dead worker ends it quietly (the call fails on its own)."""
         for rank in range(self.world_size):
             try:
-                self._send(rank, Command("cancel", call_id=call.call_id))
+                self._send(rank, command)
             except EngineDeadError:
                 return
 

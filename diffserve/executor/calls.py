@@ -15,16 +15,19 @@ from diffserve.types.messages import Reply
 
 logger = get_logger(__name__)
 
-StepCallback = Callable[[int, int], None]
+StepCallback = Callable[..., None]  # (step, total_steps, progress)
+PartialCallback = Callable[[Any], None]
 
 
 class PendingCall:
     """One command sent to ``ranks`` workers; complete when every rank has answered."""
 
-    def __init__(self, call_id: int, ranks: int, on_step: StepCallback | None) -> None:
+    def __init__(self, call_id: int, ranks: int, on_step: StepCallback | None,
+                 on_partial: PartialCallback | None = None) -> None:
         self.call_id = call_id
         self.ranks = ranks
         self.on_step = on_step
+        self.on_partial = on_partial
         self.replies: dict[int, Reply] = {}
         self.failure: BaseException | None = None
         self.done = threading.Event()
@@ -53,11 +56,12 @@ class CallTable:
         self._ids = itertools.count(1)
         self._dead: EngineDeadError | None = None
 
-    def open(self, ranks: int, on_step: StepCallback | None = None) -> PendingCall:
+    def open(self, ranks: int, on_step: StepCallback | None = None,
+             on_partial: PartialCallback | None = None) -> PendingCall:
         with self._lock:
             if self._dead is not None:
                 raise EngineDeadError(str(self._dead))
-            call = PendingCall(next(self._ids), ranks, on_step)
+            call = PendingCall(next(self._ids), ranks, on_step, on_partial)
             self._calls[call.call_id] = call
             return call
 
@@ -71,12 +75,16 @@ class CallTable:
             call = self._calls.get(reply.call_id)
         if call is None:
             return  # the caller timed out or went away; nobody waits for this reply
-        if reply.kind == "step":
-            if call.on_step is not None and reply.rank == 0:
+        if reply.kind in ("step", "partial"):
+            callback = call.on_step if reply.kind == "step" else call.on_partial
+            if callback is not None and reply.rank == 0:
                 try:
-                    call.on_step(reply.step, reply.total_steps)
-                except Exception:  # a broken progress consumer must not kill the reader thread
-                    logger.exception("step callback failed")
+                    if reply.kind == "step":
+                        callback(reply.step, reply.total_steps, reply.progress)
+                    else:
+                        callback(reply.value)
+                except Exception:  # a broken consumer must not kill the reader thread
+                    logger.exception("%s callback failed", reply.kind)
             return
         call.replies[reply.rank] = reply
         if len(call.replies) >= call.ranks:

@@ -9,7 +9,7 @@ one ``StepEvent`` per denoise step, then one ``BatchResult``. Closing the genera
 
 from __future__ import annotations
 
-from collections.abc import Generator, Sequence
+from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
@@ -73,6 +73,8 @@ class Pipeline(Protocol):
         """The counters every Linear/Attention of the denoiser reports to (the attestation)."""
         ...
 
-    def run(self, batch: Sequence[GenerationRequest]) -> Generator[StepEvent | BatchResult, None, None]:
-        """Run one homogeneous batch whose requests already carry seeds."""
+    def run(self, batch: Sequence[GenerationRequest],
+            joins: Callable[[], list[GenerationRequest]] | None = None) -> Generator[StepEvent | BatchResult, None, None]:
+        """Run one homogeneous batch whose requests already carry seeds. With ``step_batching``,
+        ``joins`` is asked at every step boundary for requests of the same key to add."""
         ...

@@ -16,3 +16,5 @@ class PipelineCapabilities:
     max_sequence_length: int  # most text tokens per prompt
     true_cfg: bool  # runs a negative-prompt forward when true_cfg_scale > 1
     attention_roles: tuple[str, ...]  # attention call sites, each with its own backend choice
+    # Requests of one batch key can join a running batch at a step boundary (``Pipeline.run(joins=)``).
+    step_batching: bool = False

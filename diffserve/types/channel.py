@@ -126,7 +126,7 @@ class PipeChannel(Channel):
 
 def _split_tensors(message: Any) -> tuple[Any, list[Any]]:
     """Replace the image tensors of a result reply by (shape, dtype) so they travel as raw frames."""
-    if not (isinstance(message, Reply) and message.kind == "result" and isinstance(message.value, list)
+    if not (isinstance(message, Reply) and message.kind in ("result", "partial") and isinstance(message.value, list)
             and message.value and all(isinstance(o, RequestResult) for o in message.value)):
         return message, []
     tensors = [o.images.detach().to("cpu").contiguous() for o in message.value]
@@ -136,7 +136,7 @@ def _split_tensors(message: Any) -> tuple[Any, list[Any]]:
 
 
 def _join_tensors(message: Any, conn: Connection) -> Any:
-    if not (isinstance(message, Reply) and message.kind == "result" and isinstance(message.value, list)
+    if not (isinstance(message, Reply) and message.kind in ("result", "partial") and isinstance(message.value, list)
             and message.value and all(isinstance(o, RequestResult) for o in message.value)):
         return message
     import torch

@@ -14,8 +14,8 @@ if TYPE_CHECKING:  # pragma: no cover
     from diffserve.types.capabilities import PipelineCapabilities
     from diffserve.types.request import GenerationRequest
 
-CommandKind = Literal["execute", "rpc", "cancel", "shutdown"]
-ReplyKind = Literal["ready", "init_failed", "step", "result", "error", "cancelled"]
+CommandKind = Literal["execute", "join", "rpc", "cancel", "shutdown"]
+ReplyKind = Literal["ready", "init_failed", "step", "partial", "result", "error", "cancelled"]
 
 
 @dataclass
@@ -28,7 +28,9 @@ class Command:
     method: Any = None
     args: tuple = ()
     kwargs: dict[str, Any] = field(default_factory=dict)
-    # execute: the requests of one batch, seeds already assigned by the engine.
+    # execute: the requests of one batch, seeds already assigned by the engine. join: requests of the
+    # same batch key that join the running execute ``call_id`` at its next step boundary (step-level
+    # batching); a join for a batch that already ended is dropped, and the engine runs them later.
     batch: list[GenerationRequest] | None = None
 
 
@@ -42,6 +44,9 @@ class Reply:
     value: Any = None
     step: int = 0
     total_steps: int = 0
+    # step: (request_id, steps done) per request of a step-level batch (empty: all at ``step``).
+    # partial: ``value`` holds the results of requests that finished while the batch goes on.
+    progress: tuple[tuple[str, int], ...] = ()
     error_type: str = ""
     message: str = ""
     traceback: str = ""

@@ -17,10 +17,13 @@ if TYPE_CHECKING:  # pragma: no cover
 
 @dataclass(frozen=True)
 class StepEvent:
-    """Denoise step ``step`` (1-based) of ``total_steps`` finished."""
+    """Denoise step ``step`` (1-based) of ``total_steps`` finished. In a step-level batch the requests may
+    be at different steps: ``progress`` then holds ``(request_id, steps done)`` of each (``step`` is the
+    furthest one); empty means every request is at ``step``."""
 
     step: int
     total_steps: int
+    progress: tuple[tuple[str, int], ...] = ()
 
 
 @dataclass
@@ -42,7 +45,8 @@ class RequestResult:
 
 @dataclass
 class BatchResult:
-    """The results of a batch, in request order (the last item a pipeline run yields)."""
+    """Results in request order: the requests of a batch that finished at this step (a step-level batch
+    yields one whenever requests finish; a plain batch yields one, last)."""
 
     outputs: list[RequestResult]
 

@@ -52,6 +52,7 @@ class CommandLoop:
         self.worker = worker
         self.parent_alive = parent_alive
         self._deferred: deque[Command] = deque()
+        self._joins: list = []  # requests joining the running batch (step-level batching)
         self._stop = False
 
     def run(self) -> None:
@@ -76,8 +77,8 @@ class CommandLoop:
         rank = self.worker.rank
         if command.kind == "shutdown":
             self._stop = True
-        elif command.kind == "cancel":
-            pass  # the batch it targeted already finished; nothing to stop
+        elif command.kind in ("cancel", "join"):
+            pass  # the batch it targeted already finished (the engine reruns requests that never joined)
         elif command.kind == "rpc":
             try:
                 value = self.worker.call(command.method, command.args, command.kwargs)
@@ -93,11 +94,21 @@ class CommandLoop:
     def _execute(self, command: Command) -> None:
         rank, call_id = self.worker.rank, command.call_id
 
-        def on_step(step: int, total: int) -> None:
-            self._send(Reply("step", call_id, rank, step=step, total_steps=total))
+        def on_step(step: int, total: int, progress: tuple = ()) -> None:
+            self._send(Reply("step", call_id, rank, step=step, total_steps=total, progress=progress))
 
+        def joins() -> list:
+            taken, self._joins = self._joins, []
+            return taken
+
+        step_level = command.kwargs.get("step_level", False)
+        self._joins = []
         try:
-            outputs = self.worker.execute(command.batch or [], on_step, lambda: self._cancelled(call_id))
+            outputs = self.worker.execute(
+                command.batch or [], on_step, lambda: self._cancelled(call_id),
+                joins=joins if step_level else None,
+                on_partial=(lambda results: self._send(Reply("partial", call_id, rank, value=results)))
+                if step_level else None)
         except Exception as exc:
             self._send(error_reply(call_id, rank, exc))
             return
@@ -118,10 +129,13 @@ class CommandLoop:
                 return True
             if command.kind == "cancel" and command.call_id == call_id:
                 stop = True
+            elif command.kind == "join":
+                if command.call_id == call_id:
+                    self._joins.extend(command.batch or [])
             elif command.kind == "shutdown":
                 self._stop = True
                 stop = True
-            elif command.kind != "cancel":
+            elif command.kind not in ("cancel", "join"):
                 self._deferred.append(command)
         return stop
 

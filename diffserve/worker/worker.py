@@ -21,6 +21,7 @@ from diffserve.models.stepcache.report import attach_negative
 from diffserve.registry.models import MODEL_FAMILIES
 from diffserve.types.messages import WorkerInfo
 from diffserve.types.results import BatchResult, RequestResult, StepEvent
+from diffserve.worker.compile_cache import use_compile_cache
 from diffserve.worker.device import device_for
 from diffserve.worker.distributed import gather_to_rank0, init_parallel, stop_agreed
 from diffserve.worker.extension import WorkerExtension, extension_method, load_extension
@@ -74,6 +75,8 @@ class Worker:
             # The batch deadline floor bounds a collective whose peer never comes (no new key needed).
             self.parallel = init_parallel(self.stage, self.rank, self.device, self.init_method,
                                           float(self.config.server.batch_deadline_floor_s))
+            if not self.stage.enforce_eager:  # before anything compiles in this process
+                use_compile_cache(self.config, self.device)
             context = BuildContext(device=self.device, kernel_observers=tuple(self.kernel_observers),
                                    parallel=self.parallel)
             self.pipeline = family.load_pipeline_class().from_stage(self.config.model, self.stage, context)
@@ -87,10 +90,13 @@ class Worker:
 
     # -- batches ------------------------------------------------------------------------------------
 
-    def execute(self, batch: Sequence[GenerationRequest], on_step: Callable[[int, int], None],
-                should_stop: Callable[[], bool]) -> list[RequestResult] | None:
-        """Run one batch. ``on_step`` is called after every denoise step; when ``should_stop()`` turns
-        true between steps the pipeline generator is closed and ``None`` is returned (cancelled)."""
+    def execute(self, batch: Sequence[GenerationRequest], on_step: Callable[..., None],
+                should_stop: Callable[[], bool], joins: Callable[[], list[GenerationRequest]] | None = None,
+                on_partial: Callable[[list[RequestResult]], None] | None = None) -> list[RequestResult] | None:
+        """Run one batch. ``on_step(step, total, progress)`` is called after every denoise step; when
+        ``should_stop()`` turns true between steps the pipeline generator is closed and ``None`` is returned
+        (cancelled). Step-level batching: ``joins`` adds requests at step boundaries and ``on_partial`` gets
+        the results of requests that finish while the batch goes on (their attestation: the run so far)."""
         if self.pipeline is None:
             raise WorkerError("this worker has no model loaded", remote_type="WorkerError")
         counters = self.pipeline.kernel_counters
@@ -100,13 +106,15 @@ class Worker:
         result: BatchResult | None = None
         start = time.perf_counter()
         with pause:
-            events = self.pipeline.run(batch)
+            events = self.pipeline.run(batch, joins) if joins is not None else self.pipeline.run(batch)
             try:
                 for event in events:
                     if isinstance(event, BatchResult):
                         result = event
+                        if on_partial is not None:  # delivered now; the final reply then holds none
+                            on_partial(self._attest(event.outputs, counters, len(batch), start))
                         continue
-                    on_step(event.step, event.total_steps)
+                    on_step(event.step, event.total_steps, event.progress)
                     if stop_agreed(self.parallel, should_stop(), self.device, counters):
                         self._record_cancel(batch, event)
                         return None
@@ -115,6 +123,8 @@ class Worker:
         if result is None:
             raise WorkerError("pipeline finished without a result", remote_type="WorkerError")
         self.batches_run += 1
+        if on_partial is not None:
+            return []
         # One small gather of every rank's counters (all ranks reach it: the stop decision is shared).
         per_rank = gather_to_rank0(self.parallel, {"kernels": counters.snapshot(),
                                                    "collectives": counters.collectives.snapshot(),
@@ -129,6 +139,14 @@ class Worker:
                 cache = attach_negative(cache, other)
             output.attestation = {**attestation, **({"cache": cache} if cache is not None else {})}
         return result.outputs
+
+    def _attest(self, outputs: list[RequestResult], counters: KernelCounters, batch_size: int,
+                start: float) -> list[RequestResult]:
+        """One rank's outputs with the attestation of the run so far (their own cache entries kept)."""
+        attestation = self._attestation(counters, batch_size, (time.perf_counter() - start) * 1000.0)
+        for output in outputs:
+            output.attestation = {**attestation, **output.attestation}
+        return outputs
 
     def _record_cancel(self, batch: Sequence[GenerationRequest], event: StepEvent) -> None:
         self.cancelled = [*self.cancelled[-99:], {"request_ids": [r.request_id for r in batch],

@@ -31,7 +31,7 @@ class FailExtension(WorkerExtension):
     """Every batch raises inside the worker."""
 
     def after_load(self, worker: Any) -> None:
-        def run(batch: list[Any]) -> Any:
+        def run(batch: list[Any], joins: Any = None) -> Any:
             raise RuntimeError(f"injected failure for a batch of {len(batch)}")
 
         worker.pipeline.run = run

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-SECTION_KEYS = ("e2e", "step", "overhead", "throughput", "cold", "replicas", "parallel", "cache")
+SECTION_KEYS = ("e2e", "step", "overhead", "throughput", "cold", "replicas", "parallel", "cache", "arrivals")
 
 
 @pytest.mark.e2e
@@ -36,10 +36,47 @@ def test_smoke_benchmark_writes_every_section(tmp_path: Path) -> None:
     for key, section in sections.items():
         assert section["status"] == "ok", f"{key}: {section['status']}: {section['reason']} {section['notes']}"
         assert section["rows"], key
-    assert len(data["targets"]) == 14
+    assert len(data["targets"]) == 16
 
     text = out.read_text()
     for heading in ("## Targets", "## Machine", "## Models", *(f"## {s['title']}" for s in data["sections"])):
         assert heading in text, heading
     for target in data["targets"]:
         assert target["name"] in text
+
+
+def test_arrivals_trace_statistics_and_fifo_worker() -> None:
+    """Section i's pieces that need no model: the seeded Poisson trace, the percentiles and images/s, and
+    the sequential baseline's FIFO (a request starts at max(its arrival, the previous completion))."""
+    import time
+
+    import numpy as np
+
+    from benchmarks import arrivals
+
+    trace = arrivals.unit_trace(2000, seed=7)
+    assert trace[0] == 0.0 and np.all(np.diff(trace) > 0)
+    assert np.array_equal(trace, arrivals.unit_trace(2000, seed=7))  # same seed, same trace for everyone
+    assert 0.9 < trace[-1] / 1999 < 1.1  # unit rate: mean gap ~1
+    assert len(arrivals.unit_trace(1)) == 1
+
+    run = arrivals.Run(arrivals=[0.0, 1.0, 2.0, 3.0], completions=[1.0, 3.0, 3.5, 7.0], batch_sizes=[1, 2, 1])
+    assert run.latencies == [1.0, 2.0, 1.5, 4.0]
+    assert run.p50 == 1.75 and abs(run.p95 - 3.7) < 1e-9  # numpy's linear interpolation
+    assert run.images_per_s == 4 / 7.0 and run.mean_batch == 4 / 3 and run.mean_running is None
+
+    pooled = arrivals.Run.pool([run, arrivals.Run([0.0, 0.5], [2.0, 2.5], running=[2])])
+    assert pooled.latencies == [*run.latencies, 2.0, 2.0]  # latencies kept, runs laid end to end
+    assert pooled.images_per_s == 6 / (7.0 + 2.5) and pooled.batch_sizes == [1, 2, 1] and pooled.running == [2]
+
+    starts: list[float] = []
+    t0 = time.perf_counter()
+
+    def call(seed: int) -> None:
+        starts.append(time.perf_counter() - t0)
+        time.sleep(0.05)
+
+    fifo = arrivals._run_sequential(call, [0.0, 0.01, 0.2])
+    assert starts[1] >= 0.05 - 1e-3  # arrived while the first ran: waits for it
+    assert starts[2] >= 0.2 - 1e-3 and fifo.completions[2] >= 0.25 - 1e-3  # idle worker waits for the arrival
+    assert all(lat >= 0.05 - 1e-3 for lat in fifo.latencies)

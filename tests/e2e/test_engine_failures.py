@@ -27,10 +27,14 @@ class FaultExtension(WorkerExtension):
     def after_load(self, worker: Any) -> None:
         original = worker.pipeline.run
 
-        def run(batch: list[Any]) -> Any:
+        def check(batch: list[Any]) -> list[Any]:
             if any(r.prompt == "explode" for r in batch):
                 raise RuntimeError("injected failure for prompt 'explode'")
-            return original(batch)
+            return batch
+
+        def run(batch: list[Any], joins: Any = None) -> Any:
+            # Step-level batching: a request that joins later is checked when it joins.
+            return original(check(batch), (lambda: check(joins())) if joins is not None else None)
 
         worker.pipeline.run = run
 

@@ -47,7 +47,7 @@ def test_acceptance_one_entry_per_image_and_fewer_linear_calls(engine) -> None:
     skipping = engine.generate(request(cache_threshold=SKIPPING))
     skipped = [e["skipped_steps"] for e in skipping.attestation["cache"]]
     assert min(skipped) > 0
-    assert skipping.attestation["linear"]["torch"] < uncached.attestation["linear"]["torch"]
+    assert sum(skipping.attestation["linear"].values()) < sum(uncached.attestation["linear"].values())
     assert skipping.attestation["transformer_forwards"] < uncached.attestation["transformer_forwards"] == STEPS
     assert all(e["skipped_steps"] == 0 for e in uncached.attestation["cache"])
     assert not np.array_equal(pixels(skipping), pixels(uncached))

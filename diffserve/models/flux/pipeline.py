@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Generator, Mapping, Sequence
+from collections.abc import Callable, Generator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -26,6 +26,7 @@ from diffserve.layers.ulysses import image_shard
 from diffserve.logging import get_logger
 from diffserve.models.base import BuildContext, ParallelContext, PipelineCapabilities
 from diffserve.models.flux.encoders import TextEncoders
+from diffserve.models.flux.live_batch import LiveBatch, Member
 from diffserve.models.flux.sampling import (
     check_scheduler_config,
     euler_step,
@@ -100,7 +101,9 @@ class FluxPipeline:
         self.capabilities = PipelineCapabilities(
             family=FAMILY.class_name, default_size=int(vae.config.sample_size),
             size_multiple=2 * self.vae_scale_factor * parallel.ulysses_size, max_sequence_length=_T5_MAX_TOKENS, true_cfg=True,
-            attention_roles=FAMILY.attention_roles)
+            attention_roles=FAMILY.attention_roles,
+            # Joins need every rank to agree on the step a request joins at: one rank only, for now.
+            step_batching=parallel.world_size == 1)
 
     @classmethod
     def from_stage(cls, model_dir: str | Path, stage: StageConfig,
@@ -162,15 +165,15 @@ class FluxPipeline:
                 return event.outputs[0]
         raise RuntimeError("pipeline run ended without a result")  # pragma: no cover
 
-    def run(self, batch: Sequence[GenerationRequest]) -> Generator[StepEvent | BatchResult, None, None]:
-        """Yield a ``StepEvent`` after every denoise step, then the ``BatchResult``. Close to cancel."""
+    def run(self, batch: Sequence[GenerationRequest],
+            joins: Callable[[], list[GenerationRequest]] | None = None) -> Generator[StepEvent | BatchResult, None, None]:
+        """Yield a ``StepEvent`` after every denoise step and a ``BatchResult`` whenever requests finish.
+        ``joins`` (step-level batching) is asked at every step boundary for requests of the same batch key
+        to add; they run from their own step 0 beside the others. Close the generator to cancel."""
         batch = list(batch)
         if not batch:
             raise ValueError("run() needs at least one request")
-        if len({batch_key(r) for r in batch}) != 1:
-            # The scheduler batches by this key only; anything else is a caller bug.
-            raise ValueError("a batch must share height, width, steps and guidance_scale, true CFG, text "
-                             f"length and output type (one batch key); got {sorted(set(map(batch_key, batch)))}")
+        key = self._check_key(batch)
         first = batch[0]
         height = first.height or self.capabilities.default_size
         width = first.width or self.capabilities.default_size
@@ -181,31 +184,66 @@ class FluxPipeline:
             yield from self._idle(batch, steps)
             return
 
-        start = time.perf_counter()
-        latents, cond, sigmas, timesteps = self._prepare(batch, height, width)
-        timings = {"encode": _ms_since(start)}
-
+        live = LiveBatch()
         settings = self._cache_settings(first)
-        caches = self._branch_caches(settings, latents.shape[0], steps, cond)
-        start = time.perf_counter()
-        for i in range(steps):
-            latents = self._denoise_step(latents, cond, sigmas, timesteps, i, first.guidance_scale, caches)
-            yield StepEvent(step=i + 1, total_steps=steps)
-        latents = self._unshard(latents)
-        timings["denoise"] = _ms_since(start)
+        caches: tuple[BranchCache | None, BranchCache | None] = (None, None)
+        sigmas = timesteps = None
+        pending = batch
+        while pending or live.rows:
+            if pending:
+                start = time.perf_counter()
+                latents, cond, sigmas, timesteps = self._prepare(pending, height, width)
+                live.add(pending, latents, cond, _ms_since(start))
+                caches = self._branch_caches(settings, caches, sum(r.n for r in pending), steps, live.cond)
+            live.latents = self._denoise_step(live.latents, live.cond, sigmas, timesteps, live.steps,
+                                              first.guidance_scale, caches)
+            live.steps = [i + 1 for i in live.steps]
+            yield StepEvent(step=max(live.steps), total_steps=steps, progress=live.progress())
+            done = live.finished(steps)
+            if done:
+                yield BatchResult(self._finish(live, done, settings, caches, height, width))
+            pending = [r for r in (joins() if joins is not None and live.rows else []) if self._joinable(r, key)]
 
+    def _check_key(self, batch: list[GenerationRequest]) -> Any:
+        if len({batch_key(r) for r in batch}) != 1:
+            # The scheduler batches by this key only; anything else is a caller bug.
+            raise ValueError("a batch must share height, width, steps and guidance_scale, true CFG, text "
+                             f"length and output type (one batch key); got {sorted(set(map(batch_key, batch)))}")
+        return batch_key(batch[0])
+
+    @staticmethod
+    def _joinable(request: GenerationRequest, key: Any) -> bool:
+        if batch_key(request) != key:
+            raise ValueError(f"request {request.request_id} joined a batch of another batch key")
+        return True
+
+    def _finish(self, live: LiveBatch, done: list[Member], settings: CacheSettings,
+                caches: tuple[BranchCache | None, BranchCache | None], height: int, width: int) -> list[RequestResult]:
+        """Decode the requests that finished, report them, and drop their rows (and cache rows)."""
+        rows = [row for member in done for row in member.rows]
+        latents = self._unshard(live.latents.index_select(0, torch.tensor(rows, device=live.latents.device)))
         start = time.perf_counter()
+        requests = [m.request for m in done]
         # Every rank holds the same latents; only rank 0's result is returned, so only it decodes.
-        images = (self._decode(batch, latents, height, width) if self.parallel.rank == 0
-                  else [torch.empty(0) for _ in batch])
-        timings["decode"] = _ms_since(start)
-        entries = image_entries(settings, steps, latents.shape[0], *caches, cfg=cond.neg_txt is not None)
-        per_request = [entries[sum(r.n for r in batch[:j]):][: r.n] for j, r in enumerate(batch)]
-        yield BatchResult([
-            RequestResult(request_id=r.request_id, images=img, seeds=r.seeds, timings_ms=dict(timings),
-                          attestation={"cache": cache})
-            for r, img, cache in zip(batch, images, per_request, strict=True)
-        ])
+        images = (self._decode(requests, latents, height, width) if self.parallel.rank == 0
+                  else [torch.empty(0) for _ in requests])
+        decode_ms = _ms_since(start)
+        entries = image_entries(settings, requests[0].num_inference_steps, rows, *caches,
+                                cfg=live.cond.neg_txt is not None)
+        results, offset = [], 0
+        for member, image in zip(done, images, strict=True):
+            n = member.request.n
+            timings = {"encode": member.encode_ms, "denoise": (start - member.joined) * 1000.0,
+                       "decode": decode_ms}
+            results.append(RequestResult(request_id=member.request.request_id, images=image,
+                                         seeds=member.request.seeds, timings_ms=timings,
+                                         attestation={"cache": entries[offset:offset + n]}))
+            offset += n
+        keep = live.drop(done)
+        for cache in caches:
+            if cache is not None:
+                cache.keep_rows(keep)
+        return results
 
     def _cache_settings(self, request: GenerationRequest) -> CacheSettings:
         """The stage's cache rules with this batch's threshold (the request's, else the stage's)."""
@@ -213,17 +251,21 @@ class FluxPipeline:
         return CacheSettings(self.cache.backend, float(threshold or 0.0), self.cache.warmup_steps,
                              self.cache.max_consecutive_skips)
 
-    def _branch_caches(self, settings: CacheSettings, rows: int, steps: int,
+    def _branch_caches(self, settings: CacheSettings, caches: tuple[BranchCache | None, BranchCache | None],
+                       new_rows: int, steps: int,
                        cond: _Conditioning) -> tuple[BranchCache | None, BranchCache | None]:
-        """One cache per CFG branch this rank runs (each branch decides alone); none when off."""
+        """One cache per CFG branch this rank runs (each branch decides alone), grown by ``new_rows``
+        joining rows; none when the batch runs uncached."""
         if not settings.enabled:
             return None, None
 
-        def branch() -> BranchCache:
-            return BranchCache(settings, rows, steps, group=self.parallel.ulysses_group,
-                               counters=self.transformer.counters)
+        def branch(cache: BranchCache | None) -> BranchCache:
+            cache = cache or BranchCache(settings, steps, group=self.parallel.ulysses_group,
+                                         counters=self.transformer.counters)
+            cache.add_rows(new_rows)
+            return cache
 
-        return branch(), branch() if cond.neg_txt is not None else None
+        return branch(caches[0]), branch(caches[1]) if cond.neg_txt is not None else None
 
     def _idle(self, batch: list[GenerationRequest],
               steps: int) -> Generator[StepEvent | BatchResult, None, None]:
@@ -277,30 +319,32 @@ class FluxPipeline:
         return torch.cat(shards.unbind(0), dim=1)
 
     @torch.inference_mode()
-    def _denoise_step(self, x: Tensor, cond: _Conditioning, sigmas: Tensor, timesteps: Tensor, i: int,
+    def _denoise_step(self, x: Tensor, cond: _Conditioning, sigmas: Tensor, timesteps: Tensor, steps: list[int],
                       guidance_scale: float,
                       caches: tuple[BranchCache | None, BranchCache | None] = (None, None)) -> Tensor:
+        """One Euler step of every row, each at its own step index ``steps[row]``."""
+        i = torch.tensor(steps, device=x.device)
         # As diffusers: the timestep (sigma * 1000) goes to the model dtype, then back to [0, 1].
-        t = timesteps[i].expand(x.shape[0]).to(x.dtype) / 1000
+        t = timesteps[i].to(x.dtype) / 1000
         guidance = None
         if self.transformer.params.guidance_embed:
             guidance = torch.full((x.shape[0],), guidance_scale, device=self.device, dtype=torch.float32)
-        pred = self._velocity(caches[0], i, x, cond.txt, t, cond.vec, guidance, cond.pe)
+        pred = self._velocity(caches[0], steps, x, cond.txt, t, cond.vec, guidance, cond.pe)
         if cond.cfg_split:
             # One exchange per step; every rank combines the same two tensors in the same order, so
             # the latents stay identical on all ranks (and equal to the single-rank result).
             pred, neg = all_gather_into(pred, self.parallel.cfg_group, self.transformer.counters).unbind(0)
             pred = neg + cond.cfg_scale * (pred - neg)
         elif cond.neg_txt is not None:
-            neg = self._velocity(caches[1], i, x, cond.neg_txt, t, cond.neg_vec, guidance, cond.pe)
+            neg = self._velocity(caches[1], steps, x, cond.neg_txt, t, cond.neg_vec, guidance, cond.pe)
             pred = neg + cond.cfg_scale * (pred - neg)
-        return euler_step(x, pred, sigmas[i], sigmas[i + 1])
+        return euler_step(x, pred, sigmas[i].view(-1, 1, 1), sigmas[i + 1].view(-1, 1, 1))
 
-    def _velocity(self, cache: BranchCache | None, i: int, x: Tensor, txt: Tensor, t: Tensor, vec: Tensor,
+    def _velocity(self, cache: BranchCache | None, steps: list[int], x: Tensor, txt: Tensor, t: Tensor, vec: Tensor,
                   guidance: Tensor | None, pe: Tensor) -> Tensor:
         if cache is None:
             return self.transformer(x, None, txt, None, t, vec, guidance, pe=pe)
-        return cached_velocity(self.transformer, cache, i, x, txt, t, vec, guidance, pe)
+        return cached_velocity(self.transformer, cache, steps, x, txt, t, vec, guidance, pe)
 
     @torch.inference_mode()
     def _decode(self, batch: list[GenerationRequest], latents: Tensor, height: int, width: int) -> list[Tensor]:

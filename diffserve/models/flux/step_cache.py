@@ -17,16 +17,17 @@ from diffserve.models.flux.transformer import FluxTransformer
 from diffserve.models.stepcache.policy import BranchCache
 
 
-def cached_velocity(transformer: FluxTransformer, cache: BranchCache, step: int, x: Tensor, txt: Tensor,
+def cached_velocity(transformer: FluxTransformer, cache: BranchCache, steps: list[int], x: Tensor, txt: Tensor,
                     timesteps: Tensor, y: Tensor, guidance: Tensor | None, pe: Tensor) -> Tensor:
-    """The velocity for every row of ``x`` at denoise ``step`` (0-based), as ``transformer(...)`` returns it."""
+    """The velocity for every row of ``x``, row ``r`` at denoise step ``steps[r]`` (0-based), as
+    ``transformer(...)`` returns it."""
     img, txt, vec = transformer.embed(x, txt, timesteps, y, guidance)
     if cache.settings.backend == "fbcache":
         base, txt, start = *transformer.first_block(img, txt, vec, pe), 1
-        compute = cache.decide(step, base - img)
+        compute = cache.decide(steps, base - img)
     else:
         base, start = img, 0
-        compute = cache.decide(step, transformer.modulated_input(img, vec))
+        compute = cache.decide(steps, transformer.modulated_input(img, vec))
     if any(compute):
         transformer.counters.count_forward()  # a full forward (for the computing rows); skips do not count
 

@@ -13,12 +13,12 @@ from typing import Any
 from diffserve.models.stepcache.policy import COMPUTE, BranchCache, CacheSettings
 
 
-def image_entries(settings: CacheSettings, steps: int, images: int, positive: BranchCache | None,
+def image_entries(settings: CacheSettings, steps: int, rows: list[int], positive: BranchCache | None,
                   negative: BranchCache | None = None, *, cfg: bool = False) -> list[dict[str, Any]]:
-    """The entries of a batch's ``images`` rows. A branch of ``None`` ran uncached (every step computed:
+    """The entries of a batch's image ``rows``. A branch of ``None`` ran uncached (every step computed:
     backend none, or threshold 0 for this batch); ``cfg`` adds the negative branch's counts."""
     entries = []
-    for row in range(images):
+    for row in rows:
         threshold = settings.threshold if positive is not None else 0.0
         entry: dict[str, Any] = {"backend": settings.backend, "threshold": threshold, **_branch(positive, row, steps)}
         if cfg:
