@@ -161,6 +161,12 @@ def _arrivals(m: dict[str, Any], settings: Settings) -> Target:
               + ("" if same_rate else " (step-level below 95% of request-level's throughput)")
               + (f"; diffusers sequential p95 {m['arrivals.high.diffusers.p95_s']:.2f} s"
                  if m.get("arrivals.high.diffusers.p95_s") is not None else "") + ".")
+    if t.status == "missed":
+        t.note += (" Bound: on 2 CPU cores a batch of b requests costs close to b times one (one request already "
+                   "keeps both cores busy; section d), so a newcomer that joins slows every running request about "
+                   "as much as it gains: step-level batching then acts as processor sharing, whose tail is worse "
+                   "than first-come-first-served for equal-size jobs. It pays where batching makes an image "
+                   "cheaper (accelerators, larger GEMMs); a join policy that weighs that gain is not built yet.")
     return t
 
 
@@ -198,10 +204,13 @@ _GEMM_BOUND = (
     "batching, prepacked weights)."
 )
 _BF16_BOUND = (
-    "Bound: this CPU has AVX2 only (no AVX512-BF16/AMX), so bfloat16 GEMMs and VAE convolutions run "
-    "through conversions at a fraction of float32 speed in both engines; the VAE decode alone is about "
-    "half of a bfloat16 image (phases in section a). Not tried (would change numerics vs diffusers' "
-    "bfloat16 output): computing bfloat16 linears and the VAE decode in float32 on such CPUs."
+    "Bound, on an AVX2-only CPU (no AVX512-BF16/AMX; see the machine's cpu_capability): bfloat16 GEMMs and "
+    "VAE convolutions run through conversions at a fraction of float32 speed in both engines; the VAE "
+    "decode alone is about half of a bfloat16 image (phases in section a). On an AVX512-BF16 CPU: the "
+    "GEMMs (onednn, prepacked) reach about 91% of the bfloat16 peak, and attention bounds the step: "
+    "torch's CPU flash kernel runs at about 70 GFLOP/s per core at every length tried (about 30 of a "
+    "180 ms small-flux step), so even GEMMs at 100% would leave the step near 84% of peak; a bmm-based "
+    "attention is faster but rounds the scores to bfloat16 (about 5x the error), so it was not used."
 )
 _LAST_STEP = (
     "Bound: both engines see the same signals and skip the same steps (section notes), except that "
