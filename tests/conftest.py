@@ -25,6 +25,23 @@ def tiny_flux_dir(tmp_path_factory: pytest.TempPathFactory):
 
 
 @pytest.fixture(scope="session")
+def tiny_sd3_dir(tmp_path_factory: pytest.TempPathFactory):
+    """A random-weight tiny StableDiffusion3Pipeline dir (the generic path), seed 0."""
+    from diffserve.models.tiny_generic import build_generic_model
+
+    return build_generic_model("tiny-sd3", tmp_path_factory.mktemp("models") / "tiny-sd3", seed=0)
+
+
+@pytest.fixture(scope="session")
+def tiny_pixart_dir(tmp_path_factory: pytest.TempPathFactory):
+    """A random-weight tiny PixArtSigmaPipeline dir (the generic path), seed 0."""
+    from diffserve.models.tiny_generic import build_generic_model
+
+    return build_generic_model("tiny-pixart-sigma", tmp_path_factory.mktemp("models") / "tiny-pixart-sigma",
+                               seed=0)
+
+
+@pytest.fixture(scope="session")
 def tiny_flux_dev_dir(tmp_path_factory: pytest.TempPathFactory):
     """A dev-like (guidance_embeds=True) random-weight tiny-flux pipeline dir, seed 0."""
     from diffserve.models.tiny import build_flux_model

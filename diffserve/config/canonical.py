@@ -34,6 +34,7 @@ EXECUTOR_ALIASES: Mapping[str, str] = executor_spellings()
 CACHE_BACKEND_ALIASES: Mapping[str, str] = cache_spellings()
 BATCHING_ALIASES: Mapping[str, str] = {"step": "step", "step_level": "step", "continuous": "step",
                                         "request": "request", "request_level": "request"}
+IMPLEMENTATION_ALIASES: Mapping[str, str] = {"native": "native", "generic": "generic", "diffusers": "generic"}
 TOPOLOGY_ALIASES: Mapping[str, str] = {
     "single": "single",
     "split_text_encoder": "split_text_encoder",
@@ -89,6 +90,7 @@ normalize_executor = enum_normalizer("executor backend", EXECUTOR_ALIASES)
 normalize_cache_backend = enum_normalizer("cache backend", CACHE_BACKEND_ALIASES)
 normalize_topology = enum_normalizer("topology", TOPOLOGY_ALIASES)
 normalize_batching = enum_normalizer("batching mode", BATCHING_ALIASES)
+normalize_implementation = enum_normalizer("implementation", IMPLEMENTATION_ALIASES)
 normalize_platform = enum_normalizer("platform", PLATFORM_ALIASES)
 
 

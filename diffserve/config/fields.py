@@ -104,7 +104,7 @@ STAGE_KEYS: tuple[str, ...] = tuple(
 SECTIONS: Mapping[str, Mapping[str, Leaf]] = {
     name: {leaf.key.split(".", 1)[1]: leaf for leaf in (*STAGE_LEAVES.values(), *PIPELINE_LEAVES.values())
            if leaf.section == name}
-    for name in ("parallel", "cache", "warmup", "server")
+    for name in ("parallel", "cache", "warmup", "request_defaults", "server")
 }
 
 

@@ -39,10 +39,13 @@ def require_runnable(config: ResolvedConfig, stage: StageConfig) -> None:
 def _check_family_parallel(stage: StageConfig, family: ModelFamily, where: Callable[[str], Source],
                            out: Collector) -> None:
     prefix = f"stages.{stage.stage_id}"
-    supported = ", ".join(family.parallel_dims) or "none"
-    refused = [name for name in _DEGREES if getattr(stage.parallel, name) > 1 and name not in family.parallel_dims]
+    # The generic path runs diffusers' own pipeline on one rank: no parallel denoising there.
+    dims = family.parallel_dims if stage.implementation == "native" else ()
+    supported = ", ".join(dims) or "none"
+    refused = [name for name in _DEGREES if getattr(stage.parallel, name) > 1 and name not in dims]
     for name in refused:
-        out.error(f"parallel.{name} {getattr(stage.parallel, name)}: {family.class_name} does not run "
+        where_runs = "" if stage.implementation == "native" else " on the generic path"
+        out.error(f"parallel.{name} {getattr(stage.parallel, name)}: {family.class_name}{where_runs} does not run "
                   f"{_DEGREES[name]}", path=f"{prefix}.parallel.{name}", source=where(f"parallel.{name}"),
                   hint=f"set parallel.{name}: 1 (parallel degrees this model runs: {supported})")
     world = stage.parallel.world_size

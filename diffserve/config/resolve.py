@@ -30,6 +30,7 @@ from diffserve.config.schema import (
     CacheConfig,
     FrozenDict,
     ParallelConfig,
+    RequestDefaultsConfig,
     ServerConfig,
     StageConfig,
     WarmupConfig,
@@ -42,7 +43,8 @@ logger = get_logger(__name__)
 
 __all__ = ["ResolvedConfig", "StageConfig", "resolve"]
 
-_SECTION_TYPES = {"parallel": ParallelConfig, "cache": CacheConfig, "warmup": WarmupConfig}
+_SECTION_TYPES = {"parallel": ParallelConfig, "cache": CacheConfig, "warmup": WarmupConfig,
+                  "request_defaults": RequestDefaultsConfig}
 
 
 def resolve(model: str | os.PathLike | None = None,
@@ -84,6 +86,7 @@ def resolve(model: str | os.PathLike | None = None,
     stages = tuple(_build_stage(stage_id, role, out, provenance, warnings, platform_name)
                    for stage_id, role in enumerate(roles))
     out.errors.extend(missing_requirements(stages, provenance))
+    out.errors.extend(_implementation_errors(stages, family, provenance))
     _raise_if_errors(out.errors)
     for warning in warnings:
         logger.warning("%s", warning)
@@ -162,6 +165,17 @@ def _build_stage(stage_id: int, role: str, out: Collector, provenance: dict[str,
     return StageConfig(stage_id=stage_id, role=role,
                        attention_backend=AttentionBackendConfig(default, FrozenDict(roles)),
                        extras=FrozenDict(extras), **sections, **values)
+
+
+def _implementation_errors(stages: tuple[StageConfig, ...], family: Any,
+                           provenance: Mapping[str, Source]) -> list[ConfigError]:
+    """``implementation: native`` on a family that only the generic path serves (the reverse is allowed:
+    any family can run on diffusers' own pipeline class)."""
+    if family is None or family.implementation == "native":
+        return []
+    return [ConfigError(f"{family.class_name} has no native implementation", path=key,
+                        source=provenance[key].describe(), hint="use implementation: generic (or leave it unset)")
+            for key in (f"stages.{s.stage_id}.implementation" for s in stages if s.implementation == "native")]
 
 
 def _raise_if_errors(errors: list[ConfigError]) -> None:

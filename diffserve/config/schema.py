@@ -93,6 +93,19 @@ class WarmupConfig:
 
 
 @dataclass(frozen=True)
+class RequestDefaultsConfig:
+    """What a request that leaves a field unset gets. The model brings its checkpoints' defaults (source
+    ``model``: FLUX 28 steps at guidance 3.5, SD3 28 at CFG 7.0, PixArt-Sigma 20 at 4.5); a deploy file
+    or flag may set others."""
+
+    num_inference_steps: int | None = opt(None, "denoise steps of a request that sends none (unset: the model's)",
+                                          c.int_normalizer(1), kind="int")
+    guidance_scale: float | None = opt(None, "guidance_scale of a request that sends none (unset: the model's; "
+                                       "the distilled guidance of FLUX, the CFG scale of SD3 and PixArt)",
+                                       c.float_normalizer(0.0, 100.0), kind="float")
+
+
+@dataclass(frozen=True)
 class AttentionBackendConfig:
     """``default`` applies to every attention role not listed in ``roles``."""
 
@@ -129,12 +142,18 @@ class StageConfig:
     num_replicas: int = opt(1, "independent copies of this stage", c.int_normalizer(1), kind="int")
     devices: str = opt("auto", 'device indices, e.g. "0" or "0,1"; auto = pick', c.normalize_devices)
     max_batch_size: int = opt(1, "most requests batched into one forward", c.int_normalizer(1), kind="int")
+    implementation: str = opt("native", "native = diffserve's own denoiser; generic = diffusers' pipeline class "
+                              "with its Linear and attention calls on our kernels (unset: the model's, from the "
+                              "registry; generic may be forced on a native family)", c.normalize_implementation,
+                              choices=c.canonical_values(c.IMPLEMENTATION_ALIASES))
     batching: str = opt("step", "step = requests of one batch key join a running batch at a step boundary and "
                         "leave when done; request = a batch runs start to end as formed", c.normalize_batching,
                         choices=c.canonical_values(c.BATCHING_ALIASES))
     parallel: ParallelConfig = section(ParallelConfig, "parallelism degrees", "")
     cache: CacheConfig = section(CacheConfig, "step cache", "cache_")
     warmup: WarmupConfig = section(WarmupConfig, "warmup run at startup", "warmup_")
+    request_defaults: RequestDefaultsConfig = section(RequestDefaultsConfig, "values of unset request fields",
+                                                      "default_")
     worker_extension_cls: str | None = opt(None, "dotted path of a WorkerExtension subclass to load",
                                            c.normalize_class_path)
     extras: Mapping[str, Any] = field(

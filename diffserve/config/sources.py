@@ -53,12 +53,20 @@ def model_layer(model: str | os.PathLike | None, out: Collector) -> tuple[str | 
         return str(path.resolve()), None
     family = MODEL_FAMILIES.get(class_name)
     if family is None:
+        supported = "supported text-to-image DiT pipelines: " + ", ".join(
+            f"{name} ({f.implementation})" for name, f in MODEL_FAMILIES.items())
+        close = did_you_mean(class_name, MODEL_FAMILIES)
         out.error(f"unsupported pipeline class {class_name!r}", path="model_index.json:_class_name",
-                  source=str(index), hint=did_you_mean(class_name, MODEL_FAMILIES)
-                  or f"supported: {', '.join(MODEL_FAMILIES)}")
+                  source=str(index), hint=f"{close} {supported}" if close else supported)
         return str(path.resolve()), None
     source = Source("model", str(index), None, class_name)
     out.add(LAYER_RANK["model"], None, "topology", family.topology, source)
+    # What the family brings: which implementation serves it and its checkpoints' request defaults.
+    rank = LAYER_RANK["model"]
+    out.add(rank, None, "implementation", family.implementation, Source("model", str(index), None,
+                                                                        f"{class_name}: {family.implementation} path"))
+    out.add(rank, None, "request_defaults.num_inference_steps", family.default_steps, source)
+    out.add(rank, None, "request_defaults.guidance_scale", family.default_guidance_scale, source)
     return str(path.resolve()), family
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from diffserve.config.schema import CacheConfig, ServerConfig
+from diffserve.config.schema import CacheConfig, RequestDefaultsConfig, ServerConfig
 from diffserve.errors import LimitExceededError, RequestError
 from diffserve.types.capabilities import PipelineCapabilities
 from diffserve.types.request import GenerationRequest
@@ -70,10 +70,27 @@ def check_cache(request: GenerationRequest, cache: CacheConfig) -> GenerationReq
     return request
 
 
+# What an unset steps/guidance/text length means when no deployment is known (library use): FLUX.1's.
+FALLBACK_DEFAULTS = RequestDefaultsConfig(num_inference_steps=28, guidance_scale=3.5)
+FALLBACK_MAX_SEQUENCE_LENGTH = 512
+
+
+def fill_defaults(request: GenerationRequest, defaults: RequestDefaultsConfig | None,
+                  capabilities: PipelineCapabilities | None = None) -> GenerationRequest:
+    """Unset ``num_inference_steps``/``guidance_scale`` from the deployment's ``request_defaults``, an unset
+    ``max_sequence_length`` from the model's text limit."""
+    steps = defaults.num_inference_steps if defaults is not None else None
+    guidance = defaults.guidance_scale if defaults is not None else None
+    length = capabilities.max_sequence_length if capabilities is not None else FALLBACK_MAX_SEQUENCE_LENGTH
+    return request.with_defaults(steps if steps is not None else FALLBACK_DEFAULTS.num_inference_steps,
+                                 guidance if guidance is not None else FALLBACK_DEFAULTS.guidance_scale, length)
+
+
 def admit(request: GenerationRequest, server: ServerConfig, capabilities: PipelineCapabilities | None,
-          cache: CacheConfig | None = None) -> GenerationRequest:
-    """Check ``request`` against the deployment and the model; return it with a concrete seed (and the
-    stage's cache threshold when it gave none)."""
+          cache: CacheConfig | None = None, defaults: RequestDefaultsConfig | None = None) -> GenerationRequest:
+    """Check ``request`` against the deployment and the model; return it with a concrete seed, its unset
+    steps/guidance filled from ``defaults`` (and the stage's cache threshold when it gave none)."""
+    request = fill_defaults(request, defaults, capabilities)
     check_limits(request, server, capabilities.default_size if capabilities else None)
     if capabilities is not None:
         check_capabilities(request, capabilities)

@@ -8,11 +8,9 @@ exception (``RequestAbortedError``, ``EngineDeadError``, ``WorkerError``, ``Requ
 Replicas (``replicas.py``): one dispatch thread per replica pulls a batch from the shared scheduler
 only while its replica is free, so the least loaded replica takes the work and a batch runs once.
 
-Liveness (``watchdog.py``), per replica: every batch runs under a deadline derived from its work; a
-batch past it means a hung worker (mp: its processes are SIGKILLed). Each loop beats a heartbeat while
-idle and at every batch start and end. ``server.max_consecutive_failures`` failed batches in a row on
-one replica also take it out. A replica that is out stops serving; when the last one goes, the engine
-is dead, so ``/health`` turns 503 instead of answering 500 forever.
+Liveness (``watchdog.py``), per replica: a batch past its work-derived deadline means a hung worker
+(mp: SIGKILLed), as do ``server.max_consecutive_failures`` failed batches in a row; loops beat a heartbeat
+while idle and per batch. With no replica left the engine is dead: ``/health`` turns 503, not 500.
 """
 
 from __future__ import annotations
@@ -81,12 +79,14 @@ class EngineCore:
     # -- admission ----------------------------------------------------------------------------------
 
     def submit(self, request: GenerationRequest, sink: Sink) -> RequestState:
-        """Admit (limits, model capabilities, seed: ``admission.py``) and queue. Raises instead of
+        """Admit (defaults, limits, capabilities, seed: ``admission.py``) and queue; raises instead of
         queueing a request that cannot run."""
         self.check_health()
         if not self._ready:
             raise EngineNotReadyError("the engine is still loading or warming up")
-        state = RequestState(admit(request, self.config.server, self.replicas.capabilities, self.stage.cache), sink)
+        stage = self.stage
+        state = RequestState(admit(request, self.config.server, self.replicas.capabilities, stage.cache,
+                                   stage.request_defaults), sink)
         self.scheduler.add(state)
         return state
 

@@ -34,5 +34,6 @@ def build_output(request: GenerationRequest, output: RequestResult, queue_ms: fl
         width=width,
         height=height,
         num_inference_steps=request.num_inference_steps,
+        guidance_scale=request.guidance_scale,
         prompt=request.prompt,
     )

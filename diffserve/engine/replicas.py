@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from diffserve.engine.admission import check_capabilities
+from diffserve.engine.admission import check_capabilities, fill_defaults
 from diffserve.engine.watchdog import FailureStreak, Heartbeat
 from diffserve.errors import EngineDeadError
 from diffserve.executor.factory import make_executor
@@ -62,6 +62,7 @@ def warm_up(executor: Executor, stage: StageConfig) -> None:
     request = GenerationRequest(prompt="warmup", height=warm.height, width=warm.width,
                                 num_inference_steps=warm.steps, seed=0, max_sequence_length=64,
                                 request_id=f"warmup-{executor.replica}", is_warmup=True)
+    request = fill_defaults(request, stage.request_defaults, executor.capabilities)
     start = time.monotonic()
     # Checked against the model (not the request limits: the operator chose it), then straight to the
     # executor: warmup never enters the queue, the counters or the stats (the worker pauses the

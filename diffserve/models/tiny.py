@@ -57,8 +57,15 @@ def build_flux_model(kind: str, out_dir: Path | str, *, seed: int = 0, guidance_
     if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
         raise ConfigError(f"seed must be a non-negative integer, got {seed!r}", path="seed")
     target = Path(out_dir).expanduser().absolute()
-    check_target(target, force=force)
+    logger.info("building %s (seed %d, guidance_embeds=%s) in %s", kind, seed, guidance_embeds, target)
+    return build_into(target, lambda staging: _write_pipeline(spec, staging, seed=seed,
+                                                              guidance_embeds=guidance_embeds), force=force)
 
+
+def build_into(target: Path, write: Callable[[Path], None], *, force: bool) -> Path:
+    """Run ``write(staging)`` in a fresh directory beside ``target``, then publish it atomically as
+    ``target``; on any failure nothing is left behind (not even parents this call created)."""
+    check_target(target, force=force)
     created_parents = _make_parents(target)
     try:
         staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.building-", dir=target.parent))
@@ -66,8 +73,7 @@ def build_flux_model(kind: str, out_dir: Path | str, *, seed: int = 0, guidance_
         _remove_empty(created_parents)
         raise _unwritable(target, exc) from None
     try:
-        logger.info("building %s (seed %d, guidance_embeds=%s) in %s", kind, seed, guidance_embeds, target)
-        _write_pipeline(spec, staging, seed=seed, guidance_embeds=guidance_embeds)
+        write(staging)
         _normalize_permissions(staging)
         _move_into_place(staging, target, force=force)
     except BaseException:

@@ -1,8 +1,12 @@
 """Model families: the one list of what diffserve serves, keyed by ``model_index.json``'s ``_class_name``.
 
-The resolver reads it for model defaults (topology), the attention roles a deploy file may name and the
-"supported: ..." hint; the worker reads it to build the pipeline. Adding a family is one entry here plus
-one folder under ``diffserve/models/`` whose pipeline class implements ``models.base.Pipeline``.
+The resolver reads it for model defaults (topology, implementation, request defaults), the attention
+roles a deploy file may name and the "supported: ..." hint; the worker reads it to build the pipeline.
+
+Two implementations: ``native`` families have their own denoiser under ``diffserve/models/<family>/``;
+``generic`` families run diffusers' own pipeline class with every ``nn.Linear`` and attention call of the
+denoiser moved onto our kernels (``models/generic/``). Adding a generic text-to-image DiT pipeline is one
+entry here (its attention roles by module name, its defaults) plus a builder for tests.
 """
 
 from __future__ import annotations
@@ -26,19 +30,51 @@ class ModelFamily:
     max_world_size: int = 1  # ranks one replica may span (1: no parallel denoising)
     # The ``parallel.*`` degrees its pipeline implements (config/layout.py refuses any other above 1).
     parallel_dims: tuple[str, ...] = ()
+    implementation: str = "native"  # "native" (our denoiser) or "generic" (diffusers' pipeline, our kernels)
+    # What a request that names none gets (source "model" in ``config explain``): the real checkpoints'
+    # pipeline defaults, e.g. SD3's 28 steps at CFG 7.0.
+    default_steps: int = 28
+    default_guidance_scale: float = 3.5
+    # Generic families: (substring of the denoiser's module path, role) per attention module, first match
+    # wins, so a role can be chosen per call site; roles whose calls carry a mask (padded text) are listed
+    # in ``masked_roles``, and need a backend that takes one.
+    role_patterns: tuple[tuple[str, str], ...] = ()
+    masked_roles: tuple[str, ...] = ()
+    denoiser: str = "transformer"  # component name of the denoiser in model_index.json
+    # The pipeline's text length cap (its __call__'s max_sequence_length limit).
+    max_sequence_length: int = 512
 
-    def load_pipeline_class(self) -> Any:
-        return load_target(self.pipeline)
+    def load_pipeline_class(self, implementation: str | None = None) -> Any:
+        """The pipeline class serving this family on ``implementation`` (default: the family's own)."""
+        generic = (implementation or self.implementation) == "generic"
+        return load_target(GENERIC_PIPELINE if generic else self.pipeline)
 
+
+GENERIC_PIPELINE = "diffserve.models.generic.pipeline:GenericPipeline"
 
 MODEL_FAMILIES: dict[str, ModelFamily] = {
     family.class_name: family
     for family in (
         ModelFamily("FluxPipeline", "diffserve.models.flux.pipeline:FluxPipeline", "single",
                     attention_roles=("double_block", "single_block"),
+                    # implementation: generic runs diffusers' FluxPipeline with these roles.
+                    role_patterns=(("single_transformer_blocks.", "single_block"),
+                                   ("transformer_blocks.", "double_block")),
                     # CFG-parallel (the two true-CFG branches on two ranks) times Ulysses (the image
                     # tokens; the degree must divide the heads, checked at load: models/flux/pipeline.py).
                     max_world_size=16, parallel_dims=("cfg_parallel_size", "ulysses_degree")),
+        # SD3/SD3.5 (MMDiT): every block's joint text+image attention; true CFG in the pipeline itself
+        # (guidance_scale is the CFG scale), 28 steps at 7.0 as the pipeline's __call__ defaults.
+        ModelFamily("StableDiffusion3Pipeline", GENERIC_PIPELINE, "single", attention_roles=("joint_block",),
+                    implementation="generic", default_steps=28, default_guidance_scale=7.0,
+                    role_patterns=(("", "joint_block"),), max_sequence_length=256),
+        # PixArt-Sigma: self-attention over the image, cross-attention to the (padded, masked) T5 tokens;
+        # 20 steps at CFG 4.5 as its __call__ defaults; T5 up to 300 tokens.
+        ModelFamily("PixArtSigmaPipeline", GENERIC_PIPELINE, "single",
+                    attention_roles=("self_attention", "cross_attention"), implementation="generic",
+                    default_steps=20, default_guidance_scale=4.5,
+                    role_patterns=((".attn1", "self_attention"), (".attn2", "cross_attention")),
+                    masked_roles=("cross_attention",), max_sequence_length=300),
     )
 }
 

@@ -15,18 +15,19 @@ from diffserve.types.request import GenerationRequest
 class BatchKey(NamedTuple):
     height: int | None
     width: int | None
-    num_inference_steps: int
-    guidance_scale: float
+    num_inference_steps: int | None  # None only before admission fills the defaults
+    guidance_scale: float | None
     true_cfg_scale: float
     has_negative_prompt: bool
-    max_sequence_length: int
+    max_sequence_length: int | None
     output_type: str
     is_warmup: bool
     cache_threshold: float | None  # rows of one batch share the step cache's threshold
 
 
 def batch_key(request: GenerationRequest) -> BatchKey:
-    return BatchKey(request.height, request.width, request.num_inference_steps, float(request.guidance_scale),
+    guidance = None if request.guidance_scale is None else float(request.guidance_scale)
+    return BatchKey(request.height, request.width, request.num_inference_steps, guidance,
                     float(request.true_cfg_scale), request.negative_prompt is not None,
                     request.max_sequence_length, request.output_type, request.is_warmup,
                     None if request.cache_threshold is None else float(request.cache_threshold))

@@ -18,3 +18,6 @@ class PipelineCapabilities:
     attention_roles: tuple[str, ...]  # attention call sites, each with its own backend choice
     # Requests of one batch key can join a running batch at a step boundary (``Pipeline.run(joins=)``).
     step_batching: bool = False
+    # Which implementation serves the family: "native" (our denoiser) or "generic" (diffusers' pipeline
+    # class, our kernels); reported in every attestation.
+    implementation: str = "native"

@@ -27,20 +27,22 @@ MAX_CACHE_THRESHOLD = 100.0  # the config's bound too; a deployment sets a tight
 class GenerationRequest:
     """One text-to-image request. ``n`` images share the prompt; image ``i`` uses seed ``seed + i``.
 
-    ``height``/``width`` of ``None`` mean the model's default sample size. A ``seed`` of ``None`` is
-    replaced by a random one at admission and reported in the output, so every image is reproducible.
+    ``height``/``width`` of ``None`` mean the model's default sample size. ``num_inference_steps`` and
+    ``guidance_scale`` of ``None`` take the deployment's ``request_defaults`` (the model's own defaults
+    unless the deploy file sets others) at admission. A ``seed`` of ``None`` is replaced by a random one at
+    admission and reported in the output, so every image is reproducible.
     """
 
     prompt: str
     negative_prompt: str | None = None
     height: int | None = None
     width: int | None = None
-    num_inference_steps: int = 28
-    guidance_scale: float = 3.5
+    num_inference_steps: int | None = None
+    guidance_scale: float | None = None
     true_cfg_scale: float = 1.0
     seed: int | None = None
     n: int = 1
-    max_sequence_length: int = 512
+    max_sequence_length: int | None = None  # None: the model's limit (FLUX 512, SD3 256, PixArt-Sigma 300)
     output_type: OutputType = "pil"
     # Step-cache threshold for this request (higher = more steps skipped; 0 = no caching); None = the
     # stage's ``cache.threshold``. Bounded by the stage's ``cache.max_threshold`` at admission.
@@ -65,14 +67,16 @@ class GenerationRequest:
                     f"{name}={value!r} must be a positive multiple of 16 (e.g. {max(16, (int(value or 0) // 16) * 16)})",
                     param=name,
                 )
-        if not isinstance(self.num_inference_steps, int) or self.num_inference_steps < 1:
+        steps = self.num_inference_steps
+        if steps is not None and (not isinstance(steps, int) or isinstance(steps, bool) or steps < 1):
             raise RequestError(
                 f"num_inference_steps={self.num_inference_steps!r} must be an integer >= 1",
                 param="num_inference_steps",
             )
         if not isinstance(self.n, int) or self.n < 1:
             raise RequestError(f"n={self.n!r} must be an integer >= 1", param="n")
-        _check_float(self.guidance_scale, "guidance_scale", 0.0, MAX_GUIDANCE_SCALE)
+        if self.guidance_scale is not None:
+            _check_float(self.guidance_scale, "guidance_scale", 0.0, MAX_GUIDANCE_SCALE)
         _check_float(self.true_cfg_scale, "true_cfg_scale", 0.0, MAX_TRUE_CFG_SCALE)
         if self.true_cfg_scale < 1.0 and self.true_cfg_scale != 0:
             raise RequestError(
@@ -81,7 +85,8 @@ class GenerationRequest:
             )
         if self.seed is not None and not (0 <= self.seed <= MAX_SEED - self.n):
             raise RequestError(f"seed={self.seed!r} must be in [0, 2**63 - 1 - n]", param="seed")
-        if not isinstance(self.max_sequence_length, int) or not 1 <= self.max_sequence_length <= 512:
+        length = self.max_sequence_length
+        if length is not None and (not isinstance(length, int) or isinstance(length, bool) or not 1 <= length <= 512):
             raise RequestError(
                 f"max_sequence_length={self.max_sequence_length!r} must be in [1, 512]",
                 param="max_sequence_length",
@@ -91,6 +96,20 @@ class GenerationRequest:
         if self.output_type not in ("pil", "latent", "pt"):
             raise RequestError(f"output_type={self.output_type!r} must be one of pil, latent, pt",
                                param="output_type")
+
+    def with_defaults(self, num_inference_steps: int, guidance_scale: float,
+                      max_sequence_length: int) -> GenerationRequest:
+        """This request with its unset steps, guidance and text length filled (admission passes the
+        deployment's defaults and the model's text limit)."""
+        if None not in (self.num_inference_steps, self.guidance_scale, self.max_sequence_length):
+            return self
+
+        def pick(value: Any, default: Any) -> Any:
+            return default if value is None else value
+
+        return replace(self, num_inference_steps=pick(self.num_inference_steps, num_inference_steps),
+                       guidance_scale=pick(self.guidance_scale, guidance_scale),
+                       max_sequence_length=pick(self.max_sequence_length, max_sequence_length))
 
     def with_seed(self) -> GenerationRequest:
         """Return this request with a concrete seed (a random one if none was given).
@@ -130,6 +149,7 @@ class RequestOutput:
     width: int = 0
     height: int = 0
     num_inference_steps: int = 0
+    guidance_scale: float | None = None  # as run (the deployment's default when the request gave none)
     prompt: str = ""
     finished: bool = True
 

@@ -79,7 +79,8 @@ class Worker:
                 use_compile_cache(self.config, self.device)
             context = BuildContext(device=self.device, kernel_observers=tuple(self.kernel_observers),
                                    parallel=self.parallel)
-            self.pipeline = family.load_pipeline_class().from_stage(self.config.model, self.stage, context)
+            pipeline_class = family.load_pipeline_class(self.stage.implementation)
+            self.pipeline = pipeline_class.from_stage(self.config.model, self.stage, context)
         else:
             logger.warning("no model configured: worker %d serves RPCs only", self.rank)
         if self.extension is not None:
@@ -179,6 +180,8 @@ class Worker:
             "rank": self.rank,
             "device": str(self.device),
             "dtype": str(getattr(self.pipeline, "dtype", "")).removeprefix("torch."),
+            **({"model_family": self.pipeline.capabilities.family,
+                "implementation": self.pipeline.capabilities.implementation} if self.pipeline is not None else {}),
             "batch_size": batch_size,
             "batch_ms": round(batch_ms, 3),
             "config_fingerprint": self.config.fingerprint,

@@ -109,7 +109,7 @@ def test_model_directory_errors(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="no model_index.json"):
         run(model=tmp_path)
     (tmp_path / "model_index.json").write_text(json.dumps({"_class_name": "StableDiffusionPipeline"}))
-    with pytest.raises(ConfigError, match="StableDiffusionPipeline.*supported: FluxPipeline"):
+    with pytest.raises(ConfigError, match="StableDiffusionPipeline.*supported text-to-image DiT pipelines: FluxPipeline"):
         run(model=tmp_path)
 
 

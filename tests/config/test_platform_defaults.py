@@ -13,7 +13,7 @@ import torch
 from config_helpers import run, write
 
 from diffserve.config.platform import native_bfloat16
-from diffserve.models.flux.pipeline import resolve_dtype
+from diffserve.models.dtype import resolve_dtype
 
 AVX512_BF16 = "processor : 0\nflags : fpu sse2 avx2 avx512f avx512_bf16 avx512_vnni\n"
 AMX = "processor : 0\nflags : fpu avx2 avx512f amx_bf16 amx_tile\n"

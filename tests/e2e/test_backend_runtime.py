@@ -1,6 +1,7 @@
 """Deploy settings proven at runtime: the YAML's backends reach a worker that really serves requests.
 
-For each executor (uni, mp, ray) the deploy YAML is the only source of dtype, linear_backend, attention_backend,
+For native FLUX on each executor (uni, mp, ray), and for tiny SD3 on the generic path (diffusers'
+StableDiffusion3Pipeline with its denoiser on our kernels) on uni and mp, the deploy YAML is the only source of dtype, linear_backend, attention_backend,
 enforce_eager, the executor and the worker extension. ``BackendProbe`` (below) runs inside the
 worker: in ``before_load`` it installs itself as a kernel observer (``worker.observe_kernels``), so every
 backend object the model is built with is recorded and its kernel method counted at call time
@@ -53,7 +54,8 @@ class BackendProbe(WorkerExtension):
         from diffserve.layers.attention.module import Attention
         from diffserve.layers.linear.module import Linear
 
-        transformer = worker.pipeline.transformer
+        # The native pipeline's transformer, or the diffusers denoiser of the generic path.
+        transformer = getattr(worker.pipeline, "denoiser", None) or worker.pipeline.transformer
         wrapped = {id(b) for kind in self.backends for b in self.backends[kind]}
         self.modules = Counter()
         for module in transformer.modules():
@@ -109,13 +111,21 @@ REQUEST = dict(prompt="a fox", height=128, width=128, num_inference_steps=2, gui
                n=1, max_sequence_length=64)
 
 
-@pytest.fixture(scope="module", params=["uni", "mp", "ray"])
-def engine(request: Any, tiny_flux_dir: Any, tmp_path_factory: Any) -> Any:
-    if request.param == "ray":  # the session's local Ray, started only when a ray test is selected
+# Per model: the fixture that builds it and the denoiser output of one step at 128x128 (batch 1).
+MODELS = {"flux": ("tiny_flux_dir", [1, 64, 64]), "sd3": ("tiny_sd3_dir", [1, 16, 16, 16])}
+
+
+@pytest.fixture(scope="module", params=[("flux", "uni"), ("flux", "mp"), ("flux", "ray"), ("sd3", "uni"),
+                                        ("sd3", "mp")], ids=lambda p: f"{p[0]}-{p[1]}")
+def engine(request: Any, tmp_path_factory: Any) -> Any:
+    model, executor = request.param
+    if executor == "ray":  # the session's local Ray, started only when a ray test is selected
         request.getfixturevalue("ray_session")
+    model_dir = request.getfixturevalue(MODELS[model][0])
     # env={}: no DIFFSERVE_* variable of the machine running the tests can change what is proven.
-    eng = Engine(str(tiny_flux_dir), deploy_config=deploy_yaml(tmp_path_factory.mktemp("deploy"), request.param),
-                 env={})
+    eng = Engine(str(model_dir), deploy_config=deploy_yaml(tmp_path_factory.mktemp("deploy"), executor), env={})
+    eng.test_model = model  # type: ignore[attr-defined]
+    eng.test_model_dir = model_dir  # type: ignore[attr-defined]
     yield eng
     eng.shutdown()
 
@@ -133,7 +143,10 @@ def run_and_check(engine: Engine) -> tuple[Any, dict[str, Any]]:
     assert out.attestation["transformer_forwards"] == 2
     assert len(report["forwards"]) == 2
     for shape, finite in report["forwards"]:
-        assert shape == [1, 64, 64] and finite
+        assert shape == MODELS[engine.test_model][1] and finite  # type: ignore[attr-defined]
+    family = {"flux": "FluxPipeline", "sd3": "StableDiffusion3Pipeline"}[engine.test_model]  # type: ignore[attr-defined]
+    assert out.attestation["model_family"] == family
+    assert out.attestation["implementation"] == ("native" if family == "FluxPipeline" else "generic")
     assert len(out.images) == 1 and out.images[0].size == (128, 128)
     assert out.seeds == [42]
     assert set(out.timings) >= {"queue", "encode", "denoise", "decode"}
@@ -180,15 +193,17 @@ def test_negative_control_forced_backend_name_fails_the_check(engine: Engine) ->
     run_and_check(engine)  # restored: the same check passes again
 
 
-_IMAGES: dict[str, bytes] = {}
+_IMAGES: dict[tuple[str, str], bytes] = {}
 
 
-def test_same_seed_same_bytes_on_every_executor(engine: Engine, tiny_flux_dir: Any, tmp_path: Any) -> None:
+def test_same_seed_same_bytes_on_every_executor(engine: Engine, tmp_path: Any) -> None:
+    model = engine.test_model  # type: ignore[attr-defined]
     out = engine.generate(GenerationRequest(**REQUEST))
-    _IMAGES[engine.executor_name] = out.images[0].tobytes()
-    if "uni" not in _IMAGES:
+    _IMAGES[model, engine.executor_name] = out.images[0].tobytes()
+    if (model, "uni") not in _IMAGES:
         # Only this parameter was selected (-k): make the uni image here so the comparison still runs.
-        with Engine(str(tiny_flux_dir), deploy_config=deploy_yaml(tmp_path, "uni"), env={}) as uni:
-            _IMAGES["uni"] = uni.generate(GenerationRequest(**REQUEST)).images[0].tobytes()
-    assert _IMAGES[engine.executor_name] == _IMAGES["uni"]
-    assert len(_IMAGES["uni"]) == 128 * 128 * 3
+        with Engine(str(engine.test_model_dir), deploy_config=deploy_yaml(tmp_path, "uni"),  # type: ignore[attr-defined]
+                    env={}) as uni:
+            _IMAGES[model, "uni"] = uni.generate(GenerationRequest(**REQUEST)).images[0].tobytes()
+    assert _IMAGES[model, engine.executor_name] == _IMAGES[model, "uni"]
+    assert len(_IMAGES[model, "uni"]) == 128 * 128 * 3

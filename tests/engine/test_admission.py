@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from diffserve.config.schema import ServerConfig
+from diffserve.config.schema import RequestDefaultsConfig, ServerConfig
 from diffserve.engine.admission import admit
 from diffserve.errors import LimitExceededError, RequestError
 from diffserve.types.capabilities import PipelineCapabilities
@@ -53,7 +53,7 @@ def test_model_capabilities_are_request_errors(kw: dict, param: str, text: str) 
 
 
 def test_the_seed_is_assigned_once_here() -> None:
-    given = req(seed=7)
+    given = req(seed=7, guidance_scale=2.0)  # every field set: nothing to fill
     assert admit(given, ServerConfig(), CAPS) is given
     chosen = admit(req(seed=None), ServerConfig(), CAPS)
     assert chosen.seed is not None and chosen.seeds == [chosen.seed]
@@ -75,3 +75,22 @@ def test_float_fields_must_be_finite_and_bounded(name: str, value: object) -> No
         req(**{name: value})
     assert info.value.param == name
     req(**{name: 100.0})  # the documented upper bound itself is accepted
+
+
+def test_unset_fields_take_the_deployment_defaults_and_the_model_text_limit() -> None:
+    bare = GenerationRequest(prompt="a fox", seed=1)
+    assert (bare.num_inference_steps, bare.guidance_scale, bare.max_sequence_length) == (None, None, None)
+    defaults = RequestDefaultsConfig(num_inference_steps=7, guidance_scale=4.5)
+    admitted = admit(bare, ServerConfig(), CAPS, defaults=defaults)
+    assert (admitted.num_inference_steps, admitted.guidance_scale, admitted.max_sequence_length) == (7, 4.5, 256)
+    # A request's own values win; without a deployment (library use) FLUX's defaults apply.
+    mine = admit(GenerationRequest(prompt="a fox", num_inference_steps=3, guidance_scale=0.0), ServerConfig(),
+                 None, defaults=defaults)
+    assert (mine.num_inference_steps, mine.guidance_scale, mine.max_sequence_length) == (3, 0.0, 512)
+    library = admit(GenerationRequest(prompt="a fox"), ServerConfig(), None)
+    assert (library.num_inference_steps, library.guidance_scale) == (28, 3.5)
+    # The limit applies to the filled value: a deployment default above max_steps is refused too.
+    with pytest.raises(LimitExceededError) as info:
+        admit(GenerationRequest(prompt="a fox", height=64, width=64), SERVER, CAPS,
+              defaults=RequestDefaultsConfig(num_inference_steps=9))
+    assert info.value.param == "num_inference_steps"

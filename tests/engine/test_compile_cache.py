@@ -146,7 +146,7 @@ def test_worker_load_sets_the_cache_only_when_compiling(eager: bool, tmp_path: P
     from diffserve.registry.models import ModelFamily
     from diffserve.worker.worker import Worker
 
-    monkeypatch.setattr(ModelFamily, "load_pipeline_class", lambda self: _StubPipeline)
+    monkeypatch.setattr(ModelFamily, "load_pipeline_class", lambda self, implementation=None: _StubPipeline)
     # the SIMD memo (covered above) would set an inductor switch in this test process
     monkeypatch.setattr(compile_cache, "_reuse_vec_isa_probe", lambda directory: None)
     monkeypatch.setenv("DIFFSERVE_CACHE_DIR", str(tmp_path / "cache"))

@@ -240,7 +240,10 @@ def test_small_flux_transformer_size() -> None:
 
 
 def test_cli_choices_match_specs() -> None:
-    from diffserve.entrypoints.commands.make_model import MODEL_KINDS
+    from diffserve.entrypoints.commands.make_model import FLUX_KINDS, GENERIC_KINDS, MODEL_KINDS
     from diffserve.models.tiny_configs import SPECS
+    from diffserve.models.tiny_generic_configs import GENERIC_SPECS
 
-    assert tuple(SPECS) == MODEL_KINDS
+    assert tuple(SPECS) == FLUX_KINDS
+    assert tuple(GENERIC_SPECS) == GENERIC_KINDS
+    assert MODEL_KINDS == FLUX_KINDS + GENERIC_KINDS

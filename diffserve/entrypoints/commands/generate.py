@@ -113,6 +113,7 @@ async def _generate(args: argparse.Namespace, model: str | None, prompt: str, ou
     if output_obj is None:
         raise RuntimeError("the engine finished without an output")
     metadata = {"prompt": prompt, "steps": str(output_obj.num_inference_steps or request.num_inference_steps),
+                "guidance_scale": str(output_obj.guidance_scale),
                 "config_fingerprint": output_obj.config_fingerprint,
                 "size": f"{output_obj.width}x{output_obj.height}"}
     blobs = await asyncio.to_thread(encode_all, output_obj.images, output_obj.seeds, fmt, None, metadata)

@@ -1,40 +1,57 @@
-"""``diffserve make-model {tiny-flux,small-flux} DIR``: write a hermetic random-weight FLUX model."""
+"""``diffserve make-model KIND DIR``: write a hermetic random-weight model (FLUX or a generic diffusers DiT)."""
 
 from __future__ import annotations
 
 import argparse
 from pathlib import Path
 
-# Kept in sync with diffserve.models.tiny_configs.SPECS (a test checks it); listed here so that
-# building the parser stays import-light.
-MODEL_KINDS = ("tiny-flux", "small-flux")
+# Kept in sync with diffserve.models.tiny_configs.SPECS and tiny_generic_configs.GENERIC_SPECS (a test
+# checks it); listed here so that building the parser stays import-light.
+FLUX_KINDS = ("tiny-flux", "small-flux")
+GENERIC_KINDS = ("tiny-sd3", "small-sd3", "tiny-pixart-sigma")
+MODEL_KINDS = FLUX_KINDS + GENERIC_KINDS
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
         "make-model",
-        help="write a random-weight FLUX.1-shaped pipeline directory (no download)",
+        help="write a random-weight FLUX.1, SD3 or PixArt-Sigma pipeline directory (no download)",
         description=(
-            "Write a FLUX.1 pipeline directory in diffusers layout with random weights from a seeded "
-            "generator. tiny-flux is for tests and demos, small-flux (~150M parameters) for benchmarks. "
+            "Write a pipeline directory in diffusers layout with random weights from a seeded generator. "
+            "FLUX.1 kinds (FluxPipeline): tiny-flux for tests and demos, small-flux (~150M parameters) for "
+            "benchmarks. Generic diffusers DiT pipelines: tiny-sd3 and small-sd3 (~123M-parameter "
+            "transformer) are StableDiffusion3Pipeline, tiny-pixart-sigma is PixArtSigmaPipeline. "
             "The same seed gives byte-identical files."
         ),
     )
-    parser.add_argument("kind", choices=MODEL_KINDS, help="which model to build")
+    parser.add_argument("kind", choices=MODEL_KINDS, metavar="KIND",
+                        help=f"FLUX: {', '.join(FLUX_KINDS)}; generic diffusers DiT: {', '.join(GENERIC_KINDS)}")
     parser.add_argument("dir", type=Path, metavar="DIR", help="output directory (created; must be empty)")
     parser.add_argument("--seed", type=int, default=0, help="weight seed (default 0)")
     parser.add_argument("--guidance-embeds", action="store_true",
-                        help="dev-like guidance-distilled transformer (default: schnell-like)")
+                        help="FLUX kinds only: dev-like guidance-distilled transformer (default: schnell-like)")
     parser.add_argument("--force", action="store_true", help="replace an existing model directory at DIR")
     parser.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
+    from diffserve.errors import ConfigError
     from diffserve.models.tiny import build_flux_model, check_target
 
+    generic = args.kind in GENERIC_KINDS
+    if generic and args.guidance_embeds:
+        raise ConfigError(
+            f"applies to FLUX kinds only ({', '.join(FLUX_KINDS)}), not to {args.kind}, a generic diffusers "
+            "DiT pipeline", path="--guidance-embeds", hint="drop --guidance-embeds or choose a FLUX kind",
+        )
     # Fail on a bad DIR before paying for the torch/diffusers imports of the build.
     check_target(Path(args.dir).expanduser().absolute(), force=args.force)
-    out = build_flux_model(args.kind, args.dir, seed=args.seed, guidance_embeds=args.guidance_embeds,
-                           force=args.force)
+    if generic:
+        from diffserve.models.tiny_generic import build_generic_model
+
+        out = build_generic_model(args.kind, args.dir, seed=args.seed, force=args.force)
+    else:
+        out = build_flux_model(args.kind, args.dir, seed=args.seed, guidance_embeds=args.guidance_embeds,
+                               force=args.force)
     print(out)
     return 0

@@ -122,7 +122,7 @@ class ImagesHandler:
         start = time.perf_counter()
         metadata = {"prompt": gen.prompt, "steps": str(output.num_inference_steps or gen.num_inference_steps),
                     "config_fingerprint": output.config_fingerprint, "size": f"{output.width}x{output.height}",
-                    "guidance_scale": str(gen.guidance_scale), "software": f"diffserve {__version__}"}
+                    "guidance_scale": str(output.guidance_scale), "software": f"diffserve {__version__}"}
         if gen.negative_prompt:
             metadata["negative_prompt"] = gen.negative_prompt
         encoded = await asyncio.to_thread(encode_all, output.images, output.seeds, body.output_format,

@@ -11,6 +11,7 @@ from diffserve.layers.attention.base import AttentionBackend
 
 class FlashAttentionBackend(AttentionBackend):
     name = "flash_attn"
+    supports_mask = False  # flash_attn_func has no mask argument (varlen packing would be needed)
 
     @classmethod
     def unavailable_reason(cls, device: torch.device, dtype: torch.dtype) -> str | None:
@@ -31,7 +32,10 @@ class FlashAttentionBackend(AttentionBackend):
 
         self._flash_attn_func = flash_attn_func
 
-    def attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    def attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                  mask: torch.Tensor | None = None) -> torch.Tensor:
+        if mask is not None:
+            raise ValueError("flash_attn takes no attention mask; choose sdpa or math for this role")
         # flash_attn wants [B, L, H, D]; a transpose view keeps the last dim contiguous, which it needs.
         out = self._flash_attn_func(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2))
         return out.flatten(2)

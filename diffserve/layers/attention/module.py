@@ -22,10 +22,13 @@ class Attention(nn.Module):
         self.backend_name = backend.name
         self.counters = counters
 
-    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                mask: torch.Tensor | None = None) -> torch.Tensor:
         if not torch.compiler.is_compiling():
             self.counters.count_attention(self.backend_name)
-        return self.backend.attention(q, k, v)
+        if mask is None:
+            return self.backend.attention(q, k, v)
+        return self.backend.attention(q, k, v, mask)
 
     def extra_repr(self) -> str:
         return f"role={self.role}, backend={self.backend_name}"

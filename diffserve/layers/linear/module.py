@@ -56,10 +56,10 @@ class Linear(nn.Module):
         if not torch.compiler.is_compiling():
             self.counters.count_linear(self.backend_name)
         if self.rowwise and x.shape[0] > 1:
-            return torch.cat([self._apply(row) for row in x.split(1)])
-        return self._apply(x)
+            return torch.cat([self._run(row) for row in x.split(1)])
+        return self._run(x)
 
-    def _apply(self, x: torch.Tensor) -> torch.Tensor:
+    def _run(self, x: torch.Tensor) -> torch.Tensor:
         if self.activation is None:
             return self.backend.linear(x, self.weight, self.bias)
         return self.backend.linear(x, self.weight, self.bias, self.activation)

@@ -16,7 +16,6 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from diffserve.config.platform import native_bfloat16
 from diffserve.config.schema import CacheConfig, StageConfig
 from diffserve.errors import ConfigError, ModelLoadError
 from diffserve.layers.attestation import KernelCounters
@@ -25,6 +24,7 @@ from diffserve.layers.kernels import build_kernel_set
 from diffserve.layers.ulysses import image_shard
 from diffserve.logging import get_logger
 from diffserve.models.base import BuildContext, ParallelContext, PipelineCapabilities
+from diffserve.models.dtype import resolve_dtype
 from diffserve.models.flux.encoders import TextEncoders
 from diffserve.models.flux.live_batch import LiveBatch, Member
 from diffserve.models.flux.sampling import (
@@ -51,16 +51,7 @@ logger = get_logger(__name__)
 __all__ = ["FluxPipeline"]
 
 FAMILY = MODEL_FAMILIES["FluxPipeline"]
-_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 _T5_MAX_TOKENS = 512
-
-
-def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
-    """An explicit ``"auto"``: the platform-default rule (``config/platform_defaults.py``) at run time,
-    bfloat16 on accelerators and on CPUs with native bfloat16 matmuls, float32 on other CPUs."""
-    if name == "auto":
-        return torch.bfloat16 if device.type != "cpu" or native_bfloat16()[0] else torch.float32
-    return _DTYPES[name]
 
 
 @dataclass
@@ -170,7 +161,7 @@ class FluxPipeline:
         """Yield a ``StepEvent`` after every denoise step and a ``BatchResult`` whenever requests finish.
         ``joins`` (step-level batching) is asked at every step boundary for requests of the same batch key
         to add; they run from their own step 0 beside the others. Close the generator to cancel."""
-        batch = list(batch)
+        batch = [_with_defaults(r) for r in batch]
         if not batch:
             raise ValueError("run() needs at least one request")
         key = self._check_key(batch)
@@ -202,7 +193,8 @@ class FluxPipeline:
             done = live.finished(steps)
             if done:
                 yield BatchResult(self._finish(live, done, settings, caches, height, width))
-            pending = [r for r in (joins() if joins is not None and live.rows else []) if self._joinable(r, key)]
+            pending = [r for r in map(_with_defaults, joins() if joins is not None and live.rows else [])
+                       if self._joinable(r, key)]
 
     def _check_key(self, batch: list[GenerationRequest]) -> Any:
         if len({batch_key(r) for r in batch}) != 1:
@@ -365,6 +357,11 @@ class FluxPipeline:
                 else:
                     per_request[i] = (images.permute(0, 2, 3, 1).float() * 255).round().to(torch.uint8)
         return [images.cpu() for images in per_request]
+
+
+def _with_defaults(request: GenerationRequest) -> GenerationRequest:
+    """Admission fills unset steps/guidance/text length; a library caller that skipped it gets FLUX's."""
+    return request.with_defaults(FAMILY.default_steps, FAMILY.default_guidance_scale, _T5_MAX_TOKENS)
 
 
 def _true_cfg(request: GenerationRequest) -> bool:

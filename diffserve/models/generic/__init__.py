@@ -1,0 +1,1 @@
+"""The generic path: diffusers pipelines whose denoiser runs on diffserve kernels."""

@@ -1,0 +1,53 @@
+"""Counting and compiling a diffusers denoiser that runs on our kernels.
+
+Modules inside a ``torch.compile`` graph cannot count their own calls (a Python increment would be traced
+away or force recompiles), so, as on the native path, each compiled block's calls are added from a static
+tally of its ``Linear``/``Attention`` modules, once per denoiser forward: every block of a DiT runs once
+per forward. Modules outside the blocks stay eager and count themselves.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from torch import nn
+
+from diffserve.layers.attention.module import Attention
+from diffserve.layers.attestation import KernelCounters
+from diffserve.layers.linear.module import Linear
+from diffserve.logging import get_logger
+
+logger = get_logger(__name__)
+
+
+def count_forwards(denoiser: nn.Module, counters: KernelCounters) -> None:
+    """Count every denoiser forward in ``counters.transformer_forwards``."""
+    denoiser.register_forward_pre_hook(lambda module, args: counters.count_forward())
+
+
+def compile_denoiser(denoiser: nn.Module, counters: KernelCounters) -> int:
+    """``torch.compile`` (dynamic shapes, lazily) every block in the denoiser's block lists; returns how
+    many blocks were compiled."""
+    blocks = [block for _, child in denoiser.named_children() if isinstance(child, nn.ModuleList)
+              for block in child]
+    if not blocks:
+        logger.warning("%s has no block lists to compile; it runs eager", type(denoiser).__name__)
+        return 0
+    tally: dict[str, dict[str, int]] = {"linear": {}, "attention": {}}
+    for block in blocks:
+        for kind, name in _kernel_modules(block):
+            tally[kind][name] = tally[kind].get(name, 0) + 1
+        block.compile(dynamic=True)
+    denoiser.register_forward_pre_hook(lambda module, args: counters.add(tally))
+    logger.info("%d denoiser blocks will be compiled on first use (dynamic shapes)", len(blocks))
+    return len(blocks)
+
+
+def _kernel_modules(block: nn.Module) -> list[tuple[str, Any]]:
+    out = []
+    for module in block.modules():
+        if isinstance(module, Linear):
+            out.append(("linear", module.backend_name))
+        elif isinstance(module, Attention):
+            out.append(("attention", module.backend_name))
+    return out

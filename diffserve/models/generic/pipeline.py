@@ -1,0 +1,251 @@
+"""``GenericPipeline``: any diffusers text-to-image DiT pipeline on diffserve's engine and kernels.
+
+diffusers' own pipeline class (named by ``model_index.json``) loads the directory (safetensors only,
+offline) and runs the request; we move its denoiser onto our kernels (``kernels.py``), compile its blocks
+when ``enforce_eager`` is false, and drive it from ``run``'s generator: the pipeline runs on a helper
+thread that stops at every step's ``callback_on_step_end`` until the engine has seen the step, so step
+events, progress and abort at a step boundary work as on the native path.
+
+Seeds: image i gets its own ``torch.Generator`` seeded with ``seeds[i]`` (diffusers draws each image's
+noise from its own generator), so its starting noise equals the request run alone with that seed. A
+batch of one image is bit-identical to the same request alone; in larger batches the denoiser's GEMMs run
+at another batch size, whose rounding may differ in the last bits (see docs/models.md).
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+import queue
+import threading
+import time
+from collections.abc import Callable, Generator, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from diffserve.config.schema import StageConfig
+from diffserve.errors import ConfigError, ModelLoadError
+from diffserve.layers.attestation import KernelCounters
+from diffserve.layers.kernels import build_kernel_set
+from diffserve.logging import get_logger
+from diffserve.models.base import BuildContext, PipelineCapabilities
+from diffserve.models.dtype import resolve_dtype
+from diffserve.models.generic.compile import compile_denoiser, count_forwards
+from diffserve.models.generic.kernels import check_masked_roles, route_attention, swap_linears
+from diffserve.registry.models import MODEL_FAMILIES, ModelFamily, read_class_name
+from diffserve.types.batching import batch_key
+from diffserve.types.request import GenerationRequest
+from diffserve.types.results import BatchResult, RequestResult, StepEvent
+
+logger = get_logger(__name__)
+
+__all__ = ["GenericPipeline"]
+
+
+class _Cancelled(Exception):
+    """Raised inside the pipeline's step callback when the engine closed the run."""
+
+
+class GenericPipeline:
+    """A diffusers pipeline whose denoiser runs on the stage's linear and attention backends."""
+
+    def __init__(self, pipe: Any, family: ModelFamily, counters: KernelCounters, *, device: torch.device,
+                 dtype: torch.dtype, attention_roles: dict[str, str]) -> None:
+        self.pipe = pipe
+        self.family = family
+        self.counters = counters
+        self.device = device
+        self.dtype = dtype
+        self.attention_roles = attention_roles  # module path -> role (what config explain cannot see)
+        self._encode_ms = 0.0
+        encode_prompt = pipe.encode_prompt
+
+        def timed_encode(*args: Any, **kwargs: Any) -> Any:
+            start = time.perf_counter()
+            try:
+                return encode_prompt(*args, **kwargs)
+            finally:
+                self._encode_ms += (time.perf_counter() - start) * 1000.0
+
+        pipe.encode_prompt = timed_encode  # the "encode" phase of the timings
+        # The step hook: ``callback_on_step_end`` where the pipeline has it, the older per-step
+        # ``callback(step, timestep, latents)`` elsewhere (PixArt-Sigma).
+        self._call_params = frozenset(inspect.signature(type(pipe).__call__).parameters)
+        if not {"callback_on_step_end", "callback"} & self._call_params:
+            raise ModelLoadError(f"{family.class_name} has no per-step callback: the engine could not report "
+                                 "progress or stop it at a step boundary")
+        denoiser = getattr(pipe, family.denoiser)
+        vae_factor = int(getattr(pipe, "vae_scale_factor", 8))
+        patch = int(getattr(denoiser.config, "patch_size", 1) or 1)
+        # FLUX packs 2x2 latent patches outside its denoiser (patch_size 1 in the config).
+        multiple = vae_factor * (2 if family.class_name == "FluxPipeline" else patch)
+        sample = getattr(denoiser.config, "sample_size", None) or 128
+        default = int(getattr(pipe, "default_sample_size", sample)) * vae_factor
+        self.capabilities = PipelineCapabilities(
+            family=family.class_name, default_size=default, size_multiple=multiple,
+            max_sequence_length=family.max_sequence_length, true_cfg=False,
+            attention_roles=family.attention_roles, step_batching=False, implementation="generic")
+
+    @classmethod
+    def from_stage(cls, model_dir: str | Path, stage: StageConfig,
+                   context: BuildContext = BuildContext()) -> GenericPipeline:
+        """Load ``model_dir`` with diffusers (safetensors only, no hub), then move the denoiser's Linear and
+        attention calls onto the stage's backends and compile its blocks unless ``enforce_eager``."""
+        import diffusers
+
+        root = Path(model_dir)
+        if context.parallel.world_size > 1:
+            raise ConfigError("the generic path runs one rank per replica", path=f"stages.{stage.stage_id}.parallel",
+                              hint="set the parallel degrees to 1 (use num_replicas for more throughput)")
+        class_name = read_class_name(root)
+        family = MODEL_FAMILIES[class_name]
+        device = torch.device(context.device)
+        dtype = resolve_dtype(stage.dtype, device)
+        start = time.perf_counter()
+        kernels = build_kernel_set(stage.linear_backend, stage.attention_backend, roles=family.attention_roles,
+                                   device=device, dtype=dtype, observers=context.kernel_observers)
+        check_masked_roles(kernels, family.masked_roles, stage.stage_id)
+        try:
+            pipeline_class = getattr(diffusers, class_name)
+            pipe = pipeline_class.from_pretrained(str(root), torch_dtype=dtype, use_safetensors=True,
+                                                  local_files_only=True)
+        except (OSError, ValueError, AttributeError, json.JSONDecodeError) as exc:
+            raise ModelLoadError(f"cannot load {class_name} from {root} with diffusers: {exc}") from exc
+        pipe.set_progress_bar_config(disable=True)
+        denoiser = getattr(pipe, family.denoiser)
+        ensure_dtype(denoiser, dtype)
+        linears = swap_linears(denoiser, kernels)
+        roles = route_attention(denoiser, kernels, family.role_patterns)
+        pipe.to(device)
+        count_forwards(denoiser, kernels.counters)
+        if not stage.enforce_eager:
+            compile_denoiser(denoiser, kernels.counters)
+        logger.info("loaded %s on the generic path (%s on %s, %d Linear and %d attention modules on %s) in %.1fs",
+                    class_name, dtype, device, linears, len(roles), kernels.describe(), time.perf_counter() - start)
+        return cls(pipe, family, kernels.counters, device=device, dtype=dtype, attention_roles=roles)
+
+    @property
+    def kernel_counters(self) -> KernelCounters:
+        return self.counters
+
+    @property
+    def denoiser(self) -> Any:
+        """diffusers' denoiser module, running on our kernels (what the attestation counts)."""
+        return getattr(self.pipe, self.family.denoiser)
+
+    def __call__(self, request: GenerationRequest) -> RequestResult:
+        """Run one (seeded) request to completion."""
+        for event in self.run([request]):
+            if isinstance(event, BatchResult):
+                return event.outputs[0]
+        raise RuntimeError("pipeline run ended without a result")  # pragma: no cover
+
+    def run(self, batch: Sequence[GenerationRequest],
+            joins: Callable[[], list[GenerationRequest]] | None = None) -> Generator[StepEvent | BatchResult, None, None]:
+        """Yield a ``StepEvent`` per denoise step, then one ``BatchResult``. Close the generator to cancel
+        (the pipeline stops at its next step callback). ``joins`` is unused: no step-level batching here."""
+        family = self.family
+        batch = [r.with_defaults(family.default_steps, family.default_guidance_scale, family.max_sequence_length)
+                 for r in batch]
+        if not batch:
+            raise ValueError("run() needs at least one request")
+        if len({batch_key(r) for r in batch}) != 1:
+            raise ValueError("a batch must share one batch key")
+        first = batch[0]
+        steps = int(first.num_inference_steps or 0)
+        events: queue.Queue[tuple[str, Any]] = queue.Queue()
+        resume = threading.Semaphore(0)
+        cancel = threading.Event()
+        timings: dict[str, float] = {}
+
+        def on_step(pipe: Any, index: int, timestep: Any, tensors: dict[str, Any]) -> dict[str, Any]:
+            timings["last_step"] = time.perf_counter()
+            events.put(("step", index + 1))
+            resume.acquire()  # the engine has seen the step (and may have decided to stop)
+            if cancel.is_set():
+                raise _Cancelled
+            return {}
+
+        def target() -> None:
+            try:
+                events.put(("done", self._call(batch, on_step, timings)))
+            except BaseException as exc:  # noqa: BLE001 - handed to the generator, which re-raises it
+                events.put(("error", exc))
+
+        worker = threading.Thread(target=target, name="diffserve-generic-pipeline", daemon=True)
+        worker.start()
+        try:
+            while True:
+                kind, value = events.get()
+                if kind == "step":
+                    yield StepEvent(step=value, total_steps=steps)
+                    resume.release()
+                elif kind == "done":
+                    break
+                else:
+                    raise value
+        finally:
+            if worker.is_alive():
+                cancel.set()
+                resume.release()
+                worker.join()
+        yield BatchResult(self._results(batch, value, timings))
+
+    @torch.inference_mode()
+    def _call(self, batch: list[GenerationRequest], on_step: Callable[..., dict[str, Any]],
+              timings: dict[str, float]) -> Any:
+        first = batch[0]
+        self._encode_ms = 0.0
+        start = time.perf_counter()
+        prompts = [r.prompt for r in batch for _ in range(r.n)]
+        seeds = [s for r in batch for s in r.seeds]
+        kwargs: dict[str, Any] = dict(
+            prompt=prompts, height=first.height or self.capabilities.default_size,
+            width=first.width or self.capabilities.default_size, num_inference_steps=first.num_inference_steps,
+            guidance_scale=first.guidance_scale, num_images_per_prompt=1,
+            generator=[torch.Generator(device=self.device).manual_seed(s) for s in seeds],
+            max_sequence_length=first.max_sequence_length,
+            output_type="latent" if first.output_type == "latent" else "pt", return_dict=False)
+        if "callback_on_step_end" in self._call_params:
+            kwargs["callback_on_step_end"] = on_step
+        else:
+            kwargs.update(callback=lambda step, timestep, latents: on_step(self.pipe, step, timestep, {}),
+                          callback_steps=1)
+        if "clean_caption" in self._call_params:
+            kwargs["clean_caption"] = False  # needs bs4/ftfy; the text goes to the encoder as given
+        if first.negative_prompt is not None:  # the batch key makes it all-or-none
+            kwargs["negative_prompt"] = [r.negative_prompt or "" for r in batch for _ in range(r.n)]
+        if self.family.class_name == "PixArtSigmaPipeline":
+            kwargs["use_resolution_binning"] = False  # the size asked for, not the nearest trained bucket
+        images = self.pipe(**kwargs)[0]
+        end = time.perf_counter()
+        # Phases as the native path reports them; "denoise" includes the pipeline's own preparation.
+        last_step = timings.pop("last_step", end)
+        timings.update(encode=self._encode_ms, denoise=(last_step - start) * 1000.0 - self._encode_ms,
+                       decode=(end - last_step) * 1000.0)
+        return images
+
+    def _results(self, batch: list[GenerationRequest], images: torch.Tensor,
+                 timings: dict[str, float]) -> list[RequestResult]:
+        if batch[0].output_type == "pil":
+            images = (images.permute(0, 2, 3, 1).float() * 255).round().to(torch.uint8)
+        elif batch[0].output_type == "pt":
+            images = images.float()
+        per_request = images.cpu().split([r.n for r in batch])
+        return [RequestResult(request_id=r.request_id, images=imgs, seeds=r.seeds, timings_ms=dict(timings))
+                for r, imgs in zip(batch, per_request, strict=True)]
+
+
+def ensure_dtype(denoiser: torch.nn.Module, dtype: torch.dtype) -> None:
+    """Cast the denoiser to ``dtype`` where diffusers left it elsewhere. Without ``accelerate``, diffusers
+    0.42 loads a checkpoint that stores a buffer (SD3's ``pos_embed.pos_embed``) in float32 whatever
+    ``torch_dtype`` says; the deployment asked for ``dtype`` and the attestation reports it. Modules a
+    class keeps in float32 on purpose (``_keep_in_fp32_modules``) are left to diffusers."""
+    if getattr(denoiser, "_keep_in_fp32_modules", None):
+        return
+    if any(p.dtype != dtype for p in denoiser.parameters() if p.is_floating_point()):
+        logger.info("casting %s to %s (diffusers loaded it as %s)", type(denoiser).__name__, dtype,
+                    next(denoiser.parameters()).dtype)
+        denoiser.to(dtype)

@@ -1,0 +1,104 @@
+"""Build hermetic, random-weight generic diffusers DiT pipelines (``tiny-sd3``, ``small-sd3``,
+``tiny-pixart-sigma``).
+
+The FLUX builder's contract, for other pipeline families: the output is a diffusers-layout directory
+that plain ``diffusers.StableDiffusion3Pipeline`` / ``PixArtSigmaPipeline.from_pretrained`` read;
+every weight comes from a per-component seeded generator and every file is written deterministically,
+so the same seed reproduces byte-identical files; weights are safetensors only; nothing is
+downloaded; a build goes into a staging directory beside the target and is renamed into place only
+when complete. The configs live in ``tiny_generic_configs``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from diffserve.errors import ConfigError
+from diffserve.logging import get_logger
+from diffserve.models.tiny import MARKER_FILE, _write_json, build_into, component_seed
+from diffserve.models.tiny_generic_configs import GENERIC_SPECS, GenericSpec, TextEncoder, get_generic_spec
+
+__all__ = ["BUILDER_VERSION", "GENERIC_SPECS", "build_generic_model"]
+
+logger = get_logger(__name__)
+
+# Bump when the files a build writes change (recorded in the marker file).
+BUILDER_VERSION = 1
+
+
+def build_generic_model(kind: str, out_dir: Path | str, *, seed: int = 0, force: bool = False) -> Path:
+    """Write a random-weight pipeline of ``kind`` (one of GENERIC_SPECS) to ``out_dir``; return its path.
+
+    An existing non-empty ``out_dir`` is an error unless ``force`` is set, and even then only a
+    previous model directory (one with ``model_index.json``) is replaced. Raises ConfigError for
+    every bad argument.
+    """
+    spec = get_generic_spec(kind)
+    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
+        raise ConfigError(f"seed must be a non-negative integer, got {seed!r}", path="seed")
+    target = Path(out_dir).expanduser().absolute()
+    logger.info("building %s (seed %d) in %s", kind, seed, target)
+    return build_into(target, lambda staging: _write_pipeline(spec, staging, seed=seed), force=force)
+
+
+def _write_pipeline(spec: GenericSpec, out: Path, *, seed: int) -> None:
+    import diffusers
+    import torch
+    from diffusers import AutoencoderKL
+    from transformers.utils import logging as hf_logging
+
+    from diffserve.models.tiny_tokenizers import write_clip_tokenizer, write_t5_tokenizer
+
+    factories: dict[str, Callable[[], Any]] = {}
+    for enc in spec.text_encoders:
+        writer = write_clip_tokenizer if enc.kind == "clip" else write_t5_tokenizer
+        vocab_size = writer(out / enc.tokenizer)
+        factories[enc.component] = _text_encoder_factory(enc, vocab_size)
+    getattr(diffusers, spec.scheduler_class)(**spec.scheduler).save_pretrained(str(out / "scheduler"))
+    factories["vae"] = lambda: AutoencoderKL(**spec.vae)
+    factories["transformer"] = lambda: getattr(diffusers, spec.transformer_class)(**spec.transformer)
+
+    # A "Writing model shards" bar per tiny file is noise; restore the caller's setting afterwards.
+    bars_were_on = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    # fork_rng: the caller's global RNG state is untouched however many modules we initialise.
+    try:
+        with torch.random.fork_rng(devices=[]):
+            for name, factory in factories.items():
+                torch.manual_seed(component_seed(seed, name))
+                with torch.no_grad():
+                    module = factory().eval()
+                module.save_pretrained(str(out / name), safe_serialization=True)
+                del module
+    finally:
+        if bars_were_on:
+            hf_logging.enable_progress_bar()
+
+    _write_json(out / "model_index.json", {**spec.model_index(), "_diffusers_version": diffusers.__version__})
+    _write_json(out / MARKER_FILE, {
+        "builder_version": BUILDER_VERSION,
+        "kind": spec.name,
+        "description": spec.description,
+        "pipeline": spec.pipeline,
+        "seed": seed,
+        "random_weights": True,
+    })
+
+
+def _text_encoder_factory(enc: TextEncoder, vocab_size: int) -> Callable[[], Any]:
+    from transformers import CLIPTextConfig, CLIPTextModelWithProjection, T5Config, T5EncoderModel
+
+    from diffserve.models.tiny_tokenizers import CLIP_BOS, CLIP_EOS, clip_vocab_and_merges
+
+    if enc.kind == "clip":
+        vocab, _ = clip_vocab_and_merges()
+        # eos_token_id != 2: CLIP pools at the first <|endoftext|>, as real SD3 encoders do.
+        clip_config = CLIPTextConfig(**enc.config, vocab_size=vocab_size, bos_token_id=vocab[CLIP_BOS],
+                                     eos_token_id=vocab[CLIP_EOS], pad_token_id=vocab[CLIP_EOS])
+        return lambda: CLIPTextModelWithProjection(clip_config)
+    # T5's ids are fixed by the tokenizer layout: <pad>=0, </s>=1; decoding starts from <pad>.
+    t5_config = T5Config(**enc.config, vocab_size=vocab_size, pad_token_id=0, eos_token_id=1,
+                         decoder_start_token_id=0)
+    return lambda: T5EncoderModel(t5_config)
