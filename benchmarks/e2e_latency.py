@@ -20,6 +20,13 @@ WARMUP_SIZE = 128
 def measure(section: Section, settings: Settings, models: dict[str, Path]) -> None:
     section.columns = ["case", "dtype", "contender", "median s/image", "spread ±", "runs",
                        "ratio vs diffusers", "PSNR vs diffusers (dB)", "load + warm-up (128², 1 step) s"]
+    # The dtype a deployment gets when it names none (issue 15's platform default: bfloat16 where the
+    # CPU multiplies it natively, float32 elsewhere); the default-dtype target reads this case.
+    from diffserve.config.platform import native_bfloat16
+
+    native, reason = native_bfloat16()
+    section.metrics["e2e.default_dtype"] = "bfloat16" if native else "float32"
+    section.notes.append(f"this machine's default dtype: {section.metrics['e2e.default_dtype']} ({reason})")
     for case in settings.e2e_cases:
         for dtype in settings.dtypes:
             _one_case(section, settings, models[case.model], case, dtype)

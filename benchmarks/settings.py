@@ -71,6 +71,8 @@ class Settings:
     arrivals_loads: tuple[float, ...] = (0.5, 0.9)
     arrivals_batch: int = 4
     arrivals_rounds: int = 2  # every level runs the trace this many times per contender, order reversed
+    # The generic path (section j): SD3 on diffusers' own pipeline class with our kernels, vs that pipeline.
+    generic_cases: tuple[Case, ...] = (Case("tiny-sd3", 128, 4), Case("small-sd3", 256, 4))
 
 
 TINY_E2E = Case("tiny-flux", 128, 2)
@@ -125,4 +127,5 @@ SMOKE = Settings(
     arrivals_case=Case("tiny-flux", 128, 4),
     arrivals_requests=6,
     arrivals_rounds=1,
+    generic_cases=(Case("tiny-sd3", 64, 2),),
 )

@@ -36,6 +36,7 @@ def evaluate(sections: list[Section], settings: Settings) -> list[Target]:
     for dtype in ("float32", "bfloat16"):
         for mode, limit in (("compile", 0.80), ("eager", 0.95)):
             out.append(_latency(m, dtype, mode, limit))
+    out.append(_default_dtype(m))
     for dtype, limit in (("float32", 0.85), ("bfloat16", 0.75)):
         out.append(_step(m, dtype, limit))
     out.append(_at_most(m, "overhead.mp.extra", "mp executor overhead vs uni (small-flux 256x256)", 0.05, pct=True))
@@ -52,6 +53,7 @@ def evaluate(sections: list[Section], settings: Settings) -> list[Target]:
                         "(tiny-flux, compile cache warm)", 1.20, extra=_compile_note(m)))
     out += _step_cache(m, settings)
     out.append(_arrivals(m, settings))
+    out += _generic(m, settings)
     for t in out:
         if t.status == "missed" and t.name in NOTES:
             t.note = f"{t.note.rstrip('.')}. {NOTES[t.name]}" if t.note else NOTES[t.name]
@@ -71,6 +73,49 @@ def _latency(m: dict[str, Any], dtype: str, mode: str, limit: float) -> Target:
     if not psnr_ok:
         t.note = f"output differs from diffusers' (PSNR {_db(quality)} < {MIN_PSNR_DB:.0f} dB)."
     return t
+
+
+# Parity bar per dtype for the default-dtype target: the same kernels in float32, bfloat16 rounding otherwise.
+DEFAULT_DTYPE_PSNR_DB = {"float32": 90.0, "bfloat16": 45.0}
+
+
+def _default_dtype(m: dict[str, Any], limit: float = 0.80) -> Target:
+    """small-flux eager in the dtype this machine's deployments get by default (platform default)."""
+    dtype = m.get("e2e.default_dtype")
+    t = Target(f"small-flux 256x256/4 eager in the machine's default dtype ({dtype or 'unknown'}): "
+               "diffserve / diffusers latency",
+               f"<= {limit:.2f} with PSNR >= {DEFAULT_DTYPE_PSNR_DB.get(dtype or '', 45.0):.0f} dB")
+    key = f"e2e.small-flux.256.4.{dtype}.eager"
+    ratio, quality = m.get(f"{key}.ratio"), m.get(f"{key}.psnr_db")
+    if dtype is None or ratio is None:
+        return t
+    bar = DEFAULT_DTYPE_PSNR_DB[dtype]
+    t.measured = f"{ratio:.3f} (PSNR {_db(quality)})"
+    psnr_ok = quality is not None and quality >= bar
+    t.status = "met" if ratio <= limit and psnr_ok else "missed"
+    if not psnr_ok:
+        t.note = f"output differs from diffusers' (PSNR {_db(quality)} < {bar:.0f} dB)."
+    return t
+
+
+def _generic(m: dict[str, Any], settings: Settings) -> list[Target]:
+    """Section j: the generic path's parity with plain diffusers (the same kernels run), latency beside it."""
+    out = []
+    for case in settings.generic_cases:
+        for dtype in settings.dtypes:
+            key = f"generic.{case.model}.{case.size}.{case.steps}.{dtype}"
+            bar = GENERIC_PSNR_DB[dtype]
+            t = Target(f"generic path {case.label} {dtype}: image vs plain diffusers", f"PSNR >= {bar:.0f} dB")
+            quality, ratio = m.get(f"{key}.psnr_db"), m.get(f"{key}.ratio")
+            if quality is not None:
+                t.measured = _db(quality)
+                t.status = "met" if quality >= bar else "missed"
+                t.note = f"latency diffserve / diffusers {ratio:.3f} (no latency target: the same pipeline code runs)."
+            out.append(t)
+    return out
+
+
+GENERIC_PSNR_DB = {"float32": 60.0, "bfloat16": 40.0, "float16": 40.0}
 
 
 def _step(m: dict[str, Any], dtype: str, limit: float) -> Target:

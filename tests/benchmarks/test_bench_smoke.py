@@ -16,7 +16,8 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-SECTION_KEYS = ("e2e", "step", "overhead", "throughput", "cold", "replicas", "parallel", "cache", "arrivals")
+SECTION_KEYS = ("e2e", "step", "overhead", "throughput", "cold", "replicas", "parallel", "cache", "arrivals",
+                "generic")
 
 
 @pytest.mark.e2e
@@ -36,7 +37,10 @@ def test_smoke_benchmark_writes_every_section(tmp_path: Path) -> None:
     for key, section in sections.items():
         assert section["status"] == "ok", f"{key}: {section['status']}: {section['reason']} {section['notes']}"
         assert section["rows"], key
-    assert len(data["targets"]) == 16
+    # 17 fixed targets (the default-dtype row included) + one generic-path parity row per smoke case and dtype.
+    assert len(data["targets"]) == 18
+    assert any(t["name"].startswith("small-flux 256x256/4 eager in the machine's default dtype")
+               for t in data["targets"])
 
     text = out.read_text()
     for heading in ("## Targets", "## Machine", "## Models", *(f"## {s['title']}" for s in data["sections"])):
