@@ -48,7 +48,8 @@ def diffusers_call(pipe: Any, case: Case, *, batch: int = 1) -> Callable[[], lis
     return call
 
 
-def request(case: Case, *, seed: int = SEED, n: int = 1, max_sequence_length: int = MAX_SEQUENCE_LENGTH) -> Any:
+def request(case: Case, *, seed: int = SEED, n: int = 1, max_sequence_length: int = MAX_SEQUENCE_LENGTH,
+            **extra: Any) -> Any:
     """The diffserve request equivalent to ``diffusers_call`` (same prompt, seed, text length)."""
     try:
         from diffserve import GenerationRequest
@@ -63,6 +64,7 @@ def request(case: Case, *, seed: int = SEED, n: int = 1, max_sequence_length: in
         seed=seed,
         n=n,
         max_sequence_length=max_sequence_length,
+        **extra,
     )
 
 

@@ -73,6 +73,9 @@ class Settings:
     arrivals_rounds: int = 2  # every level runs the trace this many times per contender, order reversed
     # The generic path (section j): SD3 on diffusers' own pipeline class with our kernels, vs that pipeline.
     generic_cases: tuple[Case, ...] = (Case("tiny-sd3", 128, 4), Case("small-sd3", 256, 4))
+    # Per-request LoRA (section k): one adapter vs the base per image; 8 clients with 4 adapters vs base.
+    lora_case: Case = Case("small-flux", 256, 4)
+    lora_images: int = 16
 
 
 TINY_E2E = Case("tiny-flux", 128, 2)
@@ -128,4 +131,6 @@ SMOKE = Settings(
     arrivals_requests=6,
     arrivals_rounds=1,
     generic_cases=(Case("tiny-sd3", 64, 2),),
+    lora_case=Case("tiny-flux", 64, 2),
+    lora_images=8,
 )

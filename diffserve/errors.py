@@ -62,6 +62,15 @@ class RequestError(DiffserveError, ValueError):
         super().__init__(message)
 
 
+class LoraError(DiffserveError, ValueError):
+    """A LoRA file cannot be used with this model (missing, not safetensors, keys matching no layer, shapes
+    or ranks that do not fit). A ConfigError at start for registered adapters, an HTTP 400 per request."""
+
+    def __init__(self, message: str, *, hint: str | None = None) -> None:
+        self.hint = hint
+        super().__init__(f"{message} (fix: {hint})" if hint else message)
+
+
 class LimitExceededError(RequestError):
     """A value is well-formed but above what this deployment allows (``server.*``; HTTP 422)."""
 

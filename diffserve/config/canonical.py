@@ -9,6 +9,7 @@ the rule and a hint; the caller adds the key path and the source location.
 from __future__ import annotations
 
 import math
+import os
 import re
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -185,3 +186,50 @@ def normalize_class_path(value: Any) -> str:
     if isinstance(value, str) and _DOTTED.match(value.strip()):
         return value.strip()
     raise ConfigError(f"{value!r} is not a dotted import path", hint="write it like my_pkg.module.ClassName")
+
+
+_LORA_NAME = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
+
+
+def lora_module_map(text: str) -> dict[str, str]:
+    """The ``name -> path`` pairs of a canonical ``lora_modules`` value."""
+    return dict(item.split("=", 1) for item in text.split(",") if item) if text else {}
+
+
+def normalize_lora_modules(value: Any) -> str:
+    """LoRA adapters registered at start: a mapping ``{name: path}`` (YAML), or ``name=path`` items separated
+    by commas (flags, environment), or a list of them. Canonical: ``name=/abs/path`` sorted by name."""
+    if value is None or value == "":
+        return ""
+    if isinstance(value, Mapping):
+        items = list(value.items())
+    else:
+        parts = value if isinstance(value, (list, tuple)) else [value]
+        if not all(isinstance(p, str) for p in parts):
+            raise ConfigError(f"{value!r} is not a LoRA list", hint="write name=path (several: a=x.safetensors,b=y.safetensors)")
+        items = []
+        for part in (p.strip() for text in parts for p in text.split(",")):
+            if part:
+                if "=" not in part:
+                    raise ConfigError(f"{part!r} is not name=path", hint="write name=path, e.g. style=/loras/style.safetensors")
+                items.append(tuple(s.strip() for s in part.split("=", 1)))
+    out: dict[str, str] = {}
+    for name, path in items:
+        if not isinstance(name, str) or not _LORA_NAME.match(name):
+            raise ConfigError(f"LoRA name {name!r} must be 1-64 letters, digits, '_', '.', '-'", hint="rename it")
+        if not isinstance(path, str) or not path.strip() or "," in path:
+            raise ConfigError(f"LoRA {name!r}: {path!r} is not a file path (without commas)",
+                              hint="give the path of a .safetensors file")
+        if name in out:
+            raise ConfigError(f"LoRA name {name!r} is registered twice", hint="give each adapter its own name")
+        out[name] = os.path.abspath(os.path.expanduser(path.strip()))
+    return ",".join(f"{name}={out[name]}" for name in sorted(out))
+
+
+def normalize_optional_dir(value: Any) -> str:
+    """A directory path (made absolute) or empty for none; existence is checked where it is used."""
+    if value is None or value == "":
+        return ""
+    if not isinstance(value, str):
+        raise ConfigError(f"{value!r} is not a directory path", hint="give a directory, or leave it empty")
+    return os.path.abspath(os.path.expanduser(value.strip()))

@@ -154,6 +154,16 @@ class StageConfig:
     warmup: WarmupConfig = section(WarmupConfig, "warmup run at startup", "warmup_")
     request_defaults: RequestDefaultsConfig = section(RequestDefaultsConfig, "values of unset request fields",
                                                       "default_")
+    lora_modules: str = opt("", "LoRA adapters registered at start: {name: path} (flags: name=path,...); requests "
+                            "choose them by name", c.normalize_lora_modules)
+    lora_dir: str = opt("", "directory requests may load LoRA files from by path (empty: only registered names)",
+                        c.normalize_optional_dir)
+    max_loras: int = opt(4, "LoRA adapters kept in memory (LRU); also the most one request may combine",
+                         c.int_normalizer(1), kind="int")
+    max_lora_rank: int = opt(64, "largest LoRA rank accepted per layer", c.int_normalizer(1),
+                             kind="int")
+    max_lora_scale: float = opt(4.0, "largest |scale| a request may give an adapter (HTTP 400 above)",
+                                c.float_normalizer(0.0, 100.0), kind="float")
     worker_extension_cls: str | None = opt(None, "dotted path of a WorkerExtension subclass to load",
                                            c.normalize_class_path)
     extras: Mapping[str, Any] = field(

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from diffserve.config.schema import CacheConfig, RequestDefaultsConfig, ServerConfig
+from diffserve.config.schema import CacheConfig, RequestDefaultsConfig, ServerConfig, StageConfig
 from diffserve.errors import LimitExceededError, RequestError
 from diffserve.types.capabilities import PipelineCapabilities
 from diffserve.types.request import GenerationRequest
@@ -86,11 +86,33 @@ def fill_defaults(request: GenerationRequest, defaults: RequestDefaultsConfig | 
                                  guidance if guidance is not None else FALLBACK_DEFAULTS.guidance_scale, length)
 
 
+def check_loras(request: GenerationRequest, capabilities: PipelineCapabilities | None,
+                stage: StageConfig | None, model_dir: str | None) -> GenerationRequest:
+    """The request's LoRA adapters against the model and the deployment (names, allowed files, scales, count);
+    returns the request with them in canonical form (sorted, paths resolved), so equal sets batch together."""
+    if not request.loras:
+        return request
+    if capabilities is not None and not capabilities.lora:
+        raise RequestError(f"{capabilities.family} ({capabilities.implementation}) does not apply LoRA adapters; "
+                           "leave loras empty", param="loras")
+    if stage is None or model_dir is None:
+        return request
+    from diffserve.models.flux.lora import check_lora_request
+
+    return replace(request, loras=check_lora_request(request.loras, stage, model_dir))
+
+
 def admit(request: GenerationRequest, server: ServerConfig, capabilities: PipelineCapabilities | None,
-          cache: CacheConfig | None = None, defaults: RequestDefaultsConfig | None = None) -> GenerationRequest:
+          cache: CacheConfig | None = None, defaults: RequestDefaultsConfig | None = None, *,
+          stage: StageConfig | None = None, model_dir: str | None = None) -> GenerationRequest:
     """Check ``request`` against the deployment and the model; return it with a concrete seed, its unset
-    steps/guidance filled from ``defaults`` (and the stage's cache threshold when it gave none)."""
+    steps/guidance filled from ``defaults`` (and the stage's cache threshold when it gave none). ``stage``
+    supplies cache and defaults when they are not given, and the LoRA rules (with ``model_dir``)."""
+    if stage is not None:
+        cache = cache if cache is not None else stage.cache
+        defaults = defaults if defaults is not None else stage.request_defaults
     request = fill_defaults(request, defaults, capabilities)
+    request = check_loras(request, capabilities, stage, model_dir)
     check_limits(request, server, capabilities.default_size if capabilities else None)
     if capabilities is not None:
         check_capabilities(request, capabilities)

@@ -85,8 +85,8 @@ class EngineCore:
         if not self._ready:
             raise EngineNotReadyError("the engine is still loading or warming up")
         stage = self.stage
-        state = RequestState(admit(request, self.config.server, self.replicas.capabilities, stage.cache,
-                                   stage.request_defaults), sink)
+        state = RequestState(admit(request, self.config.server, self.replicas.capabilities, stage=stage,
+                                   model_dir=self.config.model), sink)
         self.scheduler.add(state)
         return state
 

@@ -22,6 +22,7 @@ class KernelCounters:
         self.linear: dict[str, int] = {}
         self.attention: dict[str, int] = {}
         self.transformer_forwards = 0
+        self.lora_linear_calls = 0  # Linear calls that added a LoRA delta
         # Collectives of a parallel layout (layers/collectives.py); reported beside the snapshot.
         self.collectives = CollectiveCounters()
         self._paused = 0
@@ -38,6 +39,10 @@ class KernelCounters:
         if self._paused == 0:
             self.attention[backend_name] = self.attention.get(backend_name, 0) + calls
 
+    def count_lora(self, calls: int = 1) -> None:
+        if self._paused == 0:
+            self.lora_linear_calls += calls
+
     def count_forward(self) -> None:
         if self._paused == 0:
             self.transformer_forwards += 1
@@ -48,6 +53,7 @@ class KernelCounters:
             self.count_linear(name, calls)
         for name, calls in tally.get("attention", {}).items():
             self.count_attention(name, calls)
+        self.count_lora(tally.get("lora_linear_calls", 0))
 
     def snapshot(self) -> dict[str, Any]:
         """``{"linear": {name: n}, "attention": {name: n}, "transformer_forwards": k}`` (a copy)."""
@@ -55,12 +61,14 @@ class KernelCounters:
             "linear": dict(self.linear),
             "attention": dict(self.attention),
             "transformer_forwards": self.transformer_forwards,
+            **({"lora_linear_calls": self.lora_linear_calls} if self.lora_linear_calls else {}),
         }
 
     def reset(self) -> None:
         self.linear.clear()
         self.attention.clear()
         self.transformer_forwards = 0
+        self.lora_linear_calls = 0
         self.collectives.reset()
 
     @contextmanager

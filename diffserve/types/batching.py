@@ -23,6 +23,7 @@ class BatchKey(NamedTuple):
     output_type: str
     is_warmup: bool
     cache_threshold: float | None  # rows of one batch share the step cache's threshold
+    loras: tuple[tuple[str, float], ...] = ()  # one adapter set per batch: every row gets the same deltas
 
 
 def batch_key(request: GenerationRequest) -> BatchKey:
@@ -30,4 +31,4 @@ def batch_key(request: GenerationRequest) -> BatchKey:
     return BatchKey(request.height, request.width, request.num_inference_steps, guidance,
                     float(request.true_cfg_scale), request.negative_prompt is not None,
                     request.max_sequence_length, request.output_type, request.is_warmup,
-                    None if request.cache_threshold is None else float(request.cache_threshold))
+                    None if request.cache_threshold is None else float(request.cache_threshold), request.loras)

@@ -21,3 +21,4 @@ class PipelineCapabilities:
     # Which implementation serves the family: "native" (our denoiser) or "generic" (diffusers' pipeline
     # class, our kernels); reported in every attestation.
     implementation: str = "native"
+    lora: bool = False  # per-request LoRA adapters (``GenerationRequest.loras``)

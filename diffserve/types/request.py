@@ -47,11 +47,15 @@ class GenerationRequest:
     # Step-cache threshold for this request (higher = more steps skipped; 0 = no caching); None = the
     # stage's ``cache.threshold``. Bounded by the stage's ``cache.max_threshold`` at admission.
     cache_threshold: float | None = None
+    # LoRA adapters and their scales: a registered name, or a file path inside the deployment's lora_dir.
+    # Empty: the base model. Admission checks them against the deployment and sorts them by name.
+    loras: tuple[tuple[str, float], ...] = ()
     request_id: str = field(default_factory=lambda: uuid.uuid4().hex)
     # Warmup requests run through the normal path but are excluded from counters and metrics.
     is_warmup: bool = False
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "loras", _lora_pairs(self.loras))
         self._validate()
 
     def _validate(self) -> None:
@@ -125,6 +129,35 @@ class GenerationRequest:
         if self.seed is None:
             raise RequestError("request has no seed yet; call with_seed() first", param="seed")
         return [self.seed + i for i in range(self.n)]
+
+
+MAX_LORA_SCALE = 100.0  # the config's bound too; a deployment sets a tighter max_lora_scale
+
+
+def _lora_pairs(value: Any) -> tuple[tuple[str, float], ...]:
+    """``[(name, scale), ...]`` (or ``{"name": ..., "scale": ...}`` items) as a tuple of pairs, checked."""
+    if value is None:
+        return ()
+    if isinstance(value, (str, bytes)) or not isinstance(value, (list, tuple)):
+        raise RequestError(f"loras={value!r} must be a list of (name, scale)", param="loras")
+    pairs = []
+    for item in value:
+        if isinstance(item, dict):
+            name, scale = item.get("name"), item.get("scale", 1.0)
+        elif isinstance(item, (list, tuple)) and len(item) == 2:
+            name, scale = item
+        else:
+            raise RequestError(f"loras item {item!r} must be (name, scale)", param="loras")
+        if not isinstance(name, str) or not name.strip() or len(name) > 1024:
+            raise RequestError(f"loras name {name!r} must be a non-empty string", param="loras")
+        if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not math.isfinite(scale) \
+                or abs(scale) > MAX_LORA_SCALE:
+            raise RequestError(f"loras scale {scale!r} of {name!r} must be a finite number in "
+                               f"[-{MAX_LORA_SCALE:g}, {MAX_LORA_SCALE:g}]", param="loras")
+        pairs.append((name.strip(), float(scale)))
+    if len({name for name, _ in pairs}) != len(pairs):
+        raise RequestError("loras names must be unique (combine scales into one entry)", param="loras")
+    return tuple(pairs)
 
 
 def _check_float(value: object, name: str, low: float, high: float) -> None:

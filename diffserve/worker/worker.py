@@ -138,7 +138,8 @@ class Worker:
             cache = output.attestation.get("cache")
             if cache is not None and other is not None:
                 cache = attach_negative(cache, other)
-            output.attestation = {**attestation, **({"cache": cache} if cache is not None else {})}
+            # The pipeline's own per-request entries (cache, lora) beside the batch's.
+            output.attestation = {**attestation, **output.attestation, **({"cache": cache} if cache is not None else {})}
         return result.outputs
 
     def _attest(self, outputs: list[RequestResult], counters: KernelCounters, batch_size: int,

@@ -131,6 +131,6 @@ def test_unknown_engine_keyword_lists_each_valid_key_once() -> None:
     from diffserve.config.resolve import resolve
 
     with pytest.raises(ConfigError) as info:
-        resolve(model=None, overrides={"lora_modules": ["style=/x"]}, env={})
+        resolve(model=None, overrides={"speculative_steps": 4}, env={})
     listed = str(info.value).split("valid keys: ")[1].rstrip(")").split(", ")
     assert "attention_backend" in listed and len(listed) == len(set(listed)), listed

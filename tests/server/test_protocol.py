@@ -34,8 +34,9 @@ def test_minimal_body_uses_openai_defaults() -> None:
     assert (req.n, req.response_format, req.output_format, req.stream) == (1, "b64_json", "png", False)
     gen = to_generation_request(req, "rid")
     assert gen.seed is None and gen.height is None and gen.width is None
-    # Unset extensions keep the engine request's own defaults.
-    assert gen.num_inference_steps == 28 and gen.guidance_scale == 3.5
+    # Unset extensions stay unset: admission fills them from the deployment (the model's defaults).
+    assert gen.num_inference_steps is None and gen.guidance_scale is None and gen.max_sequence_length is None
+    assert gen.loras == ()
 
 
 def test_server_default_steps_apply_only_when_unset() -> None:

@@ -37,6 +37,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--negative-prompt", default=None)
     parser.add_argument("--max-sequence-length", type=int, default=None,
                         help="T5 tokens per prompt, 1..512 (default: the engine's, 512)")
+    parser.add_argument("--lora", action="append", default=None, metavar="NAME_OR_FILE[:SCALE]",
+                        help="apply a LoRA adapter at SCALE (default 1; repeatable): a name registered with "
+                             "--lora-modules, or a .safetensors file (registered under its file name)")
     parser.add_argument("--no-progress", action="store_true", help="do not draw the progress bar")
     add_config_arguments(parser)
     parser.set_defaults(func=run)
@@ -84,6 +87,7 @@ async def _generate(args: argparse.Namespace, model: str | None, prompt: str, ou
         # One request: the config flag --cache-threshold is also this request's cache_threshold, so it is
         # checked like an HTTP request's (bounded by cache.max_threshold, refused without a cache backend).
         kwargs["cache_threshold"] = _number(args.config_cache_threshold, "cache_threshold")
+    files = _lora_choices(args.lora or [], kwargs)
     # Built (and so validated) before anything loads: a bad argument fails in milliseconds.
     request = GenerationRequest(**kwargs)
     if model is None:
@@ -93,7 +97,12 @@ async def _generate(args: argparse.Namespace, model: str | None, prompt: str, ou
         logger.warning("no MODEL given: using the tiny FLUX demo model (RANDOM weights, images are noise) "
                        "at %s", model)
 
-    config = resolve(model=model, **config_kwargs_from_args(args))
+    config_kwargs = config_kwargs_from_args(args)
+    if files:  # files given to --lora are registered for this one run
+        overrides = config_kwargs.get("overrides") or {}
+        overrides["lora_modules"] = ",".join(filter(None, [overrides.get("lora_modules", ""), *files]))
+        config_kwargs["overrides"] = overrides
+    config = resolve(model=model, **config_kwargs)
     for warning in config.warnings:
         logger.warning("config: %s", warning)
     # Construction loads the model (and warms up): blocking work, kept off the event loop.
@@ -145,3 +154,24 @@ def output_paths(output: Path, n: int) -> list[Path]:
     if n == 1:
         return [output]
     return [output.with_name(f"{output.stem}-{i}{output.suffix}") for i in range(n)]
+
+
+def _lora_choices(values: list[str], kwargs: dict[str, Any]) -> list[str]:
+    """``--lora NAME_OR_FILE[:SCALE]`` -> the request's ``loras``; returns ``name=path`` for the files given,
+    which this run registers under their file name."""
+    loras, files = [], []
+    for value in values:
+        target, _, scale_text = value.rpartition(":") if ":" in value else (value, "", "1")
+        try:
+            scale = float(scale_text)
+        except ValueError:
+            raise SystemExit(f"diffserve generate: error: --lora {value!r}: SCALE must be a number") from None
+        path = Path(target).expanduser()
+        if path.suffix == ".safetensors" or path.is_dir() or path.is_file():
+            name = path.stem if path.suffix else path.name
+            files.append(f"{name}={path}")
+            target = name
+        loras.append((target, scale))
+    if loras:
+        kwargs["loras"] = tuple(loras)
+    return files

@@ -10,6 +10,7 @@ from pathlib import Path
 FLUX_KINDS = ("tiny-flux", "small-flux")
 GENERIC_KINDS = ("tiny-sd3", "small-sd3", "tiny-pixart-sigma")
 MODEL_KINDS = FLUX_KINDS + GENERIC_KINDS
+LORA_KINDS = ("tiny-flux-lora",)  # an adapter for a FLUX model (--base), not a model
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -24,12 +25,16 @@ def register(subparsers: argparse._SubParsersAction) -> None:
             "The same seed gives byte-identical files."
         ),
     )
-    parser.add_argument("kind", choices=MODEL_KINDS, metavar="KIND",
-                        help=f"FLUX: {', '.join(FLUX_KINDS)}; generic diffusers DiT: {', '.join(GENERIC_KINDS)}")
+    parser.add_argument("kind", choices=MODEL_KINDS + LORA_KINDS, metavar="KIND",
+                        help=f"FLUX: {', '.join(FLUX_KINDS)}; generic diffusers DiT: {', '.join(GENERIC_KINDS)}; "
+                             "tiny-flux-lora: a random LoRA (diffusers/PEFT layout) for the FLUX model at --base")
     parser.add_argument("dir", type=Path, metavar="DIR", help="output directory (created; must be empty)")
     parser.add_argument("--seed", type=int, default=0, help="weight seed (default 0)")
     parser.add_argument("--guidance-embeds", action="store_true",
                         help="FLUX kinds only: dev-like guidance-distilled transformer (default: schnell-like)")
+    parser.add_argument("--base", type=Path, default=None, metavar="MODEL",
+                        help="tiny-flux-lora only: the FLUX model directory the adapter is for")
+    parser.add_argument("--rank", type=int, default=4, help="tiny-flux-lora only: LoRA rank (default 4)")
     parser.add_argument("--force", action="store_true", help="replace an existing model directory at DIR")
     parser.set_defaults(func=run)
 
@@ -38,6 +43,14 @@ def run(args: argparse.Namespace) -> int:
     from diffserve.errors import ConfigError
     from diffserve.models.tiny import build_flux_model, check_target
 
+    if args.kind in LORA_KINDS:
+        if args.base is None:
+            raise ConfigError("tiny-flux-lora needs the FLUX model it adapts", path="--base",
+                              hint="pass --base DIR (e.g. a directory made by make-model tiny-flux)")
+        from diffserve.models.tiny_lora import build_flux_lora
+
+        print(build_flux_lora(args.base, args.dir, seed=args.seed, rank=args.rank, force=args.force))
+        return 0
     generic = args.kind in GENERIC_KINDS
     if generic and args.guidance_embeds:
         raise ConfigError(

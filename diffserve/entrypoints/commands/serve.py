@@ -46,6 +46,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                              "(default: the model directory's name, or tiny-flux for the demo)")
     server.add_argument("--default-steps", type=int, default=None, metavar="N",
                         help="num_inference_steps of requests that do not send one (default: the engine's, 28)")
+    server.add_argument("--lora", action="append", default=None, metavar="NAME=PATH",
+                        help="register a LoRA adapter requests can name (repeatable; joins lora_modules)")
     server.add_argument("--image-url-ttl", type=float, default=600.0, metavar="SECONDS",
                         help="how long images returned with response_format=url stay downloadable")
     server.add_argument("--demo-cache-dir", default=None,
@@ -65,7 +67,12 @@ def run(args: argparse.Namespace) -> int:
     # Before the model is built: a key given twice (or an unreadable key file) fails at once.
     api_key = resolve_api_key(args.api_key, args.api_key_file, os.environ)
     model, name, aliases = _model_and_names(args)
-    config = resolve(model=model, **config_kwargs_from_args(args))
+    kwargs = config_kwargs_from_args(args)
+    if args.lora:  # --lora a=x --lora b=y: more entries of lora_modules (a flag's value joins a file's)
+        overrides = kwargs.setdefault("overrides", {}) or {}
+        overrides["lora_modules"] = ",".join(filter(None, [overrides.get("lora_modules", ""), *args.lora]))
+        kwargs["overrides"] = overrides
+    config = resolve(model=model, **kwargs)
     for warning in config.warnings:
         logger.warning("config: %s", warning)
     logger.info("config fingerprint %s", config.fingerprint)

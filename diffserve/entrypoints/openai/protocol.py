@@ -37,6 +37,15 @@ UNSUPPORTED_OPENAI_PARAMS = frozenset({
 MAX_JSON_DEPTH = 32
 
 
+class LoraChoice(BaseModel):
+    """One adapter of ``loras``."""
+
+    model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
+
+    name: str = Field(min_length=1, max_length=1024)
+    scale: float = 1.0
+
+
 class ImageGenerationRequest(BaseModel):
     """Body of ``POST /v1/images/generations``."""
 
@@ -61,6 +70,8 @@ class ImageGenerationRequest(BaseModel):
     max_sequence_length: int | None = None
     # Step-cache threshold (higher = more steps skipped, 0 = no caching); unset: the deployment's.
     cache_threshold: float | None = Field(default=None, ge=0, le=MAX_CACHE_THRESHOLD)
+    # LoRA adapters: [{"name": registered name or path inside lora_dir, "scale": float}]; empty = base model.
+    loras: list[LoraChoice] | None = Field(default=None, max_length=16)
     stream: bool = False
 
 
@@ -145,6 +156,8 @@ def to_generation_request(body: ImageGenerationRequest, request_id: str,
         value = getattr(body, name)
         if value is not None:
             kwargs[name] = value
+    if body.loras:
+        kwargs["loras"] = tuple((choice.name, choice.scale) for choice in body.loras)
     return GenerationRequest(**kwargs)
 
 

@@ -8,7 +8,8 @@ import torch
 from torch import nn
 
 from diffserve.layers.attestation import KernelCounters
-from diffserve.layers.linear.base import ACTIVATIONS, LinearBackend
+from diffserve.layers.linear import lora
+from diffserve.layers.linear.base import ACTIVATIONS, LinearBackend, activate
 
 
 class Linear(nn.Module):
@@ -38,6 +39,7 @@ class Linear(nn.Module):
         self.backend = backend
         self.backend_name = backend.name
         self.counters = counters
+        self.lora_state: lora.LoraState | None = None  # set by ``lora.set_factors`` once an adapter targets it
         self.weight = nn.Parameter(torch.empty(out_features, in_features, device=device, dtype=dtype))
         self.bias = nn.Parameter(torch.empty(out_features, device=device, dtype=dtype)) if bias else None
         if self.weight.device.type != "meta":
@@ -53,16 +55,26 @@ class Linear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # Inside a torch.compile graph the Python increment would be traced away or force a recompile;
         # compiled blocks are counted by their owner from a static tally instead.
+        patched = self.lora_state is not None and self.lora_state.active
         if not torch.compiler.is_compiling():
             self.counters.count_linear(self.backend_name)
+            if patched:
+                self.counters.count_lora()
+        run = self._run_lora if patched else self._run
         if self.rowwise and x.shape[0] > 1:
-            return torch.cat([self._run(row) for row in x.split(1)])
-        return self._run(x)
+            return torch.cat([run(row) for row in x.split(1)])
+        return run(x)
 
     def _run(self, x: torch.Tensor) -> torch.Tensor:
         if self.activation is None:
             return self.backend.linear(x, self.weight, self.bias)
         return self.backend.linear(x, self.weight, self.bias, self.activation)
+
+    def _run_lora(self, x: torch.Tensor) -> torch.Tensor:
+        # The delta goes in before the activation, so the backend's fused activation is applied after it.
+        y = self.backend.linear(x, self.weight, self.bias)
+        y = y + lora.delta(x, self.lora_a, self.lora_b)
+        return activate(y, self.activation)
 
     def extra_repr(self) -> str:
         return (f"in_features={self.in_features}, out_features={self.out_features}, "

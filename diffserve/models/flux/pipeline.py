@@ -27,6 +27,7 @@ from diffserve.models.base import BuildContext, ParallelContext, PipelineCapabil
 from diffserve.models.dtype import resolve_dtype
 from diffserve.models.flux.encoders import TextEncoders
 from diffserve.models.flux.live_batch import LiveBatch, Member
+from diffserve.models.flux.lora import LoraSlots
 from diffserve.models.flux.sampling import (
     check_scheduler_config,
     euler_step,
@@ -94,7 +95,8 @@ class FluxPipeline:
             size_multiple=2 * self.vae_scale_factor * parallel.ulysses_size, max_sequence_length=_T5_MAX_TOKENS, true_cfg=True,
             attention_roles=FAMILY.attention_roles,
             # Joins need every rank to agree on the step a request joins at: one rank only, for now.
-            step_batching=parallel.world_size == 1)
+            step_batching=parallel.world_size == 1, lora=True)
+        self.loras: LoraSlots | None = None  # set by from_stage
 
     @classmethod
     def from_stage(cls, model_dir: str | Path, stage: StageConfig,
@@ -131,8 +133,10 @@ class FluxPipeline:
         except (OSError, ValueError) as exc:
             raise ModelLoadError(f"cannot load the VAE or scheduler config from {root}: {exc}") from exc
         logger.info("loaded %s (%s on %s) in %.1fs", root, dtype, device, time.perf_counter() - start)
-        return cls(transformer, encoders, vae, scheduler_config, device=device, dtype=dtype,
-                   parallel=context.parallel, cache=stage.cache)
+        pipeline = cls(transformer, encoders, vae, scheduler_config, device=device, dtype=dtype,
+                       parallel=context.parallel, cache=stage.cache)
+        pipeline.loras = transformer.lora_slots = LoraSlots(transformer, transformer.params, stage)
+        return pipeline
 
     @classmethod
     def from_pretrained(cls, model_dir: str | Path, *, device: str = "cpu", compile: bool = False,
@@ -175,26 +179,32 @@ class FluxPipeline:
             yield from self._idle(batch, steps)
             return
 
-        live = LiveBatch()
-        settings = self._cache_settings(first)
-        caches: tuple[BranchCache | None, BranchCache | None] = (None, None)
-        sigmas = timesteps = None
-        pending = batch
-        while pending or live.rows:
-            if pending:
-                start = time.perf_counter()
-                latents, cond, sigmas, timesteps = self._prepare(pending, height, width)
-                live.add(pending, latents, cond, _ms_since(start))
-                caches = self._branch_caches(settings, caches, sum(r.n for r in pending), steps, live.cond)
-            live.latents = self._denoise_step(live.latents, live.cond, sigmas, timesteps, live.steps,
-                                              first.guidance_scale, caches)
-            live.steps = [i + 1 for i in live.steps]
-            yield StepEvent(step=max(live.steps), total_steps=steps, progress=live.progress())
-            done = live.finished(steps)
-            if done:
-                yield BatchResult(self._finish(live, done, settings, caches, height, width))
-            pending = [r for r in map(_with_defaults, joins() if joins is not None and live.rows else [])
-                       if self._joinable(r, key)]
+        if self.loras is not None:  # the batch key gives every request of the batch the same adapters
+            self.loras.activate(first.loras)
+        try:
+            live = LiveBatch()
+            settings = self._cache_settings(first)
+            caches: tuple[BranchCache | None, BranchCache | None] = (None, None)
+            sigmas = timesteps = None
+            pending = batch
+            while pending or live.rows:
+                if pending:
+                    start = time.perf_counter()
+                    latents, cond, sigmas, timesteps = self._prepare(pending, height, width)
+                    live.add(pending, latents, cond, _ms_since(start))
+                    caches = self._branch_caches(settings, caches, sum(r.n for r in pending), steps, live.cond)
+                live.latents = self._denoise_step(live.latents, live.cond, sigmas, timesteps, live.steps,
+                                                  first.guidance_scale, caches)
+                live.steps = [i + 1 for i in live.steps]
+                yield StepEvent(step=max(live.steps), total_steps=steps, progress=live.progress())
+                done = live.finished(steps)
+                if done:
+                    yield BatchResult(self._finish(live, done, settings, caches, height, width))
+                pending = [r for r in map(_with_defaults, joins() if joins is not None and live.rows else [])
+                           if self._joinable(r, key)]
+        finally:
+            if self.loras is not None:
+                self.loras.deactivate()
 
     def _check_key(self, batch: list[GenerationRequest]) -> Any:
         if len({batch_key(r) for r in batch}) != 1:
@@ -227,9 +237,10 @@ class FluxPipeline:
             n = member.request.n
             timings = {"encode": member.encode_ms, "denoise": (start - member.joined) * 1000.0,
                        "decode": decode_ms}
+            lora = self.loras.describe(member.request.loras) if self.loras is not None and member.request.loras else {}
             results.append(RequestResult(request_id=member.request.request_id, images=image,
                                          seeds=member.request.seeds, timings_ms=timings,
-                                         attestation={"cache": entries[offset:offset + n]}))
+                                         attestation={"cache": entries[offset:offset + n], **lora}))
             offset += n
         keep = live.drop(done)
         for cache in caches:
