@@ -1,6 +1,6 @@
-# The two README commands: `make demo` (the main job) and `make test` (install + whole suite, the ray
-# executor's tests included: install-test adds the `ray` extra and `bench` (cache-dit, for benchmark
-# section h), after the pinned torch).
+# The two README commands: `make demo` (the main job; it prints the playground's URL) and `make test`
+# (install + whole suite, the ray executor's tests included: install-test adds the `ray` extra and `bench`
+# (cache-dit, for benchmark section h), after the pinned torch; `browser` adds chromium for the playground).
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
@@ -8,7 +8,7 @@ TORCH_VERSION ?= 2.13.0
 export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 
-.PHONY: venv install install-test demo test lint bench bench-smoke clean
+.PHONY: venv install install-test browser demo test lint bench bench-smoke clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -30,11 +30,27 @@ $(VENV)/.installed-test: pyproject.toml $(VENV)/.installed
 install: $(VENV)/.installed
 install-test: $(VENV)/.installed-test
 
+# The playground's browser test (tests/server/test_e2e_playground.py) drives Debian's chromium through
+# chromium-driver (selenium, no browser download). Installed when missing and this user can (root or
+# passwordless sudo, apt-get); never fatal: without a browser that test skips and says why.
+BROWSER_PACKAGES := chromium chromium-driver
+browser:
+	@if command -v chromium >/dev/null 2>&1 && command -v chromedriver >/dev/null 2>&1; then exit 0; fi; \
+	if [ "$$(id -u)" = 0 ]; then SUDO=; \
+	elif command -v sudo >/dev/null 2>&1 && sudo -n true 2>/dev/null; then SUDO="sudo -n"; \
+	else echo "browser: not root and no passwordless sudo; the playground browser test will skip"; exit 0; fi; \
+	if ! command -v apt-get >/dev/null 2>&1; then echo "browser: no apt-get; the playground browser test will skip"; exit 0; fi; \
+	echo "browser: apt-get install $(BROWSER_PACKAGES)"; \
+	{ $$SUDO apt-get update -qq && $$SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
+	    --no-install-recommends $(BROWSER_PACKAGES) >/dev/null; } \
+	  || echo "browser: apt-get install failed; the playground browser test will skip"
+
 # Eager on purpose: torch.compile on a 2-core CPU costs over a minute before the first image.
 demo: install
+	@echo "diffserve playground: http://127.0.0.1:$${PORT:-8000}/ (open it once the server says it is serving)"
 	$(VENV)/bin/diffserve serve --enforce-eager --host 127.0.0.1 --port $${PORT:-8000}
 
-test: install-test
+test: install-test browser
 	$(VENV)/bin/ruff check diffserve tests benchmarks
 	$(PY) -m pytest -q
 

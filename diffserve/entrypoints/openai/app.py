@@ -38,6 +38,7 @@ from diffserve.entrypoints.openai.middleware import (
     MetricsMiddleware,
     RouteGuardMiddleware,
 )
+from diffserve.entrypoints.openai.playground import PlaygroundMiddleware
 from diffserve.logging import get_logger
 
 logger = get_logger(__name__)
@@ -169,6 +170,7 @@ def create_app(engine: AsyncEngineClient | None = None, *, engine_factory: Engin
     app.add_middleware(RouteGuardMiddleware, routes=app.router.routes)
     if api_key:
         app.add_middleware(APIKeyMiddleware, api_key=api_key)
+    app.add_middleware(PlaygroundMiddleware)  # GET / and its files: before the key (the page asks for it)
     if server.allowed_hosts:
         app.add_middleware(HostMiddleware, allowed=server.allowed_hosts)
     app.add_middleware(MetricsMiddleware, metrics=metrics)
