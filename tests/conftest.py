@@ -25,6 +25,14 @@ def tiny_flux_dir(tmp_path_factory: pytest.TempPathFactory):
 
 
 @pytest.fixture(scope="session")
+def tiny_flux_kontext_dir(tmp_path_factory: pytest.TempPathFactory):
+    """A random-weight tiny FluxKontextPipeline dir (FLUX.1 Kontext: edits from a reference image), seed 0."""
+    from diffserve.models.tiny import build_flux_model
+
+    return build_flux_model("tiny-flux-kontext", tmp_path_factory.mktemp("models") / "tiny-flux-kontext", seed=0)
+
+
+@pytest.fixture(scope="session")
 def tiny_sd3_dir(tmp_path_factory: pytest.TempPathFactory):
     """A random-weight tiny StableDiffusion3Pipeline dir (the generic path), seed 0."""
     from diffserve.models.tiny_generic import build_generic_model

@@ -86,6 +86,32 @@ def fill_defaults(request: GenerationRequest, defaults: RequestDefaultsConfig | 
                                  guidance if guidance is not None else FALLBACK_DEFAULTS.guidance_scale, length)
 
 
+def check_edit(request: GenerationRequest, capabilities: PipelineCapabilities | None) -> GenerationRequest:
+    """An edit's inputs against what the model edits; fills the size (the first image's, rounded down to the
+    model's multiple) and, for img2img and inpainting, the strength (0.6, as diffusers) when unset."""
+    if not request.images or capabilities is None:
+        return request
+    kinds = capabilities.edits
+    if not kinds:
+        raise RequestError(f"{capabilities.family} ({capabilities.implementation}) does not edit images on this "
+                           "deployment", param="image")
+    if "reference" in kinds and request.mask is not None:
+        raise RequestError(f"{capabilities.family} edits from reference images and takes no mask", param="mask")
+    if len(request.images) > 1:  # one image to edit, or one reference (FLUX.1 Kontext as diffusers runs it)
+        raise RequestError(f"{len(request.images)} images: {capabilities.family} takes one input image",
+                           param="image")
+    multiple = capabilities.size_multiple
+    h, w = request.images[0].shape[:2]
+    fill = {}
+    if request.height is None:
+        fill["height"] = max(multiple, h // multiple * multiple)
+    if request.width is None:
+        fill["width"] = max(multiple, w // multiple * multiple)
+    if request.strength is None and "reference" not in kinds:
+        fill["strength"] = 0.6
+    return replace(request, **fill) if fill else request
+
+
 def check_loras(request: GenerationRequest, capabilities: PipelineCapabilities | None,
                 stage: StageConfig | None, model_dir: str | None) -> GenerationRequest:
     """The request's LoRA adapters against the model and the deployment (names, allowed files, scales, count);
@@ -112,6 +138,7 @@ def admit(request: GenerationRequest, server: ServerConfig, capabilities: Pipeli
         cache = cache if cache is not None else stage.cache
         defaults = defaults if defaults is not None else stage.request_defaults
     request = fill_defaults(request, defaults, capabilities)
+    request = check_edit(request, capabilities)
     request = check_loras(request, capabilities, stage, model_dir)
     check_limits(request, server, capabilities.default_size if capabilities else None)
     if capabilities is not None:

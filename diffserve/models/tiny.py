@@ -186,13 +186,14 @@ def _write_pipeline(spec: FluxSpec, out: Path, *, seed: int, guidance_embeds: bo
         if bars_were_on:
             hf_logging.enable_progress_bar()
 
-    _write_json(out / "model_index.json", {**_MODEL_INDEX, "_diffusers_version": diffusers.__version__})
+    _write_json(out / "model_index.json", {**_MODEL_INDEX, "_class_name": spec.pipeline_class,
+                                           "_diffusers_version": diffusers.__version__})
     _write_json(out / MARKER_FILE, {
         "builder_version": BUILDER_VERSION,
         "kind": spec.name,
         "description": spec.description,
         "seed": seed,
-        "guidance_embeds": guidance_embeds,
+        "guidance_embeds": guidance_embeds or spec.always_guidance_embeds,
         "random_weights": True,
     })
 

@@ -102,9 +102,11 @@ class FluxSpec:
     vae: dict[str, Any] = field(default_factory=lambda: dict(_VAE_CONFIG))
     clip: dict[str, Any] = field(default_factory=lambda: dict(_CLIP_CONFIG))
     t5: dict[str, Any] = field(default_factory=lambda: dict(_T5_CONFIG))
+    pipeline_class: str = "FluxPipeline"  # model_index.json's _class_name
+    always_guidance_embeds: bool = False  # dev-derived models (Kontext) embed the guidance scale
 
     def transformer_config(self, *, guidance_embeds: bool) -> dict[str, Any]:
-        return {**self.transformer, "guidance_embeds": guidance_embeds}
+        return {**self.transformer, "guidance_embeds": guidance_embeds or self.always_guidance_embeds}
 
 
 SPECS: dict[str, FluxSpec] = {
@@ -112,6 +114,14 @@ SPECS: dict[str, FluxSpec] = {
         name="tiny-flux",
         description="~1M-parameter FLUX.1-shaped model for tests and demos (seconds to build)",
         transformer=_transformer_config(layers=2, single_layers=2, heads=4, head_dim=32, axes=(8, 12, 12)),
+    ),
+    # FLUX.1 Kontext: the tiny transformer (dev-like, guidance embedded) served by FluxKontextPipeline, which
+    # appends the reference image's latents to the sequence.
+    "tiny-flux-kontext": FluxSpec(
+        name="tiny-flux-kontext",
+        description="tiny-flux as FLUX.1 Kontext (FluxKontextPipeline: image editing from a reference image)",
+        transformer=_transformer_config(layers=2, single_layers=2, heads=4, head_dim=32, axes=(8, 12, 12)),
+        pipeline_class="FluxKontextPipeline", always_guidance_embeds=True,
     ),
     # Hidden 768 (12 heads x 64); 4 double + 8 single blocks keeps FLUX.1's 1:2 ratio, ~150M params.
     "small-flux": FluxSpec(

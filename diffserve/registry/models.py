@@ -63,6 +63,11 @@ MODEL_FAMILIES: dict[str, ModelFamily] = {
                     # CFG-parallel (the two true-CFG branches on two ranks) times Ulysses (the image
                     # tokens; the degree must divide the heads, checked at load: models/flux/pipeline.py).
                     max_world_size=16, parallel_dims=("cfg_parallel_size", "ulysses_degree")),
+        # FLUX.1 Kontext: the native FLUX pipeline, with the reference image's latents as extra tokens.
+        ModelFamily("FluxKontextPipeline", "diffserve.models.flux.pipeline:FluxPipeline", "single",
+                    attention_roles=("double_block", "single_block"),
+                    role_patterns=(("single_transformer_blocks.", "single_block"),
+                                   ("transformer_blocks.", "double_block"))),
         # SD3/SD3.5 (MMDiT): every block's joint text+image attention; true CFG in the pipeline itself
         # (guidance_scale is the CFG scale), 28 steps at 7.0 as the pipeline's __call__ defaults.
         ModelFamily("StableDiffusion3Pipeline", GENERIC_PIPELINE, "single", attention_roles=("joint_block",),

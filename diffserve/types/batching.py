@@ -24,6 +24,8 @@ class BatchKey(NamedTuple):
     is_warmup: bool
     cache_threshold: float | None  # rows of one batch share the step cache's threshold
     loras: tuple[tuple[str, float], ...] = ()  # one adapter set per batch: every row gets the same deltas
+    # Edits: the input images' sizes, whether a mask is given, the strength (one edit kind per batch).
+    edit: tuple[tuple[tuple[int, ...], ...], bool, float | None] | None = None
 
 
 def batch_key(request: GenerationRequest) -> BatchKey:
@@ -31,4 +33,12 @@ def batch_key(request: GenerationRequest) -> BatchKey:
     return BatchKey(request.height, request.width, request.num_inference_steps, guidance,
                     float(request.true_cfg_scale), request.negative_prompt is not None,
                     request.max_sequence_length, request.output_type, request.is_warmup,
-                    None if request.cache_threshold is None else float(request.cache_threshold), request.loras)
+                    None if request.cache_threshold is None else float(request.cache_threshold), request.loras,
+                    _edit_key(request))
+
+
+def _edit_key(request: GenerationRequest) -> tuple[tuple[tuple[int, ...], ...], bool, float | None] | None:
+    if not request.images:
+        return None
+    return (tuple(tuple(image.shape) for image in request.images), request.mask is not None,
+            None if request.strength is None else float(request.strength))

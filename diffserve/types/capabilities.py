@@ -22,3 +22,5 @@ class PipelineCapabilities:
     # class, our kernels); reported in every attestation.
     implementation: str = "native"
     lora: bool = False  # per-request LoRA adapters (``GenerationRequest.loras``)
+    # Image edits it runs: "img2img" (strength), "inpaint" (a mask), "reference" (images as extra tokens).
+    edits: tuple[str, ...] = ()

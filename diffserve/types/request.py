@@ -50,13 +50,24 @@ class GenerationRequest:
     # LoRA adapters and their scales: a registered name, or a file path inside the deployment's lora_dir.
     # Empty: the base model. Admission checks them against the deployment and sorts them by name.
     loras: tuple[tuple[str, float], ...] = ()
+    # Image edits. ``images``: input images, uint8 numpy arrays [H, W, 3] (RGB); the first is the image to
+    # edit (img2img / inpainting), or the reference of a model that takes references (FLUX.1 Kontext).
+    # ``mask``: uint8 [H, W] of the first image's size, 255 = repaint, 0 = keep (diffusers' convention; the
+    # HTTP layer converts OpenAI's transparent-means-edit mask). ``strength``: the fraction of the noise
+    # schedule that runs, from the image noised to that level (1.0 = from pure noise); None = 0.6 at
+    # admission (diffusers' default) for img2img and inpainting; unused by reference models.
+    images: tuple[Any, ...] = ()
+    mask: Any = None
+    strength: float | None = None
     request_id: str = field(default_factory=lambda: uuid.uuid4().hex)
     # Warmup requests run through the normal path but are excluded from counters and metrics.
     is_warmup: bool = False
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "loras", _lora_pairs(self.loras))
+        object.__setattr__(self, "images", tuple(self.images or ()))
         self._validate()
+        _check_edit(self.images, self.mask, self.strength)
 
     def _validate(self) -> None:
         """Raise ``RequestError`` naming the bad value and the fix. Model-independent checks only."""
@@ -129,6 +140,31 @@ class GenerationRequest:
         if self.seed is None:
             raise RequestError("request has no seed yet; call with_seed() first", param="seed")
         return [self.seed + i for i in range(self.n)]
+
+
+MAX_INPUT_IMAGES = 4  # images per edit request (the HTTP layer may bound it lower)
+
+
+def _check_edit(images: tuple[Any, ...], mask: Any, strength: float | None) -> None:
+    """Shapes and types of an edit's inputs (sizes against the model are checked at admission)."""
+    if len(images) > MAX_INPUT_IMAGES:
+        raise RequestError(f"{len(images)} input images; at most {MAX_INPUT_IMAGES}", param="image")
+    for image in images:
+        shape, dtype = getattr(image, "shape", None), str(getattr(image, "dtype", ""))
+        if shape is None or len(shape) != 3 or shape[2] != 3 or dtype != "uint8" or min(shape[:2]) < 1:
+            raise RequestError(f"input images must be uint8 RGB arrays [H, W, 3], got {dtype} {shape}", param="image")
+    if mask is not None:
+        if not images:
+            raise RequestError("a mask needs an image to edit", param="mask")
+        shape, dtype = getattr(mask, "shape", None), str(getattr(mask, "dtype", ""))
+        if shape is None or tuple(shape) != tuple(images[0].shape[:2]) or dtype != "uint8":
+            raise RequestError(f"the mask must be uint8 [H, W] of the image's size {tuple(images[0].shape[:2])}, "
+                               f"got {dtype} {shape}", param="mask")
+    if strength is not None:
+        if isinstance(strength, bool) or not isinstance(strength, (int, float)) or not 0 < strength <= 1:
+            raise RequestError(f"strength={strength!r} must be a number in (0, 1]", param="strength")
+        if not images:
+            raise RequestError("strength needs an input image", param="strength")
 
 
 MAX_LORA_SCALE = 100.0  # the config's bound too; a deployment sets a tighter max_lora_scale

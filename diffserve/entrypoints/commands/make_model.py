@@ -7,7 +7,7 @@ from pathlib import Path
 
 # Kept in sync with diffserve.models.tiny_configs.SPECS and tiny_generic_configs.GENERIC_SPECS (a test
 # checks it); listed here so that building the parser stays import-light.
-FLUX_KINDS = ("tiny-flux", "small-flux")
+FLUX_KINDS = ("tiny-flux", "tiny-flux-kontext", "small-flux")
 GENERIC_KINDS = ("tiny-sd3", "small-sd3", "tiny-pixart-sigma")
 MODEL_KINDS = FLUX_KINDS + GENERIC_KINDS
 LORA_KINDS = ("tiny-flux-lora",)  # an adapter for a FLUX model (--base), not a model
@@ -20,7 +20,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         description=(
             "Write a pipeline directory in diffusers layout with random weights from a seeded generator. "
             "FLUX.1 kinds (FluxPipeline): tiny-flux for tests and demos, small-flux (~150M parameters) for "
-            "benchmarks. Generic diffusers DiT pipelines: tiny-sd3 and small-sd3 (~123M-parameter "
+            "benchmarks; tiny-flux-kontext is FLUX.1 Kontext (FluxKontextPipeline, edits from a reference image). Generic diffusers DiT pipelines: tiny-sd3 and small-sd3 (~123M-parameter "
             "transformer) are StableDiffusion3Pipeline, tiny-pixart-sigma is PixArtSigmaPipeline. "
             "The same seed gives byte-identical files."
         ),

@@ -44,11 +44,13 @@ class LiveBatch:
     def rows(self) -> int:
         return len(self.steps)
 
-    def add(self, requests: list[GenerationRequest], latents: Tensor, cond: Any, encode_ms: float) -> None:
-        """Append ``requests`` (their rows start at step 0) with their latents and conditioning."""
+    def add(self, requests: list[GenerationRequest], latents: Tensor, cond: Any, encode_ms: float,
+            start: int = 0) -> None:
+        """Append ``requests`` (their rows start at step ``start``: an edit skips the schedule's first steps)
+        with their latents and conditioning."""
         for request in requests:
             self.members.append(Member(request, self.rows, encode_ms=encode_ms))
-            self.steps += [0] * request.n
+            self.steps += [start] * request.n
         if self.latents is None:
             self.latents, self.cond = latents, cond
             return

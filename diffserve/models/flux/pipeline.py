@@ -25,6 +25,8 @@ from diffserve.layers.ulysses import image_shard
 from diffserve.logging import get_logger
 from diffserve.models.base import BuildContext, ParallelContext, PipelineCapabilities
 from diffserve.models.dtype import resolve_dtype
+from diffserve.models.flux import edits
+from diffserve.models.flux.decode import decode_latents
 from diffserve.models.flux.encoders import TextEncoders
 from diffserve.models.flux.live_batch import LiveBatch, Member
 from diffserve.models.flux.lora import LoraSlots
@@ -36,13 +38,12 @@ from diffserve.models.flux.sampling import (
     image_ids,
     pack,
     text_ids,
-    unpack,
 )
 from diffserve.models.flux.step_cache import cached_velocity
 from diffserve.models.flux.transformer import FluxTransformer, load_flux_transformer
 from diffserve.models.stepcache.policy import BranchCache, CacheSettings
 from diffserve.models.stepcache.report import image_entries
-from diffserve.registry.models import MODEL_FAMILIES
+from diffserve.registry.models import MODEL_FAMILIES, read_class_name
 from diffserve.types.batching import batch_key
 from diffserve.types.request import GenerationRequest
 from diffserve.types.results import BatchResult, RequestResult, StepEvent
@@ -69,6 +70,11 @@ class _Conditioning:
     # CFG-parallel: this rank holds one branch in txt/vec (cfg_rank 0 the prompt, 1 the negative one)
     # and gets the other from its CFG group each step.
     cfg_split: bool = False
+    # Edits (models/flux/edits.py): per row, the input image's clean latents, its noise and the mask.
+    edit_image: Tensor | None = None
+    edit_noise: Tensor | None = None
+    edit_mask: Tensor | None = None
+    ref: Tensor | None = None  # Kontext: the reference image's packed latents, appended to every row's tokens
 
 
 class FluxPipeline:
@@ -76,7 +82,8 @@ class FluxPipeline:
 
     def __init__(self, transformer: FluxTransformer, encoders: TextEncoders, vae: Any,
                  scheduler_config: Mapping[str, Any], *, device: torch.device, dtype: torch.dtype,
-                 parallel: ParallelContext = ParallelContext(), cache: CacheConfig = CacheConfig()) -> None:
+                 parallel: ParallelContext = ParallelContext(), cache: CacheConfig = CacheConfig(),
+                 family: str = FAMILY.class_name) -> None:
         check_scheduler_config(scheduler_config)
         self.parallel = parallel
         self.cache = cache
@@ -90,13 +97,19 @@ class FluxPipeline:
         self.latent_channels = transformer.params.in_channels // 4
         # Ulysses shards the image tokens ((H/16) * (W/16)) evenly: a side that is a multiple of
         # 16 * degree guarantees it, and admission then refuses any other size before a rank sees it.
+        # FLUX.1 Kontext edits from a reference image (extra tokens); FLUX.1 from the image itself.
+        self.kontext = family == "FluxKontextPipeline"
+        kinds = ("reference",) if self.kontext else ("img2img", "inpaint")
         self.capabilities = PipelineCapabilities(
-            family=FAMILY.class_name, default_size=int(vae.config.sample_size),
+            family=family, default_size=int(vae.config.sample_size),
             size_multiple=2 * self.vae_scale_factor * parallel.ulysses_size, max_sequence_length=_T5_MAX_TOKENS, true_cfg=True,
             attention_roles=FAMILY.attention_roles,
             # Joins need every rank to agree on the step a request joins at: one rank only, for now.
-            step_batching=parallel.world_size == 1, lora=True)
+            step_batching=parallel.world_size == 1, lora=True,
+            edits=kinds if parallel.world_size == 1 else ())
         self.loras: LoraSlots | None = None  # set by from_stage
+        preparer = edits.ReferencePreparer if self.kontext else edits.EditPreparer
+        self.editor = preparer(vae, self.latent_channels, dtype=dtype, device=device)
 
     @classmethod
     def from_stage(cls, model_dir: str | Path, stage: StageConfig,
@@ -134,7 +147,7 @@ class FluxPipeline:
             raise ModelLoadError(f"cannot load the VAE or scheduler config from {root}: {exc}") from exc
         logger.info("loaded %s (%s on %s) in %.1fs", root, dtype, device, time.perf_counter() - start)
         pipeline = cls(transformer, encoders, vae, scheduler_config, device=device, dtype=dtype,
-                       parallel=context.parallel, cache=stage.cache)
+                       parallel=context.parallel, cache=stage.cache, family=read_class_name(root))
         pipeline.loras = transformer.lora_slots = LoraSlots(transformer, transformer.params, stage)
         return pipeline
 
@@ -191,11 +204,16 @@ class FluxPipeline:
                 if pending:
                     start = time.perf_counter()
                     latents, cond, sigmas, timesteps = self._prepare(pending, height, width)
-                    live.add(pending, latents, cond, _ms_since(start))
+                    live.add(pending, latents, cond, _ms_since(start), edits.start_step(steps, first.strength)
+                             if first.images and not self.kontext else 0)
                     caches = self._branch_caches(settings, caches, sum(r.n for r in pending), steps, live.cond)
                 live.latents = self._denoise_step(live.latents, live.cond, sigmas, timesteps, live.steps,
                                                   first.guidance_scale, caches)
                 live.steps = [i + 1 for i in live.steps]
+                if live.cond.edit_mask is not None:  # inpainting: the known region back in, at the next sigma
+                    c = live.cond
+                    known = edits.EditLatents(c.edit_image, c.edit_noise, c.edit_mask)
+                    live.latents = edits.reimpose_known(live.latents, known, sigmas, live.steps, steps)
                 yield StepEvent(step=max(live.steps), total_steps=steps, progress=live.progress())
                 done = live.finished(steps)
                 if done:
@@ -227,7 +245,7 @@ class FluxPipeline:
         start = time.perf_counter()
         requests = [m.request for m in done]
         # Every rank holds the same latents; only rank 0's result is returned, so only it decodes.
-        images = (self._decode(requests, latents, height, width) if self.parallel.rank == 0
+        images = (decode_latents(self.vae, requests, latents, height, width) if self.parallel.rank == 0
                   else [torch.empty(0) for _ in requests])
         decode_ms = _ms_since(start)
         entries = image_entries(settings, requests[0].num_inference_steps, rows, *caches,
@@ -305,6 +323,16 @@ class FluxPipeline:
             cond.neg_vec = neg_vec.repeat_interleave(repeats, dim=0)
             cond.cfg_scale = float(first.true_cfg_scale)
         latents = pack(noise)
+        if first.images and self.kontext:  # the reference's tokens, with 1 in their ids' first axis
+            cond.ref, ref_h, ref_w = self.editor.reference(batch)
+            ref_ids = image_ids(ref_h, ref_w, device=self.device, dtype=self.dtype)
+            ref_ids[:, 0] = 1
+            cond.pe = self.transformer.rope(text_ids(length, device=self.device, dtype=self.dtype),
+                                            torch.cat([img_ids, ref_ids]))
+        elif first.images:  # an edit: start from the input image noised to its first step's sigma
+            start = edits.start_step(len(timesteps), first.strength)
+            latents, edit = self.editor.prepare(batch, height, width, sigmas[start])
+            cond.edit_image, cond.edit_noise, cond.edit_mask = edit.image, edit.noise, edit.mask
         if self.parallel.ulysses_size > 1:
             # Every rank draws the full noise (same seeds), then keeps its image shard for the whole loop:
             # the Euler step is per token, so the shards only meet again in _unshard.
@@ -332,42 +360,25 @@ class FluxPipeline:
         guidance = None
         if self.transformer.params.guidance_embed:
             guidance = torch.full((x.shape[0],), guidance_scale, device=self.device, dtype=torch.float32)
-        pred = self._velocity(caches[0], steps, x, cond.txt, t, cond.vec, guidance, cond.pe)
+        pred = self._velocity(caches[0], steps, x, cond.txt, t, cond.vec, guidance, cond.pe, cond.ref)
         if cond.cfg_split:
             # One exchange per step; every rank combines the same two tensors in the same order, so
             # the latents stay identical on all ranks (and equal to the single-rank result).
             pred, neg = all_gather_into(pred, self.parallel.cfg_group, self.transformer.counters).unbind(0)
             pred = neg + cond.cfg_scale * (pred - neg)
         elif cond.neg_txt is not None:
-            neg = self._velocity(caches[1], steps, x, cond.neg_txt, t, cond.neg_vec, guidance, cond.pe)
+            neg = self._velocity(caches[1], steps, x, cond.neg_txt, t, cond.neg_vec, guidance, cond.pe, cond.ref)
             pred = neg + cond.cfg_scale * (pred - neg)
         return euler_step(x, pred, sigmas[i].view(-1, 1, 1), sigmas[i + 1].view(-1, 1, 1))
 
     def _velocity(self, cache: BranchCache | None, steps: list[int], x: Tensor, txt: Tensor, t: Tensor, vec: Tensor,
-                  guidance: Tensor | None, pe: Tensor) -> Tensor:
+                  guidance: Tensor | None, pe: Tensor, ref: Tensor | None = None) -> Tensor:
+        tokens = x.shape[1]
+        if ref is not None:  # Kontext: the reference's tokens ride along; only the image's velocity is kept
+            x = torch.cat([x, ref], dim=1)
         if cache is None:
-            return self.transformer(x, None, txt, None, t, vec, guidance, pe=pe)
-        return cached_velocity(self.transformer, cache, steps, x, txt, t, vec, guidance, pe)
-
-    @torch.inference_mode()
-    def _decode(self, batch: list[GenerationRequest], latents: Tensor, height: int, width: int) -> list[Tensor]:
-        """Per request: uint8 [n, H, W, 3] ("pil"), float [n, 3, H, W] in [0, 1] ("pt") or packed latents."""
-        per_request = list(latents.split([r.n for r in batch]))
-        decode = [i for i, r in enumerate(batch) if r.output_type != "latent"]
-        if decode:
-            x = unpack(torch.cat([per_request[i] for i in decode]), height, width)
-            x = x / self.vae.config.scaling_factor + self.vae.config.shift_factor
-            # One image at a time: batched convolutions differ in the last bit from single ones, and
-            # image i of a request must equal the single-image request with its seed.
-            pixels = torch.cat([self.vae.decode(z, return_dict=False)[0] for z in x.split(1)])
-            pixels = (pixels * 0.5 + 0.5).clamp(0, 1)
-            decoded = pixels.split([batch[i].n for i in decode])
-            for i, images in zip(decode, decoded, strict=True):
-                if batch[i].output_type == "pt":
-                    per_request[i] = images.float()
-                else:
-                    per_request[i] = (images.permute(0, 2, 3, 1).float() * 255).round().to(torch.uint8)
-        return [images.cpu() for images in per_request]
+            return self.transformer(x, None, txt, None, t, vec, guidance, pe=pe)[:, :tokens]
+        return cached_velocity(self.transformer, cache, steps, x, txt, t, vec, guidance, pe)[:, :tokens]
 
 
 def _with_defaults(request: GenerationRequest) -> GenerationRequest:
