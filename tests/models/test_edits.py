@@ -123,3 +123,14 @@ def test_edit_requests_are_checked(engine: Any, tiny_sd3_dir: Path, picture: np.
     with Engine(str(tiny_sd3_dir), dtype="float32", env={}) as sd3, pytest.raises(RequestError) as info:
         sd3.generate(GenerationRequest(**COMMON, images=(picture,)))
     assert info.value.param == "image"
+
+
+def test_edit_inputs_travel_to_worker_processes(engine: Any, tiny_flux_dir: Path, picture: np.ndarray,
+                                               mask: np.ndarray) -> None:
+    """The mp executor pickles images and mask to its worker: the same edit gives the same bytes."""
+    request = dict(**COMMON, images=(picture,), mask=mask, strength=0.7)
+    with Engine(str(tiny_flux_dir), dtype="float32", linear_backend="torch", attention_backend="sdpa",
+                distributed_executor_backend="mp", env={}) as mp:
+        out = mp.generate(GenerationRequest(**request))
+        assert out.attestation["executor"] == "mp"
+    assert out.images[0].tobytes() == engine.generate(GenerationRequest(**request)).images[0].tobytes()
