@@ -181,6 +181,8 @@ class ServerConfig:
     max_queue: int = opt(64, "most requests waiting; beyond it requests are rejected (HTTP 429)",
                          c.int_normalizer(1), kind="int")
     max_body_bytes: int = opt(1048576, "largest HTTP request body accepted", c.int_normalizer(1024), kind="int")
+    max_upload_bytes: int = opt(20971520, "largest multipart body of POST /v1/images/edits (images, mask and "
+                                "fields together; HTTP 413 above)", c.int_normalizer(1024), kind="int")
     max_prompt_chars: int = opt(4000, "longest prompt, negative_prompt or user string in characters (HTTP 422)",
                                 c.int_normalizer(1), kind="int")
     batch_deadline_floor_s: int = opt(120, "seconds any batch may run before its worker counts as hung",

@@ -23,7 +23,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
         "generate", help="generate images from a prompt (no server)",
         usage="diffserve generate [MODEL] PROMPT [-o out.png] [--seed N] [--steps N] [--size WxH] [-n N] "
-              "[config flags]",
+              "[--image in.png [--image ref.png] [--mask m.png] [--strength S]] [config flags]",
         description="Generate images locally. MODEL is optional (default: the tiny random-weight demo model).")
     parser.add_argument("words", nargs="+", metavar="[MODEL] PROMPT",
                         help="an optional model directory, then the prompt (quote it)")
@@ -40,6 +40,16 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--lora", action="append", default=None, metavar="NAME_OR_FILE[:SCALE]",
                         help="apply a LoRA adapter at SCALE (default 1; repeatable): a name registered with "
                              "--lora-modules, or a .safetensors file (registered under its file name)")
+    parser.add_argument("--image", action="append", default=None, metavar="FILE",
+                        help="edit this PNG/JPEG/WEBP image (repeatable: further images are references, for models "
+                             "that take them); the output size defaults to the first image's, rounded down to the "
+                             "model's multiple")
+    parser.add_argument("--mask", default=None, metavar="FILE",
+                        help="where to repaint, the size of the first image: with an alpha channel, transparent "
+                             "pixels (alpha 0, OpenAI's convention); without one, white pixels (diffusers')")
+    parser.add_argument("--strength", type=float, default=None,
+                        help="edit strength in (0, 1]: the last fraction of the schedule that runs from the noised "
+                             "image; 1 = from pure noise (default: the engine's, 0.6)")
     parser.add_argument("--no-progress", action="store_true", help="do not draw the progress bar")
     add_config_arguments(parser)
     parser.set_defaults(func=run)
@@ -88,6 +98,7 @@ async def _generate(args: argparse.Namespace, model: str | None, prompt: str, ou
         # checked like an HTTP request's (bounded by cache.max_threshold, refused without a cache backend).
         kwargs["cache_threshold"] = _number(args.config_cache_threshold, "cache_threshold")
     files = _lora_choices(args.lora or [], kwargs)
+    _edit_inputs(args, kwargs)
     # Built (and so validated) before anything loads: a bad argument fails in milliseconds.
     request = GenerationRequest(**kwargs)
     if model is None:
@@ -147,6 +158,21 @@ def _number(text: str, param: str) -> float:
         return float(text)
     except ValueError:
         raise RequestError(f"--{param.replace('_', '-')} {text!r} is not a number", param=param) from None
+
+
+def _edit_inputs(args: argparse.Namespace, kwargs: dict[str, Any]) -> None:
+    """``--image``/``--mask``/``--strength`` -> the request's ``images``, ``mask`` (255 = repaint) and
+    ``strength``, decoded with the server's checks and mask convention (``openai/uploads.py``)."""
+    from diffserve.errors import RequestError
+
+    if args.image:
+        from diffserve.entrypoints.openai.uploads import MAX_SIDE, read_edit_files
+
+        kwargs["images"], kwargs["mask"] = read_edit_files(args.image, args.mask, max_pixels=MAX_SIDE * MAX_SIDE)
+    elif args.mask is not None:
+        raise RequestError("--mask needs --image (the image to edit)", param="mask")
+    if args.strength is not None:
+        kwargs["strength"] = args.strength
 
 
 def output_paths(output: Path, n: int) -> list[Path]:

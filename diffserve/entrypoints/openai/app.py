@@ -1,6 +1,6 @@
 """The FastAPI application factory of the OpenAI-compatible server.
 
-``create_app`` wires the engine host (background load + readiness), the images handler, the probes,
+``create_app`` wires the engine host (background load + readiness), the images and edits handlers, the probes,
 metrics and config endpoints, and the pre-parsing middleware (metrics, API key, body size).
 """
 
@@ -20,6 +20,7 @@ from diffserve.config.resolved import ResolvedConfig
 from diffserve.config.schema import ServerConfig
 from diffserve.engine.client import AsyncEngineClient
 from diffserve.entrypoints.openai.config_view import config_view
+from diffserve.entrypoints.openai.edits import EDITS_PATH, EditsHandler
 from diffserve.entrypoints.openai.engine_host import EngineFactory, EngineHost
 from diffserve.entrypoints.openai.errors import (
     APIError,
@@ -74,6 +75,8 @@ def create_app(engine: AsyncEngineClient | None = None, *, engine_factory: Engin
     names = frozenset({served_model_name, *model_aliases})
     handler = ImagesHandler(host, store, metrics, names, default_steps=default_steps,
                             max_user_chars=server.max_prompt_chars)
+    edits = EditsHandler(handler, max_pixels=server.max_pixels,
+                         max_field_bytes=max(65536, 4 * server.max_prompt_chars + 1024))
     created = int(time.time())
 
     @asynccontextmanager
@@ -107,6 +110,13 @@ def create_app(engine: AsyncEngineClient | None = None, *, engine_factory: Engin
     async def generations(request: Request) -> Response:
         try:
             return await handler.create(request)
+        except Exception as exc:  # noqa: BLE001 - every failure becomes an OpenAI-shaped error
+            return error_response(to_api_error(exc, request_id_from(request.headers.get("x-request-id"))))
+
+    @app.post(EDITS_PATH)
+    async def image_edits(request: Request) -> Response:
+        try:
+            return await edits.create(request)
         except Exception as exc:  # noqa: BLE001 - every failure becomes an OpenAI-shaped error
             return error_response(to_api_error(exc, request_id_from(request.headers.get("x-request-id"))))
 
@@ -166,7 +176,8 @@ def create_app(engine: AsyncEngineClient | None = None, *, engine_factory: Engin
 
     # Added last = runs first: metrics see every response; then Host, the key (so an unknown path
     # without the key is 401, not 404), the route table (404/405), and only then is a body read.
-    app.add_middleware(BodyLimitMiddleware, max_bytes=server.max_body_bytes, timeout_s=server.body_timeout_s)
+    app.add_middleware(BodyLimitMiddleware, max_bytes=server.max_body_bytes, timeout_s=server.body_timeout_s,
+                       uploads={EDITS_PATH: server.max_upload_bytes})
     app.add_middleware(RouteGuardMiddleware, routes=app.router.routes)
     if api_key:
         app.add_middleware(APIKeyMiddleware, api_key=api_key)

@@ -1,4 +1,5 @@
-"""``POST /v1/images/generations``: parse, run on the engine, encode, answer (JSON or SSE).
+"""``POST /v1/images/generations``: parse, run on the engine, encode, answer (JSON or SSE). ``serve`` is
+also the second half of ``POST /v1/images/edits`` (``edits.py``).
 
 The handler never blocks the event loop: images are encoded in a worker thread. A client that goes
 away aborts its request in the engine, so no GPU time is spent on an answer nobody will read.
@@ -56,6 +57,12 @@ class ImagesHandler:
     async def create(self, request: Request) -> Response:
         received = time.perf_counter()
         body = parse_body(await request.body())
+        self.check_body(body)
+        gen = to_generation_request(body, f"img-{uuid.uuid4().hex}", self.default_steps)
+        return await self.serve(request, body, gen, received)
+
+    def check_body(self, body: ImageGenerationRequest) -> None:
+        """The checks of a parsed body that need this server: the model name (404), ``user``'s length (422)."""
         if body.model is not None and body.model not in self.model_names:
             raise APIError(404, f"model {body.model!r} is not served here; GET /v1/models lists "
                                 f"{sorted(self.model_names)}", param="model", code="model_not_found")
@@ -63,7 +70,11 @@ class ImagesHandler:
             # `user` only reaches a debug log line, but an unbounded one would still be logged whole.
             raise APIError(422, f"user has {len(body.user)} characters, above this server's limit of "
                                 f"{self.max_user_chars}", param="user", code="limit_exceeded")
-        gen = to_generation_request(body, f"img-{uuid.uuid4().hex}", self.default_steps)
+
+    async def serve(self, request: Request, body: ImageGenerationRequest, gen: GenerationRequest,
+                    received: float) -> Response:
+        """Run ``gen`` on the engine and answer: JSON, or SSE with ``body.stream``; a client that goes away
+        aborts it. Shared by generations and edits (``received``: when the body arrived, for ``total``)."""
         engine = self.host.require()
         if body.user:
             logger.debug("request %s from user %r", gen.request_id, body.user)
@@ -125,6 +136,10 @@ class ImagesHandler:
                     "guidance_scale": str(output.guidance_scale), "software": f"diffserve {__version__}"}
         if gen.negative_prompt:
             metadata["negative_prompt"] = gen.negative_prompt
+        if gen.images:
+            metadata["edit"] = f"{len(gen.images)} image(s){', mask' if gen.mask is not None else ''}"
+            if gen.strength is not None:
+                metadata["strength"] = str(gen.strength)
         encoded = await asyncio.to_thread(encode_all, output.images, output.seeds, body.output_format,
                                           body.output_compression, metadata)
         done = time.perf_counter()

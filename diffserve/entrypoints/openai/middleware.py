@@ -27,7 +27,7 @@ Send = Callable[[Message], Awaitable[None]]
 ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 KNOWN_ENDPOINTS = frozenset({"/health", "/ready", "/metrics", "/v1/models", "/v1/config",
-                             "/v1/images/generations"})
+                             "/v1/images/generations", "/v1/images/edits"})
 IMAGE_FILES_PREFIX = "/v1/images/"
 # The only paths served without the API key: probes for load balancers and the scrape endpoint.
 # Everything else, unknown paths and image URLs included, needs the key once one is set.
@@ -69,6 +69,13 @@ def is_json_media_type(value: bytes | None) -> bool:
         if key.strip().lower() == "charset" and val.strip().strip('"').lower() not in ("utf-8", "utf8"):
             return False
     return True
+
+
+def is_multipart_media_type(value: bytes | None) -> bool:
+    """``multipart/form-data`` (its boundary is the parser's to check)."""
+    if value is None:
+        return False
+    return value.decode("latin-1").partition(";")[0].strip().lower() == "multipart/form-data"
 
 
 async def send_error(send: Send, error: APIError) -> None:
@@ -179,69 +186,76 @@ class _BodyTooLarge(Exception):
 class BodyLimitMiddleware:
     """Refuse bodies over ``max_bytes`` (413) from Content-Length, and while reading for chunked
     uploads; refuse a body not complete within ``timeout_s`` (408) and one that is not JSON (415);
-    then replay the buffered body to the app."""
+    then replay the buffered body to the app. The paths in ``uploads`` (``POST /v1/images/edits``) take
+    ``multipart/form-data`` instead of JSON, up to their own limit (``server.max_upload_bytes``)."""
 
-    def __init__(self, app: ASGIApp, max_bytes: int, timeout_s: float = 10.0) -> None:
+    def __init__(self, app: ASGIApp, max_bytes: int, timeout_s: float = 10.0,
+                 uploads: dict[str, int] | None = None) -> None:
         self.app = app
         self.max_bytes = max_bytes
         self.timeout_s = timeout_s
+        self.uploads = dict(uploads or {})
 
-    def _too_large(self) -> APIError:
-        return APIError(413, f"request body is larger than this server's limit of {self.max_bytes} bytes",
+    @staticmethod
+    def _too_large(limit: int) -> APIError:
+        return APIError(413, f"request body is larger than this server's limit of {limit} bytes",
                         code="body_too_large", headers={"Connection": "close"})
 
-    def _not_json(self) -> APIError:
-        return APIError(415, "Content-Type must be application/json", param="Content-Type",
+    @staticmethod
+    def _wrong_type(upload: bool) -> APIError:
+        expected = "multipart/form-data" if upload else "application/json"
+        return APIError(415, f"Content-Type must be {expected}", param="Content-Type",
                         code="unsupported_media_type", headers={"Connection": "close"})
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or scope["method"] not in BODY_METHODS:
             await self.app(scope, receive, send)
             return
+        upload = scope["path"] in self.uploads
+        limit = self.uploads[scope["path"]] if upload else self.max_bytes
+        content_type = header(scope, b"content-type")
+        accepted = is_multipart_media_type(content_type) if upload else is_json_media_type(content_type)
         declared = header(scope, b"content-length")
-        is_json = is_json_media_type(header(scope, b"content-type"))
         if declared is not None:
             try:
-                too_large = int(declared) > self.max_bytes
+                too_large = int(declared) > limit
             except ValueError:
                 await send_error(send, APIError(400, "invalid Content-Length header", code="invalid_header",
                                                 headers={"Connection": "close"}))
                 return
             if too_large:
-                await send_error(send, self._too_large())
+                await send_error(send, self._too_large(limit))
                 return
-            if not is_json:  # known size: refuse before reading; chunked: after (413 wins there)
-                await send_error(send, self._not_json())
+            if not accepted:  # known size: refuse before reading; chunked: after (413 wins there)
+                await send_error(send, self._wrong_type(upload))
                 return
         try:
             # The deadline bounds how long a slow (or stalled) client holds a connection and a buffer.
             async with asyncio.timeout(self.timeout_s):
-                body = await self._read(receive)
+                chunks = await self._read(receive, limit)
         except _BodyTooLarge:
-            await send_error(send, self._too_large())
+            await send_error(send, self._too_large(limit))
             return
         except TimeoutError:
             await send_error(send, APIError(408, f"request body not received within {self.timeout_s:g} s",
                                             code="body_timeout", headers={"Connection": "close"}))
             return
-        if body is None:
+        if chunks is None:
             return  # the client went away while sending
-        if not is_json:
-            await send_error(send, self._not_json())
+        if not accepted:
+            await send_error(send, self._wrong_type(upload))
             return
-        replayed = False
+        pending = list(reversed(chunks))  # replayed as received: an upload is not copied into one buffer
 
         async def replay() -> Message:
-            nonlocal replayed
-            if not replayed:
-                replayed = True
-                return {"type": "http.request", "body": body, "more_body": False}
+            if pending:
+                return {"type": "http.request", "body": pending.pop(), "more_body": bool(pending)}
             # After the body, the app only waits here to learn about a client disconnect.
             return await receive()
 
         await self.app(scope, replay, send)
 
-    async def _read(self, receive: Receive) -> bytes | None:
+    async def _read(self, receive: Receive, limit: int) -> list[bytes] | None:
         chunks: list[bytes] = []
         size = 0
         while True:
@@ -250,8 +264,8 @@ class BodyLimitMiddleware:
                 return None
             chunk = message.get("body", b"")
             size += len(chunk)
-            if size > self.max_bytes:
+            if size > limit:
                 raise _BodyTooLarge
             chunks.append(chunk)
             if not message.get("more_body", False):
-                return b"".join(chunks)
+                return chunks

@@ -75,9 +75,18 @@ class ImageGenerationRequest(BaseModel):
     stream: bool = False
 
 
+class ImageEditRequest(ImageGenerationRequest):
+    """The fields of ``POST /v1/images/edits`` (multipart; ``edits.py`` types the form's text, the files
+    travel apart): the generation fields plus ``strength``."""
+
+    # The fraction of the noise schedule that runs, from the input image noised to that level (1.0 = from
+    # pure noise); unset: the engine's default (0.6).
+    strength: float | None = Field(default=None, gt=0, le=1)
+
+
 def parse_body(raw: bytes) -> ImageGenerationRequest:
     """Parse a raw JSON body. Raises ``RequestError`` (HTTP 400) naming the first bad field."""
-    if _nesting_exceeds(raw, MAX_JSON_DEPTH):
+    if nesting_exceeds(raw, MAX_JSON_DEPTH):
         raise RequestError(f"request body nests deeper than {MAX_JSON_DEPTH} levels", param=None,
                            code="invalid_json")
     try:
@@ -95,14 +104,14 @@ def parse_body(raw: bytes) -> ImageGenerationRequest:
     try:
         return ImageGenerationRequest.model_validate(data)
     except ValidationError as exc:
-        raise _request_error(exc) from exc
+        raise request_error(exc) from exc
 
 
 _OPENERS = frozenset(b"[{")
 _CLOSERS = frozenset(b"]}")
 
 
-def _nesting_exceeds(raw: bytes, limit: int) -> bool:
+def nesting_exceeds(raw: bytes, limit: int) -> bool:
     """Whether brackets outside strings nest deeper than ``limit``: one linear pass, before the parser
     ever recurses. Malformed input is left to ``json.loads`` to report."""
     if raw.count(b"[") + raw.count(b"{") <= limit:
@@ -128,7 +137,7 @@ def _nesting_exceeds(raw: bytes, limit: int) -> bool:
     return False
 
 
-def _request_error(exc: ValidationError) -> RequestError:
+def request_error(exc: ValidationError) -> RequestError:
     err = exc.errors(include_url=False)[0]
     param = ".".join(str(p) for p in err.get("loc", ())) or None
     if err.get("type") == "extra_forbidden":
@@ -141,10 +150,12 @@ def _request_error(exc: ValidationError) -> RequestError:
                         code="invalid_value")
 
 
-def to_generation_request(body: ImageGenerationRequest, request_id: str,
-                          default_steps: int | None = None) -> GenerationRequest:
+def to_generation_request(body: ImageGenerationRequest, request_id: str, default_steps: int | None = None,
+                          *, images: tuple[Any, ...] = (), mask: Any = None) -> GenerationRequest:
     """Map the body to the engine request (whose construction checks its fields: HTTP 400). The
-    deployment's limits (422) and the model's capabilities are checked once, at engine admission."""
+    deployment's limits (422) and the model's capabilities are checked once, at engine admission.
+    ``images``/``mask``: an edit's decoded inputs (``uploads.py``); ``size`` stays unset without one, so
+    admission takes the first image's size."""
     width, height = parse_size(body.size)
     kwargs: dict[str, Any] = {"prompt": body.prompt, "n": body.n, "width": width, "height": height,
                               "negative_prompt": body.negative_prompt, "seed": body.seed,
@@ -158,6 +169,11 @@ def to_generation_request(body: ImageGenerationRequest, request_id: str,
             kwargs[name] = value
     if body.loras:
         kwargs["loras"] = tuple((choice.name, choice.scale) for choice in body.loras)
+    if images:
+        kwargs["images"], kwargs["mask"] = tuple(images), mask
+    strength = getattr(body, "strength", None)
+    if strength is not None:
+        kwargs["strength"] = strength
     return GenerationRequest(**kwargs)
 
 
