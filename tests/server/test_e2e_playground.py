@@ -191,6 +191,25 @@ def test_api_errors_show_the_error_message(page, server) -> None:
     assert by_id(page, "generate").is_enabled() and not by_id(page, "stop").is_enabled()
 
 
+def test_an_uploaded_image_is_edited_at_its_own_size(page, server, tmp_path) -> None:
+    """Choosing a file sends the form to /v1/images/edits: the result takes the image's size."""
+    unlock(page, server)
+    source = tmp_path / "in.png"
+    Image.new("RGB", (80, 48), (20, 120, 220)).save(source)
+    before = len(page.find_elements("css selector", "#gallery li.card"))
+    fill(page, prompt="make it red", steps="2", n="1", strength="0.7")
+    by_id(page, "edit-image").send_keys(str(source))
+    by_id(page, "generate").click()
+    wait(page, lambda d: text(d, "status").startswith("Done"), message=text(page, "error") or text(page, "status"))
+    card = page.find_elements("css selector", "#gallery li.card")[0]  # newest first
+    assert len(page.find_elements("css selector", "#gallery li.card")) == before + 1
+    img = card.find_element("tag name", "img")
+    wait(page, lambda d: d.execute_script("return arguments[0].complete", img))
+    assert page.execute_script("return [arguments[0].naturalWidth, arguments[0].naturalHeight]", img) == [80, 48]
+    page.execute_script("document.getElementById('edit-image').value = ''")  # back to text-to-image
+    fill(page, strength="")
+
+
 def test_lora_field_reaches_the_api(page, server) -> None:
     """The LoRA field is sent as ``loras``; this server registers none, so the API's 400 message is shown."""
     unlock(page, server)
@@ -244,12 +263,13 @@ def test_accessibility_basics(page, server) -> None:
     # Keyboard: Tab walks from the top of the page through every control to Generate.
     page.execute_script("document.activeElement.blur(); window.scrollTo(0, 0)")
     order = []
-    for _ in range(20):
+    for _ in range(40):
         ActionChains(page).send_keys(Keys.TAB).perform()
         order.append(page.execute_script("return document.activeElement.id"))
         if order[-1] == "generate":
             break
-    expected = ["prompt", "width", "height", "steps", "n", "guidance", "seed-random", "generate"]
+    expected = ["prompt", "width", "height", "steps", "n", "guidance", "seed-random", "loras", "edit-image",
+                "strength", "generate"]
     assert [i for i in order if i in expected] == expected, order
     by_id(page, "seed-random").send_keys(" ")  # the random toggle by keyboard enables the seed field
     assert by_id(page, "seed").is_enabled()

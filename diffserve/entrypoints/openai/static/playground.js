@@ -139,16 +139,37 @@
       const value = numberField(id);
       if (value !== undefined) body[field] = value;
     }
-    const loras = $("loras").value.split(",").map((s) => s.trim()).filter(Boolean).map((item) => {
-      const cut = item.lastIndexOf(":");
-      const scale = cut > 0 ? Number(item.slice(cut + 1)) : NaN;
-      return Number.isFinite(scale) ? { name: item.slice(0, cut), scale } : { name: item, scale: 1 };
-    });
+    const loras = lorasField();
     if (loras.length) body.loras = loras;
     const seed = $("seed-random").checked ? "" : $("seed").value.trim();
     if (seed !== "" && !/^[0-9]+$/.test(seed)) body.seed = seed;
     const json = JSON.stringify(body);
     return seed !== "" && /^[0-9]+$/.test(seed) ? `${json.slice(0, -1)},"seed":${seed}}` : json;
+  }
+
+  // "name:scale, name" -> [{name, scale}] (scale 1 when absent).
+  const lorasField = () => $("loras").value.split(",").map((s) => s.trim()).filter(Boolean).map((item) => {
+    const cut = item.lastIndexOf(":");
+    const scale = cut > 0 ? Number(item.slice(cut + 1)) : NaN;
+    return Number.isFinite(scale) ? { name: item.slice(0, cut), scale } : { name: item, scale: 1 };
+  });
+
+  // An edit: the same fields as multipart for /v1/images/edits (the size is the image's). Seeds go as text.
+  function editForm() {
+    const form = new FormData();
+    form.append("image", $("edit-image").files[0]);
+    form.append("prompt", $("prompt").value);
+    form.append("stream", "true");
+    for (const [field, id] of [["n", "n"], ["num_inference_steps", "steps"], ["guidance_scale", "guidance"],
+      ["strength", "strength"]]) {
+      const value = $(id).value.trim();
+      if (value !== "") form.append(field, value);
+    }
+    const seed = $("seed-random").checked ? "" : $("seed").value.trim();
+    if (seed !== "") form.append("seed", seed);
+    const loras = lorasField();
+    if (loras.length) form.append("loras", JSON.stringify(loras));
+    return form;
   }
 
   // JSON.parse keeping integers beyond 2^53 exact, as digit strings (source text access, where supported).
@@ -184,10 +205,13 @@
     setProgress(0, 0);
     status("Submitted; waiting in the queue…");
     try {
-      const resp = await api("/v1/images/generations", {
-        method: "POST", headers: { "Content-Type": "application/json" },
-        body: json, signal: controller.signal,
-      });
+      const editing = $("edit-image").files.length > 0;
+      const resp = editing
+        ? await api("/v1/images/edits", { method: "POST", body: editForm(), signal: controller.signal })
+        : await api("/v1/images/generations", {
+          method: "POST", headers: { "Content-Type": "application/json" },
+          body: json, signal: controller.signal,
+        });
       if (!resp.ok) { status(""); showError(await errorMessage(resp)); return; }
       await readStream(resp, prompt);
     } catch (err) {
