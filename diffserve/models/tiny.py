@@ -139,10 +139,8 @@ def component_seed(seed: int, component: str) -> int:
 
 def _write_pipeline(spec: FluxSpec, out: Path, *, seed: int, guidance_embeds: bool) -> None:
     import diffusers
-    import torch
     from diffusers import AutoencoderKL, FlowMatchEulerDiscreteScheduler, FluxTransformer2DModel
     from transformers import CLIPTextConfig, CLIPTextModel, T5Config, T5EncoderModel
-    from transformers.utils import logging as hf_logging
 
     from diffserve.models.tiny_tokenizers import (
         CLIP_BOS,
@@ -170,6 +168,25 @@ def _write_pipeline(spec: FluxSpec, out: Path, *, seed: int, guidance_embeds: bo
         "vae": lambda: AutoencoderKL(**spec.vae),
         "transformer": lambda: FluxTransformer2DModel(**spec.transformer_config(guidance_embeds=guidance_embeds)),
     }
+    save_components(factories, out, seed)
+
+    _write_json(out / "model_index.json", {**_MODEL_INDEX, "_class_name": spec.pipeline_class,
+                                           "_diffusers_version": diffusers.__version__})
+    _write_json(out / MARKER_FILE, {
+        "builder_version": BUILDER_VERSION,
+        "kind": spec.name,
+        "description": spec.description,
+        "seed": seed,
+        "guidance_embeds": guidance_embeds or spec.always_guidance_embeds,
+        "random_weights": True,
+    })
+
+
+def save_components(factories: dict[str, Callable[[], Any]], out: Path, seed: int) -> None:
+    """Build each component from its own seed (``component_seed``) and save it as safetensors under ``out``."""
+    import torch
+    from transformers.utils import logging as hf_logging
+
     # A "Writing model shards" bar per tiny file is noise; restore the caller's setting afterwards.
     bars_were_on = hf_logging.is_progress_bar_enabled()
     hf_logging.disable_progress_bar()
@@ -185,17 +202,6 @@ def _write_pipeline(spec: FluxSpec, out: Path, *, seed: int, guidance_embeds: bo
     finally:
         if bars_were_on:
             hf_logging.enable_progress_bar()
-
-    _write_json(out / "model_index.json", {**_MODEL_INDEX, "_class_name": spec.pipeline_class,
-                                           "_diffusers_version": diffusers.__version__})
-    _write_json(out / MARKER_FILE, {
-        "builder_version": BUILDER_VERSION,
-        "kind": spec.name,
-        "description": spec.description,
-        "seed": seed,
-        "guidance_embeds": guidance_embeds or spec.always_guidance_embeds,
-        "random_weights": True,
-    })
 
 
 def _normalize_permissions(root: Path) -> None:

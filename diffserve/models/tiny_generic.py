@@ -17,7 +17,7 @@ from typing import Any
 
 from diffserve.errors import ConfigError
 from diffserve.logging import get_logger
-from diffserve.models.tiny import MARKER_FILE, _write_json, build_into, component_seed
+from diffserve.models.tiny import MARKER_FILE, _write_json, build_into, save_components
 from diffserve.models.tiny_generic_configs import GENERIC_SPECS, GenericSpec, TextEncoder, get_generic_spec
 
 __all__ = ["BUILDER_VERSION", "GENERIC_SPECS", "build_generic_model"]
@@ -45,9 +45,7 @@ def build_generic_model(kind: str, out_dir: Path | str, *, seed: int = 0, force:
 
 def _write_pipeline(spec: GenericSpec, out: Path, *, seed: int) -> None:
     import diffusers
-    import torch
     from diffusers import AutoencoderKL
-    from transformers.utils import logging as hf_logging
 
     from diffserve.models.tiny_tokenizers import write_clip_tokenizer, write_t5_tokenizer
 
@@ -60,21 +58,7 @@ def _write_pipeline(spec: GenericSpec, out: Path, *, seed: int) -> None:
     factories["vae"] = lambda: AutoencoderKL(**spec.vae)
     factories["transformer"] = lambda: getattr(diffusers, spec.transformer_class)(**spec.transformer)
 
-    # A "Writing model shards" bar per tiny file is noise; restore the caller's setting afterwards.
-    bars_were_on = hf_logging.is_progress_bar_enabled()
-    hf_logging.disable_progress_bar()
-    # fork_rng: the caller's global RNG state is untouched however many modules we initialise.
-    try:
-        with torch.random.fork_rng(devices=[]):
-            for name, factory in factories.items():
-                torch.manual_seed(component_seed(seed, name))
-                with torch.no_grad():
-                    module = factory().eval()
-                module.save_pretrained(str(out / name), safe_serialization=True)
-                del module
-    finally:
-        if bars_were_on:
-            hf_logging.enable_progress_bar()
+    save_components(factories, out, seed)
 
     _write_json(out / "model_index.json", {**spec.model_index(), "_diffusers_version": diffusers.__version__})
     _write_json(out / MARKER_FILE, {
