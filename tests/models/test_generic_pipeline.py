@@ -139,7 +139,7 @@ def test_step_events_and_abort_at_a_step_boundary(tiny_sd3_dir: Path) -> None:
 def test_compiled_denoiser_counts_and_matches_eager(tiny_sd3_dir: Path) -> None:
     eager = build(tiny_sd3_dir)
     compiled = build(tiny_sd3_dir, enforce_eager=False)
-    req = make_request(num_inference_steps=2)
+    req = make_request(num_inference_steps=1)
     a, b = eager(req).images[0].numpy(), compiled(req).images[0].numpy()
     assert psnr(a, b) >= 40.0
     assert compiled.kernel_counters.snapshot() == eager.kernel_counters.snapshot()
