@@ -6,6 +6,7 @@ Sources only read and canonicalize; the resolver alone decides which value wins.
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Mapping
 from pathlib import Path
@@ -27,6 +28,7 @@ ENV_PREFIX = "DIFFSERVE_"
 # DIFFSERVE_* variables that are read elsewhere and are not config fields.
 NON_CONFIG_ENV: frozenset[str] = frozenset({"LOG_LEVEL", "CACHE_DIR", "API_KEY", "CPU_BF16"})
 _DECK_KEYS = ("base_config", "platforms")
+MODEL_MARKER_FILE = "diffserve_model.json"  # diffserve.models.tiny.MARKER_FILE (a layer above: not imported)
 
 
 def model_layer(model: str | os.PathLike | None, out: Collector) -> tuple[str | None, ModelFamily | None]:
@@ -65,9 +67,40 @@ def model_layer(model: str | os.PathLike | None, out: Collector) -> tuple[str | 
     rank = LAYER_RANK["model"]
     out.add(rank, None, "implementation", family.implementation, Source("model", str(index), None,
                                                                         f"{class_name}: {family.implementation} path"))
-    out.add(rank, None, "request_defaults.num_inference_steps", family.default_steps, source)
-    out.add(rank, None, "request_defaults.guidance_scale", family.default_guidance_scale, source)
+    defaults = {"num_inference_steps": family.default_steps, "guidance_scale": family.default_guidance_scale}
+    marker_defaults, marker_source = _marker_request_defaults(path, out)
+    for key, value in defaults.items():
+        if key in marker_defaults:
+            out.add(rank, None, f"request_defaults.{key}", marker_defaults[key], marker_source)
+        else:
+            out.add(rank, None, f"request_defaults.{key}", value, source)
     return str(path.resolve()), family
+
+
+def _marker_request_defaults(path: Path, out: Collector) -> tuple[dict[str, Any], Source]:
+    """The model's own ``request_defaults`` from its marker file (``diffserve_model.json``), if it declares
+    any: ``num_inference_steps`` and/or ``guidance_scale``, which replace the family's."""
+    marker = path / MODEL_MARKER_FILE
+    source = Source("model", str(marker), None, "the model's request_defaults")
+    if not marker.is_file():
+        return {}, source
+    try:
+        doc = json.loads(marker.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        out.error(f"{MODEL_MARKER_FILE} is unreadable: {exc}", path="model", source=str(marker))
+        return {}, source
+    declared = doc.get("request_defaults") if isinstance(doc, dict) else None
+    if declared is None:
+        return {}, source
+    if not isinstance(declared, dict):
+        out.error("request_defaults must be a mapping", path=f"{MODEL_MARKER_FILE}:request_defaults",
+                  source=str(marker))
+        return {}, source
+    known = {"num_inference_steps", "guidance_scale"}
+    for key in sorted(set(declared) - known):
+        out.error(f"unknown request default {key!r}", path=f"{MODEL_MARKER_FILE}:request_defaults.{key}",
+                  source=str(marker), hint=f"choose from: {', '.join(sorted(known))}")
+    return {k: v for k, v in declared.items() if k in known}, source
 
 
 def _load_chain(deploy_config: str | os.PathLike | Mapping, out: Collector) -> list[tuple[str, Mapping]]:

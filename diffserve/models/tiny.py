@@ -29,6 +29,7 @@ BUILDER_VERSION = 1
 MARKER_FILE = "diffserve_model.json"
 DEMO_KIND = "tiny-flux"
 DEMO_SEED = 0
+TOY_ASSET = "toy-shapes"  # the demo model: diffserve/assets/toy-shapes (trained by diffserve.models.toy_shapes)
 
 # Class names as FLUX.1 checkpoints spell them. "T5TokenizerFast" is what real FLUX repos use; in
 # transformers 5 it is an alias of T5Tokenizer and both load our tokenizer.json.
@@ -84,7 +85,28 @@ def build_into(target: Path, write: Callable[[Path], None], *, force: bool) -> P
 
 
 def ensure_demo_model(cache_dir: Path | str | None = None) -> Path:
-    """Return the cached tiny-flux demo model, building it on first use.
+    """Return the demo model: the shipped, trained toy-shapes FLUX.1 (``toy_model_dir``).
+
+    ``cache_dir`` is accepted for compatibility and unused: nothing is built. The random-weight
+    tiny-flux of earlier versions is ``ensure_tiny_flux_model``.
+    """
+    del cache_dir
+    path = toy_model_dir()
+    logger.info("using %s: the toy-shapes model (draws 'a red circle on a blue background' and the like)", path)
+    return path
+
+
+def toy_model_dir() -> Path:
+    """The trained toy-shapes pipeline shipped in the package (``diffserve/assets/toy-shapes``)."""
+    path = Path(__file__).resolve().parent.parent / "assets" / TOY_ASSET
+    if not (path / "model_index.json").is_file() or not (path / MARKER_FILE).is_file():
+        raise ConfigError(f"the shipped toy model is missing from {path}", path="model",
+                          hint="reinstall diffserve, or train it: diffserve make-model toy-shapes DIR --train")
+    return path
+
+
+def ensure_tiny_flux_model(cache_dir: Path | str | None = None) -> Path:
+    """Return the cached random-weight tiny-flux model, building it on first use.
 
     Lives in ``<cache_dir>/tiny-flux-seed0`` (default ``~/.cache/diffserve/models``). A cache
     written by a different builder version is rebuilt.
@@ -105,7 +127,7 @@ def ensure_demo_model(cache_dir: Path | str | None = None) -> Path:
 
 
 def default_cache_dir() -> Path:
-    """Where ensure_demo_model keeps models when no cache directory is given."""
+    """Where ensure_tiny_flux_model keeps models when no cache directory is given."""
     return Path.home() / ".cache" / "diffserve" / "models"
 
 

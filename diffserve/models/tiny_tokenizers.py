@@ -54,8 +54,8 @@ _T5_MAX_PIECE_LEN = 8
 _SPACE = "\u2581"  # SentencePiece's word-boundary marker
 
 
-def _corpus_words() -> list[str]:
-    return _CORPUS.replace(",", " ,").split()
+def _corpus_words(extra_corpus: str = "") -> list[str]:
+    return (_CORPUS + extra_corpus).replace(",", " ,").split()
 
 
 def _bytes_to_unicode() -> dict[int, str]:
@@ -75,16 +75,17 @@ def _bytes_to_unicode() -> dict[int, str]:
     return {b: chr(c) for b, c in zip(printable, codes, strict=True)}
 
 
-def clip_vocab_and_merges() -> tuple[dict[str, int], list[tuple[str, str]]]:
+def clip_vocab_and_merges(extra_corpus: str = "") -> tuple[dict[str, int], list[tuple[str, str]]]:
     """Train a byte-level BPE the way CLIP's vocab is laid out: bytes, bytes+</w>, merges, specials.
 
     Each merge picks the most frequent adjacent pair; ties go to the lexicographically smallest
-    pair, so the result never depends on dict/set iteration order or hash seeds.
+    pair, so the result never depends on dict/set iteration order or hash seeds. ``extra_corpus``
+    (default none: the tiny models' files stay byte-identical) adds text, e.g. a grammar's prompts.
     """
     byte_chars = [ch for _, ch in sorted(_bytes_to_unicode().items())]
     byte_to_char = _bytes_to_unicode()
     words: Counter[tuple[str, ...]] = Counter()
-    for word in _corpus_words():
+    for word in _corpus_words(extra_corpus):
         symbols = [byte_to_char[b] for b in word.lower().encode("utf-8")]
         symbols[-1] += "</w>"
         words[tuple(symbols)] += 1
@@ -118,14 +119,15 @@ def clip_vocab_and_merges() -> tuple[dict[str, int], list[tuple[str, str]]]:
     return {tok: i for i, tok in enumerate(tokens)}, merges
 
 
-def t5_vocab() -> list[tuple[str, float]]:
+def t5_vocab(extra_corpus: str = "") -> list[tuple[str, float]]:
     """A SentencePiece-style Unigram vocab: T5's specials first, then pieces with log-prob scores.
 
     Pieces are substrings of ``▁word`` counted over the corpus; every printable ASCII character is
-    included so any ASCII prompt tokenizes without ``<unk>``.
+    included so any ASCII prompt tokenizes without ``<unk>``. Every word of ``extra_corpus`` is also
+    kept whole (``▁word``), so a grammar's words are single pieces.
     """
     counts: Counter[str] = Counter()
-    for word in _corpus_words():
+    for word in _corpus_words(extra_corpus):
         text = _SPACE + word
         for start in range(len(text)):
             for end in range(start + 1, min(len(text), start + _T5_MAX_PIECE_LEN) + 1):
@@ -135,6 +137,10 @@ def t5_vocab() -> list[tuple[str, float]]:
         (p for p, c in counts.items() if c >= 2 or len(p) == 1), key=lambda p: (-counts[p], p)
     )[:_T5_MAX_PIECES]
     chars = [chr(c) for c in range(ord("!"), ord("~") + 1)] + [_SPACE]
+    extra_words = Counter(_SPACE + w for w in extra_corpus.replace(",", " ,").split())
+    for piece, count in extra_words.items():  # whole words longer than _T5_MAX_PIECE_LEN
+        counts[piece] = max(counts[piece], count)
+    ranked += sorted(set(extra_words) - set(ranked))
     seen = set(ranked)
     pieces = ranked + [c for c in chars if c not in seen]
     total = sum(counts.values())
@@ -144,11 +150,11 @@ def t5_vocab() -> list[tuple[str, float]]:
     return [("<pad>", 0.0), ("</s>", 0.0), ("<unk>", 0.0)] + scored
 
 
-def write_clip_tokenizer(out_dir: Path) -> int:
+def write_clip_tokenizer(out_dir: Path, extra_corpus: str = "") -> int:
     """Write ``tokenizer/`` (tokenizer.json + legacy vocab.json/merges.txt). Returns the vocab size."""
     from transformers import CLIPTokenizer
 
-    vocab, merges = clip_vocab_and_merges()
+    vocab, merges = clip_vocab_and_merges(extra_corpus)
     tok = CLIPTokenizer(vocab=dict(vocab), merges=list(merges), model_max_length=CLIP_MAX_LENGTH)
     tok.save_pretrained(str(out_dir))
     # The slow-tokenizer files too, so transformers 4.x's CLIPTokenizer can read the directory.
@@ -160,11 +166,11 @@ def write_clip_tokenizer(out_dir: Path) -> int:
     return len(vocab)
 
 
-def write_t5_tokenizer(out_dir: Path) -> int:
+def write_t5_tokenizer(out_dir: Path, extra_corpus: str = "") -> int:
     """Write ``tokenizer_2/`` (a Unigram tokenizer.json). Returns the vocab size."""
     from transformers import T5Tokenizer
 
-    vocab = t5_vocab()
+    vocab = t5_vocab(extra_corpus)
     # extra_ids=0: FLUX never uses T5's span-corruption sentinels.
     tok = T5Tokenizer(vocab=list(vocab), extra_ids=0, model_max_length=T5_MAX_LENGTH)
     tok.save_pretrained(str(out_dir))

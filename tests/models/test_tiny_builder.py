@@ -201,9 +201,9 @@ def test_force_replaces_a_previous_model(tmp_path: Path, tiny_flux_dir: Path) ->
     assert (target.stat().st_mode & 0o777) == (tiny_flux_dir.stat().st_mode & 0o777)
 
 
-def test_ensure_demo_model_builds_once_then_reuses(tmp_path: Path, caplog: pytest.LogCaptureFixture,
+def test_ensure_tiny_flux_model_builds_once_then_reuses(tmp_path: Path, caplog: pytest.LogCaptureFixture,
                                                    tiny_flux_dir: Path) -> None:
-    from diffserve.models.tiny import ensure_demo_model
+    from diffserve.models.tiny import ensure_tiny_flux_model as ensure_demo_model
 
     # Attach caplog directly: the CLI's configure_logging may have stopped 'diffserve' propagating.
     logger = logging.getLogger("diffserve.models.tiny")

@@ -24,7 +24,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "generate", help="generate images from a prompt (no server)",
         usage="diffserve generate [MODEL] PROMPT [-o out.png] [--seed N] [--steps N] [--size WxH] [-n N] "
               "[--image in.png [--image ref.png] [--mask m.png] [--strength S]] [config flags]",
-        description="Generate images locally. MODEL is optional (default: the tiny random-weight demo model).")
+        description="Generate images locally. MODEL is optional (default: the toy-shapes demo model, a tiny trained FLUX).")
     parser.add_argument("words", nargs="+", metavar="[MODEL] PROMPT",
                         help="an optional model directory, then the prompt (quote it)")
     parser.add_argument("-o", "--output", default="out.png",
@@ -105,8 +105,8 @@ async def _generate(args: argparse.Namespace, model: str | None, prompt: str, ou
         from diffserve.models.tiny import ensure_demo_model
 
         model = str(ensure_demo_model())
-        logger.warning("no MODEL given: using the tiny FLUX demo model (RANDOM weights, images are noise) "
-                       "at %s", model)
+        logger.warning("no MODEL given: using the toy-shapes demo model at %s (a tiny FLUX trained to draw "
+                       "'a {colour} {shape} on a {colour} background', 64x64)", model)
 
     config_kwargs = config_kwargs_from_args(args)
     if files:  # files given to --lora are registered for this one run

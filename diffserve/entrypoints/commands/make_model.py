@@ -11,6 +11,7 @@ FLUX_KINDS = ("tiny-flux", "tiny-flux-kontext", "small-flux")
 GENERIC_KINDS = ("tiny-sd3", "small-sd3", "tiny-pixart-sigma")
 MODEL_KINDS = FLUX_KINDS + GENERIC_KINDS
 LORA_KINDS = ("tiny-flux-lora",)  # an adapter for a FLUX model (--base), not a model
+TRAINED_KINDS = ("toy-shapes",)  # trained FLUX.1 (diffserve.models.toy_shapes): copied, or retrained with --train
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -22,12 +23,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
             "FLUX.1 kinds (FluxPipeline): tiny-flux for tests and demos, small-flux (~150M parameters) for "
             "benchmarks; tiny-flux-kontext is FLUX.1 Kontext (FluxKontextPipeline, edits from a reference image). Generic diffusers DiT pipelines: tiny-sd3 and small-sd3 (~123M-parameter "
             "transformer) are StableDiffusion3Pipeline, tiny-pixart-sigma is PixArtSigmaPipeline. "
-            "The same seed gives byte-identical files."
+            "The same seed gives byte-identical files. toy-shapes is the trained demo model (draws 'a red circle "
+            "on a blue background'): copied from the package, or trained from scratch on this CPU with --train."
         ),
     )
-    parser.add_argument("kind", choices=MODEL_KINDS + LORA_KINDS, metavar="KIND",
+    parser.add_argument("kind", choices=MODEL_KINDS + TRAINED_KINDS + LORA_KINDS, metavar="KIND",
                         help=f"FLUX: {', '.join(FLUX_KINDS)}; generic diffusers DiT: {', '.join(GENERIC_KINDS)}; "
-                             "tiny-flux-lora: a random LoRA (diffusers/PEFT layout) for the FLUX model at --base")
+                             "tiny-flux-lora: a random LoRA (diffusers/PEFT layout) for the FLUX model at --base; "
+                             "toy-shapes: the trained demo model")
     parser.add_argument("dir", type=Path, metavar="DIR", help="output directory (created; must be empty)")
     parser.add_argument("--seed", type=int, default=0, help="weight seed (default 0)")
     parser.add_argument("--guidance-embeds", action="store_true",
@@ -35,6 +38,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--base", type=Path, default=None, metavar="MODEL",
                         help="tiny-flux-lora only: the FLUX model directory the adapter is for")
     parser.add_argument("--rank", type=int, default=4, help="tiny-flux-lora only: LoRA rank (default 4)")
+    parser.add_argument("--train", action="store_true",
+                        help="toy-shapes only: train it here (about 25 minutes on a 2-core CPU) instead of copying "
+                             "the shipped weights")
+    parser.add_argument("--threads", type=int, default=2, help="toy-shapes --train only: CPU threads (default 2)")
     parser.add_argument("--force", action="store_true", help="replace an existing model directory at DIR")
     parser.set_defaults(func=run)
 
@@ -51,6 +58,12 @@ def run(args: argparse.Namespace) -> int:
 
         print(build_flux_lora(args.base, args.dir, seed=args.seed, rank=args.rank, force=args.force))
         return 0
+    if args.kind in TRAINED_KINDS:
+        print(_toy_shapes(args))
+        return 0
+    if args.train:
+        raise ConfigError(f"applies to toy-shapes only, not to {args.kind}", path="--train",
+                          hint="random-weight kinds are built, not trained: drop --train")
     generic = args.kind in GENERIC_KINDS
     if generic and args.guidance_embeds:
         raise ConfigError(
@@ -68,3 +81,24 @@ def run(args: argparse.Namespace) -> int:
                                force=args.force)
     print(out)
     return 0
+
+
+def _toy_shapes(args: argparse.Namespace) -> Path:
+    """Train toy-shapes into DIR (--train), or copy the shipped weights there."""
+    import shutil
+
+    from diffserve.errors import ConfigError
+    from diffserve.models.tiny import build_into, check_target, toy_model_dir
+
+    if args.guidance_embeds or args.base is not None:
+        raise ConfigError("toy-shapes is a trained schnell-like model", path="--guidance-embeds/--base",
+                          hint="drop them")
+    target = Path(args.dir).expanduser().absolute()
+    check_target(target, force=args.force)
+    if not args.train:
+        shipped = toy_model_dir()
+        return build_into(target, lambda staging: shutil.copytree(shipped, staging, dirs_exist_ok=True),
+                          force=args.force)
+    from diffserve.models.toy_shapes.train import TrainConfig, train_toy_model
+
+    return train_toy_model(target, TrainConfig(seed=args.seed, threads=args.threads), force=args.force)

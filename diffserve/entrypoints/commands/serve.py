@@ -18,7 +18,7 @@ if TYPE_CHECKING:  # pragma: no cover
 
 logger = get_logger(__name__)
 
-DEMO_MODEL_NAME = "tiny-flux"
+DEMO_MODEL_NAME = "toy-shapes"
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -26,7 +26,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
     parser = subparsers.add_parser(
         "serve", help="serve a model over an OpenAI-compatible HTTP API",
-        description="Serve a FLUX model directory (or, without MODEL, the tiny random-weight demo model) "
+        description="Serve a FLUX model directory (or, without MODEL, the toy-shapes demo model) "
                     "over an OpenAI-compatible HTTP API: POST /v1/images/generations, GET /v1/models, "
                     "/health, /ready, /metrics, /v1/config.")
     parser.add_argument("model", nargs="?", default=None, metavar="MODEL",
@@ -51,7 +51,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     server.add_argument("--image-url-ttl", type=float, default=600.0, metavar="SECONDS",
                         help="how long images returned with response_format=url stay downloadable")
     server.add_argument("--demo-cache-dir", default=None,
-                        help="where the demo model is built (default ~/.cache/diffserve/models)")
+                        help="unused (the demo model ships with the package); kept for compatibility")
     parser.set_defaults(func=run)
 
 
@@ -102,8 +102,8 @@ def _model_and_names(args: argparse.Namespace) -> tuple[str, str, tuple[str, ...
         from diffserve.models.tiny import ensure_demo_model
 
         path = ensure_demo_model(args.demo_cache_dir)
-        logger.warning("no MODEL given: serving the built-in tiny FLUX demo model from %s. It has RANDOM "
-                       "weights: its images are noise, it exists to try the API and the tooling.", path)
+        logger.warning("no MODEL given: serving the built-in toy-shapes demo model from %s, a tiny FLUX trained "
+                       "to draw 'a {colour} {shape} on a {colour} background' (64x64).", path)
         name = args.served_model_name or DEMO_MODEL_NAME
         return str(path), name, (str(path), Path(path).name)
     path = Path(args.model)

@@ -1,0 +1,331 @@
+"""Train the toy-shapes FLUX.1 pipeline on CPU: an AutoencoderKL, then a FluxTransformer2DModel.
+
+Seeded and budgeted for a 2-core CPU (the shipped weights took 24 minutes on one thread). The text encoders are
+the tiny models' frozen random CLIP and T5 (the transformer learns to read them); their tokenizers are
+the hermetic ones with the grammar's words added. T5's relative position bias is zero, so every pad
+position of the 512-token window encodes to the same vector: training then runs on the prompt's tokens
+plus one pad token whose attention logit carries log(number of pads) (an additive attention mask),
+which is exactly what attention over the full padded window computes, at a twentieth of the cost.
+(CLIP's pooled embedding keeps word order.) The transformer learns flow matching as FLUX.1 does:
+x_t = (1 - s) x0 + s noise, target velocity noise - x0, s drawn from a logit-normal shifted with the
+scheduler's resolution-dependent shift. CPU training is not bitwise reproducible across machines
+(thread counts and kernels change the float rounding): a rerun gives an equally good model, not the
+same bytes.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from diffserve.logging import get_logger
+from diffserve.models.tiny import MARKER_FILE, build_into, component_seed
+from diffserve.models.tiny_configs import SCHEDULER_CONFIG, get_spec
+from diffserve.models.toy_shapes.grammar import all_scenes, draw, grammar_corpus
+
+logger = get_logger(__name__)
+
+TOY_KIND = "toy-shapes"
+TOY_VERSION = 1
+DEFAULT_STEPS = 8  # the model's own request default (marker file), enough for flat shapes
+TEXT_LENGTH = 512  # FLUX.1's T5 window: diffserve and FluxPipeline pad prompts to it by default
+
+# Scale factor 8 (four levels): a 64x64 image is 8x8x16 latents, 16 packed transformer tokens.
+VAE_CONFIG: dict[str, Any] = {
+    "in_channels": 3, "out_channels": 3,
+    "down_block_types": ["DownEncoderBlock2D"] * 4, "up_block_types": ["UpDecoderBlock2D"] * 4,
+    "block_out_channels": [16, 32, 64, 64], "layers_per_block": 1, "act_fn": "silu",
+    "latent_channels": 16, "norm_num_groups": 16, "sample_size": 64,
+    "use_quant_conv": False, "use_post_quant_conv": False, "mid_block_add_attention": True,
+}
+TRANSFORMER_CONFIG: dict[str, Any] = {
+    "patch_size": 1, "in_channels": 64, "out_channels": None, "num_layers": 2, "num_single_layers": 4,
+    "attention_head_dim": 32, "num_attention_heads": 4, "joint_attention_dim": 64,
+    "pooled_projection_dim": 32, "axes_dims_rope": [8, 12, 12], "guidance_embeds": False,
+}
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """The training budget; the defaults made the shipped weights."""
+
+    seed: int = 0
+    images: int = 8192  # procedurally drawn training images (latents cached once)
+    vae_steps: int = 2500
+    vae_batch: int = 8
+    vae_lr: float = 1e-3
+    kl_weight: float = 1e-6
+    transformer_steps: int = 6000
+    transformer_batch: int = 32
+    transformer_lr: float = 1e-3
+    ema_decay: float = 0.995
+    threads: int = 2
+    bf16: bool = True  # bfloat16 autocast for the transformer (fast on AVX512-BF16 CPUs)
+
+
+def train_toy_model(out_dir: Path | str, config: TrainConfig = TrainConfig(), *, force: bool = False) -> Path:
+    """Train the toy-shapes pipeline and write it (diffusers layout, safetensors) to ``out_dir``.
+
+    A loss curve (``loss.png``) and the training log (``training.json``) are written beside the weights.
+    """
+    target = Path(out_dir).expanduser().absolute()
+    logger.info("training %s (seed %d) into %s", TOY_KIND, config.seed, target)
+    return build_into(target, lambda staging: _train_into(staging, config), force=force)
+
+
+def _train_into(out: Path, config: TrainConfig) -> None:
+    import diffusers
+    import torch
+    from diffusers import AutoencoderKL, FlowMatchEulerDiscreteScheduler
+
+    from diffserve.models.tiny import _MODEL_INDEX, _write_json, save_components
+
+    torch.set_num_threads(config.threads)
+    started = time.perf_counter()
+    corpus = grammar_corpus()
+    clip, t5 = _text_encoders(out, corpus, config.seed)
+    save_components({"text_encoder": lambda: clip, "text_encoder_2": lambda: t5}, out, config.seed)
+    FlowMatchEulerDiscreteScheduler(**SCHEDULER_CONFIG).save_pretrained(str(out / "scheduler"))
+
+    scenes = all_scenes()
+    rng = random.Random(config.seed)
+    labels = [rng.randrange(len(scenes)) for _ in range(config.images)]
+    images = _to_tensor([draw(scenes[i], rng) for i in labels])
+    log: dict[str, Any] = {"config": asdict(config)}
+
+    torch.manual_seed(component_seed(config.seed, "vae"))
+    vae = AutoencoderKL(**VAE_CONFIG, scaling_factor=1.0, shift_factor=0.0)
+    log["vae_loss"] = _train_vae(vae, images, config)
+    latents = _encode(vae, images)
+    shift, scale = latents.mean().item(), 1.0 / latents.std().item()
+    vae.register_to_config(shift_factor=round(shift, 6), scaling_factor=round(scale, 6))
+    vae.eval().save_pretrained(str(out / "vae"), safe_serialization=True)
+    latents = (latents - vae.config.shift_factor) * vae.config.scaling_factor
+
+    prompt_embeds, pooled, text_bias = _encode_prompts(out, clip, t5, [s.prompt for s in scenes])
+    torch.manual_seed(component_seed(config.seed, "transformer"))
+    transformer, log["transformer_loss"] = _train_transformer(latents, torch.tensor(labels), prompt_embeds,
+                                                              pooled, text_bias, config)
+    transformer.save_pretrained(str(out / "transformer"), safe_serialization=True)
+
+    log["seconds"] = round(time.perf_counter() - started, 1)
+    _write_json(out / "model_index.json", {**_MODEL_INDEX, "_diffusers_version": diffusers.__version__})
+    _write_json(out / MARKER_FILE, {
+        "builder_version": TOY_VERSION, "kind": TOY_KIND, "seed": config.seed, "guidance_embeds": False,
+        "random_weights": False,
+        "description": "tiny FLUX.1 trained on CPU to draw 'a {colour} {shape} on a {colour} background'",
+        "request_defaults": {"num_inference_steps": DEFAULT_STEPS, "guidance_scale": 0.0},
+    })
+    (out / "training.json").write_text(json.dumps(_summary(log), indent=1) + "\n", encoding="utf-8")
+    write_loss_curve(out / "loss.png", log["vae_loss"], log["transformer_loss"])
+    logger.info("trained %s in %.0f s", TOY_KIND, log["seconds"])
+
+
+def _text_encoders(out: Path, corpus: str, seed: int) -> tuple[Any, Any]:
+    """The tiny models' CLIP and T5 with tokenizers that know the grammar; random, seeded and frozen."""
+    import torch
+    from transformers import CLIPTextConfig, CLIPTextModel, T5Config, T5EncoderModel
+
+    from diffserve.models.tiny_tokenizers import (
+        CLIP_BOS,
+        CLIP_EOS,
+        clip_vocab_and_merges,
+        write_clip_tokenizer,
+        write_t5_tokenizer,
+    )
+
+    spec = get_spec("tiny-flux")
+    clip_size = write_clip_tokenizer(out / "tokenizer", corpus)
+    t5_size = write_t5_tokenizer(out / "tokenizer_2", corpus)
+    vocab, _ = clip_vocab_and_merges(corpus)
+    clip_config = CLIPTextConfig(**spec.clip, vocab_size=clip_size, bos_token_id=vocab[CLIP_BOS],
+                                 eos_token_id=vocab[CLIP_EOS], pad_token_id=vocab[CLIP_EOS])
+    t5_config = T5Config(**spec.t5, vocab_size=t5_size, pad_token_id=0, eos_token_id=1, decoder_start_token_id=0)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(component_seed(seed, "text_encoder"))
+        clip = CLIPTextModel(clip_config).eval()
+        torch.manual_seed(component_seed(seed, "text_encoder_2"))
+        t5 = T5EncoderModel(t5_config).eval()
+    with torch.no_grad():
+        for module in t5.modules():
+            if hasattr(module, "relative_attention_bias"):
+                module.relative_attention_bias.weight.zero_()  # position-free: all pads encode alike
+    return clip, t5
+
+
+def _encode_prompts(out: Path, clip: Any, t5: Any, prompts: list[str]) -> tuple[Any, Any, Any]:
+    """Every prompt as FluxPipeline encodes it, compressed: (T5 sequence [P, n + 1, 64] (the n tokens of
+    the longest prompt, then one pad), CLIP pooled [P, 32], attention bias [P, n + 1])."""
+    import torch
+    from transformers import AutoTokenizer
+
+    clip_tok = AutoTokenizer.from_pretrained(str(out / "tokenizer"))
+    t5_tok = AutoTokenizer.from_pretrained(str(out / "tokenizer_2"))
+    with torch.no_grad():
+        clip_ids = clip_tok(prompts, padding="max_length", max_length=77, truncation=True, return_tensors="pt")
+        t5_ids = t5_tok(prompts, padding="max_length", max_length=TEXT_LENGTH, truncation=True,
+                        return_tensors="pt")
+        pooled = clip(clip_ids.input_ids).pooler_output
+        sequence = torch.cat([t5(t5_ids.input_ids[i:i + 16])[0] for i in range(0, len(prompts), 16)])
+    real = int(t5_ids.attention_mask.sum(1).max())
+    pads = sequence[:, real:]
+    assert torch.allclose(pads, pads[:, :1].expand_as(pads), atol=1e-5), "T5 pads must encode alike"
+    bias = torch.zeros(len(prompts), real + 1)
+    bias[:, real] = math.log(TEXT_LENGTH - real)
+    return sequence[:, :real + 1].clone(), pooled, bias
+
+
+def _to_tensor(images: list[Any]) -> Any:
+    import numpy as np
+    import torch
+
+    array = np.stack([np.asarray(im, dtype=np.uint8) for im in images])  # [N, H, W, 3]
+    return torch.from_numpy(array).permute(0, 3, 1, 2).contiguous()
+
+
+def _as_input(batch: Any) -> Any:
+    return batch.float() / 127.5 - 1.0
+
+
+def _train_vae(vae: Any, images: Any, config: TrainConfig) -> list[float]:
+    import torch
+    from tqdm.auto import tqdm
+
+    optimizer = torch.optim.AdamW(vae.parameters(), lr=config.vae_lr, weight_decay=0.0)
+    schedule = torch.optim.lr_scheduler.OneCycleLR(optimizer, config.vae_lr, total_steps=config.vae_steps,
+                                                   pct_start=0.05)
+    gen = torch.Generator().manual_seed(component_seed(config.seed, "vae-batches"))
+    losses: list[float] = []
+    vae.train()
+    for _ in tqdm(range(config.vae_steps), desc="vae", mininterval=2.0):
+        x = _as_input(images[torch.randint(len(images), (config.vae_batch,), generator=gen)])
+        posterior = vae.encode(x).latent_dist
+        recon = vae.decode(posterior.sample(generator=gen)).sample
+        loss = torch.nn.functional.mse_loss(recon, x) + config.kl_weight * posterior.kl().mean()
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+        schedule.step()
+        losses.append(loss.item())
+    return losses
+
+
+def _encode(vae: Any, images: Any) -> Any:
+    import torch
+
+    vae.eval()
+    with torch.no_grad():
+        return torch.cat([vae.encode(_as_input(images[i:i + 64])).latent_dist.mean
+                          for i in range(0, len(images), 64)])
+
+
+def pack(latents: Any) -> Any:
+    """[B, C, H, W] -> [B, H/2 * W/2, C * 4], FluxPipeline's 2x2 packing."""
+    b, c, h, w = latents.shape
+    x = latents.view(b, c, h // 2, 2, w // 2, 2).permute(0, 2, 4, 1, 3, 5)
+    return x.reshape(b, (h // 2) * (w // 2), c * 4)
+
+
+def image_ids(h: int, w: int) -> Any:
+    """FLUX's RoPE ids of an (h/2) x (w/2) token grid: (0, row, column)."""
+    import torch
+
+    ids = torch.zeros(h // 2, w // 2, 3)
+    ids[..., 1] = torch.arange(h // 2)[:, None]
+    ids[..., 2] = torch.arange(w // 2)[None, :]
+    return ids.reshape(-1, 3)
+
+
+def shifted_sigmas(u: Any, tokens: int) -> Any:
+    """Map ``u`` in (0, 1) through the scheduler's dynamic shift at ``tokens`` image tokens (as FluxPipeline)."""
+    import math
+
+    cfg = SCHEDULER_CONFIG
+    slope = (cfg["max_shift"] - cfg["base_shift"]) / (cfg["max_image_seq_len"] - cfg["base_image_seq_len"])
+    mu = cfg["base_shift"] + slope * (tokens - cfg["base_image_seq_len"])
+    return math.exp(mu) / (math.exp(mu) + (1.0 / u - 1.0))
+
+
+def _train_transformer(latents: Any, labels: Any, prompt_embeds: Any, pooled: Any, text_bias: Any,
+                       config: TrainConfig) -> tuple[Any, list[float]]:
+    import copy
+
+    import torch
+    from diffusers import FluxTransformer2DModel
+    from tqdm.auto import tqdm
+
+    model = FluxTransformer2DModel(**TRANSFORMER_CONFIG)
+    ema = copy.deepcopy(model).eval().requires_grad_(False)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=config.transformer_lr, weight_decay=0.0)
+    schedule = torch.optim.lr_scheduler.OneCycleLR(optimizer, config.transformer_lr,
+                                                   total_steps=config.transformer_steps, pct_start=0.05)
+    x0_all = pack(latents)
+    img_ids = image_ids(latents.shape[2], latents.shape[3])
+    txt_ids = torch.zeros(prompt_embeds.shape[1], 3)
+    gen = torch.Generator().manual_seed(component_seed(config.seed, "transformer-batches"))
+    losses: list[float] = []
+    model.train()
+    for _ in tqdm(range(config.transformer_steps), desc="transformer", mininterval=2.0):
+        idx = torch.randint(len(x0_all), (config.transformer_batch,), generator=gen)
+        x0 = x0_all[idx]
+        noise = torch.randn(x0.shape, generator=gen)
+        u = torch.sigmoid(torch.randn(len(idx), generator=gen))
+        sigma = shifted_sigmas(u, x0.shape[1])
+        x_t = (1.0 - sigma[:, None, None]) * x0 + sigma[:, None, None] * noise
+        prompt = labels[idx]
+        mask = torch.cat([text_bias[prompt], torch.zeros(len(idx), x0.shape[1])], dim=1)[:, None, None, :]
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=config.bf16):
+            pred = model(hidden_states=x_t, timestep=sigma, pooled_projections=pooled[prompt],
+                         encoder_hidden_states=prompt_embeds[prompt], txt_ids=txt_ids, img_ids=img_ids,
+                         joint_attention_kwargs={"attention_mask": mask}, return_dict=False)[0]
+        loss = torch.nn.functional.mse_loss(pred.float(), noise - x0)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()
+        schedule.step()
+        with torch.no_grad():
+            for e, p in zip(ema.parameters(), model.parameters(), strict=True):
+                e.lerp_(p, 1.0 - config.ema_decay)
+        losses.append(loss.item())
+    return ema, losses
+
+
+def _summary(log: dict[str, Any]) -> dict[str, Any]:
+    def tail(values: list[float]) -> float:
+        last = values[-50:]
+        return round(sum(last) / max(len(last), 1), 5)
+
+    return {"config": log["config"], "seconds": log["seconds"], "final_vae_loss": tail(log["vae_loss"]),
+            "final_transformer_loss": tail(log["transformer_loss"])}
+
+
+def write_loss_curve(path: Path, vae_loss: list[float], transformer_loss: list[float]) -> None:
+    """Both loss curves (log scale, smoothed) side by side as a PNG, drawn with PIL (no matplotlib)."""
+    import math
+
+    from PIL import Image, ImageDraw
+
+    width, height, pad = 320, 200, 24
+    image = Image.new("RGB", (2 * width, height), "white")
+    pen = ImageDraw.Draw(image)
+    for panel, (name, values) in enumerate((("vae", vae_loss), ("transformer", transformer_loss))):
+        if not values:
+            continue
+        window = max(1, len(values) // 100)
+        smooth = [sum(values[i:i + window]) / len(values[i:i + window]) for i in range(0, len(values), window)]
+        logs = [math.log10(max(v, 1e-8)) for v in smooth]
+        low, high = min(logs), max(logs)
+        span = (high - low) or 1.0
+        x0 = panel * width + pad
+        points = [(x0 + (width - 2 * pad) * i / max(len(logs) - 1, 1),
+                   height - pad - (height - 2 * pad) * (v - low) / span) for i, v in enumerate(logs)]
+        pen.rectangle((x0, pad, x0 + width - 2 * pad, height - pad), outline="grey")
+        pen.line(points, fill="navy", width=2)
+        pen.text((x0, 4), f"{name} loss (log10 {low:.2f}..{high:.2f}), {len(values)} steps", fill="black")
+    image.save(path)

@@ -1,0 +1,127 @@
+"""The shipped toy-shapes model draws what its prompt says (checked by the grammar's own reader)."""
+
+from __future__ import annotations
+
+import json
+import random
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+from diffserve.models.toy_shapes.grammar import COLOURS, SHAPES, all_scenes, classify, draw, parse_prompt
+
+HELD_OUT = 100
+SEED_BASE = 1_000_000  # generation seeds far from anything training used
+
+
+def held_out_pairs(n: int = HELD_OUT) -> list[tuple[str, int]]:
+    rng = random.Random(20)
+    scenes = all_scenes()
+    return [(rng.choice(scenes).prompt, SEED_BASE + i) for i in range(n)]
+
+
+def generate_all(model: Path, pairs: list[tuple[str, int]], steps: int | None = None) -> list:
+    """Images for ``pairs`` through diffserve's Engine, 8 requests at a time (they batch)."""
+    from diffserve import Engine, GenerationRequest
+
+    with Engine(str(model), dtype="float32", max_batch_size=8, env={}) as engine:
+        def one(pair: tuple[str, int]):
+            prompt, seed = pair
+            request = GenerationRequest(prompt=prompt, height=64, width=64, seed=seed, num_inference_steps=steps)
+            return engine.generate(request).images[0]
+
+        with ThreadPoolExecutor(8) as pool:
+            return list(pool.map(one, pairs))
+
+
+def accuracy(pairs: list[tuple[str, int]], images: list) -> dict[str, float]:
+    hits = {"background": 0, "colour": 0, "shape": 0}
+    for (prompt, _), image in zip(pairs, images, strict=True):
+        want, got = parse_prompt(prompt), classify(image)
+        hits["background"] += want.background == got.background
+        hits["colour"] += want.colour == got.colour
+        hits["shape"] += want.shape == got.shape
+    return {k: v / len(pairs) for k, v in hits.items()}
+
+
+def test_the_grammar_and_its_checker_agree_on_drawings() -> None:
+    scenes = all_scenes()
+    assert len(scenes) == len(COLOURS) * (len(COLOURS) - 1) * len(SHAPES)
+    rng = random.Random(0)
+    for scene in scenes:
+        assert parse_prompt(scene.prompt) == scene
+        assert classify(draw(scene, rng)) == scene
+
+
+def test_every_grammar_word_is_one_token(toy_model: Path) -> None:
+    from transformers import AutoTokenizer
+
+    words = sorted({w for s in all_scenes() for w in s.prompt.split()})
+    for sub in ("tokenizer", "tokenizer_2"):
+        tok = AutoTokenizer.from_pretrained(str(toy_model / sub))
+        assert all(len(tok.tokenize(w)) == 1 for w in words), sub
+
+
+def test_the_toy_model_declares_few_steps(toy_model: Path) -> None:
+    from diffserve.config.resolve import resolve
+
+    marker = json.loads((toy_model / "diffserve_model.json").read_text(encoding="utf-8"))
+    assert marker["kind"] == "toy-shapes" and marker["random_weights"] is False
+    stage = resolve(model=toy_model, platform="cpu", env={}).stages[0]
+    assert stage.request_defaults.num_inference_steps == marker["request_defaults"]["num_inference_steps"] <= 10
+
+
+def test_the_toy_model_draws_its_prompts(toy_model: Path) -> None:
+    """100 held-out prompt/seed pairs at the model's default steps: colours >= 90%, shape >= 70%."""
+    pairs = held_out_pairs()
+    scores = accuracy(pairs, generate_all(toy_model, pairs))
+    assert scores["background"] >= 0.9 and scores["colour"] >= 0.9 and scores["shape"] >= 0.7, scores
+
+
+def test_diffusers_flux_pipeline_draws_the_same_shapes(toy_model: Path) -> None:
+    import torch
+    from diffusers import FluxPipeline
+
+    pipe = FluxPipeline.from_pretrained(str(toy_model), torch_dtype=torch.float32)
+    pipe.set_progress_bar_config(disable=True)
+    pairs = held_out_pairs(8)
+    images = pipe([p for p, _ in pairs], height=64, width=64, num_inference_steps=8, guidance_scale=0.0,
+                  generator=[torch.Generator().manual_seed(s) for _, s in pairs]).images
+    scores = accuracy(pairs, images)
+    assert scores["background"] >= 0.75 and scores["colour"] >= 0.75, scores
+
+
+def test_make_model_copies_the_shipped_model(tmp_path: Path, toy_model: Path) -> None:
+    from diffserve.entrypoints.cli import main
+
+    assert main(["make-model", "toy-shapes", str(tmp_path / "m")]) == 0
+    copied = sorted(p.relative_to(tmp_path / "m") for p in (tmp_path / "m").rglob("*") if p.is_file())
+    assert copied == sorted(p.relative_to(toy_model) for p in toy_model.rglob("*") if p.is_file())
+
+
+def test_training_runs_end_to_end_on_a_tiny_budget(tmp_path: Path) -> None:
+    """The trainer's every stage on a few steps (the real budget is ~20 minutes): a loadable pipeline."""
+    import torch
+    from diffusers import FluxPipeline
+
+    from diffserve.models.toy_shapes.train import TrainConfig, train_toy_model
+
+    threads = torch.get_num_threads()
+    try:
+        out = train_toy_model(tmp_path / "toy", TrainConfig(images=16, vae_steps=2, vae_batch=4,
+                                                            transformer_steps=2, transformer_batch=4, threads=1))
+    finally:
+        torch.set_num_threads(threads)
+    for name in ("loss.png", "training.json", "diffserve_model.json", "vae/config.json",
+                 "transformer/diffusion_pytorch_model.safetensors"):
+        assert (out / name).is_file(), name
+    assert json.loads((out / "diffserve_model.json").read_text())["request_defaults"]["num_inference_steps"] == 8
+    FluxPipeline.from_pretrained(str(out))
+
+
+@pytest.fixture(scope="module")
+def toy_model() -> Path:
+    from diffserve.models.tiny import toy_model_dir
+
+    return toy_model_dir()
