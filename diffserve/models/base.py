@@ -23,7 +23,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from diffserve.layers.attestation import KernelCounters
     from diffserve.layers.observe import KernelObserver
     from diffserve.types.request import GenerationRequest
-    from diffserve.types.results import BatchResult, StepEvent
+    from diffserve.types.results import BatchResult, RequestResult, StepEvent
 
 
 @dataclass(frozen=True)
@@ -78,3 +78,13 @@ class Pipeline(Protocol):
         """Run one homogeneous batch whose requests already carry seeds. With ``step_batching``,
         ``joins`` is asked at every step boundary for requests of the same key to add."""
         ...
+
+
+def run_one(pipeline: Pipeline, request: GenerationRequest) -> RequestResult:
+    """Run one (seeded) request through ``pipeline.run`` to its result (library and test convenience)."""
+    from diffserve.types.results import BatchResult
+
+    for event in pipeline.run([request]):
+        if isinstance(event, BatchResult):
+            return event.outputs[0]
+    raise RuntimeError("pipeline run ended without a result")  # pragma: no cover

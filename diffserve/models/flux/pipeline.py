@@ -23,7 +23,7 @@ from diffserve.layers.collectives import all_gather_into
 from diffserve.layers.kernels import build_kernel_set
 from diffserve.layers.ulysses import image_shard
 from diffserve.logging import get_logger
-from diffserve.models.base import BuildContext, ParallelContext, PipelineCapabilities
+from diffserve.models.base import BuildContext, ParallelContext, PipelineCapabilities, run_one
 from diffserve.models.dtype import resolve_dtype
 from diffserve.models.flux import edits
 from diffserve.models.flux.decode import decode_latents
@@ -168,10 +168,7 @@ class FluxPipeline:
 
     def __call__(self, request: GenerationRequest) -> RequestResult:
         """Run one (seeded) request to completion."""
-        for event in self.run([request]):
-            if isinstance(event, BatchResult):
-                return event.outputs[0]
-        raise RuntimeError("pipeline run ended without a result")  # pragma: no cover
+        return run_one(self, request)
 
     def run(self, batch: Sequence[GenerationRequest],
             joins: Callable[[], list[GenerationRequest]] | None = None) -> Generator[StepEvent | BatchResult, None, None]:

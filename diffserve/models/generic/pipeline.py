@@ -30,7 +30,7 @@ from diffserve.errors import ConfigError, ModelLoadError
 from diffserve.layers.attestation import KernelCounters
 from diffserve.layers.kernels import build_kernel_set
 from diffserve.logging import get_logger
-from diffserve.models.base import BuildContext, PipelineCapabilities
+from diffserve.models.base import BuildContext, PipelineCapabilities, run_one
 from diffserve.models.dtype import resolve_dtype
 from diffserve.models.generic.compile import compile_denoiser, count_forwards
 from diffserve.models.generic.kernels import check_masked_roles, route_attention, swap_linears
@@ -137,10 +137,7 @@ class GenericPipeline:
 
     def __call__(self, request: GenerationRequest) -> RequestResult:
         """Run one (seeded) request to completion."""
-        for event in self.run([request]):
-            if isinstance(event, BatchResult):
-                return event.outputs[0]
-        raise RuntimeError("pipeline run ended without a result")  # pragma: no cover
+        return run_one(self, request)
 
     def run(self, batch: Sequence[GenerationRequest],
             joins: Callable[[], list[GenerationRequest]] | None = None) -> Generator[StepEvent | BatchResult, None, None]:
