@@ -4,12 +4,12 @@ loads and runs what they write, safetensors only, determinism, CLI and bad argum
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from test_tiny_builder import _cli, _files  # the FLUX builder tests' CLI runner and file snapshot
 
 from diffserve.errors import ConfigError
 
@@ -25,18 +25,6 @@ PIXART_WEIGHTS = {
     "vae/diffusion_pytorch_model.safetensors",
     "text_encoder/model.safetensors",
 }
-
-
-def _cli(*args: str | Path) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
-    return subprocess.run(
-        [sys.executable, "-m", "diffserve.entrypoints.cli", *map(str, args)],
-        capture_output=True, text=True, env=env, timeout=240,
-    )
-
-
-def _files(root: Path) -> dict[str, bytes]:
-    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
 
 
 @pytest.fixture(scope="module")

@@ -25,7 +25,7 @@ from diffserve.models.flux.params import FluxParams
 from diffserve.models.loader import read_config
 
 
-class LoraSlots:
+class LoraAdapters:
     """The adapters of one transformer: ``max_loras`` of them kept in memory (least recently used evicted),
     and the batch's combination installed on the layers they target (``activate``)."""
 

@@ -29,7 +29,7 @@ from diffserve.models.flux import edits
 from diffserve.models.flux.decode import decode_latents
 from diffserve.models.flux.encoders import TextEncoders
 from diffserve.models.flux.live_batch import LiveBatch, Member
-from diffserve.models.flux.lora import LoraSlots
+from diffserve.models.flux.lora import LoraAdapters
 from diffserve.models.flux.sampling import (
     check_scheduler_config,
     euler_step,
@@ -107,7 +107,7 @@ class FluxPipeline:
             # Joins need every rank to agree on the step a request joins at: one rank only, for now.
             step_batching=parallel.world_size == 1, lora=True,
             edits=kinds if parallel.world_size == 1 else ())
-        self.loras: LoraSlots | None = None  # set by from_stage
+        self.loras: LoraAdapters | None = None  # set by from_stage
         preparer = edits.ReferencePreparer if self.kontext else edits.EditPreparer
         self.editor = preparer(vae, self.latent_channels, dtype=dtype, device=device)
 
@@ -148,7 +148,7 @@ class FluxPipeline:
         logger.info("loaded %s (%s on %s) in %.1fs", root, dtype, device, time.perf_counter() - start)
         pipeline = cls(transformer, encoders, vae, scheduler_config, device=device, dtype=dtype,
                        parallel=context.parallel, cache=stage.cache, family=read_class_name(root))
-        pipeline.loras = transformer.lora_slots = LoraSlots(transformer, transformer.params, stage)
+        pipeline.loras = transformer.lora_adapters = LoraAdapters(transformer, transformer.params, stage)
         return pipeline
 
     @classmethod

@@ -110,9 +110,9 @@ class FluxTransformer(nn.Module):
     def _count_compiled(self, block: nn.Module) -> None:
         if self._block_tallies is not None:
             self.counters.add(self._block_tallies[type(block)])
-            slots = getattr(self, "lora_slots", None)
-            if slots is not None and slots.state.active:
-                self.counters.count_lora(slots.patched_in(block))
+            adapters = getattr(self, "lora_adapters", None)
+            if adapters is not None and adapters.state.active:
+                self.counters.count_lora(adapters.patched_in(block))
 
     def shard_sequence(self, group: Any, counters: Any) -> None:
         """Ulysses sequence parallelism over ``group``: from now on ``forward`` takes this rank's image
