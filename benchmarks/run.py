@@ -28,6 +28,7 @@ from benchmarks import (  # noqa: E402
     parallel,
     replicas,
     step_cache,
+    step_cache_trained,
     throughput,
     transformer_step,
 )
@@ -53,6 +54,7 @@ MEASUREMENTS = (
     ("arrivals", "i. Step-level batching under Poisson arrivals", arrivals.measure),
     ("generic", "j. The generic path: SD3 through diffusers' pipeline on our kernels", generic.measure),
     ("lora", "k. Per-request LoRA: adapter overhead and mixed-adapter throughput", lora.measure),
+    ("cache_trained", "l. Step cache on a trained model against a random one", step_cache_trained.measure),
 )
 
 
@@ -62,7 +64,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--out", type=Path, default=DEFAULT_OUT, help="markdown report path")
     p.add_argument("--cache-dir", type=Path, default=DEFAULT_CACHE, help="where built models are kept")
     p.add_argument("--only", default="", help="comma-separated measurement keys: e2e,step,overhead,throughput,cold,replicas,parallel,cache,"
-                   "arrivals,generic,lora")
+                   "arrivals,generic,lora,cache_trained")
     p.add_argument("--merge", action="store_true",
                    help="keep the sections of the report at --out that this run does not measure (only when "
                         "it was measured in the same mode on the same CPU capability)")

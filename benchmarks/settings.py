@@ -21,7 +21,7 @@ GUIDANCE_SCALE = 3.5
 class Case:
     """One image-generation workload: which model, image size and denoise steps."""
 
-    model: str  # "tiny-flux" | "small-flux"
+    model: str  # "tiny-flux" | "small-flux" | ... ("toy-shapes": the shipped trained model, section l)
     size: int  # square images, pixels per side
     steps: int
 
@@ -76,6 +76,13 @@ class Settings:
     # Per-request LoRA (section k): one adapter vs the base per image; 8 clients with 4 adapters vs base.
     lora_case: Case = Case("small-flux", 256, 4)
     lora_images: int = 16
+    # Step cache on the trained toy-shapes model against its random twin (section l): the case (64x64 is the
+    # model's size; 28 steps, FLUX.1-dev's default, where the published thresholds were tuned), the held-out
+    # prompt/seed pairs per point and each backend's thresholds (0 = uncached is always added).
+    cache_trained_case: Case = Case("toy-shapes", 64, 28)
+    cache_trained_pairs: int = 8
+    cache_trained_fbcache: tuple[float, ...] = (0.05, 0.08, 0.15, 0.3, 0.5)
+    cache_trained_teacache: tuple[float, ...] = (0.2, 0.4, 0.6, 0.8)
 
 
 TINY_E2E = Case("tiny-flux", 128, 2)
@@ -133,4 +140,8 @@ SMOKE = Settings(
     generic_cases=(Case("tiny-sd3", 64, 2),),
     lora_case=Case("tiny-flux", 64, 2),
     lora_images=8,
+    cache_trained_case=Case("toy-shapes", 64, 8),
+    cache_trained_pairs=2,
+    cache_trained_fbcache=(0.3,),
+    cache_trained_teacache=(0.6,),
 )

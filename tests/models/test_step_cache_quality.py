@@ -1,12 +1,19 @@
-"""The step cache's quality gate (issue 14): small-flux, 256x256, 20 steps, float32. Cached images are
-compared with the uncached image of the same request (PSNR and SSIM from ``benchmarks/common.py``, the
-functions benchmark section h reports with), at each backend's default threshold and at a threshold
-that skips most steps on this random-weight model.
+"""The step cache's quality gates. Cached images are compared with the uncached image of the same request
+(PSNR and SSIM from ``benchmarks/common.py``, the functions benchmark sections h and l report with), at
+each backend's default threshold and at a threshold that skips most steps.
+
+- small-flux (issue 14), 256x256, 20 steps, float32: a random-weight model, where block 0's residual
+  changes by ~0.5 per step, so the published fbcache default skips nothing and the gate sweeps higher.
+- toy-shapes (issue 20), the shipped trained model, 64x64, 28 steps, float32, held-out prompt/seed pairs:
+  its per-step signals are like trained FLUX.1-dev's, so the published defaults skip there as published;
+  the grammar's checker must read the cached images as well as the uncached ones.
 
 Floors are set from measurement on a 2-core AMD EPYC (see docs/cache.md, "Quality gate"), with margin:
 the values are deterministic in float32 on one machine and move only in the last digits across CPUs."""
 
 from __future__ import annotations
+
+import random
 
 import numpy as np
 import pytest
@@ -14,6 +21,7 @@ import pytest
 from benchmarks.common import psnr, ssim
 from diffserve.models.flux.pipeline import FluxPipeline
 from diffserve.types.request import GenerationRequest
+from diffserve.types.results import BatchResult
 
 STEPS = 20
 # backend -> (default-threshold floors, (skipping threshold, its floors)); floors are (PSNR dB, SSIM).
@@ -55,3 +63,76 @@ def test_cached_images_stay_close_to_uncached(small_flux_dir, uncached, backend)
         if kw:
             assert entry["skipped_steps"] >= STEPS // 2, "the gate must cover a threshold that skips most steps"
     print(f"\n[quality gate] {backend}: {measured}")
+
+
+# -- toy-shapes: the trained model --------------------------------------------------------------------
+
+TOY_STEPS = 28
+TOY_PAIRS = 12
+# backend -> ((threshold or None for the stage default, least skipped steps per image, PSNR floor, SSIM floor), ...).
+# PSNR: over all pairs' pixels together (one pooled MSE); SSIM: mean over the pairs. Measured (28 steps, 12 pairs;
+# the checker reads 6/12 uncached images as their prompt, 7/12 at every point below):
+#   fbcache  0.08 (default) skips 10-14 per image, 41.0 dB, SSIM 0.9971; 0.3 skips 22-23, 29.2 dB, 0.9677
+#   teacache 0.6 (default)  skips 20,              35.2 dB, SSIM 0.9898; 0.8 skips 21,    33.5 dB, 0.9852
+# Floors ~4-5 dB (SSIM ~0.01-0.02) below. On the random small-flux above, fbcache's default skips nothing.
+TOY_GATES = {
+    "fbcache": ((None, 5, 36.0, 0.99), (0.3, TOY_STEPS // 2, 25.0, 0.95)),
+    "teacache": ((None, TOY_STEPS // 2, 31.0, 0.98), (0.8, TOY_STEPS // 2, 29.0, 0.975)),
+}
+TOY_AGREEMENT_ALLOWANCE = 1  # cached images may read as their prompt for one pair fewer than uncached ones
+
+
+def toy_pairs() -> list[tuple[str, int]]:
+    """Held-out pairs: generation seeds far from training's and from tests/models/test_toy_shapes.py's."""
+    from diffserve.models.toy_shapes.grammar import all_scenes
+
+    rng = random.Random(28)
+    scenes = all_scenes()
+    return [(rng.choice(scenes).prompt, 2_000_000 + i) for i in range(TOY_PAIRS)]
+
+
+def _toy_batch(pipe: FluxPipeline, **kw) -> tuple[list[np.ndarray], list[dict]]:
+    """Every pair in one batch: each image row decides alone, so a row is the image it would be alone."""
+    requests = [GenerationRequest(prompt=prompt, height=64, width=64, num_inference_steps=TOY_STEPS,
+                                  guidance_scale=0.0, seed=seed, **kw) for prompt, seed in toy_pairs()]
+    outputs = [out for event in pipe.run(requests) if isinstance(event, BatchResult) for out in event.outputs]
+    return [out.images[0].numpy() for out in outputs], [out.attestation["cache"][0] for out in outputs]
+
+
+def _agreement(images: list[np.ndarray]) -> int:
+    from PIL import Image
+
+    from diffserve.models.toy_shapes.grammar import classify, parse_prompt
+
+    return sum(classify(Image.fromarray(image)) == parse_prompt(prompt)
+               for (prompt, _), image in zip(toy_pairs(), images, strict=True))
+
+
+@pytest.fixture(scope="module")
+def toy_uncached() -> list[np.ndarray]:
+    from diffserve.models.tiny import toy_model_dir
+
+    return _toy_batch(FluxPipeline.from_pretrained(toy_model_dir()))[0]
+
+
+@pytest.mark.parametrize("backend", sorted(TOY_GATES))
+def test_cached_images_of_the_trained_model_stay_close_and_still_draw_the_prompt(toy_uncached, backend) -> None:
+    from diffserve.models.tiny import toy_model_dir
+
+    pipe = FluxPipeline.from_pretrained(toy_model_dir(), cache={"backend": backend})
+    uncached_agreement = _agreement(toy_uncached)
+    measured = {"uncached agreement": uncached_agreement}
+    for threshold, least_skipped, psnr_floor, ssim_floor in TOY_GATES[backend]:
+        images, entries = _toy_batch(pipe, **({} if threshold is None else {"cache_threshold": threshold}))
+        skipped = [entry["skipped_steps"] for entry in entries]
+        quality = (psnr(np.concatenate(images), np.concatenate(toy_uncached)),
+                   float(np.mean([ssim(a, b) for a, b in zip(images, toy_uncached, strict=True)])))
+        agreement = _agreement(images)
+        label = f"threshold {threshold}" if threshold is not None else f"default {entries[0]['threshold']}"
+        measured[label] = (round(quality[0], 2), round(quality[1], 5), f"skipped {min(skipped)}-{max(skipped)}"
+                           f"/{TOY_STEPS}", f"agreement {agreement}/{TOY_PAIRS}")
+        # The point of the gate: the published defaults skip steps on a trained model (not on a random one).
+        assert min(skipped) >= least_skipped, (backend, label, measured)
+        assert quality[0] >= psnr_floor and quality[1] >= ssim_floor, (backend, label, measured)
+        assert agreement >= uncached_agreement - TOY_AGREEMENT_ALLOWANCE, (backend, label, measured)
+    print(f"\n[quality gate, toy-shapes] {backend}: {measured}")
