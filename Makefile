@@ -46,9 +46,11 @@ browser:
 	  || echo "browser: apt-get install failed; the playground browser test will skip"
 
 # Eager on purpose: torch.compile on a 2-core CPU costs over a minute before the first image.
+# The toy-shapes model (no MODEL) with its circles-to-stars LoRA registered as "stars".
+DEMO_LORA := diffserve/assets/toy-shapes-stars/pytorch_lora_weights.safetensors
 demo: install
 	@echo "diffserve playground: http://127.0.0.1:$${PORT:-8000}/ (open it once the server says it is serving)"
-	$(VENV)/bin/diffserve serve --enforce-eager --host 127.0.0.1 --port $${PORT:-8000}
+	$(VENV)/bin/diffserve serve --enforce-eager --lora stars=$(DEMO_LORA) --host 127.0.0.1 --port $${PORT:-8000}
 
 test: install-test browser
 	$(VENV)/bin/ruff check diffserve tests benchmarks

@@ -63,10 +63,11 @@ def build_flux_model(kind: str, out_dir: Path | str, *, seed: int = 0, guidance_
                                                               guidance_embeds=guidance_embeds), force=force)
 
 
-def build_into(target: Path, write: Callable[[Path], None], *, force: bool) -> Path:
+def build_into(target: Path, write: Callable[[Path], None], *, force: bool, marker: str = "model_index.json") -> Path:
     """Run ``write(staging)`` in a fresh directory beside ``target``, then publish it atomically as
-    ``target``; on any failure nothing is left behind (not even parents this call created)."""
-    check_target(target, force=force)
+    ``target``; on any failure nothing is left behind (not even parents this call created). ``force``
+    replaces only a directory holding ``marker`` (what such a build writes)."""
+    check_target(target, force=force, marker=marker)
     created_parents = _make_parents(target)
     try:
         staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.building-", dir=target.parent))
@@ -76,7 +77,7 @@ def build_into(target: Path, write: Callable[[Path], None], *, force: bool) -> P
     try:
         write(staging)
         _normalize_permissions(staging)
-        _move_into_place(staging, target, force=force)
+        _move_into_place(staging, target, force=force, marker=marker)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         _remove_empty(created_parents)
@@ -131,7 +132,7 @@ def default_cache_dir() -> Path:
     return Path.home() / ".cache" / "diffserve" / "models"
 
 
-def check_target(target: Path, *, force: bool) -> None:
+def check_target(target: Path, *, force: bool, marker: str = "model_index.json") -> None:
     """Reject a target that a build could not (or must not) replace, before any heavy work."""
     if target.exists() and not target.is_dir():
         raise ConfigError(f"{target} exists and is not a directory", path="DIR",
@@ -140,8 +141,8 @@ def check_target(target: Path, *, force: bool) -> None:
         if not force:
             raise ConfigError(f"{target} is not empty", path="DIR",
                               hint="choose an empty directory or pass --force to replace the model in it")
-        if not (target / "model_index.json").is_file():
-            raise ConfigError(f"{target} is not empty and holds no model_index.json; refusing to delete it",
+        if not (target / marker).is_file():
+            raise ConfigError(f"{target} is not empty and holds no {marker}; refusing to delete it",
                               path="DIR", hint="remove it yourself or choose another directory")
     # The deepest existing ancestor is where the staging directory's parents get created.
     probe = target.parent
@@ -251,12 +252,12 @@ def _write_json(path: Path, data: dict[str, Any]) -> None:
     path.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n", encoding="utf-8")
 
 
-def _move_into_place(staging: Path, target: Path, *, force: bool) -> None:
+def _move_into_place(staging: Path, target: Path, *, force: bool, marker: str) -> None:
     """Atomically publish ``staging`` as ``target``; a replaced model is moved aside, then deleted."""
     old: Path | None = None
     if target.is_dir():
         if any(target.iterdir()):
-            check_target(target, force=force)  # re-checked: something may have appeared meanwhile
+            check_target(target, force=force, marker=marker)  # re-checked: something may have appeared meanwhile
             old = Path(tempfile.mkdtemp(prefix=f".{target.name}.old-", dir=target.parent))
             os.replace(target, old / "model")
         else:

@@ -11,7 +11,9 @@ FLUX_KINDS = ("tiny-flux", "tiny-flux-kontext", "small-flux")
 GENERIC_KINDS = ("tiny-sd3", "small-sd3", "tiny-pixart-sigma")
 MODEL_KINDS = FLUX_KINDS + GENERIC_KINDS
 LORA_KINDS = ("tiny-flux-lora",)  # an adapter for a FLUX model (--base), not a model
-TRAINED_KINDS = ("toy-shapes",)  # trained FLUX.1 (diffserve.models.toy_shapes): copied, or retrained with --train
+# Trained on CPU by diffserve.models.toy_shapes: copied from the package, or retrained with --train.
+TRAINED_KINDS = ("toy-shapes",)  # the demo model
+TRAINED_LORA_KINDS = ("toy-shapes-stars",)  # its circles-to-stars adapter
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -24,24 +26,27 @@ def register(subparsers: argparse._SubParsersAction) -> None:
             "benchmarks; tiny-flux-kontext is FLUX.1 Kontext (FluxKontextPipeline, edits from a reference image). Generic diffusers DiT pipelines: tiny-sd3 and small-sd3 (~123M-parameter "
             "transformer) are StableDiffusion3Pipeline, tiny-pixart-sigma is PixArtSigmaPipeline. "
             "The same seed gives byte-identical files. toy-shapes is the trained demo model (draws 'a red circle "
-            "on a blue background'): copied from the package, or trained from scratch on this CPU with --train."
+            "on a blue background'): copied from the package, or trained from scratch on this CPU with --train; "
+            "toy-shapes-stars is its circles-to-stars LoRA (draws a star where the prompt says circle), copied "
+            "or trained (--train, about two minutes) for the toy model at --base (default: the shipped one)."
         ),
     )
-    parser.add_argument("kind", choices=MODEL_KINDS + TRAINED_KINDS + LORA_KINDS, metavar="KIND",
+    parser.add_argument("kind", choices=MODEL_KINDS + TRAINED_KINDS + LORA_KINDS + TRAINED_LORA_KINDS, metavar="KIND",
                         help=f"FLUX: {', '.join(FLUX_KINDS)}; generic diffusers DiT: {', '.join(GENERIC_KINDS)}; "
                              "tiny-flux-lora: a random LoRA (diffusers/PEFT layout) for the FLUX model at --base; "
-                             "toy-shapes: the trained demo model")
+                             "toy-shapes: the trained demo model; toy-shapes-stars: its circles-to-stars LoRA")
     parser.add_argument("dir", type=Path, metavar="DIR", help="output directory (created; must be empty)")
     parser.add_argument("--seed", type=int, default=0, help="weight seed (default 0)")
     parser.add_argument("--guidance-embeds", action="store_true",
                         help="FLUX kinds only: dev-like guidance-distilled transformer (default: schnell-like)")
     parser.add_argument("--base", type=Path, default=None, metavar="MODEL",
-                        help="tiny-flux-lora only: the FLUX model directory the adapter is for")
+                        help="tiny-flux-lora and toy-shapes-stars --train: the FLUX model directory the adapter is "
+                             "for")
     parser.add_argument("--rank", type=int, default=4, help="tiny-flux-lora only: LoRA rank (default 4)")
     parser.add_argument("--train", action="store_true",
-                        help="toy-shapes only: train it here (about 25 minutes on a 2-core CPU) instead of copying "
-                             "the shipped weights")
-    parser.add_argument("--threads", type=int, default=2, help="toy-shapes --train only: CPU threads (default 2)")
+                        help="toy-shapes, toy-shapes-stars only: train it here (about 25 minutes / 2 minutes on a "
+                             "2-core CPU) instead of copying the shipped weights")
+    parser.add_argument("--threads", type=int, default=2, help="--train only: CPU threads (default 2)")
     parser.add_argument("--force", action="store_true", help="replace an existing model directory at DIR")
     parser.set_defaults(func=run)
 
@@ -61,8 +66,11 @@ def run(args: argparse.Namespace) -> int:
     if args.kind in TRAINED_KINDS:
         print(_toy_shapes(args))
         return 0
+    if args.kind in TRAINED_LORA_KINDS:
+        print(_toy_shapes_stars(args))
+        return 0
     if args.train:
-        raise ConfigError(f"applies to toy-shapes only, not to {args.kind}", path="--train",
+        raise ConfigError(f"applies to toy-shapes and toy-shapes-stars only, not to {args.kind}", path="--train",
                           hint="random-weight kinds are built, not trained: drop --train")
     generic = args.kind in GENERIC_KINDS
     if generic and args.guidance_embeds:
@@ -102,3 +110,33 @@ def _toy_shapes(args: argparse.Namespace) -> Path:
     from diffserve.models.toy_shapes.train import TrainConfig, train_toy_model
 
     return train_toy_model(target, TrainConfig(seed=args.seed, threads=args.threads), force=args.force)
+
+
+def _toy_shapes_stars(args: argparse.Namespace) -> Path:
+    """Train the circles-to-stars LoRA into DIR (--train), or copy the shipped one; returns the weight file."""
+    import shutil
+
+    from diffserve.errors import ConfigError
+    from diffserve.models.tiny import build_into, check_target, toy_model_dir
+    from diffserve.models.toy_shapes.lora import (
+        WEIGHT_NAME,
+        LoraTrainConfig,
+        shipped_stars_lora,
+        train_stars_lora,
+    )
+
+    if args.guidance_embeds:
+        raise ConfigError("toy-shapes-stars adapts the schnell-like toy model", path="--guidance-embeds",
+                          hint="drop it")
+    if args.base is not None and not args.train:
+        raise ConfigError("--base applies to --train only (the shipped adapter is for the shipped model)",
+                          path="--base", hint="add --train to train an adapter for that model")
+    target = Path(args.dir).expanduser().absolute()
+    check_target(target, force=args.force, marker=WEIGHT_NAME)
+    if not args.train:
+        shipped = shipped_stars_lora().parent
+        build_into(target, lambda staging: shutil.copytree(shipped, staging, dirs_exist_ok=True), force=args.force,
+                   marker=WEIGHT_NAME)
+        return target / WEIGHT_NAME
+    base = Path(args.base).expanduser() if args.base is not None else toy_model_dir()
+    return train_stars_lora(target, base, LoraTrainConfig(seed=args.seed, threads=args.threads), force=args.force)

@@ -95,19 +95,19 @@ def _train_into(out: Path, config: TrainConfig) -> None:
     scenes = all_scenes()
     rng = random.Random(config.seed)
     labels = [rng.randrange(len(scenes)) for _ in range(config.images)]
-    images = _to_tensor([draw(scenes[i], rng) for i in labels])
+    images = images_to_tensor([draw(scenes[i], rng) for i in labels])
     log: dict[str, Any] = {"config": asdict(config)}
 
     torch.manual_seed(component_seed(config.seed, "vae"))
     vae = AutoencoderKL(**VAE_CONFIG, scaling_factor=1.0, shift_factor=0.0)
     log["vae_loss"] = _train_vae(vae, images, config)
-    latents = _encode(vae, images)
+    latents = encode_images(vae, images)
     shift, scale = latents.mean().item(), 1.0 / latents.std().item()
     vae.register_to_config(shift_factor=round(shift, 6), scaling_factor=round(scale, 6))
     vae.eval().save_pretrained(str(out / "vae"), safe_serialization=True)
     latents = (latents - vae.config.shift_factor) * vae.config.scaling_factor
 
-    prompt_embeds, pooled, text_bias = _encode_prompts(out, clip, t5, [s.prompt for s in scenes])
+    prompt_embeds, pooled, text_bias = encode_prompts(out, clip, t5, [s.prompt for s in scenes])
     torch.manual_seed(component_seed(config.seed, "transformer"))
     transformer, log["transformer_loss"] = _train_transformer(latents, torch.tensor(labels), prompt_embeds,
                                                               pooled, text_bias, config)
@@ -158,7 +158,7 @@ def _text_encoders(out: Path, corpus: str, seed: int) -> tuple[Any, Any]:
     return clip, t5
 
 
-def _encode_prompts(out: Path, clip: Any, t5: Any, prompts: list[str]) -> tuple[Any, Any, Any]:
+def encode_prompts(out: Path, clip: Any, t5: Any, prompts: list[str]) -> tuple[Any, Any, Any]:
     """Every prompt as FluxPipeline encodes it, compressed: (T5 sequence [P, n + 1, 64] (the n tokens of
     the longest prompt, then one pad), CLIP pooled [P, 32], attention bias [P, n + 1])."""
     import torch
@@ -180,7 +180,7 @@ def _encode_prompts(out: Path, clip: Any, t5: Any, prompts: list[str]) -> tuple[
     return sequence[:, :real + 1].clone(), pooled, bias
 
 
-def _to_tensor(images: list[Any]) -> Any:
+def images_to_tensor(images: list[Any]) -> Any:
     import numpy as np
     import torch
 
@@ -215,7 +215,7 @@ def _train_vae(vae: Any, images: Any, config: TrainConfig) -> list[float]:
     return losses
 
 
-def _encode(vae: Any, images: Any) -> Any:
+def encode_images(vae: Any, images: Any) -> Any:
     import torch
 
     vae.eval()
@@ -265,25 +265,14 @@ def _train_transformer(latents: Any, labels: Any, prompt_embeds: Any, pooled: An
     schedule = torch.optim.lr_scheduler.OneCycleLR(optimizer, config.transformer_lr,
                                                    total_steps=config.transformer_steps, pct_start=0.05)
     x0_all = pack(latents)
-    img_ids = image_ids(latents.shape[2], latents.shape[3])
-    txt_ids = torch.zeros(prompt_embeds.shape[1], 3)
     gen = torch.Generator().manual_seed(component_seed(config.seed, "transformer-batches"))
     losses: list[float] = []
     model.train()
     for _ in tqdm(range(config.transformer_steps), desc="transformer", mininterval=2.0):
         idx = torch.randint(len(x0_all), (config.transformer_batch,), generator=gen)
-        x0 = x0_all[idx]
-        noise = torch.randn(x0.shape, generator=gen)
-        u = torch.sigmoid(torch.randn(len(idx), generator=gen))
-        sigma = shifted_sigmas(u, x0.shape[1])
-        x_t = (1.0 - sigma[:, None, None]) * x0 + sigma[:, None, None] * noise
         prompt = labels[idx]
-        mask = torch.cat([text_bias[prompt], torch.zeros(len(idx), x0.shape[1])], dim=1)[:, None, None, :]
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=config.bf16):
-            pred = model(hidden_states=x_t, timestep=sigma, pooled_projections=pooled[prompt],
-                         encoder_hidden_states=prompt_embeds[prompt], txt_ids=txt_ids, img_ids=img_ids,
-                         joint_attention_kwargs={"attention_mask": mask}, return_dict=False)[0]
-        loss = torch.nn.functional.mse_loss(pred.float(), noise - x0)
+        loss = flow_matching_loss(model, x0_all[idx], Conditioning(prompt_embeds[prompt], pooled[prompt],
+                                                                   text_bias[prompt]), gen, bf16=config.bf16)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -294,6 +283,33 @@ def _train_transformer(latents: Any, labels: Any, prompt_embeds: Any, pooled: An
                 e.lerp_(p, 1.0 - config.ema_decay)
         losses.append(loss.item())
     return ema, losses
+
+
+@dataclass(frozen=True)
+class Conditioning:
+    """A batch's text conditioning as ``encode_prompts`` returns it (one row per image)."""
+
+    prompt_embeds: Any  # [B, n + 1, 64]
+    pooled: Any  # [B, 32]
+    text_bias: Any  # [B, n + 1], additive attention logits of the text tokens
+
+
+def flow_matching_loss(model: Any, x0: Any, text: Conditioning, gen: Any, *, bf16: bool) -> Any:
+    """FLUX.1's flow-matching loss on packed latents ``x0`` [B, tokens, 64] of square images: a
+    logit-normal noise level through the scheduler's shift, target velocity ``noise - x0``."""
+    import torch
+
+    side = 2 * math.isqrt(x0.shape[1])  # latent height = width
+    noise = torch.randn(x0.shape, generator=gen)
+    sigma = shifted_sigmas(torch.sigmoid(torch.randn(len(x0), generator=gen)), x0.shape[1])
+    x_t = (1.0 - sigma[:, None, None]) * x0 + sigma[:, None, None] * noise
+    mask = torch.cat([text.text_bias, torch.zeros(len(x0), x0.shape[1])], dim=1)[:, None, None, :]
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+        pred = model(hidden_states=x_t, timestep=sigma, pooled_projections=text.pooled,
+                     encoder_hidden_states=text.prompt_embeds, txt_ids=torch.zeros(text.prompt_embeds.shape[1], 3),
+                     img_ids=image_ids(side, side), joint_attention_kwargs={"attention_mask": mask},
+                     return_dict=False)[0]
+    return torch.nn.functional.mse_loss(pred.float(), noise - x0)
 
 
 def _summary(log: dict[str, Any]) -> dict[str, Any]:

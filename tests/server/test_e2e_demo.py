@@ -1,0 +1,70 @@
+"""``make demo``'s server, as the Makefile starts it: the toy-shapes model (no MODEL) with its circles-to-stars
+LoRA, asked through the real ``openai`` client for "a red circle on a blue background", with and without
+the adapter; the grammar's checker reads what came back."""
+
+from __future__ import annotations
+
+import base64
+import io
+import re
+import shlex
+from pathlib import Path
+
+import openai
+import pytest
+from PIL import Image
+
+from diffserve.models.toy_shapes.grammar import Scene, classify, solidity
+
+pytestmark = pytest.mark.e2e
+
+REPO = Path(__file__).resolve().parents[2]
+PROMPT = "a red circle on a blue background"
+STAR_LIKE = 0.88  # solidity: circles ~0.96, the toy model's stars ~0.8 (tests/models/test_toy_shapes_lora.py)
+
+
+def demo_serve_args() -> list[str]:
+    """The arguments ``make demo`` gives ``diffserve serve``, before its host and port (the test picks them)."""
+    makefile = (REPO / "Makefile").read_text(encoding="utf-8")
+    variables = dict(re.findall(r"^([A-Z_]+) :?= (.+)$", makefile, flags=re.M))
+    recipe = re.search(r"^demo:.*\n(?:\t.*\n)*?\t\$\(VENV\)/bin/diffserve serve (.+)$", makefile, flags=re.M)
+    assert recipe, "make demo must run diffserve serve"
+    args = shlex.split(re.sub(r"\$\((\w+)\)", lambda m: variables[m.group(1)], recipe.group(1)))
+    return args[:args.index("--host")]
+
+
+@pytest.fixture(scope="module")
+def demo_client(server_launcher):
+    # make runs from the repository root: its relative adapter path (name=path) is made absolute here.
+    args = [re.sub(r"^(\w+)=(?!/)", lambda m: f"{m.group(1)}={REPO}/", a) for a in demo_serve_args()]
+    with server_launcher(*args) as server:
+        yield openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=120)
+
+
+def draw(client: openai.OpenAI, seed: int, **extra) -> tuple[Image.Image, dict]:
+    result = client.images.generate(model="toy-shapes", prompt=PROMPT, size="64x64",
+                                    extra_body={"seed": seed, **extra})
+    image = Image.open(io.BytesIO(base64.b64decode(result.data[0].b64_json))).convert("RGB")
+    return image, result.model_extra["diffserve"]["attestation"]
+
+
+def test_make_demo_serves_the_toy_model_with_its_lora() -> None:
+    args = demo_serve_args()
+    assert "--lora" in args and args[args.index("--lora") + 1].startswith("stars=")
+    assert not [a for a in args if not a.startswith("-") and "=" not in a], "make demo names no MODEL"
+
+
+def test_the_demo_draws_a_red_circle_on_blue(demo_client) -> None:
+    assert [m.id for m in demo_client.models.list().data] == ["toy-shapes"]
+    read = [classify(draw(demo_client, seed)[0]) for seed in (42, 43, 44)]
+    assert read.count(Scene("red", "circle", "blue")) >= 2, read
+
+
+def test_the_demo_draws_stars_with_the_stars_lora(demo_client) -> None:
+    images = []
+    for seed in (42, 43, 44):
+        image, attestation = draw(demo_client, seed, loras=[{"name": "stars"}])
+        assert attestation["lora"] == {"adapters": [{"name": "stars", "scale": 1.0}]}
+        images.append(image)
+    assert all((classify(im).colour, classify(im).background) == ("red", "blue") for im in images)
+    assert sum(solidity(im) < STAR_LIKE for im in images) >= 2, [solidity(im) for im in images]
