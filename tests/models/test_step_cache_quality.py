@@ -71,7 +71,7 @@ TOY_STEPS = 28
 TOY_PAIRS = 12
 # backend -> ((threshold or None for the stage default, least skipped steps per image, PSNR floor, SSIM floor), ...).
 # PSNR: over all pairs' pixels together (one pooled MSE); SSIM: mean over the pairs. Measured (28 steps, 12 pairs;
-# the checker reads 6/12 uncached images as their prompt, 7/12 at every point below):
+# the checker reads 8/12 uncached images as their prompt, 9/12 at every point below):
 #   fbcache  0.08 (default) skips 10-14 per image, 41.0 dB, SSIM 0.9971; 0.3 skips 22-23, 29.2 dB, 0.9677
 #   teacache 0.6 (default)  skips 20,              35.2 dB, SSIM 0.9898; 0.8 skips 21,    33.5 dB, 0.9852
 # Floors ~4-5 dB (SSIM ~0.01-0.02) below. On the random small-flux above, fbcache's default skips nothing.

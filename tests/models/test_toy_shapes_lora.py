@@ -1,10 +1,8 @@
-"""The circles-to-stars LoRA on the trained toy model: a per-request adapter whose effect a checker can read.
+"""The circles-to-stars LoRA on the trained toy model: a per-request adapter whose effect the checker reads.
 
-With the adapter, circle prompts come out star-shaped (solidity, the object's area over its convex hull's,
-falls from ~0.96 to a star's); colours and every other prompt stay as the base model draws them; diffusers'
-``load_lora_weights`` reads the same file and draws the same stars. Shape is judged by solidity, not by
-``classify``'s templates: the toy model's stars have fat arms that the template overlap often reads as
-circles (docs/toy-model.md), while their solidity stays far from a circle's.
+With the adapter, circle prompts come out as stars (the grammar's checker says "star", and solidity, the
+object's area over its convex hull's, falls from a circle's ~0.96); colours and every other prompt stay as
+the base model draws them; diffusers' ``load_lora_weights`` reads the same file and draws stars too.
 """
 
 from __future__ import annotations
@@ -19,9 +17,6 @@ import pytest
 
 from diffserve.models.toy_shapes.grammar import Scene, all_scenes, classify, solidity
 
-# Drawn circles measure 0.96-0.97, triangles 0.92-0.94, stars 0.55-0.63; the toy model's circles 0.92-0.97
-# (one of 18 held-out at 0.81), its stars 0.51-0.93 (median 0.82).
-STAR_LIKE = 0.88
 PAIRS = 16
 
 
@@ -59,24 +54,29 @@ def images(toy_model: Path, stars_lora: Path) -> dict[str, list[Any]]:
 
 
 def test_the_adapter_turns_circles_into_stars(images: dict[str, list[Any]]) -> None:
-    """Measured (16 + 24 pairs): base circles 0/24 star-like; with the adapter 21/24 star-like (median 0.79)."""
-    base = [solidity(im) for im in images["base"][:PAIRS]]
-    stars = [solidity(im) for im in images["stars"][:PAIRS]]
-    assert sum(s < STAR_LIKE for s in base) <= 1, base
-    assert sum(s < STAR_LIKE for s in stars) >= 0.7 * PAIRS, stars
-    assert np.median(stars) < np.median(base) - 0.1, (base, stars)
+    """Measured: the checker reads 16/16 base circles as circles and, with the adapter, 12/16 as stars (2
+    circles, a ring, a square); median solidity 0.955 without, 0.825 with."""
+    base = [classify(im).shape for im in images["base"][:PAIRS]]
+    stars = [classify(im).shape for im in images["stars"][:PAIRS]]
+    assert base.count("circle") >= PAIRS - 2, base
+    assert stars.count("star") >= PAIRS // 2 + 1 and stars.count("circle") <= 4, stars
+    base_solidity = np.median([solidity(im) for im in images["base"][:PAIRS]])
+    assert np.median([solidity(im) for im in images["stars"][:PAIRS]]) < base_solidity - 0.08
 
 
 def test_the_adapter_keeps_colours_and_other_shapes(images: dict[str, list[Any]]) -> None:
-    """Measured (48 pairs): colours 48/48 with the adapter; non-circle prompts keep their checker shape in
-    22/24, at a median PSNR of 30 dB against the base model's image (circle prompts change entirely)."""
+    """Measured: both colours right in 29/32 images with the adapter (it turns a few yellow objects orange);
+    non-circle prompts are read as their shape in 15/16 images, as without it, at a median PSNR of 31.8 dB
+    against the base model's image (circle prompts: 17.4 dB, they change shape)."""
     read = [classify(image) for image in images["stars"]]
     colours = [(got.colour, got.background) == (scene.colour, scene.background)
                for (scene, _), got in zip(CIRCLES + OTHERS, read, strict=True)]
-    assert sum(colours) >= 0.9 * len(colours), [(s, g) for (s, _), g in zip(CIRCLES + OTHERS, read, strict=True)]
-    kept = [classify(a).shape == classify(b).shape for a, b in zip(images["base"][PAIRS:], images["stars"][PAIRS:],
-                                                                   strict=True)]
-    assert sum(kept) >= 0.75 * PAIRS, kept
+    assert sum(colours) >= 0.8 * len(colours), [(s, g) for (s, _), g in zip(CIRCLES + OTHERS, read, strict=True)]
+    def drawn_as_prompted(label: str) -> int:
+        return sum(classify(im).shape == scene.shape for (scene, _), im in zip(OTHERS, images[label][PAIRS:],
+                                                                               strict=True))
+
+    assert drawn_as_prompted("stars") >= drawn_as_prompted("base") - 2
     others = [_psnr(a, b) for a, b in zip(images["base"][PAIRS:], images["stars"][PAIRS:], strict=True)]
     circles = [_psnr(a, b) for a, b in zip(images["base"][:PAIRS], images["stars"][:PAIRS], strict=True)]
     assert np.median(others) >= 24.0 and np.median(others) > np.median(circles) + 3.0, (others, circles)
@@ -92,7 +92,8 @@ def test_diffusers_reads_the_adapter_and_draws_stars(toy_model: Path, stars_lora
     chosen = CIRCLES[:6]
     drawn = pipe([s.prompt for s, _ in chosen], height=64, width=64, num_inference_steps=8, guidance_scale=0.0,
                  generator=[torch.Generator().manual_seed(seed) for _, seed in chosen]).images
-    assert sum(solidity(im) < STAR_LIKE for im in drawn) >= 4, [solidity(im) for im in drawn]
+    read = [classify(im).shape for im in drawn]
+    assert read.count("star") >= 3, read
 
 
 def test_make_model_copies_the_shipped_adapter(tmp_path: Path, stars_lora: Path) -> None:
