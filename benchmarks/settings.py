@@ -141,7 +141,7 @@ SMOKE = Settings(
     lora_case=Case("tiny-flux", 64, 2),
     lora_images=8,
     cache_trained_case=Case("toy-shapes", 64, 8),
-    cache_trained_pairs=2,
+    cache_trained_pairs=1,
     cache_trained_fbcache=(0.3,),
-    cache_trained_teacache=(0.6,),
+    cache_trained_teacache=(),  # smoke: fbcache only (the teacache path is the same code)
 )

@@ -28,7 +28,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
             "The same seed gives byte-identical files. toy-shapes is the trained demo model (draws 'a red circle "
             "on a blue background'): copied from the package, or trained from scratch on this CPU with --train; "
             "toy-shapes-stars is its circles-to-stars LoRA (draws a star where the prompt says circle), copied "
-            "or trained (--train, about two minutes) for the toy model at --base (default: the shipped one)."
+            "or trained (--train, about a minute) for the toy model at --base (default: the shipped one)."
         ),
     )
     parser.add_argument("kind", choices=MODEL_KINDS + TRAINED_KINDS + LORA_KINDS + TRAINED_LORA_KINDS, metavar="KIND",
@@ -44,7 +44,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                              "for")
     parser.add_argument("--rank", type=int, default=4, help="tiny-flux-lora only: LoRA rank (default 4)")
     parser.add_argument("--train", action="store_true",
-                        help="toy-shapes, toy-shapes-stars only: train it here (about 25 minutes / 2 minutes on a "
+                        help="toy-shapes, toy-shapes-stars only: train it here (about 25 minutes / 1 minute on a "
                              "2-core CPU) instead of copying the shipped weights")
     parser.add_argument("--threads", type=int, default=2, help="--train only: CPU threads (default 2)")
     parser.add_argument("--force", action="store_true", help="replace an existing model directory at DIR")

@@ -123,7 +123,7 @@ def _train_into(out: Path, base: Path, config: LoraTrainConfig) -> None:
         summary = {"config": asdict(config), "base": base.name, "seconds": seconds,
                    "final_loss": round(sum(tail) / len(tail), 5)}
         (out / "training.json").write_text(json.dumps(summary, indent=1) + "\n", encoding="utf-8")
-        write_loss_curve(out / "loss.png", [], losses)
+        write_loss_curve(out / "loss.png", [], losses)  # the adapter's one curve
         logger.info("trained circles-to-stars in %.0f s", seconds)
     finally:
         torch.set_num_threads(threads)

@@ -322,17 +322,17 @@ def _summary(log: dict[str, Any]) -> dict[str, Any]:
 
 
 def write_loss_curve(path: Path, vae_loss: list[float], transformer_loss: list[float]) -> None:
-    """Both loss curves (log scale, smoothed) side by side as a PNG, drawn with PIL (no matplotlib)."""
+    """The loss curves (log scale, smoothed) side by side as a PNG, drawn with PIL (no matplotlib); an empty
+    one (the adapter trains no VAE) gets no panel."""
     import math
 
     from PIL import Image, ImageDraw
 
+    panels = [(name, values) for name, values in (("vae", vae_loss), ("transformer", transformer_loss)) if values]
     width, height, pad = 320, 200, 24
-    image = Image.new("RGB", (2 * width, height), "white")
+    image = Image.new("RGB", (max(len(panels), 1) * width, height), "white")
     pen = ImageDraw.Draw(image)
-    for panel, (name, values) in enumerate((("vae", vae_loss), ("transformer", transformer_loss))):
-        if not values:
-            continue
+    for panel, (name, values) in enumerate(panels):
         window = max(1, len(values) // 100)
         smooth = [sum(values[i:i + window]) / len(values[i:i + window]) for i in range(0, len(values), window)]
         logs = [math.log10(max(v, 1e-8)) for v in smooth]
