@@ -26,11 +26,10 @@ from diffserve.logging import get_logger
 from diffserve.models.tiny import build_into, component_seed
 from diffserve.models.toy_shapes.grammar import Scene, all_scenes, draw
 from diffserve.models.toy_shapes.train import (
-    Conditioning,
     encode_images,
     encode_prompts,
-    flow_matching_loss,
     images_to_tensor,
+    optimizer_step,
     pack,
     write_loss_curve,
 )
@@ -160,7 +159,6 @@ def _fit(model: Any, adapters: dict[str, LoraLinear], x0_all: Any, labels: Any, 
          config: LoraTrainConfig) -> list[float]:
     from tqdm.auto import tqdm
 
-    prompt_embeds, pooled, text_bias = text
     params = [p for a in adapters.values() for p in (a.down, a.up)]
     optimizer = torch.optim.AdamW(params, lr=config.lr, weight_decay=0.0)
     schedule = torch.optim.lr_scheduler.OneCycleLR(optimizer, config.lr, total_steps=config.steps, pct_start=0.1)
@@ -168,16 +166,8 @@ def _fit(model: Any, adapters: dict[str, LoraLinear], x0_all: Any, labels: Any, 
     losses: list[float] = []
     model.train()
     for _ in tqdm(range(config.steps), desc="circles-to-stars", mininterval=2.0):
-        idx = torch.randint(len(x0_all), (config.batch,), generator=gen)
-        prompt = labels[idx]
-        loss = flow_matching_loss(model, x0_all[idx], Conditioning(prompt_embeds[prompt], pooled[prompt],
-                                                                   text_bias[prompt]), gen, bf16=config.bf16)
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(params, 1.0)
-        optimizer.step()
-        schedule.step()
-        losses.append(loss.item())
+        losses.append(optimizer_step(model, params, (optimizer, schedule), x0_all, labels, text, gen, config.batch,
+                                     config.bf16))
     return losses
 
 

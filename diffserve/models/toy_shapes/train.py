@@ -268,21 +268,34 @@ def _train_transformer(latents: Any, labels: Any, prompt_embeds: Any, pooled: An
     gen = torch.Generator().manual_seed(component_seed(config.seed, "transformer-batches"))
     losses: list[float] = []
     model.train()
+    params = list(model.parameters())
     for _ in tqdm(range(config.transformer_steps), desc="transformer", mininterval=2.0):
-        idx = torch.randint(len(x0_all), (config.transformer_batch,), generator=gen)
-        prompt = labels[idx]
-        loss = flow_matching_loss(model, x0_all[idx], Conditioning(prompt_embeds[prompt], pooled[prompt],
-                                                                   text_bias[prompt]), gen, bf16=config.bf16)
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        optimizer.step()
-        schedule.step()
+        losses.append(optimizer_step(model, params, (optimizer, schedule), x0_all, labels,
+                                     (prompt_embeds, pooled, text_bias), gen, config.transformer_batch, config.bf16))
         with torch.no_grad():
-            for e, p in zip(ema.parameters(), model.parameters(), strict=True):
+            for e, p in zip(ema.parameters(), params, strict=True):
                 e.lerp_(p, 1.0 - config.ema_decay)
-        losses.append(loss.item())
     return ema, losses
+
+
+def optimizer_step(model: Any, params: list[Any], optim: tuple[Any, Any], x0_all: Any, labels: Any,
+                   text: tuple[Any, Any, Any], gen: Any, batch: int, bf16: bool) -> float:
+    """One training step on a random batch of (latents, prompt index) pairs: the flow-matching loss,
+    backward, gradient clipping at 1, the optimizer and LR schedule steps; returns the loss."""
+    import torch
+
+    optimizer, schedule = optim
+    prompt_embeds, pooled, text_bias = text
+    idx = torch.randint(len(x0_all), (batch,), generator=gen)
+    prompt = labels[idx]
+    loss = flow_matching_loss(model, x0_all[idx], Conditioning(prompt_embeds[prompt], pooled[prompt],
+                                                               text_bias[prompt]), gen, bf16=bf16)
+    optimizer.zero_grad(set_to_none=True)
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(params, 1.0)
+    optimizer.step()
+    schedule.step()
+    return loss.item()
 
 
 @dataclass(frozen=True)
