@@ -36,13 +36,12 @@ from typing import Any
 import numpy as np
 import pytest
 
-from diffserve.models.toy_shapes.grammar import COLOURS, SHAPES, Scene, classify, draw
+from diffserve.models.toy_shapes.grammar import COLOURS, SHAPES, Scene, classify, draw, palette_labels
 
 N = 16  # inputs per check
 SEED_BASE = 3_000_000  # generation seeds far from anything training used
 LOW, HIGH = 0.1, 1.0  # img2img strengths: the last of 8 steps only; the whole schedule from pure noise
 NAMES = list(COLOURS)
-PALETTE = np.array([COLOURS[name] for name in NAMES], dtype=np.float32)
 
 
 @dataclass(frozen=True)
@@ -110,7 +109,7 @@ def mad(batch: list[Edit], region: np.ndarray) -> float:
 
 def object_colour(image: np.ndarray, background: str) -> str:
     """The checker's object rule on a part of an image: the dominant palette colour other than ``background``."""
-    labels = ((image.astype(np.float32)[:, :, None, :] - PALETTE) ** 2).sum(-1).argmin(-1)
+    labels = palette_labels(image)
     counts = np.bincount(labels.ravel(), minlength=len(NAMES))
     counts[NAMES.index(background)] = -1
     return NAMES[int(counts.argmax())]

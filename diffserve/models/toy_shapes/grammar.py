@@ -134,7 +134,7 @@ def _segment(image: Any) -> tuple[str, str, Any] | None:
     """(object colour, background colour, the object colour's largest blob), or None without an object."""
     import numpy as np
 
-    labels = _palette_labels(image)
+    labels = palette_labels(image)
     names = list(COLOURS)
     background = _border_colour(labels)
     inner = labels[labels != background]
@@ -144,11 +144,11 @@ def _segment(image: Any) -> tuple[str, str, Any] | None:
     return names[colour], names[background], _largest_component(labels == colour)
 
 
-def _palette_labels(image: Any) -> Any:
-    """[H, W] index of each pixel's nearest palette colour."""
+def palette_labels(image: Any) -> Any:
+    """[H, W] index into ``COLOURS`` of each pixel's nearest palette colour (a PIL image or uint8 [H, W, 3])."""
     import numpy as np
 
-    pixels = np.asarray(image.convert("RGB"), dtype=np.float32)
+    pixels = np.asarray(image.convert("RGB") if hasattr(image, "convert") else image, dtype=np.float32)
     palette = np.array(list(COLOURS.values()), dtype=np.float32)
     return ((pixels[:, :, None, :] - palette) ** 2).sum(-1).argmin(-1)
 
@@ -161,7 +161,7 @@ def _border_colour(labels: Any) -> int:
 
 
 def _background_name(image: Any) -> str:
-    return list(COLOURS)[_border_colour(_palette_labels(image))]
+    return list(COLOURS)[_border_colour(palette_labels(image))]
 
 
 def _hull_area(points: list[tuple[int, int]]) -> float:
