@@ -149,6 +149,10 @@ class StageConfig:
     batching: str = opt("step", "step = requests of one batch key join a running batch at a step boundary and "
                         "leave when done; request = a batch runs start to end as formed", c.normalize_batching,
                         choices=c.canonical_values(c.BATCHING_ALIASES))
+    batch_invariant: bool = opt(True, "every image of a batch bit-identical to its request alone: each sample "
+                                "through its own GEMM and attention calls (false: whole-batch calls, faster "
+                                "where batching makes an image cheaper, last bits may differ)",
+                                c.normalize_bool, kind="bool")
     parallel: ParallelConfig = section(ParallelConfig, "parallelism degrees", "")
     cache: CacheConfig = section(CacheConfig, "step cache", "cache_")
     warmup: WarmupConfig = section(WarmupConfig, "warmup run at startup", "warmup_")

@@ -27,20 +27,25 @@ from diffserve.layers.observe import KernelObserver
 
 @dataclass
 class KernelSet:
-    """The backends one model is built with, plus the counters its modules report to."""
+    """The backends one model is built with, plus the counters its modules report to.
+
+    ``batch_invariant``: every ``Linear`` and ``Attention`` made here calls its backend once per sample of
+    the batch (``layers/per_sample.py``), so a sample's result never depends on the batch it runs in."""
 
     linear_backend: LinearBackend
     attention_backends: dict[str, AttentionBackend]
     counters: KernelCounters = field(default_factory=KernelCounters)
+    batch_invariant: bool = True
 
-    def make_linear(self, in_features: int, out_features: int, bias: bool = True, *, rowwise: bool = False,
+    def make_linear(self, in_features: int, out_features: int, bias: bool = True, *,
                     activation: str | None = None, device: torch.device | str | None = None,
                     dtype: torch.dtype | None = None) -> Linear:
         return Linear(in_features, out_features, bias, backend=self.linear_backend, counters=self.counters,
-                      rowwise=rowwise, activation=activation, device=device, dtype=dtype)
+                      per_sample=self.batch_invariant, activation=activation, device=device, dtype=dtype)
 
     def make_attention(self, role: str) -> Attention:
-        return Attention(role, backend=self.attention_backends[role], counters=self.counters)
+        return Attention(role, backend=self.attention_backends[role], counters=self.counters,
+                         per_sample=self.batch_invariant)
 
     def describe(self) -> dict[str, Any]:
         return {"linear": self.linear_backend.name,
@@ -49,9 +54,10 @@ class KernelSet:
 
 def build_kernel_set(linear_backend: str, attention_backend: AttentionBackendConfig, *, roles: Sequence[str],
                      device: torch.device | str, dtype: torch.dtype,
-                     observers: Sequence[KernelObserver] = ()) -> KernelSet:
+                     observers: Sequence[KernelObserver] = (), batch_invariant: bool = True) -> KernelSet:
     """Select the linear backend and one attention backend per role (``roles`` are the model's), then
-    let each observer see (and possibly wrap) every selection."""
+    let each observer see (and possibly wrap) every selection. ``batch_invariant``: the modules made from
+    the set run one backend call per sample (the stage's ``batch_invariant``)."""
     unknown = sorted(set(attention_backend.roles) - set(roles))
     if unknown:
         raise ConfigError(f"unknown attention role(s) {unknown}", path="attention_backend",
@@ -71,4 +77,4 @@ def build_kernel_set(linear_backend: str, attention_backend: AttentionBackendCon
         if name not in by_name:
             by_name[name] = observed("attention", name, select_attention_backend(name, device, dtype))
         chosen[role] = by_name[name]
-    return KernelSet(linear, chosen)
+    return KernelSet(linear, chosen, batch_invariant=batch_invariant)

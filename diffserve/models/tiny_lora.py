@@ -4,7 +4,7 @@ reads, written to ``DIR/pytorch_lora_weights.safetensors`` (diffusers' default n
 deterministic; nothing is downloaded.
 
 It targets the attention projections and MLP outputs of every block, the first double block's image
-modulation (a per-sample ``rowwise`` layer) and the final modulation (whose halves the native layout
+modulation (a layer on per-sample vectors) and the final modulation (whose halves the native layout
 swaps), so every mapping of ``models/flux/lora_file.py`` is exercised.
 """
 

@@ -24,3 +24,6 @@ class PipelineCapabilities:
     lora: bool = False  # per-request LoRA adapters (``GenerationRequest.loras``)
     # Image edits it runs: "img2img" (strength), "inpaint" (a mask), "reference" (images as extra tokens).
     edits: tuple[str, ...] = ()
+    # Every image of a batch is bit-identical to its request alone, by construction (each sample through
+    # its own kernel calls: the stage's ``batch_invariant``); reported in every attestation.
+    batch_invariant: bool = False

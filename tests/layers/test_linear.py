@@ -56,14 +56,3 @@ def test_patched_backend_method_is_seen_after_construction(monkeypatch: pytest.M
     monkeypatch.setattr(TorchLinearBackend, "linear", recording)
     layer(torch.randn(3, 4))
     assert seen == [torch.Size([3, 4])]
-
-
-def test_rowwise_linear_is_batch_invariant_and_counts_once() -> None:
-    counters = KernelCounters()
-    layer = Linear(128, 768, backend=select_linear_backend("torch", "cpu", torch.float32), counters=counters,
-                   rowwise=True)
-    x = torch.randn(4, 128)
-    batched = layer(x)
-    assert counters.snapshot()["linear"] == {"torch": 1}
-    for i in range(4):
-        assert torch.equal(batched[i : i + 1], layer(x[i : i + 1]))

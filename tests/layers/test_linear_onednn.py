@@ -1,4 +1,5 @@
-"""The oneDNN linear backend: availability, parity with F.linear, fused GELU, packing, batch invariance."""
+"""The oneDNN linear backend: availability, parity with F.linear, fused GELU, packing (batch invariance of a
+per-sample layer on it: tests/layers/test_per_sample.py)."""
 
 from __future__ import annotations
 
@@ -59,29 +60,6 @@ def test_matches_f_linear_and_counts_under_its_name(dtype: torch.dtype, activati
     assert layer.backend_name == "onednn"
     assert ("activation=gelu_tanh" in repr(layer)) == (activation is not None)
     assert counters.snapshot()["linear"] == {"onednn": 1}
-
-
-@pytest.mark.parametrize("dtype", DTYPES)
-def test_rows_do_not_depend_on_the_batch(dtype: torch.dtype) -> None:
-    # Image i of a batch must equal it alone, bit for bit: token GEMMs (M = B * L) at the model's shapes.
-    for length, k, n, activation in [(80, 64, 128, None), (320, 768, 2304, None), (64, 768, 3072, "gelu_tanh"),
-                                      (256, 3072, 768, None), (16, 32, 96, "gelu_tanh")]:
-        layer, _ = _layer(k, n, dtype, activation=activation)
-        x = torch.randn(3, length, k).to(dtype)
-        with torch.inference_mode():
-            batched = layer(x)
-            for i in range(3):
-                assert torch.equal(batched[i : i + 1], layer(x[i : i + 1])), (length, k, n, activation, i)
-
-
-def test_rowwise_vectors_are_batch_invariant() -> None:
-    layer, counters = _layer(128, 768, DTYPES[0], rowwise=True)
-    x = torch.randn(4, 128).to(DTYPES[0])
-    with torch.inference_mode():
-        batched = layer(x)
-        assert counters.snapshot()["linear"] == {"onednn": 1}
-        for i in range(4):
-            assert torch.equal(batched[i : i + 1], layer(x[i : i + 1]))
 
 
 def test_weights_are_packed_once_and_again_after_an_in_place_change() -> None:

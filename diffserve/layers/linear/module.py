@@ -10,6 +10,7 @@ from torch import nn
 from diffserve.layers.attestation import KernelCounters
 from diffserve.layers.linear import lora
 from diffserve.layers.linear.base import ACTIVATIONS, LinearBackend, activate
+from diffserve.layers.per_sample import each_sample
 
 
 class Linear(nn.Module):
@@ -17,22 +18,23 @@ class Linear(nn.Module):
 
     The backend method is looked up on every call (never captured), so a patched backend class is seen.
 
-    ``rowwise=True`` is for per-sample vectors ``[B, in]`` (conditioning, modulation): each row is
-    multiplied on its own, because small-M GEMMs are not batch invariant (M=1 takes a GEMV path), and
-    an image must not change with the batch it runs in. It is still one counted call.
+    ``per_sample=True`` (a ``batch_invariant`` kernel set, ``layers/per_sample.py``): each sample of the
+    batch (dim 0: an image's tokens ``[1, L, in]`` or its conditioning vector ``[1, in]``) is multiplied in
+    its own backend call, so no GEMM's shape depends on the batch and an image never changes with the batch
+    it runs in. It is still one counted call.
 
     ``activation`` (a name in ``linear.base.ACTIVATIONS``, e.g. ``"gelu_tanh"``) is applied to the output
     by the backend (``backend.linear(x, weight, bias, activation)``), which may fuse it into its GEMM.
     """
 
     def __init__(self, in_features: int, out_features: int, bias: bool = True, *,
-                 backend: LinearBackend, counters: KernelCounters, rowwise: bool = False,
+                 backend: LinearBackend, counters: KernelCounters, per_sample: bool = False,
                  activation: str | None = None,
                  device: torch.device | str | None = None, dtype: torch.dtype | None = None) -> None:
         super().__init__()
         if activation is not None and activation not in ACTIVATIONS:
             raise ValueError(f"unknown activation {activation!r}; known: {', '.join(ACTIVATIONS)}")
-        self.rowwise = rowwise
+        self.per_sample = per_sample
         self.activation = activation
         self.in_features = in_features
         self.out_features = out_features
@@ -61,8 +63,8 @@ class Linear(nn.Module):
             if patched:
                 self.counters.count_lora()
         run = self._run_lora if patched else self._run
-        if self.rowwise and x.shape[0] > 1:
-            return torch.cat([run(row) for row in x.split(1)])
+        if self.per_sample and x.shape[0] > 1:
+            return each_sample(run, x)
         return run(x)
 
     def _run(self, x: torch.Tensor) -> torch.Tensor:
@@ -79,5 +81,5 @@ class Linear(nn.Module):
     def extra_repr(self) -> str:
         return (f"in_features={self.in_features}, out_features={self.out_features}, "
                 f"bias={self.bias is not None}, backend={self.backend_name}"
-                + (", rowwise" if self.rowwise else "")
+                + (", per_sample" if self.per_sample else "")
                 + (f", activation={self.activation}" if self.activation else ""))

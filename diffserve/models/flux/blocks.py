@@ -66,7 +66,7 @@ class Modulation(nn.Module):
     def __init__(self, dim: int, double: bool, kernels: KernelSet) -> None:
         super().__init__()
         self.multiplier = 6 if double else 3
-        self.lin = kernels.make_linear(dim, self.multiplier * dim, rowwise=True)
+        self.lin = kernels.make_linear(dim, self.multiplier * dim)
 
     def forward(self, vec: Tensor) -> tuple[ModulationOut, ModulationOut | None]:
         out = self.lin(F.silu(vec))[:, None, :].chunk(self.multiplier, dim=-1)
@@ -195,8 +195,7 @@ class SingleStreamBlock(nn.Module):
 class LastLayer(nn.Module):
     def __init__(self, hidden_size: int, out_channels: int, kernels: KernelSet) -> None:
         super().__init__()
-        self.adaLN_modulation = nn.Sequential(nn.SiLU(), kernels.make_linear(hidden_size, 2 * hidden_size,
-                                                                            rowwise=True))
+        self.adaLN_modulation = nn.Sequential(nn.SiLU(), kernels.make_linear(hidden_size, 2 * hidden_size))
         self.linear = kernels.make_linear(hidden_size, out_channels)
 
     def forward(self, x: Tensor, vec: Tensor) -> Tensor:

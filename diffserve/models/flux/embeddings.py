@@ -21,12 +21,12 @@ def timestep_embedding(t: Tensor, dim: int, max_period: int = 10_000) -> Tensor:
 
 
 class MLPEmbedder(nn.Module):
-    """Embeds a per-sample vector ``[B, in_dim]``; row by row, so a sample's result ignores its batch."""
+    """Embeds a per-sample vector ``[B, in_dim]`` (timestep, guidance, pooled text)."""
 
     def __init__(self, in_dim: int, hidden_dim: int, kernels: KernelSet) -> None:
         super().__init__()
-        self.in_layer = kernels.make_linear(in_dim, hidden_dim, rowwise=True)
-        self.out_layer = kernels.make_linear(hidden_dim, hidden_dim, rowwise=True)
+        self.in_layer = kernels.make_linear(in_dim, hidden_dim)
+        self.out_layer = kernels.make_linear(hidden_dim, hidden_dim)
 
     def forward(self, x: Tensor) -> Tensor:
         return self.out_layer(F.silu(self.in_layer(x)))

@@ -15,9 +15,13 @@ logger = get_logger(__name__)
 
 class TextEncoders:
     """CLIP ``pooler_output`` and T5 last hidden state, tokenized exactly as diffusers' FluxPipeline does
-    (CLIP padded/truncated to its 77-token window, T5 to ``max_sequence_length``)."""
+    (CLIP padded/truncated to its 77-token window, T5 to ``max_sequence_length``).
 
-    def __init__(self, model_dir: str | Path, *, dtype: torch.dtype, device: torch.device) -> None:
+    ``per_prompt`` (the stage's ``batch_invariant``): every prompt is encoded in its own call, so its states
+    are the same whichever prompts share the batch (batched encoder GEMMs sum in another order)."""
+
+    def __init__(self, model_dir: str | Path, *, dtype: torch.dtype, device: torch.device,
+                 per_prompt: bool = True) -> None:
         from transformers import AutoTokenizer, CLIPTextModel, T5EncoderModel
 
         root = Path(model_dir)
@@ -34,6 +38,7 @@ class TextEncoders:
             raise ModelLoadError(f"cannot load the text encoders from {root}: {exc}") from exc
         self.device = device
         self.dtype = dtype
+        self.per_prompt = per_prompt
         self.clip_max_length = int(getattr(self.clip_tokenizer, "model_max_length", 77) or 77)
         if self.clip_max_length > 10_000:  # tokenizers without a limit report a huge sentinel
             self.clip_max_length = 77
@@ -54,11 +59,12 @@ class TextEncoders:
                 self._warn_once("clip", f"a prompt is longer than CLIP's {self.clip_max_length}-token window; "
                                         "the pooled CLIP embedding sees only its beginning")
         clip_ids = self.clip_tokenizer(prompts, padding="max_length", max_length=self.clip_max_length,
-                                       truncation=True, return_tensors="pt").input_ids
+                                       truncation=True, return_tensors="pt").input_ids.to(self.device)
         t5_ids = self.t5_tokenizer(prompts, padding="max_length", max_length=max_sequence_length,
-                                   truncation=True, return_tensors="pt").input_ids
-        pooled = self.clip(clip_ids.to(self.device), output_hidden_states=False).pooler_output
-        sequence = self.t5(t5_ids.to(self.device), output_hidden_states=False)[0]
+                                   truncation=True, return_tensors="pt").input_ids.to(self.device)
+        groups = (clip_ids.split(1), t5_ids.split(1)) if self.per_prompt else ((clip_ids,), (t5_ids,))
+        pooled = torch.cat([self.clip(ids, output_hidden_states=False).pooler_output for ids in groups[0]])
+        sequence = torch.cat([self.t5(ids, output_hidden_states=False)[0] for ids in groups[1]])
         return sequence.to(self.dtype), pooled.to(self.dtype)
 
     def _warn_once(self, key: str, message: str) -> None:

@@ -106,7 +106,9 @@ class FluxPipeline:
             attention_roles=FAMILY.attention_roles,
             # Joins need every rank to agree on the step a request joins at: one rank only, for now.
             step_batching=parallel.world_size == 1, lora=True,
-            edits=kinds if parallel.world_size == 1 else ())
+            edits=kinds if parallel.world_size == 1 else (),
+            # Per-sample transformer calls and per-prompt encoding; the VAE decodes one image at a time.
+            batch_invariant=transformer.kernels.batch_invariant and encoders.per_prompt)
         self.loras: LoraAdapters | None = None  # set by from_stage
         preparer = edits.ReferencePreparer if self.kontext else edits.EditPreparer
         self.editor = preparer(vae, self.latent_channels, dtype=dtype, device=device)
@@ -124,7 +126,8 @@ class FluxPipeline:
         dtype = resolve_dtype(stage.dtype, device)
         start = time.perf_counter()
         kernels = build_kernel_set(stage.linear_backend, stage.attention_backend, roles=FAMILY.attention_roles,
-                                   device=device, dtype=dtype, observers=context.kernel_observers)
+                                   device=device, dtype=dtype, observers=context.kernel_observers,
+                                   batch_invariant=stage.batch_invariant)
         transformer = load_flux_transformer(root / "transformer", kernels, dtype=dtype, device=device)
         if context.parallel.ulysses_size > 1:
             if transformer.params.num_heads % context.parallel.ulysses_size:
@@ -137,7 +140,7 @@ class FluxPipeline:
             transformer.shard_sequence(context.parallel.ulysses_group, kernels.counters.collectives)
         if not stage.enforce_eager:
             transformer.compile_blocks()
-        encoders = TextEncoders(root, dtype=dtype, device=device)
+        encoders = TextEncoders(root, dtype=dtype, device=device, per_prompt=stage.batch_invariant)
         try:
             # use_safetensors=True: diffusers would otherwise fall back to unpickling a .bin file.
             vae = AutoencoderKL.from_pretrained(str(root / "vae"), torch_dtype=dtype,
