@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+from dataclasses import dataclass
 
 from diffserve.config.canonical import normalize_platform
 from diffserve.errors import ConfigError
@@ -36,9 +37,59 @@ def current_platform(name: str | None) -> str:
         raise ConfigError(exc.rule, path="platform", source="--platform / platform=", hint=exc.hint) from None
 
 
-# CPU flags of native bfloat16 matrix instructions (Linux /proc/cpuinfo names).
-BF16_FLAGS: tuple[str, ...] = ("avx512_bf16", "amx_bf16")
 BF16_OVERRIDE_ENV = "DIFFSERVE_CPU_BF16"
+
+
+@dataclass(frozen=True)
+class CpuKind:
+    """What kind of CPU this is for the numbers that matter here: its bfloat16 matmul units.
+
+    ``name`` is one of ``CPU_KINDS``: ``AMX`` (Intel AMX tiles: bfloat16 GEMMs about 4-6x float32),
+    ``AVX512_BF16`` (AVX512 bfloat16 dot products, e.g. AMD Zen 4: about 2x), ``AVX512`` (no bfloat16
+    instructions), ``AVX2``, or ``other`` (another ISA, or flags unknown). ``flags`` are the /proc/cpuinfo
+    flags that decided it. torch's own ``get_cpu_capability()`` says ``AVX512`` for the first three, so
+    benchmark reports, the compile-cache key and ``config explain`` use this instead.
+    """
+
+    name: str
+    flags: tuple[str, ...] = ()
+
+    @property
+    def native_bfloat16(self) -> bool:
+        return self.name in ("AMX", "AVX512_BF16")
+
+    def describe(self) -> str:
+        return f"{self.name} ({', '.join(self.flags)})" if self.flags else self.name
+
+
+# Most capable first: the first kind whose deciding flag the CPU has wins.
+CPU_KINDS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("AMX", ("amx_bf16", "amx_int8", "amx_tile")),
+    ("AVX512_BF16", ("avx512_bf16",)),
+    ("AVX512", ("avx512f",)),
+    ("AVX2", ("avx2",)),
+)
+
+
+def _cpu_flags(cpuinfo: str) -> list[str]:
+    return next((line.split(":", 1)[1].split() for line in cpuinfo.splitlines()
+                 if line.startswith(("flags", "Features"))), [])
+
+
+def cpu_kind(cpuinfo: str | None = None) -> CpuKind:
+    """This CPU's kind from ``/proc/cpuinfo`` (or the given text); ``other`` where it cannot be read.
+    No torch import: resolving a config stays cheap."""
+    if cpuinfo is None:
+        try:
+            with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as fh:
+                cpuinfo = fh.read()
+        except OSError:
+            return CpuKind("other")
+    flags = set(_cpu_flags(cpuinfo))
+    for name, deciding in CPU_KINDS:
+        if deciding[0] in flags:
+            return CpuKind(name, tuple(flag for flag in deciding if flag in flags))
+    return CpuKind("other")
 
 
 def native_bfloat16(cpuinfo: str | None = None) -> tuple[bool, str]:
@@ -52,15 +103,7 @@ def native_bfloat16(cpuinfo: str | None = None) -> tuple[bool, str]:
         return True, f"{BF16_OVERRIDE_ENV}={override}"
     if override in ("0", "false", "no", "off"):
         return False, f"{BF16_OVERRIDE_ENV}={override}"
-    if cpuinfo is None:
-        try:
-            with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as fh:
-                cpuinfo = fh.read()
-        except OSError:
-            return False, "CPU flags unknown (no /proc/cpuinfo)"
-    flags = next((line.split(":", 1)[1].split() for line in cpuinfo.splitlines()
-                  if line.startswith(("flags", "Features"))), [])
-    found = [flag for flag in BF16_FLAGS if flag in flags]
-    if found:
-        return True, f"the CPU has {'/'.join(found)}"
-    return False, "the CPU has neither avx512_bf16 nor amx_bf16"
+    kind = cpu_kind(cpuinfo)
+    if kind.native_bfloat16:
+        return True, f"the CPU is {kind.describe()}"
+    return False, f"the CPU is {kind.describe()}: neither avx512_bf16 nor amx_bf16"

@@ -5,7 +5,7 @@ overlays included), recorded with source ``platform-default`` and the reason:
 
 | platform | ``dtype`` | ``enforce_eager`` |
 |---|---|---|
-| cpu with AVX512-BF16 or AMX | ``bfloat16`` (native bfloat16 matmuls, about 2-4x float32 there) | ``true`` |
+| cpu with AVX512-BF16 or AMX | ``bfloat16`` (native bfloat16 matmuls: about 2x float32 with AVX512-BF16, 4-8x with AMX) | ``true`` |
 | other cpu | ``float32`` (bfloat16 would run through conversions) | ``true`` |
 | cuda, rocm, xpu | ``bfloat16`` | unchanged (``false``: compile) |
 

@@ -9,8 +9,9 @@ each time it looks an entry up. ``use_compile_cache`` points that variable, in t
     $DIFFSERVE_CACHE_DIR/compile/<model dir name>-<key>     (DIFFSERVE_CACHE_DIR default: ~/.cache/diffserve)
 
 ``<key>`` is a hash of the model path, the config fingerprint, the torch version, the CPU capability
-(``torch.backends.cpu.get_cpu_capability()``) and the device type; ``key.json`` in the directory lists
-them. Deleting a directory (or all of ``compile/``) clears the cache: the next start compiles again.
+(``torch.backends.cpu.get_cpu_capability()``), the CPU kind (``config/platform.py:cpu_kind``: AMX,
+AVX512_BF16, AVX512, AVX2, which torch's capability does not tell apart) and the device type; ``key.json``
+in the directory lists them. Deleting a directory (or all of ``compile/``) clears the cache: the next start compiles again.
 
 A restart still traces the two block classes with dynamo (that is not cached), but every graph is then
 a cache hit instead of an inductor compile. The same directory also remembers inductor's SIMD probe
@@ -30,6 +31,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from diffserve.config.platform import cpu_kind
 from diffserve.logging import get_logger
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -50,6 +52,7 @@ class CompileCacheKey:
     fingerprint: str
     torch_version: str
     cpu_capability: str
+    cpu_kind: str
     device: str
 
     def digest(self) -> str:
@@ -75,7 +78,7 @@ def key_for(config: ResolvedConfig, device: torch.device | str) -> CompileCacheK
         model = str(Path(model).expanduser().resolve())
     return CompileCacheKey(model=model, fingerprint=config.fingerprint, torch_version=torch.__version__,
                            cpu_capability=torch.backends.cpu.get_cpu_capability(),
-                           device=torch.device(device).type)
+                           cpu_kind=cpu_kind().name, device=torch.device(device).type)
 
 
 def compile_cache_dir(key: CompileCacheKey, environ: Any = None) -> Path:

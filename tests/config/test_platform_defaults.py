@@ -12,11 +12,12 @@ import pytest
 import torch
 from config_helpers import run, write
 
-from diffserve.config.platform import native_bfloat16
+from diffserve.config.platform import cpu_kind, native_bfloat16
 from diffserve.models.dtype import resolve_dtype
 
 AVX512_BF16 = "processor : 0\nflags : fpu sse2 avx2 avx512f avx512_bf16 avx512_vnni\n"
-AMX = "processor : 0\nflags : fpu avx2 avx512f amx_bf16 amx_tile\n"
+AMX = "processor : 0\nflags : fpu avx2 avx512f avx512_bf16 amx_bf16 amx_tile amx_int8\n"
+AVX512 = "processor : 0\nflags : fpu sse2 avx2 avx512f avx512bw\n"
 AVX2 = "processor : 0\nflags : fpu sse2 avx2 fma\n"
 
 
@@ -27,10 +28,19 @@ def detect(monkeypatch):
 
 
 def test_cpuinfo_flags_decide(detect) -> None:
-    assert native_bfloat16(AVX512_BF16) == (True, "the CPU has avx512_bf16")
-    assert native_bfloat16(AMX) == (True, "the CPU has amx_bf16")
+    assert native_bfloat16(AVX512_BF16) == (True, "the CPU is AVX512_BF16 (avx512_bf16)")
+    assert native_bfloat16(AMX) == (True, "the CPU is AMX (amx_bf16, amx_int8, amx_tile)")
+    assert native_bfloat16(AVX512) == (False, "the CPU is AVX512 (avx512f): neither avx512_bf16 nor amx_bf16")
     assert native_bfloat16(AVX2)[0] is False
     assert native_bfloat16("")[0] is False
+
+
+def test_every_cpu_kind_is_told_apart() -> None:
+    # torch.backends.cpu.get_cpu_capability() says AVX512 for the first three: AMX is a kind of its own.
+    kinds = {text: cpu_kind(text).name for text in (AMX, AVX512_BF16, AVX512, AVX2, "", "Features : fp asimd\n")}
+    assert list(kinds.values()) == ["AMX", "AVX512_BF16", "AVX512", "AVX2", "other", "other"]
+    assert cpu_kind(AMX).native_bfloat16 and cpu_kind(AVX512_BF16).native_bfloat16
+    assert not cpu_kind(AVX512).native_bfloat16 and not cpu_kind(AVX2).native_bfloat16
 
 
 @pytest.mark.parametrize(("pin", "dtype"), [("1", "bfloat16"), ("0", "float32")], ids=["avx512-bf16", "avx2"])
@@ -75,6 +85,20 @@ def test_explicit_auto_follows_the_same_rule_in_the_worker(monkeypatch) -> None:
     monkeypatch.setenv("DIFFSERVE_CPU_BF16", "0")
     assert resolve_dtype("auto", torch.device("cpu")) == torch.float32
     assert resolve_dtype("float16", torch.device("cpu")) == torch.float16
+
+
+def test_config_explain_names_this_cpu_kind(tiny_flux_dir) -> None:
+    # Detected, not pinned: the reason names the kind and its deciding flags (amx_bf16 on an AMX machine).
+    env = {"HF_HUB_OFFLINE": "1", "PATH": ""}
+    proc = subprocess.run([sys.executable, "-m", "diffserve.entrypoints.cli", "config", "explain", str(tiny_flux_dir),
+                           "--platform", "cpu"], capture_output=True, text=True, env=env, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    row = next(line for line in proc.stdout.splitlines() if line.startswith("0 ") and line.split()[1] == "dtype")
+    kind = cpu_kind()
+    assert f"the CPU is {kind.describe()}" in row, row
+    assert ("bfloat16" in row) == kind.native_bfloat16
+    if kind.name == "AMX":
+        assert "amx_bf16" in row
 
 
 def test_config_explain_shows_the_reason(tiny_flux_dir) -> None:

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from diffserve.config.platform import cpu_kind
 from diffserve.config.resolve import resolve
 from diffserve.worker import compile_cache
 from diffserve.worker.compile_cache import CompileCacheKey, cache_root, compile_cache_dir, key_for
@@ -30,11 +31,11 @@ def _model(tmp_path: Path, name: str = "flux") -> Path:
 
 
 def test_key_changes_with_every_part() -> None:
-    base = CompileCacheKey(model="/m/flux", fingerprint="f1", torch_version="2.13.0", cpu_capability="AVX2",
-                           device="cpu")
+    base = CompileCacheKey(model="/m/flux", fingerprint="f1", torch_version="2.13.0", cpu_capability="AVX512",
+                           cpu_kind="AVX512_BF16", device="cpu")
     changed = [CompileCacheKey(**{**base.__dict__, field: value}) for field, value in
                (("model", "/m/other"), ("fingerprint", "f2"), ("torch_version", "2.14.0"),
-                ("cpu_capability", "AVX512"), ("device", "cuda"))]
+                ("cpu_capability", "AVX2"), ("cpu_kind", "AMX"), ("device", "cuda"))]
     names = {base.dirname(), *(key.dirname() for key in changed)}
     assert len(names) == 1 + len(changed)
     assert CompileCacheKey(**base.__dict__).dirname() == base.dirname()  # stable across processes
@@ -49,6 +50,7 @@ def test_key_follows_config_fingerprint_torch_and_cpu(tmp_path: Path, monkeypatc
     assert key.model == str(model.resolve()) and key.fingerprint == compiled.fingerprint
     assert key.torch_version == torch.__version__
     assert key.cpu_capability == torch.backends.cpu.get_cpu_capability()
+    assert key.cpu_kind == cpu_kind().name  # AMX and AVX512-BF16 machines keep apart caches
     assert key_for(other, "cpu").dirname() != key.dirname()
     monkeypatch.setattr(torch, "__version__", "0.0.0-other")
     assert key_for(compiled, "cpu").dirname() != key.dirname()
@@ -60,7 +62,7 @@ def test_key_follows_config_fingerprint_torch_and_cpu(tmp_path: Path, monkeypatc
 def test_cache_root_is_diffserve_cache_dir_or_home(tmp_path: Path) -> None:
     assert cache_root({"DIFFSERVE_CACHE_DIR": str(tmp_path)}) == tmp_path / "compile"
     assert cache_root({}) == Path.home() / ".cache" / "diffserve" / "compile"
-    key = CompileCacheKey("/m/flux", "f", "t", "c", "cpu")
+    key = CompileCacheKey("/m/flux", "f", "t", "c", "k", "cpu")
     assert compile_cache_dir(key, {"DIFFSERVE_CACHE_DIR": str(tmp_path)}) == tmp_path / "compile" / key.dirname()
 
 
