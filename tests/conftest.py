@@ -72,17 +72,16 @@ def small_flux_dir(tmp_path_factory: pytest.TempPathFactory):
 def ray_session():
     """One local Ray for the whole session, started only when a ray-parametrized test asks for it.
 
-    The executors reuse an initialized Ray instead of starting their own. PYTHONPATH carries the test
-    directories (pytest puts them on sys.path) so worker extensions defined in test modules import inside
-    the actors. Logical CPUs are bookkeeping only: at least 4, because a module-scoped 2-rank executor
-    fixture can be alive while a test starts another executor (each rank holds one CPU bundle).
+    The executors reuse an initialized Ray instead of starting their own. It is started as theirs is
+    (``start_local_ray``: every node address on 127.0.0.1; PYTHONPATH carries the test directories, which
+    pytest puts on sys.path, so worker extensions defined in test modules import inside the actors).
+    Logical CPUs are bookkeeping only: at least 4, because a module-scoped 2-rank executor fixture can be
+    alive while a test starts another executor (each rank holds one CPU bundle).
     """
-    import sys
-
     ray = pytest.importorskip("ray")
-    if not ray.is_initialized():
-        path = os.pathsep.join(entry or os.getcwd() for entry in sys.path)
-        ray.init(address="local", num_cpus=max(4, os.cpu_count() or 2), include_dashboard=False,
-                 log_to_driver=False, runtime_env={"env_vars": {"PYTHONPATH": path}})
+    from diffserve.executor.ray import start_local_ray
+
+    if not ray.is_initialized():  # on loopback only, as the executor's own local Ray
+        start_local_ray(num_cpus=max(4, os.cpu_count() or 2), log_to_driver=False)
     yield ray
     ray.shutdown()

@@ -1,8 +1,9 @@
 """The ray executor: one Ray actor per rank, placed in one placement group per replica.
 
-* Where: ``ray_address`` (pipeline-wide). ``""`` starts a local Ray sized to this machine, unless this
-  process already initialized Ray (then that one is reused, e.g. a test-session fixture); ``auto`` joins
-  the running cluster; ``host:6379`` / ``ray://host:10001`` join that one.
+* Where: ``ray_address`` (pipeline-wide). ``""`` starts a local Ray sized to this machine on loopback only
+  (``start_local_ray``), unless this process already initialized Ray (then that one is reused, e.g. a
+  test-session fixture); ``auto`` joins the running cluster; ``host:6379`` / ``ray://host:10001`` join that
+  one (with Ray's own choice of addresses).
 * Placement: a placement group with one bundle per rank (``{"CPU": 1}``, or ``{"GPU": 1}`` on a CUDA or
   ROCm platform), packed; rank r's actor is pinned to bundle r, so a replica's ranks are scheduled
   together or not at all.
@@ -55,6 +56,7 @@ _EXIT_S = 5.0  # after ray.kill, for the actor processes on this node to be gone
 _MAX_CONCURRENCY = 4  # poll + submit + join, and one spare so a slow call never starves the others
 
 _init_lock = threading.Lock()
+LOOPBACK = "127.0.0.1"
 
 
 def connect(address: str) -> None:
@@ -69,12 +71,30 @@ def connect(address: str) -> None:
             logger.info("ray executor: joining the Ray cluster at %s", address)
             ray.init(address=address)
             return
-        # The driver's import path goes to the actors, so a worker extension importable here (a test
-        # module, a script's directory) imports there exactly as it does in an mp worker.
-        path = os.pathsep.join(entry or os.getcwd() for entry in sys.path)
-        logger.info("ray executor: starting a local Ray with %d CPU(s)", os.cpu_count() or 1)
-        ray.init(address="local", num_cpus=os.cpu_count() or 1, include_dashboard=False,
-                 runtime_env={"env_vars": {"PYTHONPATH": path}})
+        logger.info("ray executor: starting a local Ray with %d CPU(s) on %s", os.cpu_count() or 1, LOOPBACK)
+        start_local_ray(num_cpus=os.cpu_count() or 1)
+
+
+def start_local_ray(**options: Any) -> None:
+    """Start a one-machine Ray whose every node address is ``127.0.0.1`` (GCS, raylet, workers, and so the
+    process groups' rendezvous), so none of its traffic leaves loopback.
+
+    Ray turns a ``127.0.0.1`` node address into the machine's routable one (its multi-node mode, on by
+    default on Linux); its single-machine mode (the default on macOS and Windows) keeps loopback. That mode is
+    switched on for the start only. The driver's import path goes to the actors, so a worker extension
+    importable here (a test module, a script's directory) imports there exactly as in an mp worker.
+    ``options`` go to ``ray.init`` (``num_cpus``, ``log_to_driver``...)."""
+    import ray._private.ray_constants as ray_constants
+
+    path = os.pathsep.join(entry or os.getcwd() for entry in sys.path)
+    options.setdefault("include_dashboard", False)
+    options.setdefault("runtime_env", {"env_vars": {"PYTHONPATH": path}})
+    multi_node = ray_constants.ENABLE_RAY_CLUSTER
+    ray_constants.ENABLE_RAY_CLUSTER = False
+    try:
+        ray.init(address="local", _node_ip_address=LOOPBACK, **options)
+    finally:
+        ray_constants.ENABLE_RAY_CLUSTER = multi_node
 
 
 class RayExecutor(Executor):
