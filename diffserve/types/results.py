@@ -53,10 +53,13 @@ class BatchResult:
 
 def to_pil(images: torch.Tensor) -> list[Image.Image]:
     """uint8 ``[n, H, W, 3]`` (the "pil" output) -> PIL images."""
+    import numpy as np
     import torch
     from PIL import Image
 
     if images.dtype != torch.uint8 or images.ndim != 4 or images.shape[-1] != 3:
         raise ValueError(f"to_pil expects uint8 [n, H, W, 3], got {images.dtype} {tuple(images.shape)}")
-    array = images.detach().cpu().contiguous().numpy()
-    return [Image.fromarray(array[i]) for i in range(array.shape[0])]
+    # numpy makes any copy (single-threaded): a torch copy on the engine's thread would start a second
+    # OpenMP team in the process, which slows every op of a uni worker (docs/engine.md, "One compute thread").
+    array = images.detach().cpu().numpy()
+    return [Image.fromarray(np.ascontiguousarray(array[i])) for i in range(array.shape[0])]

@@ -29,4 +29,7 @@ def decode_latents(vae: Any, batch: list[GenerationRequest], latents: Tensor, he
                 per_request[i] = images.float()
             else:
                 per_request[i] = (images.permute(0, 2, 3, 1).float() * 255).round().to(torch.uint8)
-    return [images.cpu() for images in per_request]
+    # Contiguous here, on the worker thread: a copy made by the engine thread would start a second OpenMP
+    # team in this process, after which libgomp stops spinning and every parallel region of the worker
+    # pays a wake-up (docs/engine.md, "One compute thread per process").
+    return [images.cpu().contiguous() for images in per_request]

@@ -2,14 +2,17 @@
 
 diffusers' own pipeline class (named by ``model_index.json``) loads the directory (safetensors only,
 offline) and runs the request; we move its denoiser onto our kernels (``kernels.py``), compile its blocks
-when ``enforce_eager`` is false, and drive it from ``run``'s generator: the pipeline runs on a helper
-thread that stops at every step's ``callback_on_step_end`` until the engine has seen the step, so step
-events, progress and abort at a step boundary work as on the native path.
+when ``enforce_eager`` is false, and drive it from ``run``'s generator: the pipeline runs on its compute
+thread (``compute_thread.py``: one thread for the load and every batch) that stops at every step's
+``callback_on_step_end`` until the engine has seen the step, so step events, progress and abort at a step
+boundary work as on the native path.
 
 Seeds: image i gets its own ``torch.Generator`` seeded with ``seeds[i]`` (diffusers draws each image's
 noise from its own generator), so its starting noise equals the request run alone with that seed. A
-batch of one image is bit-identical to the same request alone; in larger batches the denoiser's GEMMs run
-at another batch size, whose rounding may differ in the last bits (see docs/models.md).
+batch of one image is bit-identical to the same request alone. With the stage's ``batch_invariant`` the
+denoiser's Linear and attention calls run per sample, but diffusers' pipeline encodes the prompts and
+decodes the latents of a larger batch together (and its denoiser's convolutions see the whole batch), so
+the path does not claim batch invariance (``capabilities.batch_invariant`` false; see docs/models.md).
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ from diffserve.logging import get_logger
 from diffserve.models.base import BuildContext, PipelineCapabilities, run_one
 from diffserve.models.dtype import resolve_dtype
 from diffserve.models.generic.compile import compile_denoiser, count_forwards
+from diffserve.models.generic.compute_thread import ComputeThread
 from diffserve.models.generic.kernels import check_masked_roles, route_attention, swap_linears
 from diffserve.registry.models import MODEL_FAMILIES, ModelFamily, read_class_name
 from diffserve.types.batching import batch_key
@@ -52,8 +56,10 @@ class GenericPipeline:
     """A diffusers pipeline whose denoiser runs on the stage's linear and attention backends."""
 
     def __init__(self, pipe: Any, family: ModelFamily, counters: KernelCounters, *, device: torch.device,
-                 dtype: torch.dtype, attention_roles: dict[str, str]) -> None:
+                 dtype: torch.dtype, attention_roles: dict[str, str], compute: ComputeThread | None = None) -> None:
         self.pipe = pipe
+        # Where every batch runs (the thread that loaded the weights, see compute_thread.py).
+        self.compute = compute or ComputeThread("diffserve-generic-pipeline")
         self.family = family
         self.counters = counters
         self.device = device
@@ -92,20 +98,31 @@ class GenericPipeline:
     def from_stage(cls, model_dir: str | Path, stage: StageConfig,
                    context: BuildContext = BuildContext()) -> GenericPipeline:
         """Load ``model_dir`` with diffusers (safetensors only, no hub), then move the denoiser's Linear and
-        attention calls onto the stage's backends and compile its blocks unless ``enforce_eager``."""
-        import diffusers
-
+        attention calls onto the stage's backends and compile its blocks unless ``enforce_eager``. All of it
+        runs on the pipeline's compute thread, where its batches will run too."""
         root = Path(model_dir)
         if context.parallel.world_size > 1:
             raise ConfigError("the generic path runs one rank per replica", path=f"stages.{stage.stage_id}.parallel",
                               hint="set the parallel degrees to 1 (use num_replicas for more throughput)")
+        compute = ComputeThread("diffserve-generic-pipeline")
+        try:
+            return compute.call(lambda: cls._load(root, stage, context, compute))
+        except BaseException:
+            compute.stop()
+            raise
+
+    @classmethod
+    def _load(cls, root: Path, stage: StageConfig, context: BuildContext, compute: ComputeThread) -> GenericPipeline:
+        import diffusers
+
         class_name = read_class_name(root)
         family = MODEL_FAMILIES[class_name]
         device = torch.device(context.device)
         dtype = resolve_dtype(stage.dtype, device)
         start = time.perf_counter()
         kernels = build_kernel_set(stage.linear_backend, stage.attention_backend, roles=family.attention_roles,
-                                   device=device, dtype=dtype, observers=context.kernel_observers)
+                                   device=device, dtype=dtype, observers=context.kernel_observers,
+                                   batch_invariant=stage.batch_invariant)
         check_masked_roles(kernels, family.masked_roles, stage.stage_id)
         try:
             pipeline_class = getattr(diffusers, class_name)
@@ -124,7 +141,8 @@ class GenericPipeline:
             compile_denoiser(denoiser, kernels.counters)
         logger.info("loaded %s on the generic path (%s on %s, %d Linear and %d attention modules on %s) in %.1fs",
                     class_name, dtype, device, linears, len(roles), kernels.describe(), time.perf_counter() - start)
-        return cls(pipe, family, kernels.counters, device=device, dtype=dtype, attention_roles=roles)
+        return cls(pipe, family, kernels.counters, device=device, dtype=dtype, attention_roles=roles,
+                   compute=compute)
 
     @property
     def kernel_counters(self) -> KernelCounters:
@@ -167,12 +185,12 @@ class GenericPipeline:
 
         def target() -> None:
             try:
-                events.put(("done", self._call(batch, on_step, timings)))
+                # The images are converted here too: no parallel torch op on the caller's thread.
+                events.put(("done", self._results(batch, self._call(batch, on_step, timings), timings)))
             except BaseException as exc:  # noqa: BLE001 - handed to the generator, which re-raises it
                 events.put(("error", exc))
 
-        worker = threading.Thread(target=target, name="diffserve-generic-pipeline", daemon=True)
-        worker.start()
+        job = self.compute.submit(target)
         try:
             while True:
                 kind, value = events.get()
@@ -184,11 +202,11 @@ class GenericPipeline:
                 else:
                     raise value
         finally:
-            if worker.is_alive():
+            if not job.done():
                 cancel.set()
                 resume.release()
-                worker.join()
-        yield BatchResult(self._results(batch, value, timings))
+                job.result()
+        yield BatchResult(value)
 
     @torch.inference_mode()
     def _call(self, batch: list[GenerationRequest], on_step: Callable[..., dict[str, Any]],
@@ -230,7 +248,7 @@ class GenericPipeline:
             images = (images.permute(0, 2, 3, 1).float() * 255).round().to(torch.uint8)
         elif batch[0].output_type == "pt":
             images = images.float()
-        per_request = images.cpu().split([r.n for r in batch])
+        per_request = images.cpu().contiguous().split([r.n for r in batch])
         return [RequestResult(request_id=r.request_id, images=imgs, seeds=r.seeds, timings_ms=dict(timings))
                 for r, imgs in zip(batch, per_request, strict=True)]
 
