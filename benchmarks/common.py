@@ -137,6 +137,8 @@ def machine() -> dict[str, Any]:
         load = os.getloadavg()
     except OSError:
         load = None
+    from diffserve.config.platform import cpu_kind
+
     try:
         import diffserve
 
@@ -154,7 +156,11 @@ def machine() -> dict[str, Any]:
         "diffusers": diffusers.__version__,
         "transformers": transformers.__version__,
         "diffserve": diffserve_version,
-        "cpu_capability": _cpu_capability(torch),
+        # The CPU kind (diffserve.config.platform.cpu_kind: AMX, AVX512_BF16, AVX512, AVX2, other): each kind
+        # keeps its own report; torch's capability says AVX512 for the first three.
+        "cpu_capability": cpu_kind().name,
+        "cpu_kind_flags": ", ".join(cpu_kind().flags),
+        "torch_cpu_capability": _cpu_capability(torch),
         "loadavg_at_start": [round(x, 2) for x in load] if load else None,
     }
 

@@ -97,6 +97,28 @@ def engine_call(engine: Any, case: Case, **request_kwargs: Any) -> EngineCall:
     return EngineCall(engine, case, **request_kwargs)
 
 
+def on_worker_thread(engine: Any, fn: Callable[[], Any]) -> Any:
+    """``fn()`` run on a uni engine's worker thread (an RPC between batches), returning its result.
+
+    Why: with GNU OpenMP, once two threads of one process run torch's parallel regions, libgomp stops
+    spinning between regions and every op of both pays a wake-up (30-50% on 2 cores; docs/engine.md, "One
+    compute thread per process"). A user runs diffusers on one thread and diffserve's uni worker is one
+    thread, so a comparison in one process runs the diffusers contender on the engine's worker thread:
+    both then use the one OpenMP team, as each would alone."""
+    return engine.collective_rpc(lambda worker: fn())[0]
+
+
+def diffusers_on_worker(engine: Any, path: Path, dtype: str) -> Any:
+    """``load_diffusers`` on the engine's worker thread (the load's parallel copies included)."""
+    return on_worker_thread(engine, lambda: load_diffusers(path, dtype))
+
+
+def diffusers_call_on_worker(engine: Any, pipe: Any, case: Case, *, batch: int = 1) -> Callable[[], list[Any]]:
+    """``diffusers_call`` run on the engine's worker thread."""
+    call = diffusers_call(pipe, case, batch=batch)
+    return lambda: on_worker_thread(engine, call)
+
+
 def shutdown(engine: Any) -> None:
     """Engines own worker processes/threads; close them even when a measurement failed."""
     if engine is not None and hasattr(engine, "shutdown"):

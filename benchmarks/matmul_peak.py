@@ -1,15 +1,22 @@
-"""This machine's measured matmul peak per dtype: median GFLOP/s of ``torch.mm`` (or ``F.linear``,
-whichever is faster) on large squares.
+"""This machine's measured matmul peak per dtype: the best median GFLOP/s over square sizes and GEMM backends.
 
-It is the ceiling a transformer step is judged against: the best of the sizes tried (the requested
-size and half of it). On CPUs without bf16 units (AVX2 only), torch's bfloat16 GEMM is orders of
-magnitude slower than float32, so the size is lowered until one product takes seconds instead of
-minutes; the size used is reported.
+It is the ceiling a transformer step is judged against, so it must be the true one: a "peak" that one of
+the model's own GEMMs beats makes every fraction meaningless. On the Intel AMX machine of issue 26,
+``torch.mm`` at 1024² reached 1466 GFLOP/s while the packed oneDNN GEMM reached 2225 GFLOP/s at the
+model's shape and ``torch.mm`` about 2.7 TFLOP/s at 2048². So every backend a linear layer can run on
+(``torch.mm``, ``F.linear`` i.e. ``x @ w.T``, and the oneDNN inner product on a weight packed once, which is
+what ``linear_backend: onednn`` calls) is timed at every size from ``PROBE`` doubling up to ``size``, and
+the best median wins; the size and backend it came from are reported.
+
+On CPUs without bf16 units (AVX2 only) torch's bfloat16 GEMMs are orders of magnitude slower than float32,
+so sizes whose one product would take more than about ``MAX_CALL_S`` at the probed speed are skipped, and a
+backend whose first call is far slower than the best so far is not repeated.
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import Any
 
 from benchmarks.common import median
@@ -18,48 +25,69 @@ PROBE = 512
 MAX_CALL_S = 3.0
 
 
-def _mm_seconds(n: int, dtype: Any, iters: int) -> list[float]:
-    """Seconds per n x n x n product with the faster of torch.mm and F.linear (x @ w.T): for bfloat16
-    on CPUs without bf16 units, torch.mm takes a slow generic path while F.linear goes to oneDNN, and a
-    peak that a model's linears beat would make the fraction meaningless."""
+def _backends(dtype: Any) -> dict[str, Callable[[Any, Any], Any]]:
+    """name -> ``f(a, b)`` computing an n x n x n product, for every GEMM a linear layer may run on."""
+    import torch
+
+    out: dict[str, Callable[[Any, Any], Any]] = {"torch.mm": torch.mm, "F.linear": torch.nn.functional.linear}
+    try:
+        from diffserve.layers.linear.onednn import OneDnnLinearBackend
+    except ImportError:
+        return out
+    if OneDnnLinearBackend.unavailable_reason(torch.device("cpu"), dtype) is None:
+        backend = OneDnnLinearBackend(torch.device("cpu"), dtype)
+        out["oneDNN packed"] = lambda a, b: backend.linear(a, b, None)
+    return out
+
+
+def _seconds(op: Callable[[Any, Any], Any], n: int, dtype: Any, iters: int, give_up_s: float) -> list[float]:
+    """Seconds per call of ``op`` on n x n operands (empty when its first call exceeds ``give_up_s``)."""
     import torch
 
     a = torch.randn(n, n).to(dtype)
     b = torch.randn(n, n).to(dtype)
-    best: list[float] = []
-    for op in (torch.nn.functional.linear, torch.mm):
+    with torch.inference_mode():
         t0 = time.perf_counter()
-        op(a, b)  # warm-up: first-call allocation and kernel selection
-        first = time.perf_counter() - t0
-        if best and first > 3 * median(best):
-            continue  # far slower path (torch.mm in bf16 without bf16 units): skip its repeats
+        op(a, b)  # warm-up: first-call allocation, kernel selection, weight packing
+        if time.perf_counter() - t0 > give_up_s:
+            return []
         out = []
         for _ in range(iters):
             t0 = time.perf_counter()
             op(a, b)
             out.append(time.perf_counter() - t0)
-        if not best or median(out) < median(best):
-            best = out
-    return best
+    return out
 
 
-def peak_gflops(dtype_name: str, size: int, iters: int = 5) -> dict[str, float]:
-    """The best median GFLOP/s of n x n x n products (2*n^3 FLOPs) for n in {size/2, size}, skipping
-    sizes whose one call would take more than about MAX_CALL_S at the probed speed (then halving)."""
+def peak_gflops(dtype_name: str, size: int, iters: int = 5) -> dict[str, Any]:
+    """The best median GFLOP/s of n x n x n products (2 n³ FLOPs) over every backend and every n from
+    ``PROBE`` (or ``size`` if smaller) doubling up to ``size``; ``{"size", "backend", "gflops", "median_s",
+    "tried"}`` where ``tried`` lists every (size, backend, GFLOP/s) measured."""
     from benchmarks.contenders import torch_dtype
 
     dtype = torch_dtype(dtype_name)
-    probe_n = min(PROBE, size)
-    probe = median(_mm_seconds(probe_n, dtype, 3))
-    rate = 2 * probe_n**3 / max(probe, 1e-9)
-    n = size
-    while n > probe_n and 2 * n**3 / rate > MAX_CALL_S:
-        n //= 2
-    results = [{"size": probe_n, "gflops": rate / 1e9, "median_s": probe}]
-    for m in sorted({max(n // 2, probe_n), n} - {probe_n}):
-        seconds = median(_mm_seconds(m, dtype, iters))
-        results.append({"size": m, "gflops": 2 * m**3 / seconds / 1e9, "median_s": seconds})
-    return max(results, key=lambda r: r["gflops"])
+    backends = _backends(dtype)
+    n = min(PROBE, size)
+    best: dict[str, Any] = {"gflops": 0.0}
+    tried: list[tuple[int, str, float]] = []
+    while n <= size:
+        for name, op in backends.items():
+            rate = best["gflops"] * 1e9
+            # Skip a size whose one call would take too long at the best speed seen, and a backend whose
+            # first call is far slower than that (torch.mm in bfloat16 without bf16 units).
+            if rate and 2 * n**3 / rate > MAX_CALL_S:
+                continue
+            give_up = max(3 * 2 * n**3 / rate, 0.05) if rate else MAX_CALL_S * 10
+            times = _seconds(op, n, dtype, iters if n > PROBE or rate else 3, give_up)
+            if not times:
+                continue
+            seconds = median(times)
+            gflops = 2 * n**3 / seconds / 1e9
+            tried.append((n, name, round(gflops, 1)))
+            if gflops > best["gflops"]:
+                best = {"size": n, "backend": name, "gflops": gflops, "median_s": seconds}
+        n *= 2
+    return {**best, "tried": tried}
 
 
 def linear_gflops(dtype_name: str, tokens: int, d_in: int, d_out: int, iters: int = 10) -> float:

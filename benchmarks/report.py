@@ -59,7 +59,7 @@ def _other_kinds(path: Path, info: dict[str, Any]) -> list[str]:
         if capability == info.get("cpu_capability"):
             continue
         titles = ", ".join(s["title"].split(".", 1)[0] for s in data.get("sections", []))
-        lines.append(f"- [{other.name}]({other.name}): measured on a CPU with torch capability {capability} ({data.get('mode')} "
+        lines.append(f"- [{other.name}]({other.name}): measured on a CPU of kind {capability} ({data.get('mode')} "
                      f"run, sections {titles}).")
     return ["Reports of other machine kinds:", "", *lines, ""] if lines else []
 

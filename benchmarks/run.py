@@ -1,8 +1,10 @@
-"""Entry point: ``python -m benchmarks.run [--smoke] [--out benchmarks/RESULTS.md] [--only a,b]``.
+"""Entry point: ``python -m benchmarks.run [--smoke] [--out PATH] [--only a,b]``.
 
 Builds the models it needs with the project's builder (cached in benchmarks/.cache), runs every
 measurement (each one degrades to "not available"/"failed" instead of stopping the run), then writes
-RESULTS.md and a JSON file beside it (results.json, or <out stem>.json for another name).
+the report and a JSON file beside it (results.json beside RESULTS.md, <out stem>.json for another name).
+Each CPU kind has its own report (``default_report``): RESULTS.md for AVX2, RESULTS-<KIND>.md for the
+others (AMX, AVX512_BF16, AVX512); a run never writes over a report measured on another kind.
 """
 
 from __future__ import annotations
@@ -39,7 +41,12 @@ from benchmarks.section import Section, guarded  # noqa: E402
 from benchmarks.settings import FULL, SMOKE, Settings  # noqa: E402
 from benchmarks.targets import evaluate  # noqa: E402
 
-DEFAULT_OUT = Path(__file__).resolve().parent / "RESULTS.md"
+HERE = Path(__file__).resolve().parent
+
+
+def default_report(kind: str) -> Path:
+    """This CPU kind's report: RESULTS.md (the first, AVX2 machine's), else RESULTS-<KIND>.md."""
+    return HERE / ("RESULTS.md" if kind == "AVX2" else f"RESULTS-{kind}.md")
 
 # key, title, measure(section, settings, models)
 MEASUREMENTS = (
@@ -61,7 +68,8 @@ MEASUREMENTS = (
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m benchmarks.run", description=__doc__.splitlines()[0])
     p.add_argument("--smoke", action="store_true", help="tiny model, a couple of iterations (CI)")
-    p.add_argument("--out", type=Path, default=DEFAULT_OUT, help="markdown report path")
+    p.add_argument("--out", type=Path, default=None,
+                   help="markdown report path (default: this CPU kind's, benchmarks/RESULTS[-KIND].md)")
     p.add_argument("--cache-dir", type=Path, default=DEFAULT_CACHE, help="where built models are kept")
     p.add_argument("--only", default="", help="comma-separated measurement keys: e2e,step,overhead,throughput,cold,replicas,parallel,cache,"
                    "arrivals,generic,lora,cache_trained")
@@ -80,13 +88,26 @@ def render(source: Path, out: Path) -> int:
     data = json.loads(source.read_text(encoding="utf-8"))
     settings = SMOKE if data["mode"] == "smoke" else FULL
     sections = [Section(**s) for s in data["sections"]]
-    targets = evaluate(sections, settings)
+    targets = evaluate(sections, settings, data["machine"].get("cpu_capability", ""))
     write_markdown(out, data["machine"], data["models"], settings, sections, targets, data["total_s"],
                    generated=data.get("generated"))
     write_json(json_path(out), data["machine"], data["models"], settings, sections, targets, data["total_s"],
                generated=data.get("generated"))
     print(f"[bench] re-rendered {out} from {source}", flush=True)
     return 0
+
+
+def refuse_other_kind(out: Path, info: dict) -> None:
+    """A report keeps the figures of one CPU kind: never write over one measured on another."""
+    import json
+
+    path = json_path(out)
+    if not path.exists():
+        return
+    theirs = json.loads(path.read_text(encoding="utf-8")).get("machine", {}).get("cpu_capability")
+    if theirs != info.get("cpu_capability"):
+        raise SystemExit(f"{out} holds figures of a {theirs} machine and this one is {info.get('cpu_capability')}; "
+                         f"write to {default_report(str(info.get('cpu_capability'))).name} (the default) or another --out")
 
 
 def kept_sections(out: Path, info: dict, settings: Settings) -> dict[str, Section]:
@@ -109,7 +130,8 @@ def kept_sections(out: Path, info: dict, settings: Settings) -> dict[str, Sectio
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.render is not None:
-        return render(args.render, args.out)
+        return render(args.render, args.out or args.render.with_name(
+            "RESULTS.md" if args.render.name == "results.json" else f"{args.render.stem}.md"))
     settings: Settings = SMOKE if args.smoke else FULL
     only = {k.strip() for k in args.only.split(",") if k.strip()}
     started = time.perf_counter()
@@ -124,7 +146,8 @@ def main(argv: list[str] | None = None) -> int:
         models[kind] = path
         facts[kind] = {**model_facts(path), "build_s": round(seconds, 1)}
 
-    out = args.out
+    out = args.out or default_report(str(info["cpu_capability"]))
+    refuse_other_kind(out, info)
     total = 0.0
     kept = kept_sections(out, info, settings) if args.merge else {}
     sections: list[Section] = []
@@ -136,12 +159,12 @@ def main(argv: list[str] | None = None) -> int:
         sections.append(guarded(key, title, lambda s, fn=fn: fn(s, settings, models)))
         # Written after every measurement, so a long run can be read (and survives) part-way.
         total = time.perf_counter() - started
-        targets = evaluate(sections, settings)
+        targets = evaluate(sections, settings, info["cpu_capability"])
         write_markdown(out, info, facts, settings, sections, targets, total)
         write_json(json_path(out), info, facts, settings, sections, targets, total)
     # Once more with every section: kept ones after the last measured one were appended since.
     total = time.perf_counter() - started
-    targets = evaluate(sections, settings)
+    targets = evaluate(sections, settings, info["cpu_capability"])
     write_markdown(out, info, facts, settings, sections, targets, total)
     write_json(json_path(out), info, facts, settings, sections, targets, total)
     print(f"[bench] wrote {out} and {json_path(out)} in {total:.0f}s", flush=True)
