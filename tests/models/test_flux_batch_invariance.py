@@ -129,7 +129,7 @@ def test_small_flux_batch_of_requests_equals_each_alone(small_flux_dir) -> None:
     # Several requests of one batch key, different prompts (each encoded alone), in bfloat16.
     pipe = FluxPipeline.from_pretrained(small_flux_dir, dtype="bfloat16")
     batch = [GenerationRequest(prompt=p, height=256, width=256, num_inference_steps=1, max_sequence_length=16,
-                               seed=s, n=n, output_type="pt") for p, s, n in (("a fox", 1, 1), ("a house", 5, 2))]
+                               seed=s, output_type="pt") for p, s in (("a fox", 1), ("a house", 5))]
     outputs = list(pipe.run(batch))[-1].outputs
     for request, output in zip(batch, outputs, strict=True):
         assert torch.equal(output.images, pipe(request).images)
