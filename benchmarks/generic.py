@@ -29,8 +29,8 @@ def measure(section: Section, settings: Settings, models: dict[str, Path]) -> No
 
 def _ensure(kind: str, models: dict[str, Path]) -> Path:
     """Generic models are built beside the FLUX ones (same cache directory, same deterministic builder)."""
-    from diffserve.models.tiny import MARKER_FILE
-    from diffserve.models.tiny_generic import build_generic_model
+    from diffserve.zoo.components import MARKER_FILE
+    from diffserve.zoo.generic import build_generic_model
 
     root = next(iter(models.values())).parent
     out = root / kind

@@ -23,7 +23,7 @@ RANK = 16
 
 def measure(section: Section, settings: Settings, models: dict[str, Path]) -> None:
     from diffserve import AsyncEngine, Engine
-    from diffserve.models.tiny_lora import build_flux_lora
+    from diffserve.zoo.lora import build_flux_lora
 
     case = settings.lora_case
     path = models[case.model]

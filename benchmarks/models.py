@@ -18,30 +18,30 @@ def model_dir(kind: str, cache_dir: Path = DEFAULT_CACHE) -> Path:
 def ensure_model(kind: str, cache_dir: Path = DEFAULT_CACHE) -> tuple[Path, float]:
     """Build ``kind`` into the cache if it is not there yet; returns its directory and the build seconds
     (0 when it was cached). The builder is deterministic (seed 0), so a cached copy is the same model."""
-    from diffserve.models import tiny
+    from diffserve.zoo.flux import build_flux_model
 
     out = model_dir(kind, cache_dir)
-    if _is_current(out, tiny):
+    if _is_current(out):
         return out, 0.0
     t0 = time.perf_counter()
     # force=True only ever replaces a previous model directory (the builder checks model_index.json).
-    built = tiny.build_flux_model(kind, out, seed=0, force=True)
+    built = build_flux_model(kind, out, seed=0, force=True)
     return Path(built), time.perf_counter() - t0
 
 
-def _is_current(out: Path, tiny: object) -> bool:
+def _is_current(out: Path) -> bool:
     """A cached build counts when the builder's marker says it was written by the same builder version."""
     import json
 
+    from diffserve.zoo.components import MARKER_FILE
+    from diffserve.zoo.flux import BUILDER_VERSION
+
     try:
-        marker = json.loads((out / tiny.MARKER_FILE).read_text(encoding="utf-8"))  # type: ignore[attr-defined]
-    except (OSError, ValueError, AttributeError):
+        marker = json.loads((out / MARKER_FILE).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
         return False
-    return (
-        isinstance(marker, dict)
-        and marker.get("builder_version") == getattr(tiny, "BUILDER_VERSION", None)
+    return isinstance(marker, dict) and marker.get("builder_version") == BUILDER_VERSION \
         and (out / "model_index.json").is_file()
-    )
 
 
 def model_facts(path: Path) -> dict[str, object]:

@@ -93,7 +93,7 @@ def write_markdown(path: Path, info: dict[str, Any], models: dict[str, Any], set
         "",
         "## Models",
         "",
-        "Built with `diffserve.models.tiny.build_flux_model(kind, dir, seed=0)`; both engines load the same "
+        "Built with `diffserve.zoo.flux.build_flux_model(kind, dir, seed=0)`; both engines load the same "
         "directory.",
         "",
         *_table(["model", *next(iter(models.values()), {}).keys()],

@@ -1,7 +1,7 @@
 """(l) Step cache on a trained model against a random one: the same architecture, requests, backends and
-thresholds on the trained toy-shapes FLUX.1 (``diffserve.models.tiny.toy_model_dir``) and on its random
+thresholds on the trained toy-shapes FLUX.1 (``diffserve.zoo.flux.toy_model_dir``) and on its random
 twin, whose transformer is the one training started from (``random_twin``: same config, seed and
-construction as ``models/toy_shapes/train.py``, every other component copied). The only difference
+construction as ``zoo/toy_shapes/train.py``, every other component copied). The only difference
 between the two is training, so the section shows how far a random-weight model's step-cache figures
 (sections h, the quality gate's small-flux) are from a trained model's.
 
@@ -55,7 +55,7 @@ class Point:
 
 def held_out_pairs(n: int) -> list[tuple[str, int]]:
     """``n`` seeded prompt/seed pairs of the toy grammar, the same on every run and for both models."""
-    from diffserve.models.toy_shapes.grammar import all_scenes
+    from diffserve.zoo.toy_shapes.grammar import all_scenes
 
     rng = random.Random(PAIRS_SEED)
     scenes = all_scenes()
@@ -68,7 +68,8 @@ def random_twin(trained: Path, out: Path) -> Path:
     does, saved as safetensors. Built once; rebuilt when the trained weights or this builder change."""
     from diffusers import FluxTransformer2DModel
 
-    from diffserve.models.tiny import MARKER_FILE, build_into, save_components
+    from diffserve.zoo.components import MARKER_FILE, save_components
+    from diffserve.zoo.publish import build_into
 
     marker = json.loads((trained / MARKER_FILE).read_text(encoding="utf-8"))
     source = hashlib.sha256((trained / "transformer" / "diffusion_pytorch_model.safetensors").read_bytes()).hexdigest()
@@ -94,7 +95,7 @@ def random_twin(trained: Path, out: Path) -> Path:
 
 
 def measure(section: Section, settings: Settings, models: dict[str, Path]) -> None:
-    from diffserve.models.tiny import toy_model_dir
+    from diffserve.zoo.flux import toy_model_dir
 
     case = settings.cache_trained_case
     trained = toy_model_dir()
@@ -176,7 +177,7 @@ def _entry(output: Any) -> dict[str, Any]:
 def summarise(points: list[Point], pairs: list[tuple[str, int]]) -> list[dict[str, Any]]:
     """Per point: median s/image, speed-up, mean skipped steps, mean PSNR/SSIM against the uncached
     point's image of the same pair (``points[0]``), and how many images the checker reads as their prompt."""
-    from diffserve.models.toy_shapes.grammar import classify, parse_prompt
+    from diffserve.zoo.toy_shapes.grammar import classify, parse_prompt
 
     base = points[0]
     base_s = median(base.seconds)

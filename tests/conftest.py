@@ -15,11 +15,11 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ["DIFFSERVE_CPU_BF16"] = "0"
 
 
-# --- hermetic tiny FLUX models (built once per session by diffserve.models.tiny) ---------------
+# --- hermetic tiny FLUX models (built once per session by diffserve.zoo.flux) ---------------
 @pytest.fixture(scope="session")
 def tiny_flux_dir(tmp_path_factory: pytest.TempPathFactory):
     """A schnell-like (no guidance embedding) random-weight tiny-flux pipeline dir, seed 0."""
-    from diffserve.models.tiny import build_flux_model
+    from diffserve.zoo.flux import build_flux_model
 
     return build_flux_model("tiny-flux", tmp_path_factory.mktemp("models") / "tiny-flux", seed=0)
 
@@ -27,7 +27,7 @@ def tiny_flux_dir(tmp_path_factory: pytest.TempPathFactory):
 @pytest.fixture(scope="session")
 def tiny_flux_kontext_dir(tmp_path_factory: pytest.TempPathFactory):
     """A random-weight tiny FluxKontextPipeline dir (FLUX.1 Kontext: edits from a reference image), seed 0."""
-    from diffserve.models.tiny import build_flux_model
+    from diffserve.zoo.flux import build_flux_model
 
     return build_flux_model("tiny-flux-kontext", tmp_path_factory.mktemp("models") / "tiny-flux-kontext", seed=0)
 
@@ -35,7 +35,7 @@ def tiny_flux_kontext_dir(tmp_path_factory: pytest.TempPathFactory):
 @pytest.fixture(scope="session")
 def tiny_sd3_dir(tmp_path_factory: pytest.TempPathFactory):
     """A random-weight tiny StableDiffusion3Pipeline dir (the generic path), seed 0."""
-    from diffserve.models.tiny_generic import build_generic_model
+    from diffserve.zoo.generic import build_generic_model
 
     return build_generic_model("tiny-sd3", tmp_path_factory.mktemp("models") / "tiny-sd3", seed=0)
 
@@ -43,7 +43,7 @@ def tiny_sd3_dir(tmp_path_factory: pytest.TempPathFactory):
 @pytest.fixture(scope="session")
 def tiny_pixart_dir(tmp_path_factory: pytest.TempPathFactory):
     """A random-weight tiny PixArtSigmaPipeline dir (the generic path), seed 0."""
-    from diffserve.models.tiny_generic import build_generic_model
+    from diffserve.zoo.generic import build_generic_model
 
     return build_generic_model("tiny-pixart-sigma", tmp_path_factory.mktemp("models") / "tiny-pixart-sigma",
                                seed=0)
@@ -52,7 +52,7 @@ def tiny_pixart_dir(tmp_path_factory: pytest.TempPathFactory):
 @pytest.fixture(scope="session")
 def tiny_flux_dev_dir(tmp_path_factory: pytest.TempPathFactory):
     """A dev-like (guidance_embeds=True) random-weight tiny-flux pipeline dir, seed 0."""
-    from diffserve.models.tiny import build_flux_model
+    from diffserve.zoo.flux import build_flux_model
 
     return build_flux_model(
         "tiny-flux", tmp_path_factory.mktemp("models") / "tiny-flux-dev", seed=0, guidance_embeds=True
@@ -62,7 +62,7 @@ def tiny_flux_dev_dir(tmp_path_factory: pytest.TempPathFactory):
 @pytest.fixture(scope="session")
 def small_flux_dir(tmp_path_factory: pytest.TempPathFactory):
     """The random-weight small-flux pipeline dir (seed 0): quality gates and larger parity checks."""
-    from diffserve.models.tiny import build_flux_model
+    from diffserve.zoo.flux import build_flux_model
 
     return build_flux_model("small-flux", tmp_path_factory.mktemp("models") / "small-flux", seed=0)
 

@@ -25,8 +25,12 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("worker",),
     ("executor",),
     ("engine",),
+    ("zoo",),
     ("entrypoints",),
 )
+# Test and demo models (builders, tokenizer makers, the toy model's trainer) are fixtures, not serving code:
+# they build directories for any serving layer to load, so they may use only these.
+ZOO_MAY_IMPORT = ("errors", "logging", "registry", "zoo")
 RANK = {name: rank for rank, names in enumerate(LAYERS) for name in names}
 ROOT_MODULE = "diffserve"  # the package __init__: the public API, above everything
 
@@ -135,6 +139,35 @@ def test_no_module_imports_a_higher_layer() -> None:
 
 def test_no_file_level_import_cycle() -> None:
     assert cycles(import_graph(package_files())) == []
+
+
+def zoo_violations(graph: dict[str, set[str]]) -> list[str]:
+    """Imports of the zoo beyond ZOO_MAY_IMPORT, and serving code below entrypoints importing the zoo."""
+    bad = []
+    for module, targets in graph.items():
+        part = module.split(".")[1] if "." in module else ""
+        for target in targets:
+            other = target.split(".")[1]
+            if part == "zoo" and other not in ZOO_MAY_IMPORT:
+                bad.append(f"{module} imports {target} (the zoo uses only {', '.join(ZOO_MAY_IMPORT)})")
+            elif other == "zoo" and part not in ("zoo", "entrypoints"):
+                bad.append(f"{module} imports {target} (serving code never depends on test models)")
+    return sorted(bad)
+
+
+def test_the_zoo_stays_apart_from_serving_code() -> None:
+    assert zoo_violations(import_graph(package_files())) == []
+    models = [p.name for p in (PACKAGE / "models").iterdir()]
+    assert not [name for name in models if name.startswith(("tiny", "toy"))], models
+
+
+@pytest.mark.parametrize("module, source", [
+    ("diffserve.zoo.wrong_way", "from diffserve.models.loader import load_strict\n"),
+    ("diffserve.models.wrong_way", "from diffserve.zoo.flux import build_flux_model\n"),
+])
+def test_a_zoo_violation_is_caught(module: str, source: str) -> None:
+    bad = zoo_violations(import_graph(_with(package_files(), module, source)))
+    assert len(bad) == 1 and bad[0].startswith(f"{module} imports "), bad
 
 
 def test_layers_match_the_architecture_doc() -> None:

@@ -20,7 +20,7 @@ from diffserve.config.schema import PLATFORMS
 from diffserve.config.yaml_lines import key_line, load_yaml_file
 from diffserve.errors import ConfigError
 from diffserve.logging import get_logger
-from diffserve.registry.models import MODEL_FAMILIES, ModelFamily, read_class_name
+from diffserve.registry.models import MODEL_FAMILIES, MODEL_MARKER_FILE, ModelFamily, read_class_name
 
 logger = get_logger(__name__)
 
@@ -28,7 +28,6 @@ ENV_PREFIX = "DIFFSERVE_"
 # DIFFSERVE_* variables that are read elsewhere and are not config fields.
 NON_CONFIG_ENV: frozenset[str] = frozenset({"LOG_LEVEL", "CACHE_DIR", "API_KEY", "CPU_BF16"})
 _DECK_KEYS = ("base_config", "platforms")
-MODEL_MARKER_FILE = "diffserve_model.json"  # diffserve.models.tiny.MARKER_FILE (a layer above: not imported)
 
 
 def model_layer(model: str | os.PathLike | None, out: Collector) -> tuple[str | None, ModelFamily | None]:

@@ -18,6 +18,10 @@ from typing import Any
 
 from diffserve.registry.targets import load_target
 
+# A model directory's own diffserve marker (written by the zoo's builders and trainers): what the directory
+# is and, optionally, its ``request_defaults`` (read by config/sources.py as the model layer).
+MODEL_MARKER_FILE = "diffserve_model.json"
+
 
 @dataclass(frozen=True)
 class ModelFamily:

@@ -16,8 +16,9 @@ def test_random_twin_is_the_toy_model_with_its_untrained_transformer(tmp_path: P
     from safetensors.torch import load_file
 
     from benchmarks.step_cache_trained import random_twin
-    from diffserve.models.tiny import MARKER_FILE, component_seed, toy_model_dir
-    from diffserve.models.toy_shapes.train import TRANSFORMER_CONFIG
+    from diffserve.zoo.components import MARKER_FILE, component_seed
+    from diffserve.zoo.flux import toy_model_dir
+    from diffserve.zoo.toy_shapes.train import TRANSFORMER_CONFIG
 
     trained = toy_model_dir()
     twin = random_twin(trained, tmp_path / "twin")
@@ -43,7 +44,7 @@ def test_random_twin_is_the_toy_model_with_its_untrained_transformer(tmp_path: P
 
 def test_held_out_pairs_and_summary() -> None:
     from benchmarks.step_cache_trained import Point, held_out_pairs, pooled_psnr, summarise
-    from diffserve.models.toy_shapes.grammar import draw, parse_prompt
+    from diffserve.zoo.toy_shapes.grammar import draw, parse_prompt
 
     pairs = held_out_pairs(4)
     assert pairs == held_out_pairs(4) and len({seed for _, seed in pairs}) == 4

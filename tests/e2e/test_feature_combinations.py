@@ -11,7 +11,7 @@ import pytest
 
 from diffserve import Engine, GenerationRequest
 from diffserve.errors import RequestError
-from diffserve.models.tiny_lora import build_flux_lora
+from diffserve.zoo.lora import build_flux_lora
 
 pytestmark = pytest.mark.e2e
 

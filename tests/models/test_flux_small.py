@@ -15,7 +15,7 @@ pytestmark = pytest.mark.slow
 
 @pytest.fixture(scope="module")
 def small_dev_dir(tmp_path_factory):
-    from diffserve.models.tiny import build_flux_model
+    from diffserve.zoo.flux import build_flux_model
 
     return build_flux_model("small-flux", tmp_path_factory.mktemp("small") / "small-flux-dev", seed=0,
                             guidance_embeds=True)
@@ -25,7 +25,7 @@ def small_dev_dir(tmp_path_factory):
 def small_schnell_transformer_dir(tmp_path_factory):
     from diffusers import FluxTransformer2DModel
 
-    from diffserve.models.tiny_configs import get_spec
+    from diffserve.zoo.flux_specs import get_spec
 
     torch.manual_seed(1)
     model = FluxTransformer2DModel(**get_spec("small-flux").transformer_config(guidance_embeds=False))

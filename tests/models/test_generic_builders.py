@@ -29,14 +29,14 @@ PIXART_WEIGHTS = {
 
 @pytest.fixture(scope="module")
 def sd3_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from diffserve.models.tiny_generic import build_generic_model
+    from diffserve.zoo.generic import build_generic_model
 
     return build_generic_model("tiny-sd3", tmp_path_factory.mktemp("generic") / "tiny-sd3", seed=0)
 
 
 @pytest.fixture(scope="module")
 def pixart_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from diffserve.models.tiny_generic import build_generic_model
+    from diffserve.zoo.generic import build_generic_model
 
     return build_generic_model("tiny-pixart-sigma", tmp_path_factory.mktemp("generic") / "tiny-pixart", seed=0)
 
@@ -133,7 +133,7 @@ def test_cli_builds_byte_identical_tiny_sd3(tmp_path: Path, sd3_dir: Path) -> No
 def test_same_seed_identical_other_seed_changes_weights(tmp_path: Path, pixart_dir: Path) -> None:
     import torch
 
-    from diffserve.models.tiny_generic import build_generic_model
+    from diffserve.zoo.generic import build_generic_model
 
     base = _files(pixart_dir)
     torch.manual_seed(1234)
@@ -157,7 +157,7 @@ def test_guidance_embeds_with_a_generic_kind_is_a_clear_error(tmp_path: Path) ->
 
 
 def test_bad_arguments_raise_config_error(tmp_path: Path, pixart_dir: Path) -> None:
-    from diffserve.models.tiny_generic import build_generic_model
+    from diffserve.zoo.generic import build_generic_model
 
     with pytest.raises(ConfigError, match="unknown model 'huge-sd3'.*tiny-sd3"):
         build_generic_model("huge-sd3", tmp_path / "a")
@@ -175,7 +175,7 @@ def test_small_sd3_transformer_size() -> None:
     import torch
     from diffusers import SD3Transformer2DModel
 
-    from diffserve.models.tiny_generic_configs import get_generic_spec
+    from diffserve.zoo.generic_specs import get_generic_spec
 
     spec = get_generic_spec("small-sd3")
     with torch.device("meta"):
@@ -187,7 +187,7 @@ def test_small_sd3_transformer_size() -> None:
 
 def test_modules_import_cheaply() -> None:
     code = (
-        "import sys, diffserve.models.tiny_generic, diffserve.entrypoints.commands.make_model;"
+        "import sys, diffserve.zoo.generic, diffserve.entrypoints.commands.make_model;"
         "heavy = [m for m in ('torch', 'transformers', 'diffusers') if m in sys.modules];"
         "assert not heavy, heavy"
     )

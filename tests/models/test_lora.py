@@ -15,7 +15,7 @@ from diffserve.errors import ConfigError, LoraError
 from diffserve.models.flux.lora_file import native_linear_shapes, read_flux_lora
 from diffserve.models.flux.params import FluxParams
 from diffserve.models.loader import read_config
-from diffserve.models.tiny_lora import build_flux_lora
+from diffserve.zoo.lora import build_flux_lora
 
 REQUEST = dict(prompt="a red fox", height=64, width=64, num_inference_steps=3, seed=3, max_sequence_length=64,
                guidance_scale=3.5)

@@ -84,7 +84,7 @@ TOY_AGREEMENT_ALLOWANCE = 1  # cached images may read as their prompt for one pa
 
 def toy_pairs() -> list[tuple[str, int]]:
     """Held-out pairs: generation seeds far from training's and from tests/models/test_toy_shapes.py's."""
-    from diffserve.models.toy_shapes.grammar import all_scenes
+    from diffserve.zoo.toy_shapes.grammar import all_scenes
 
     rng = random.Random(28)
     scenes = all_scenes()
@@ -102,7 +102,7 @@ def _toy_batch(pipe: FluxPipeline, **kw) -> tuple[list[np.ndarray], list[dict]]:
 def _agreement(images: list[np.ndarray]) -> int:
     from PIL import Image
 
-    from diffserve.models.toy_shapes.grammar import classify, parse_prompt
+    from diffserve.zoo.toy_shapes.grammar import classify, parse_prompt
 
     return sum(classify(Image.fromarray(image)) == parse_prompt(prompt)
                for (prompt, _), image in zip(toy_pairs(), images, strict=True))
@@ -110,14 +110,14 @@ def _agreement(images: list[np.ndarray]) -> int:
 
 @pytest.fixture(scope="module")
 def toy_uncached() -> list[np.ndarray]:
-    from diffserve.models.tiny import toy_model_dir
+    from diffserve.zoo.flux import toy_model_dir
 
     return _toy_batch(FluxPipeline.from_pretrained(toy_model_dir()))[0]
 
 
 @pytest.mark.parametrize("backend", sorted(TOY_GATES))
 def test_cached_images_of_the_trained_model_stay_close_and_still_draw_the_prompt(toy_uncached, backend) -> None:
-    from diffserve.models.tiny import toy_model_dir
+    from diffserve.zoo.flux import toy_model_dir
 
     pipe = FluxPipeline.from_pretrained(toy_model_dir(), cache={"backend": backend})
     uncached_agreement = _agreement(toy_uncached)

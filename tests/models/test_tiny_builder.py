@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import logging
 import os
 import subprocess
 import sys
@@ -115,7 +114,7 @@ def test_same_seed_is_byte_identical_across_processes(cli_built_dir: Path, tiny_
 
 
 def test_different_seed_changes_every_weight_file_only(tmp_path: Path, tiny_flux_dir: Path) -> None:
-    from diffserve.models.tiny import build_flux_model
+    from diffserve.zoo.flux import build_flux_model
 
     other = _files(build_flux_model("tiny-flux", tmp_path / "seed1", seed=1))
     base = _files(tiny_flux_dir)
@@ -126,7 +125,7 @@ def test_different_seed_changes_every_weight_file_only(tmp_path: Path, tiny_flux
 def test_build_leaves_global_rng_untouched(tmp_path: Path) -> None:
     import torch
 
-    from diffserve.models.tiny import build_flux_model
+    from diffserve.zoo.flux import build_flux_model
 
     torch.manual_seed(1234)
     before = torch.random.get_rng_state()
@@ -141,7 +140,7 @@ def test_unknown_model_name_is_rejected(tmp_path: Path) -> None:
     assert "invalid choice: 'huge-flux'" in proc.stderr.strip().splitlines()[-1]
     assert list(tmp_path.iterdir()) == []
     with pytest.raises(ConfigError, match="unknown model 'huge-flux'.*tiny-flux"):
-        from diffserve.models.tiny import build_flux_model
+        from diffserve.zoo.flux import build_flux_model
 
         build_flux_model("huge-flux", target)
     assert list(tmp_path.iterdir()) == []
@@ -177,7 +176,7 @@ def test_unwritable_dir_is_rejected_without_leftovers(tmp_path: Path) -> None:
 
 
 def test_failed_build_leaves_nothing_behind(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from diffserve.models import tiny
+    from diffserve.zoo import flux as tiny
 
     def broken(*args: object, **kwargs: object) -> None:
         raise OSError(28, "No space left on device")
@@ -189,7 +188,7 @@ def test_failed_build_leaves_nothing_behind(tmp_path: Path, monkeypatch: pytest.
 
 
 def test_force_replaces_a_previous_model(tmp_path: Path, tiny_flux_dir: Path) -> None:
-    from diffserve.models.tiny import build_flux_model
+    from diffserve.zoo.flux import build_flux_model
 
     target = tmp_path / "m"
     build_flux_model("tiny-flux", target, seed=5)
@@ -201,37 +200,11 @@ def test_force_replaces_a_previous_model(tmp_path: Path, tiny_flux_dir: Path) ->
     assert (target.stat().st_mode & 0o777) == (tiny_flux_dir.stat().st_mode & 0o777)
 
 
-def test_ensure_tiny_flux_model_builds_once_then_reuses(tmp_path: Path, caplog: pytest.LogCaptureFixture,
-                                                   tiny_flux_dir: Path) -> None:
-    from diffserve.models.tiny import ensure_tiny_flux_model as ensure_demo_model
-
-    # Attach caplog directly: the CLI's configure_logging may have stopped 'diffserve' propagating.
-    logger = logging.getLogger("diffserve.models.tiny")
-    logger.addHandler(caplog.handler)
-    try:
-        with caplog.at_level(logging.INFO, logger="diffserve.models.tiny"):
-            first = ensure_demo_model(tmp_path)
-    finally:
-        logger.removeHandler(caplog.handler)
-    assert first == tmp_path / "tiny-flux-seed0"
-    assert "random-weight demo model" in caplog.text
-    assert _files(first) == _files(tiny_flux_dir)
-    stamp = (first / "model_index.json").stat().st_mtime_ns
-    assert ensure_demo_model(tmp_path) == first
-    assert (first / "model_index.json").stat().st_mtime_ns == stamp
-
-    # A cache from another builder version is rebuilt rather than trusted.
-    marker = first / "diffserve_model.json"
-    marker.write_text(marker.read_text().replace('"builder_version": ', '"builder_version": 1000'))
-    ensure_demo_model(tmp_path)
-    assert _files(first) == _files(tiny_flux_dir)
-
-
 def test_small_flux_transformer_size() -> None:
     import torch
     from diffusers import FluxTransformer2DModel
 
-    from diffserve.models.tiny_configs import get_spec
+    from diffserve.zoo.flux_specs import get_spec
 
     with torch.device("meta"):
         model = FluxTransformer2DModel(**get_spec("small-flux").transformer_config(guidance_embeds=False))
@@ -241,8 +214,8 @@ def test_small_flux_transformer_size() -> None:
 
 def test_cli_choices_match_specs() -> None:
     from diffserve.entrypoints.commands.make_model import FLUX_KINDS, GENERIC_KINDS, MODEL_KINDS
-    from diffserve.models.tiny_configs import SPECS
-    from diffserve.models.tiny_generic_configs import GENERIC_SPECS
+    from diffserve.zoo.flux_specs import SPECS
+    from diffserve.zoo.generic_specs import GENERIC_SPECS
 
     assert tuple(SPECS) == FLUX_KINDS
     assert tuple(GENERIC_SPECS) == GENERIC_KINDS

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from diffserve.models.toy_shapes.grammar import COLOURS, SHAPES, all_scenes, classify, draw, parse_prompt
+from diffserve.zoo.toy_shapes.grammar import COLOURS, SHAPES, all_scenes, classify, draw, parse_prompt
 
 HELD_OUT = 100
 SEED_BASE = 1_000_000  # generation seeds far from anything training used
@@ -105,7 +105,7 @@ def test_training_runs_end_to_end_on_a_tiny_budget(tmp_path: Path) -> None:
     import torch
     from diffusers import FluxPipeline
 
-    from diffserve.models.toy_shapes.train import TrainConfig, train_toy_model
+    from diffserve.zoo.toy_shapes.train import TrainConfig, train_toy_model
 
     threads = torch.get_num_threads()
     try:
@@ -122,6 +122,6 @@ def test_training_runs_end_to_end_on_a_tiny_budget(tmp_path: Path) -> None:
 
 @pytest.fixture(scope="module")
 def toy_model() -> Path:
-    from diffserve.models.tiny import toy_model_dir
+    from diffserve.zoo.flux import toy_model_dir
 
     return toy_model_dir()

@@ -36,7 +36,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from diffserve.models.toy_shapes.grammar import COLOURS, SHAPES, Scene, classify, draw, palette_labels
+from diffserve.zoo.toy_shapes.grammar import COLOURS, SHAPES, Scene, classify, draw, palette_labels
 
 N = 16  # inputs per check
 SEED_BASE = 3_000_000  # generation seeds far from anything training used
@@ -118,7 +118,7 @@ def object_colour(image: np.ndarray, background: str) -> str:
 @pytest.fixture(scope="module")
 def engine() -> Iterator[Any]:
     from diffserve import Engine
-    from diffserve.models.tiny import toy_model_dir
+    from diffserve.zoo.flux import toy_model_dir
 
     with Engine(str(toy_model_dir()), dtype="float32", max_batch_size=8, env={}) as eng:
         yield eng

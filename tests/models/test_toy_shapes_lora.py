@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from diffserve.models.toy_shapes.grammar import Scene, all_scenes, classify, solidity
+from diffserve.zoo.toy_shapes.grammar import Scene, all_scenes, classify, solidity
 
 PAIRS = 16
 
@@ -110,7 +110,7 @@ def test_adapter_training_runs_end_to_end_on_a_tiny_budget(tmp_path: Path, toy_m
     """Every stage of the trainer on two steps (the shipped adapter took 62 s): a file with the shipped keys."""
     from safetensors import safe_open
 
-    from diffserve.models.toy_shapes.lora import LoraTrainConfig, train_stars_lora
+    from diffserve.zoo.toy_shapes.lora import LoraTrainConfig, train_stars_lora
 
     out = train_stars_lora(tmp_path / "stars", toy_model, LoraTrainConfig(images=16, steps=2, batch=4, threads=1))
     for name in ("training.json", "loss.png"):
@@ -126,13 +126,13 @@ def _psnr(a: Any, b: Any) -> float:
 
 @pytest.fixture(scope="module")
 def toy_model() -> Path:
-    from diffserve.models.tiny import toy_model_dir
+    from diffserve.zoo.flux import toy_model_dir
 
     return toy_model_dir()
 
 
 @pytest.fixture(scope="module")
 def stars_lora() -> Path:
-    from diffserve.models.toy_shapes.lora import shipped_stars_lora
+    from diffserve.zoo.toy_shapes.lora import shipped_stars_lora
 
     return shipped_stars_lora()

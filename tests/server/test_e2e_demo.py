@@ -14,7 +14,7 @@ import openai
 import pytest
 from PIL import Image
 
-from diffserve.models.toy_shapes.grammar import Scene, classify
+from diffserve.zoo.toy_shapes.grammar import Scene, classify
 
 pytestmark = pytest.mark.e2e
 

@@ -9,7 +9,7 @@ import pytest
 from PIL import Image
 from test_e2e_generate_cli import run_cli
 
-from diffserve.models.tiny_lora import build_flux_lora
+from diffserve.zoo.lora import build_flux_lora
 
 pytestmark = pytest.mark.e2e
 

@@ -102,7 +102,7 @@ async def _generate(args: argparse.Namespace, model: str | None, prompt: str, ou
     # Built (and so validated) before anything loads: a bad argument fails in milliseconds.
     request = GenerationRequest(**kwargs)
     if model is None:
-        from diffserve.models.tiny import ensure_demo_model
+        from diffserve.zoo.flux import ensure_demo_model
 
         model = str(ensure_demo_model())
         logger.warning("no MODEL given: using the toy-shapes demo model at %s (a tiny FLUX trained to draw "

@@ -5,13 +5,13 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-# Kept in sync with diffserve.models.tiny_configs.SPECS and tiny_generic_configs.GENERIC_SPECS (a test
+# Kept in sync with diffserve.zoo.flux_specs.SPECS and tiny_generic_configs.GENERIC_SPECS (a test
 # checks it); listed here so that building the parser stays import-light.
 FLUX_KINDS = ("tiny-flux", "tiny-flux-kontext", "small-flux")
 GENERIC_KINDS = ("tiny-sd3", "small-sd3", "tiny-pixart-sigma")
 MODEL_KINDS = FLUX_KINDS + GENERIC_KINDS
 LORA_KINDS = ("tiny-flux-lora",)  # an adapter for a FLUX model (--base), not a model
-# Trained on CPU by diffserve.models.toy_shapes: copied from the package, or retrained with --train.
+# Trained on CPU by diffserve.zoo.toy_shapes: copied from the package, or retrained with --train.
 TRAINED_KINDS = ("toy-shapes",)  # the demo model
 TRAINED_LORA_KINDS = ("toy-shapes-stars",)  # its circles-to-stars adapter
 
@@ -53,13 +53,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from diffserve.errors import ConfigError
-    from diffserve.models.tiny import build_flux_model, check_target
+    from diffserve.zoo.flux import build_flux_model
+    from diffserve.zoo.publish import check_target
 
     if args.kind in LORA_KINDS:
         if args.base is None:
             raise ConfigError("tiny-flux-lora needs the FLUX model it adapts", path="--base",
                               hint="pass --base DIR (e.g. a directory made by make-model tiny-flux)")
-        from diffserve.models.tiny_lora import build_flux_lora
+        from diffserve.zoo.lora import build_flux_lora
 
         print(build_flux_lora(args.base, args.dir, seed=args.seed, rank=args.rank, force=args.force))
         return 0
@@ -81,7 +82,7 @@ def run(args: argparse.Namespace) -> int:
     # Fail on a bad DIR before paying for the torch/diffusers imports of the build.
     check_target(Path(args.dir).expanduser().absolute(), force=args.force)
     if generic:
-        from diffserve.models.tiny_generic import build_generic_model
+        from diffserve.zoo.generic import build_generic_model
 
         out = build_generic_model(args.kind, args.dir, seed=args.seed, force=args.force)
     else:
@@ -96,7 +97,8 @@ def _toy_shapes(args: argparse.Namespace) -> Path:
     import shutil
 
     from diffserve.errors import ConfigError
-    from diffserve.models.tiny import build_into, check_target, toy_model_dir
+    from diffserve.zoo.flux import toy_model_dir
+    from diffserve.zoo.publish import build_into, check_target
 
     if args.guidance_embeds or args.base is not None:
         raise ConfigError("toy-shapes is a trained schnell-like model", path="--guidance-embeds/--base",
@@ -107,7 +109,7 @@ def _toy_shapes(args: argparse.Namespace) -> Path:
         shipped = toy_model_dir()
         return build_into(target, lambda staging: shutil.copytree(shipped, staging, dirs_exist_ok=True),
                           force=args.force)
-    from diffserve.models.toy_shapes.train import TrainConfig, train_toy_model
+    from diffserve.zoo.toy_shapes.train import TrainConfig, train_toy_model
 
     return train_toy_model(target, TrainConfig(seed=args.seed, threads=args.threads), force=args.force)
 
@@ -117,8 +119,9 @@ def _toy_shapes_stars(args: argparse.Namespace) -> Path:
     import shutil
 
     from diffserve.errors import ConfigError
-    from diffserve.models.tiny import build_into, check_target, toy_model_dir
-    from diffserve.models.toy_shapes.lora import (
+    from diffserve.zoo.flux import toy_model_dir
+    from diffserve.zoo.publish import build_into, check_target
+    from diffserve.zoo.toy_shapes.lora import (
         WEIGHT_NAME,
         LoraTrainConfig,
         shipped_stars_lora,

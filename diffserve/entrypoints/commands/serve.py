@@ -50,8 +50,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         help="register a LoRA adapter requests can name (repeatable; joins lora_modules)")
     server.add_argument("--image-url-ttl", type=float, default=600.0, metavar="SECONDS",
                         help="how long images returned with response_format=url stay downloadable")
-    server.add_argument("--demo-cache-dir", default=None,
-                        help="unused (the demo model ships with the package); kept for compatibility")
     parser.set_defaults(func=run)
 
 
@@ -99,9 +97,9 @@ def run(args: argparse.Namespace) -> int:
 def _model_and_names(args: argparse.Namespace) -> tuple[str, str, tuple[str, ...]]:
     """The model directory, the id clients use for it, and the other ids accepted for it."""
     if args.model is None:
-        from diffserve.models.tiny import ensure_demo_model
+        from diffserve.zoo.flux import ensure_demo_model
 
-        path = ensure_demo_model(args.demo_cache_dir)
+        path = ensure_demo_model()
         logger.warning("no MODEL given: serving the built-in toy-shapes demo model from %s, a tiny FLUX trained "
                        "to draw 'a {colour} {shape} on a {colour} background' (64x64).", path)
         name = args.served_model_name or DEMO_MODEL_NAME

@@ -14,7 +14,7 @@ import json
 from pathlib import Path
 
 from diffserve.errors import ConfigError
-from diffserve.models.tiny import component_seed
+from diffserve.zoo.components import component_seed
 
 WEIGHT_NAME = "pytorch_lora_weights.safetensors"
 _DOUBLE = ("attn.to_q", "attn.to_k", "attn.to_v", "attn.to_out.0", "attn.add_q_proj", "ff.net.2")

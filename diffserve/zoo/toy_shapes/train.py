@@ -24,9 +24,12 @@ from pathlib import Path
 from typing import Any
 
 from diffserve.logging import get_logger
-from diffserve.models.tiny import MARKER_FILE, build_into, component_seed
-from diffserve.models.tiny_configs import SCHEDULER_CONFIG, get_spec
-from diffserve.models.toy_shapes.grammar import all_scenes, draw, grammar_corpus
+from diffserve.zoo.components import MARKER_FILE, component_seed
+from diffserve.zoo.flux_specs import SCHEDULER_CONFIG, get_spec
+from diffserve.zoo.publish import build_into
+from diffserve.zoo.toy_shapes.flow import optimizer_step, pack
+from diffserve.zoo.toy_shapes.grammar import all_scenes, draw, grammar_corpus
+from diffserve.zoo.toy_shapes.loss_curve import write_loss_curve
 
 logger = get_logger(__name__)
 
@@ -83,7 +86,8 @@ def _train_into(out: Path, config: TrainConfig) -> None:
     import torch
     from diffusers import AutoencoderKL, FlowMatchEulerDiscreteScheduler
 
-    from diffserve.models.tiny import _MODEL_INDEX, _write_json, save_components
+    from diffserve.zoo.components import save_components, write_json
+    from diffserve.zoo.flux import FLUX_MODEL_INDEX
 
     torch.set_num_threads(config.threads)
     started = time.perf_counter()
@@ -114,8 +118,8 @@ def _train_into(out: Path, config: TrainConfig) -> None:
     transformer.save_pretrained(str(out / "transformer"), safe_serialization=True)
 
     log["seconds"] = round(time.perf_counter() - started, 1)
-    _write_json(out / "model_index.json", {**_MODEL_INDEX, "_diffusers_version": diffusers.__version__})
-    _write_json(out / MARKER_FILE, {
+    write_json(out / "model_index.json", {**FLUX_MODEL_INDEX, "_diffusers_version": diffusers.__version__})
+    write_json(out / MARKER_FILE, {
         "builder_version": TOY_VERSION, "kind": TOY_KIND, "seed": config.seed, "guidance_embeds": False,
         "random_weights": False,
         "description": "tiny FLUX.1 trained on CPU to draw 'a {colour} {shape} on a {colour} background'",
@@ -131,7 +135,7 @@ def _text_encoders(out: Path, corpus: str, seed: int) -> tuple[Any, Any]:
     import torch
     from transformers import CLIPTextConfig, CLIPTextModel, T5Config, T5EncoderModel
 
-    from diffserve.models.tiny_tokenizers import (
+    from diffserve.zoo.tokenizers import (
         CLIP_BOS,
         CLIP_EOS,
         clip_vocab_and_merges,
@@ -224,33 +228,6 @@ def encode_images(vae: Any, images: Any) -> Any:
                           for i in range(0, len(images), 64)])
 
 
-def pack(latents: Any) -> Any:
-    """[B, C, H, W] -> [B, H/2 * W/2, C * 4], FluxPipeline's 2x2 packing."""
-    b, c, h, w = latents.shape
-    x = latents.view(b, c, h // 2, 2, w // 2, 2).permute(0, 2, 4, 1, 3, 5)
-    return x.reshape(b, (h // 2) * (w // 2), c * 4)
-
-
-def image_ids(h: int, w: int) -> Any:
-    """FLUX's RoPE ids of an (h/2) x (w/2) token grid: (0, row, column)."""
-    import torch
-
-    ids = torch.zeros(h // 2, w // 2, 3)
-    ids[..., 1] = torch.arange(h // 2)[:, None]
-    ids[..., 2] = torch.arange(w // 2)[None, :]
-    return ids.reshape(-1, 3)
-
-
-def shifted_sigmas(u: Any, tokens: int) -> Any:
-    """Map ``u`` in (0, 1) through the scheduler's dynamic shift at ``tokens`` image tokens (as FluxPipeline)."""
-    import math
-
-    cfg = SCHEDULER_CONFIG
-    slope = (cfg["max_shift"] - cfg["base_shift"]) / (cfg["max_image_seq_len"] - cfg["base_image_seq_len"])
-    mu = cfg["base_shift"] + slope * (tokens - cfg["base_image_seq_len"])
-    return math.exp(mu) / (math.exp(mu) + (1.0 / u - 1.0))
-
-
 def _train_transformer(latents: Any, labels: Any, prompt_embeds: Any, pooled: Any, text_bias: Any,
                        config: TrainConfig) -> tuple[Any, list[float]]:
     import copy
@@ -278,53 +255,6 @@ def _train_transformer(latents: Any, labels: Any, prompt_embeds: Any, pooled: An
     return ema, losses
 
 
-def optimizer_step(model: Any, params: list[Any], optim: tuple[Any, Any], x0_all: Any, labels: Any,
-                   text: tuple[Any, Any, Any], gen: Any, batch: int, bf16: bool) -> float:
-    """One training step on a random batch of (latents, prompt index) pairs: the flow-matching loss,
-    backward, gradient clipping at 1, the optimizer and LR schedule steps; returns the loss."""
-    import torch
-
-    optimizer, schedule = optim
-    prompt_embeds, pooled, text_bias = text
-    idx = torch.randint(len(x0_all), (batch,), generator=gen)
-    prompt = labels[idx]
-    loss = flow_matching_loss(model, x0_all[idx], Conditioning(prompt_embeds[prompt], pooled[prompt],
-                                                               text_bias[prompt]), gen, bf16=bf16)
-    optimizer.zero_grad(set_to_none=True)
-    loss.backward()
-    torch.nn.utils.clip_grad_norm_(params, 1.0)
-    optimizer.step()
-    schedule.step()
-    return loss.item()
-
-
-@dataclass(frozen=True)
-class Conditioning:
-    """A batch's text conditioning as ``encode_prompts`` returns it (one row per image)."""
-
-    prompt_embeds: Any  # [B, n + 1, 64]
-    pooled: Any  # [B, 32]
-    text_bias: Any  # [B, n + 1], additive attention logits of the text tokens
-
-
-def flow_matching_loss(model: Any, x0: Any, text: Conditioning, gen: Any, *, bf16: bool) -> Any:
-    """FLUX.1's flow-matching loss on packed latents ``x0`` [B, tokens, 64] of square images: a
-    logit-normal noise level through the scheduler's shift, target velocity ``noise - x0``."""
-    import torch
-
-    side = 2 * math.isqrt(x0.shape[1])  # latent height = width
-    noise = torch.randn(x0.shape, generator=gen)
-    sigma = shifted_sigmas(torch.sigmoid(torch.randn(len(x0), generator=gen)), x0.shape[1])
-    x_t = (1.0 - sigma[:, None, None]) * x0 + sigma[:, None, None] * noise
-    mask = torch.cat([text.text_bias, torch.zeros(len(x0), x0.shape[1])], dim=1)[:, None, None, :]
-    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
-        pred = model(hidden_states=x_t, timestep=sigma, pooled_projections=text.pooled,
-                     encoder_hidden_states=text.prompt_embeds, txt_ids=torch.zeros(text.prompt_embeds.shape[1], 3),
-                     img_ids=image_ids(side, side), joint_attention_kwargs={"attention_mask": mask},
-                     return_dict=False)[0]
-    return torch.nn.functional.mse_loss(pred.float(), noise - x0)
-
-
 def _summary(log: dict[str, Any]) -> dict[str, Any]:
     def tail(values: list[float]) -> float:
         last = values[-50:]
@@ -332,29 +262,3 @@ def _summary(log: dict[str, Any]) -> dict[str, Any]:
 
     return {"config": log["config"], "seconds": log["seconds"], "final_vae_loss": tail(log["vae_loss"]),
             "final_transformer_loss": tail(log["transformer_loss"])}
-
-
-def write_loss_curve(path: Path, vae_loss: list[float], transformer_loss: list[float]) -> None:
-    """The loss curves (log scale, smoothed) side by side as a PNG, drawn with PIL (no matplotlib); an empty
-    one (the adapter trains no VAE) gets no panel."""
-    import math
-
-    from PIL import Image, ImageDraw
-
-    panels = [(name, values) for name, values in (("vae", vae_loss), ("transformer", transformer_loss)) if values]
-    width, height, pad = 320, 200, 24
-    image = Image.new("RGB", (max(len(panels), 1) * width, height), "white")
-    pen = ImageDraw.Draw(image)
-    for panel, (name, values) in enumerate(panels):
-        window = max(1, len(values) // 100)
-        smooth = [sum(values[i:i + window]) / len(values[i:i + window]) for i in range(0, len(values), window)]
-        logs = [math.log10(max(v, 1e-8)) for v in smooth]
-        low, high = min(logs), max(logs)
-        span = (high - low) or 1.0
-        x0 = panel * width + pad
-        points = [(x0 + (width - 2 * pad) * i / max(len(logs) - 1, 1),
-                   height - pad - (height - 2 * pad) * (v - low) / span) for i, v in enumerate(logs)]
-        pen.rectangle((x0, pad, x0 + width - 2 * pad, height - pad), outline="grey")
-        pen.line(points, fill="navy", width=2)
-        pen.text((x0, 4), f"{name} loss (log10 {low:.2f}..{high:.2f}), {len(values)} steps", fill="black")
-    image.save(path)

@@ -31,7 +31,7 @@ SCHEDULER_CONFIG: dict[str, Any] = {
 
 # FLUX.1's VAE: 16 latent channels, 4 resolution levels (scale factor 8), no quant convs, and the
 # latent normalisation constants of the real autoencoder.
-_VAE_CONFIG: dict[str, Any] = {
+VAE_CONFIG: dict[str, Any] = {
     "in_channels": 3,
     "out_channels": 3,
     "down_block_types": ["DownEncoderBlock2D"] * 4,
@@ -60,7 +60,7 @@ _CLIP_CONFIG: dict[str, Any] = {
 }
 
 # T5 v1.1 style (gated GELU), like FLUX's T5-XXL encoder.
-_T5_CONFIG: dict[str, Any] = {
+T5_CONFIG: dict[str, Any] = {
     "d_model": T5_HIDDEN,
     "d_kv": 16,
     "d_ff": 2 * T5_HIDDEN,
@@ -99,9 +99,9 @@ class FluxSpec:
     name: str
     description: str
     transformer: dict[str, Any]
-    vae: dict[str, Any] = field(default_factory=lambda: dict(_VAE_CONFIG))
+    vae: dict[str, Any] = field(default_factory=lambda: dict(VAE_CONFIG))
     clip: dict[str, Any] = field(default_factory=lambda: dict(_CLIP_CONFIG))
-    t5: dict[str, Any] = field(default_factory=lambda: dict(_T5_CONFIG))
+    t5: dict[str, Any] = field(default_factory=lambda: dict(T5_CONFIG))
     pipeline_class: str = "FluxPipeline"  # model_index.json's _class_name
     always_guidance_embeds: bool = False  # dev-derived models (Kontext) embed the guidance scale
 

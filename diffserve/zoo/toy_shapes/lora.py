@@ -23,16 +23,12 @@ from typing import Any
 import torch
 
 from diffserve.logging import get_logger
-from diffserve.models.tiny import build_into, component_seed
-from diffserve.models.toy_shapes.grammar import Scene, all_scenes, draw
-from diffserve.models.toy_shapes.train import (
-    encode_images,
-    encode_prompts,
-    images_to_tensor,
-    optimizer_step,
-    pack,
-    write_loss_curve,
-)
+from diffserve.zoo.components import component_seed
+from diffserve.zoo.publish import build_into
+from diffserve.zoo.toy_shapes.flow import optimizer_step, pack
+from diffserve.zoo.toy_shapes.grammar import Scene, all_scenes, draw
+from diffserve.zoo.toy_shapes.loss_curve import write_loss_curve
+from diffserve.zoo.toy_shapes.train import encode_images, encode_prompts, images_to_tensor
 
 logger = get_logger(__name__)
 

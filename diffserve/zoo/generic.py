@@ -17,8 +17,9 @@ from typing import Any
 
 from diffserve.errors import ConfigError
 from diffserve.logging import get_logger
-from diffserve.models.tiny import MARKER_FILE, _write_json, build_into, save_components
-from diffserve.models.tiny_generic_configs import GENERIC_SPECS, GenericSpec, TextEncoder, get_generic_spec
+from diffserve.zoo.components import MARKER_FILE, save_components, write_json
+from diffserve.zoo.generic_specs import GENERIC_SPECS, GenericSpec, TextEncoder, get_generic_spec
+from diffserve.zoo.publish import build_into
 
 __all__ = ["BUILDER_VERSION", "GENERIC_SPECS", "build_generic_model"]
 
@@ -47,7 +48,7 @@ def _write_pipeline(spec: GenericSpec, out: Path, *, seed: int) -> None:
     import diffusers
     from diffusers import AutoencoderKL
 
-    from diffserve.models.tiny_tokenizers import write_clip_tokenizer, write_t5_tokenizer
+    from diffserve.zoo.tokenizers import write_clip_tokenizer, write_t5_tokenizer
 
     factories: dict[str, Callable[[], Any]] = {}
     for enc in spec.text_encoders:
@@ -60,8 +61,8 @@ def _write_pipeline(spec: GenericSpec, out: Path, *, seed: int) -> None:
 
     save_components(factories, out, seed)
 
-    _write_json(out / "model_index.json", {**spec.model_index(), "_diffusers_version": diffusers.__version__})
-    _write_json(out / MARKER_FILE, {
+    write_json(out / "model_index.json", {**spec.model_index(), "_diffusers_version": diffusers.__version__})
+    write_json(out / MARKER_FILE, {
         "builder_version": BUILDER_VERSION,
         "kind": spec.name,
         "description": spec.description,
@@ -74,7 +75,7 @@ def _write_pipeline(spec: GenericSpec, out: Path, *, seed: int) -> None:
 def _text_encoder_factory(enc: TextEncoder, vocab_size: int) -> Callable[[], Any]:
     from transformers import CLIPTextConfig, CLIPTextModelWithProjection, T5Config, T5EncoderModel
 
-    from diffserve.models.tiny_tokenizers import CLIP_BOS, CLIP_EOS, clip_vocab_and_merges
+    from diffserve.zoo.tokenizers import CLIP_BOS, CLIP_EOS, clip_vocab_and_merges
 
     if enc.kind == "clip":
         vocab, _ = clip_vocab_and_merges()

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from diffserve.errors import ConfigError
-from diffserve.models.tiny_configs import _T5_CONFIG, _VAE_CONFIG
+from diffserve.zoo.flux_specs import T5_CONFIG, VAE_CONFIG
 
 # --- SD3 --------------------------------------------------------------------------------------
 # Three deliberately different text widths, so that mix-ups fail loudly instead of happening to fit:
@@ -30,7 +30,7 @@ SD3_SCHEDULER_CONFIG: dict[str, Any] = {
 }
 
 # SD3's VAE is FLUX's layout (16 latent channels, no quant convs) with its own normalisation constants.
-SD3_VAE_CONFIG: dict[str, Any] = {**_VAE_CONFIG, "scaling_factor": 1.5305, "shift_factor": 0.0609}
+SD3VAE_CONFIG: dict[str, Any] = {**VAE_CONFIG, "scaling_factor": 1.5305, "shift_factor": 0.0609}
 
 
 def _clip(hidden: int, *, act: str) -> dict[str, Any]:
@@ -47,7 +47,7 @@ def _clip(hidden: int, *, act: str) -> dict[str, Any]:
 
 def _t5(hidden: int) -> dict[str, Any]:
     """T5 v1.1 (gated GELU) like FLUX's tiny T5, at another width."""
-    return {**_T5_CONFIG, "d_model": hidden, "d_ff": 2 * hidden}
+    return {**T5_CONFIG, "d_model": hidden, "d_ff": 2 * hidden}
 
 
 def _sd3_transformer(*, sample_size: int, layers: int, heads: int, head_dim: int) -> dict[str, Any]:
@@ -92,8 +92,8 @@ PIXART_SCHEDULER_CONFIG: dict[str, Any] = {
 }
 
 # PixArt-Sigma ships SDXL's VAE: 4 latent channels, quant convs, scaling 0.13025, no shift.
-PIXART_VAE_CONFIG: dict[str, Any] = {
-    **_VAE_CONFIG,
+PIXARTVAE_CONFIG: dict[str, Any] = {
+    **VAE_CONFIG,
     "latent_channels": 4,
     "scaling_factor": 0.13025,
     "shift_factor": None,
@@ -183,7 +183,7 @@ def _sd3_encoders() -> tuple[TextEncoder, ...]:
 def _sd3(name: str, description: str, transformer: dict[str, Any]) -> GenericSpec:
     return GenericSpec(
         name=name, description=description, pipeline="StableDiffusion3Pipeline",
-        transformer_class="SD3Transformer2DModel", transformer=transformer, vae=dict(SD3_VAE_CONFIG),
+        transformer_class="SD3Transformer2DModel", transformer=transformer, vae=dict(SD3VAE_CONFIG),
         scheduler_class="FlowMatchEulerDiscreteScheduler", scheduler=dict(SD3_SCHEDULER_CONFIG),
         text_encoders=_sd3_encoders(),
     )
@@ -203,7 +203,7 @@ GENERIC_SPECS: dict[str, GenericSpec] = {
         name="tiny-pixart-sigma",
         description="~1M-parameter PixArt-Sigma-shaped model for tests and demos (seconds to build)",
         pipeline="PixArtSigmaPipeline", transformer_class="PixArtTransformer2DModel",
-        transformer=_pixart_transformer(layers=2, heads=4, head_dim=32), vae=dict(PIXART_VAE_CONFIG),
+        transformer=_pixart_transformer(layers=2, heads=4, head_dim=32), vae=dict(PIXARTVAE_CONFIG),
         scheduler_class="DPMSolverMultistepScheduler", scheduler=dict(PIXART_SCHEDULER_CONFIG),
         text_encoders=(TextEncoder("text_encoder", "tokenizer", "t5", _t5(PIXART_T5_HIDDEN)),),
     ),
