@@ -12,6 +12,7 @@ from dataclasses import replace
 
 from diffserve.config.schema import CacheConfig, RequestDefaultsConfig, ServerConfig, StageConfig
 from diffserve.errors import LimitExceededError, RequestError
+from diffserve.registry.models import MODEL_FAMILIES
 from diffserve.types.capabilities import PipelineCapabilities
 from diffserve.types.request import GenerationRequest
 
@@ -31,25 +32,9 @@ def check_limits(request: GenerationRequest, server: ServerConfig, default_size:
     if height and width and height * width > server.max_pixels:
         raise LimitExceededError(f"size={width}x{height} has {width * height} pixels, above this server's "
                                  f"limit of {server.max_pixels}", param="size")
-    if request.num_inference_steps > server.max_steps:
+    if request.num_inference_steps is not None and request.num_inference_steps > server.max_steps:
         raise LimitExceededError(f"num_inference_steps={request.num_inference_steps} is above this server's "
                                  f"limit of {server.max_steps}", param="num_inference_steps")
-
-
-def check_capabilities(request: GenerationRequest, capabilities: PipelineCapabilities) -> None:
-    """What the loaded model can make (size multiple, text window, true CFG)."""
-    multiple = capabilities.size_multiple
-    for name in ("height", "width"):
-        value = getattr(request, name)
-        if value is not None and value % multiple:
-            raise RequestError(f"{name}={value} must be a multiple of {multiple} for this model "
-                               f"(e.g. {max(multiple, value // multiple * multiple)})", param=name)
-    if request.max_sequence_length > capabilities.max_sequence_length:
-        raise RequestError(f"max_sequence_length={request.max_sequence_length} is above this model's "
-                           f"{capabilities.max_sequence_length} tokens", param="max_sequence_length")
-    if request.true_cfg_scale > 1 and request.negative_prompt is not None and not capabilities.true_cfg:
-        raise RequestError(f"{capabilities.family} does not run true CFG; leave true_cfg_scale at 1",
-                           param="true_cfg_scale")
 
 
 def check_cache(request: GenerationRequest, cache: CacheConfig) -> GenerationRequest:
@@ -70,20 +55,14 @@ def check_cache(request: GenerationRequest, cache: CacheConfig) -> GenerationReq
     return request
 
 
-# What an unset steps/guidance/text length means when no deployment is known (library use): FLUX.1's.
-FALLBACK_DEFAULTS = RequestDefaultsConfig(num_inference_steps=28, guidance_scale=3.5)
-FALLBACK_MAX_SEQUENCE_LENGTH = 512
-
-
 def fill_defaults(request: GenerationRequest, defaults: RequestDefaultsConfig | None,
                   capabilities: PipelineCapabilities | None = None) -> GenerationRequest:
-    """Unset ``num_inference_steps``/``guidance_scale`` from the deployment's ``request_defaults``, an unset
-    ``max_sequence_length`` from the model's text limit."""
-    steps = defaults.num_inference_steps if defaults is not None else None
-    guidance = defaults.guidance_scale if defaults is not None else None
-    length = capabilities.max_sequence_length if capabilities is not None else FALLBACK_MAX_SEQUENCE_LENGTH
-    return request.with_defaults(steps if steps is not None else FALLBACK_DEFAULTS.num_inference_steps,
-                                 guidance if guidance is not None else FALLBACK_DEFAULTS.guidance_scale, length)
+    """Unset ``num_inference_steps``/``guidance_scale`` from the deployment's ``request_defaults`` (the model
+    family's own, source ``model``, unless the deployment set others), an unset ``max_sequence_length`` from
+    the model's text limit. The only place an engine's requests get their defaults: nothing downstream fills."""
+    return request.with_defaults(defaults.num_inference_steps if defaults is not None else None,
+                                 defaults.guidance_scale if defaults is not None else None,
+                                 capabilities.max_sequence_length if capabilities is not None else None)
 
 
 def check_edit(request: GenerationRequest, capabilities: PipelineCapabilities | None) -> GenerationRequest:
@@ -121,11 +100,11 @@ def check_loras(request: GenerationRequest, capabilities: PipelineCapabilities |
     if capabilities is not None and not capabilities.lora:
         raise RequestError(f"{capabilities.family} ({capabilities.implementation}) does not apply LoRA adapters; "
                            "leave loras empty", param="loras")
-    if stage is None or model_dir is None:
+    if stage is None or model_dir is None or capabilities is None:
         return request
-    from diffserve.models.flux.lora import check_lora_request
-
-    return replace(request, loras=check_lora_request(request.loras, stage, model_dir))
+    # The family owns what makes an adapter valid (files, shapes, rank): registry.models.ModelFamily.lora_check.
+    family = MODEL_FAMILIES[capabilities.family]
+    return replace(request, loras=family.check_loras(request.loras, stage, model_dir))
 
 
 def admit(request: GenerationRequest, server: ServerConfig, capabilities: PipelineCapabilities | None,
@@ -142,7 +121,7 @@ def admit(request: GenerationRequest, server: ServerConfig, capabilities: Pipeli
     request = check_loras(request, capabilities, stage, model_dir)
     check_limits(request, server, capabilities.default_size if capabilities else None)
     if capabilities is not None:
-        check_capabilities(request, capabilities)
+        capabilities.check(request)
     if cache is not None:
         request = check_cache(request, cache)
     return request.with_seed()

@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from diffserve.engine.admission import check_capabilities, fill_defaults
+from diffserve.engine.admission import fill_defaults
 from diffserve.engine.watchdog import FailureStreak, Heartbeat
 from diffserve.errors import EngineDeadError
 from diffserve.executor.factory import make_executor
@@ -68,7 +68,7 @@ def warm_up(executor: Executor, stage: StageConfig) -> None:
     # executor: warmup never enters the queue, the counters or the stats (the worker pauses the
     # kernel counters for an all-warmup batch).
     if executor.capabilities is not None:
-        check_capabilities(request, executor.capabilities)
+        executor.capabilities.check(request)
     executor.execute([request])
     logger.info("replica %d: warmup %dx%d, %d step(s) took %.0f ms", executor.replica, warm.width,
                 warm.height, warm.steps, (time.monotonic() - start) * 1000.0)

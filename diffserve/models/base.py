@@ -79,12 +79,33 @@ class Pipeline(Protocol):
         ``joins`` is asked at every step boundary for requests of the same key to add."""
         ...
 
+    def merge_rank_outputs(self, outputs: list[RequestResult], per_rank: list[list[dict[str, Any]]]) -> None:
+        """On rank 0 of a multi-rank layout: fold the other ranks' per-request attestation entries
+        (``per_rank[rank][i]`` for ``outputs[i]``) into ``outputs``, in place (e.g. the step-cache decisions of
+        a CFG-parallel negative branch). Only the pipeline knows which rank ran what."""
+        ...
+
+
+def library_admit(pipeline: Pipeline, request: GenerationRequest) -> GenerationRequest:
+    """A library call's admission (an engine's is ``engine/admission.py``): unset steps, guidance and text
+    length get the model family's defaults (the registry's, which an engine's deployment takes as its own
+    unless it sets others) and the request is checked against the pipeline's capabilities."""
+    from diffserve.registry.models import MODEL_FAMILIES
+
+    capabilities = pipeline.capabilities
+    family = MODEL_FAMILIES[capabilities.family]
+    request = request.with_defaults(family.default_steps, family.default_guidance_scale, family.max_sequence_length,
+                                    capabilities.default_cache_threshold or None)
+    capabilities.check(request)
+    return request
+
 
 def run_one(pipeline: Pipeline, request: GenerationRequest) -> RequestResult:
-    """Run one (seeded) request through ``pipeline.run`` to its result (library and test convenience)."""
+    """Run one (seeded) request, admitted by ``library_admit``, through ``pipeline.run`` to its result
+    (library and test convenience)."""
     from diffserve.types.results import BatchResult
 
-    for event in pipeline.run([request]):
+    for event in pipeline.run([library_admit(pipeline, request)]):
         if isinstance(event, BatchResult):
             return event.outputs[0]
     raise RuntimeError("pipeline run ended without a result")  # pragma: no cover

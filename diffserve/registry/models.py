@@ -18,6 +18,11 @@ from typing import Any
 
 from diffserve.registry.targets import load_target
 
+# FLUX.1's T5 window: the text limit of the FLUX families (and the longest any family reads).
+T5_MAX_TOKENS = 512
+# Admission's check of a request's LoRA adapters on the native FLUX pipeline (files, shapes, scales).
+FLUX_LORA_CHECK = "diffserve.models.flux.lora:check_lora_request"
+
 # A model directory's own diffserve marker (written by the zoo's builders and trainers): what the directory
 # is and, optionally, its ``request_defaults`` (read by config/sources.py as the model layer).
 MODEL_MARKER_FILE = "diffserve_model.json"
@@ -46,7 +51,19 @@ class ModelFamily:
     masked_roles: tuple[str, ...] = ()
     denoiser: str = "transformer"  # component name of the denoiser in model_index.json
     # The pipeline's text length cap (its __call__'s max_sequence_length limit).
-    max_sequence_length: int = 512
+    max_sequence_length: int = T5_MAX_TOKENS
+    # Image edits the native pipeline runs: "img2img" (strength), "inpaint" (a mask), "reference" (the
+    # input image's latents as extra tokens, FLUX.1 Kontext). Empty: text to image only.
+    edits: tuple[str, ...] = ()
+    # "module:function" that admission calls with (loras, stage, model_dir) to check and canonicalize a
+    # request's LoRA adapters; None: the family takes no adapters.
+    lora_check: str | None = None
+
+    def check_loras(self, loras: tuple[tuple[str, float], ...], stage: Any, model_dir: str) -> tuple[tuple[str, float], ...]:
+        """The family's admission check of a request's adapters (``lora_check``), imported on first use."""
+        if self.lora_check is None:
+            raise ValueError(f"{self.class_name} takes no LoRA adapters")
+        return load_target(self.lora_check)(loras, stage, model_dir)  # type: ignore[no-any-return]
 
     def load_pipeline_class(self, implementation: str | None = None) -> Any:
         """The pipeline class serving this family on ``implementation`` (default: the family's own)."""
@@ -66,12 +83,14 @@ MODEL_FAMILIES: dict[str, ModelFamily] = {
                                    ("transformer_blocks.", "double_block")),
                     # CFG-parallel (the two true-CFG branches on two ranks) times Ulysses (the image
                     # tokens; the degree must divide the heads, checked at load: models/flux/pipeline.py).
-                    max_world_size=16, parallel_dims=("cfg_parallel_size", "ulysses_degree")),
+                    max_world_size=16, parallel_dims=("cfg_parallel_size", "ulysses_degree"),
+                    edits=("img2img", "inpaint"), lora_check=FLUX_LORA_CHECK),
         # FLUX.1 Kontext: the native FLUX pipeline, with the reference image's latents as extra tokens.
         ModelFamily("FluxKontextPipeline", "diffserve.models.flux.pipeline:FluxPipeline", "single",
                     attention_roles=("double_block", "single_block"),
                     role_patterns=(("single_transformer_blocks.", "single_block"),
-                                   ("transformer_blocks.", "double_block"))),
+                                   ("transformer_blocks.", "double_block")),
+                    edits=("reference",), lora_check=FLUX_LORA_CHECK),
         # SD3/SD3.5 (MMDiT): every block's joint text+image attention; true CFG in the pipeline itself
         # (guidance_scale is the CFG scale), 28 steps at 7.0 as the pipeline's __call__ defaults.
         ModelFamily("StableDiffusion3Pipeline", GENERIC_PIPELINE, "single", attention_roles=("joint_block",),

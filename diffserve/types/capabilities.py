@@ -4,6 +4,12 @@ handshake, and the engine checks every request against it at admission (``engine
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from diffserve.errors import RequestError
+
+if TYPE_CHECKING:  # pragma: no cover
+    from diffserve.types.request import GenerationRequest
 
 
 @dataclass(frozen=True)
@@ -27,3 +33,22 @@ class PipelineCapabilities:
     # Every image of a batch is bit-identical to its request alone, by construction (each sample through
     # its own kernel calls: the stage's ``batch_invariant``); reported in every attestation.
     batch_invariant: bool = False
+    # The step-cache threshold of a request that names none: the stage's ``cache.threshold`` (0: uncached).
+    default_cache_threshold: float = 0.0
+
+    def check(self, request: GenerationRequest) -> None:
+        """Refuse (``RequestError``, HTTP 400) what this model cannot make: a size off its multiple, a text
+        window above its limit, true CFG where it has none."""
+        multiple = self.size_multiple
+        for name in ("height", "width"):
+            value = getattr(request, name)
+            if value is not None and value % multiple:
+                raise RequestError(f"{name}={value} must be a multiple of {multiple} for this model "
+                                   f"(e.g. {max(multiple, value // multiple * multiple)})", param=name)
+        length = request.max_sequence_length
+        if length is not None and length > self.max_sequence_length:
+            raise RequestError(f"max_sequence_length={length} is above this model's {self.max_sequence_length} "
+                               "tokens", param="max_sequence_length")
+        if request.true_cfg_scale > 1 and request.negative_prompt is not None and not self.true_cfg:
+            raise RequestError(f"{self.family} does not run true CFG; leave true_cfg_scale at 1",
+                               param="true_cfg_scale")

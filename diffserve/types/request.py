@@ -101,30 +101,25 @@ class GenerationRequest:
         if self.seed is not None and not (0 <= self.seed <= MAX_SEED - self.n):
             raise RequestError(f"seed={self.seed!r} must be in [0, 2**63 - 1 - n]", param="seed")
         length = self.max_sequence_length
-        if length is not None and (not isinstance(length, int) or isinstance(length, bool) or not 1 <= length <= 512):
-            raise RequestError(
-                f"max_sequence_length={self.max_sequence_length!r} must be in [1, 512]",
-                param="max_sequence_length",
-            )
+        # Its upper bound is the model's text window, checked at admission (PipelineCapabilities.check).
+        if length is not None and (not isinstance(length, int) or isinstance(length, bool) or length < 1):
+            raise RequestError(f"max_sequence_length={self.max_sequence_length!r} must be an integer >= 1",
+                               param="max_sequence_length")
         if self.cache_threshold is not None:
             _check_float(self.cache_threshold, "cache_threshold", 0.0, MAX_CACHE_THRESHOLD)
         if self.output_type not in ("pil", "latent", "pt"):
             raise RequestError(f"output_type={self.output_type!r} must be one of pil, latent, pt",
                                param="output_type")
 
-    def with_defaults(self, num_inference_steps: int, guidance_scale: float,
-                      max_sequence_length: int) -> GenerationRequest:
-        """This request with its unset steps, guidance and text length filled (admission passes the
-        deployment's defaults and the model's text limit)."""
-        if None not in (self.num_inference_steps, self.guidance_scale, self.max_sequence_length):
-            return self
-
-        def pick(value: Any, default: Any) -> Any:
-            return default if value is None else value
-
-        return replace(self, num_inference_steps=pick(self.num_inference_steps, num_inference_steps),
-                       guidance_scale=pick(self.guidance_scale, guidance_scale),
-                       max_sequence_length=pick(self.max_sequence_length, max_sequence_length))
+    def with_defaults(self, num_inference_steps: int | None = None, guidance_scale: float | None = None,
+                      max_sequence_length: int | None = None, cache_threshold: float | None = None) -> GenerationRequest:
+        """This request with its unset steps, guidance, text length and step-cache threshold filled from the
+        given values (``None``: no default known, left unset). Admission passes the deployment's defaults and
+        the model's text limit; a library call (``models.base.library_admit``) the model family's."""
+        given = {"num_inference_steps": num_inference_steps, "guidance_scale": guidance_scale,
+                 "max_sequence_length": max_sequence_length, "cache_threshold": cache_threshold}
+        fill = {name: value for name, value in given.items() if value is not None and getattr(self, name) is None}
+        return replace(self, **fill) if fill else self
 
     def with_seed(self) -> GenerationRequest:
         """Return this request with a concrete seed (a random one if none was given).

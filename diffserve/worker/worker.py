@@ -17,7 +17,6 @@ from diffserve.layers.attestation import KernelCounters
 from diffserve.layers.collectives import CollectiveCounters
 from diffserve.logging import get_logger
 from diffserve.models.base import BuildContext, ParallelContext, Pipeline
-from diffserve.models.stepcache.report import attach_negative
 from diffserve.registry.models import MODEL_FAMILIES
 from diffserve.types.messages import WorkerInfo
 from diffserve.types.results import BatchResult, RequestResult, StepEvent
@@ -126,20 +125,17 @@ class Worker:
         self.batches_run += 1
         if on_partial is not None:
             return []
-        # One small gather of every rank's counters (all ranks reach it: the stop decision is shared).
+        # One small gather of every rank's counters and per-request entries (all ranks reach it: the stop
+        # decision is shared); how the ranks' entries combine is the pipeline's (``merge_rank_outputs``).
         per_rank = gather_to_rank0(self.parallel, {"kernels": counters.snapshot(),
                                                    "collectives": counters.collectives.snapshot(),
-                                                   "cache": [o.attestation.get("cache") for o in result.outputs]})
+                                                   "outputs": [o.attestation for o in result.outputs]})
         attestation = self._attestation(counters, len(batch), (time.perf_counter() - start) * 1000.0, per_rank)
-        # CFG-parallel: the negative branch's step-cache decisions were taken on the first rank of CFG group 1.
-        negative = (per_rank[self.parallel.ulysses_size]["cache"]
-                    if per_rank is not None and self.parallel.cfg_size > 1 else [None] * len(result.outputs))
-        for output, other in zip(result.outputs, negative, strict=True):
-            cache = output.attestation.get("cache")
-            if cache is not None and other is not None:
-                cache = attach_negative(cache, other)
+        if per_rank is not None and len(per_rank) > 1:
+            self.pipeline.merge_rank_outputs(result.outputs, [tally["outputs"] for tally in per_rank])
+        for output in result.outputs:
             # The pipeline's own per-request entries (cache, lora) beside the batch's.
-            output.attestation = {**attestation, **output.attestation, **({"cache": cache} if cache is not None else {})}
+            output.attestation = {**attestation, **output.attestation}
         return result.outputs
 
     def _attest(self, outputs: list[RequestResult], counters: KernelCounters, batch_size: int,

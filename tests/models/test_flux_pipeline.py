@@ -118,6 +118,17 @@ def test_n_images_reproduce_single_requests(pipe: FluxPipeline) -> None:
         assert torch.equal(both.images[i], pipe(_req(seed=seed)).images[0])
 
 
+def test_a_library_call_gets_the_family_defaults_once(pipe: FluxPipeline, dev_pipe: FluxPipeline) -> None:
+    # run_one is a library call's admission: the registry's FLUX defaults (28 steps, guidance 3.5, T5 512);
+    # run() itself fills nothing (an engine's admission did).
+    for pipeline in (pipe, dev_pipe):
+        pipeline.kernel_counters.reset()
+        pipeline(GenerationRequest(prompt="a fox", height=32, width=32, seed=1))
+        assert pipeline.kernel_counters.snapshot()["transformer_forwards"] == 28
+    with pytest.raises(RequestError, match="above this model's 512 tokens"):
+        pipe(_req(max_sequence_length=513))
+
+
 def test_seeds_are_assigned_at_admission_not_here(pipe: FluxPipeline) -> None:
     # The engine seeds every request once (engine/admission.py); the pipeline never invents one.
     with pytest.raises(RequestError, match="no seed"):

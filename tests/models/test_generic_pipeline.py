@@ -16,6 +16,7 @@ import torch
 from diffserve import Engine, GenerationRequest
 from diffserve.config.resolve import resolve
 from diffserve.errors import ConfigError
+from diffserve.models.base import library_admit
 from diffserve.models.generic.pipeline import GenericPipeline
 from diffserve.types.results import BatchResult, StepEvent
 
@@ -126,13 +127,13 @@ def test_each_image_of_a_request_has_its_own_seed(tiny_sd3_dir: Path) -> None:
 
 def test_step_events_and_abort_at_a_step_boundary(tiny_sd3_dir: Path) -> None:
     pipe = build(tiny_sd3_dir)
-    run = pipe.run([make_request(num_inference_steps=50)])
+    run = pipe.run([library_admit(pipe, make_request(num_inference_steps=50))])
     events = [next(run), next(run)]
     assert events == [StepEvent(step=1, total_steps=50), StepEvent(step=2, total_steps=50)]
     run.close()  # the pipeline thread stops at its next step callback
     assert pipe.kernel_counters.snapshot()["transformer_forwards"] <= 3
     # The pipeline is free again: a full request still runs to its result.
-    events = list(pipe.run([make_request(num_inference_steps=2)]))
+    events = list(pipe.run([library_admit(pipe, make_request(num_inference_steps=2))]))
     assert [type(e) for e in events] == [StepEvent, StepEvent, BatchResult]
 
 

@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 import torch
 
+from diffserve.models.base import library_admit
 from diffserve.models.flux.pipeline import FluxPipeline
 from diffserve.types.request import GenerationRequest
 from diffserve.types.results import BatchResult, StepEvent
@@ -29,8 +30,10 @@ def pipe(request, tiny_flux_dir) -> FluxPipeline:
 
 
 def test_a_request_joins_at_a_step_boundary_and_leaves_when_done(pipe) -> None:
-    first = _req(seed=1, n=2)
-    joiners = [_req(prompt="a blue house at night", seed=7), _req(prompt="a green tree", seed=9)]
+    # Admitted as an engine's requests are (the stage's cache threshold filled in).
+    first = library_admit(pipe, _req(seed=1, n=2))
+    joiners = [library_admit(pipe, _req(prompt="a blue house at night", seed=7)),
+               library_admit(pipe, _req(prompt="a green tree", seed=9))]
     asked = []
 
     def joins() -> list[GenerationRequest]:

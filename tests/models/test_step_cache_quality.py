@@ -19,6 +19,7 @@ import numpy as np
 import pytest
 
 from benchmarks.common import psnr, ssim
+from diffserve.models.base import library_admit
 from diffserve.models.flux.pipeline import FluxPipeline
 from diffserve.types.request import GenerationRequest
 from diffserve.types.results import BatchResult
@@ -93,8 +94,9 @@ def toy_pairs() -> list[tuple[str, int]]:
 
 def _toy_batch(pipe: FluxPipeline, **kw) -> tuple[list[np.ndarray], list[dict]]:
     """Every pair in one batch: each image row decides alone, so a row is the image it would be alone."""
-    requests = [GenerationRequest(prompt=prompt, height=64, width=64, num_inference_steps=TOY_STEPS,
-                                  guidance_scale=0.0, seed=seed, **kw) for prompt, seed in toy_pairs()]
+    requests = [library_admit(pipe, GenerationRequest(prompt=prompt, height=64, width=64,
+                                                      num_inference_steps=TOY_STEPS, guidance_scale=0.0,
+                                                      seed=seed, **kw)) for prompt, seed in toy_pairs()]
     outputs = [out for event in pipe.run(requests) if isinstance(event, BatchResult) for out in event.outputs]
     return [out.images[0].numpy() for out in outputs], [out.attestation["cache"][0] for out in outputs]
 

@@ -39,11 +39,6 @@ def test_minimal_body_uses_openai_defaults() -> None:
     assert gen.loras == ()
 
 
-def test_server_default_steps_apply_only_when_unset() -> None:
-    assert to_generation_request(parse_body(body()), "r", default_steps=2).num_inference_steps == 2
-    assert to_generation_request(parse_body(body(num_inference_steps=5)), "r", 2).num_inference_steps == 5
-
-
 def test_extensions_reach_the_generation_request() -> None:
     req = parse_body(body(size="128x64", n=2, seed=7, num_inference_steps=3, guidance_scale=0,
                           true_cfg_scale=1.5, negative_prompt="blur", output_format="webp",

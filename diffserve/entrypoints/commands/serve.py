@@ -44,8 +44,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     server.add_argument("--served-model-name", default=None,
                         help="the model id clients send and /v1/models lists "
                              "(default: the model directory's name, or tiny-flux for the demo)")
-    server.add_argument("--default-steps", type=int, default=None, metavar="N",
-                        help="num_inference_steps of requests that do not send one (default: the engine's, 28)")
+    # The same setting as --default-num-inference-steps (request_defaults.num_inference_steps, source cli).
+    server.add_argument("--default-steps", dest="config_default_num_inference_steps", default=None, metavar="N",
+                        help="num_inference_steps of requests that send none: short for "
+                             "--default-num-inference-steps (default: the model's)")
     server.add_argument("--lora", action="append", default=None, metavar="NAME=PATH",
                         help="register a LoRA adapter requests can name (repeatable; joins lora_modules)")
     server.add_argument("--image-url-ttl", type=float, default=600.0, metavar="SECONDS",
@@ -81,8 +83,7 @@ def run(args: argparse.Namespace) -> int:
         return AsyncEngine.from_config(config)
 
     app = create_app(engine_factory=build_engine, config=config, served_model_name=name,
-                     model_aliases=aliases, api_key=api_key, default_steps=args.default_steps,
-                     image_ttl_s=args.image_url_ttl)
+                     model_aliases=aliases, api_key=api_key, image_ttl_s=args.image_url_ttl)
     logger.info("serving model %r at http://%s:%d (GET /ready turns 200 once the model is warmed)",
                 name, args.host, args.port)
     # limit_concurrency: connections beyond server.max_connections get uvicorn's plain 503 and are

@@ -52,13 +52,12 @@ def error_response(error: APIError) -> JSONResponse:
 def create_app(engine: AsyncEngineClient | None = None, *, engine_factory: EngineFactory | None = None,
                config: ResolvedConfig | None = None, served_model_name: str = "diffserve",
                model_aliases: tuple[str, ...] = (), api_key: str | None = None,
-               default_steps: int | None = None, image_ttl_s: float = 600.0) -> FastAPI:
+               image_ttl_s: float = 600.0) -> FastAPI:
     """Build the app around a ready engine, or around a factory that builds one after startup.
 
     ``config`` is the ``ResolvedConfig`` the engine is built from (``server.max_body_bytes`` and
     ``/v1/config``); given an engine, its own ``.config`` is the default. The request limits
-    (``server.max_n`` ...) are the engine's to check, at admission. ``default_steps`` is the steps of a
-    request that sends none (None: the engine's default).
+    (``server.max_n`` ...) are the engine's to check, at admission, which also fills unset fields.
     """
     if config is None and engine is not None:
         config = engine.config
@@ -73,8 +72,7 @@ def create_app(engine: AsyncEngineClient | None = None, *, engine_factory: Engin
     server = config.server if config is not None else ServerConfig()
     store = ImageStore(ttl_s=image_ttl_s)
     names = frozenset({served_model_name, *model_aliases})
-    handler = ImagesHandler(host, store, metrics, names, default_steps=default_steps,
-                            max_user_chars=server.max_prompt_chars)
+    handler = ImagesHandler(host, store, metrics, names, max_user_chars=server.max_prompt_chars)
     edits = EditsHandler(handler, max_pixels=server.max_pixels,
                          max_field_bytes=max(65536, 4 * server.max_prompt_chars + 1024))
     created = int(time.time())

@@ -76,8 +76,7 @@ class EditsHandler:
                            code="invalid_value" if param else "invalid_multipart") from None
         images, mask_array = await asyncio.to_thread(decode_edit_inputs, blobs, mask_blob,
                                                      max_pixels=self.max_input_pixels)
-        gen = to_generation_request(body, f"img-{uuid.uuid4().hex}", self.images.default_steps,
-                                    images=images, mask=mask_array)
+        gen = to_generation_request(body, f"img-{uuid.uuid4().hex}", images=images, mask=mask_array)
         return await self.images.serve(request, body, gen, received)
 
 

@@ -46,10 +46,9 @@ Events = AsyncIterator[ProgressEvent | RequestOutput]
 
 class ImagesHandler:
     def __init__(self, host: EngineHost, store: ImageStore, metrics: ServerMetrics, model_names: frozenset[str],
-                 *, default_steps: int | None = None, max_user_chars: int | None = None) -> None:
+                 *, max_user_chars: int | None = None) -> None:
         self.host = host
         self.max_user_chars = max_user_chars
-        self.default_steps = default_steps
         self.store = store
         self.metrics = metrics
         self.model_names = model_names
@@ -58,7 +57,7 @@ class ImagesHandler:
         received = time.perf_counter()
         body = parse_body(await request.body())
         self.check_body(body)
-        gen = to_generation_request(body, f"img-{uuid.uuid4().hex}", self.default_steps)
+        gen = to_generation_request(body, f"img-{uuid.uuid4().hex}")
         return await self.serve(request, body, gen, received)
 
     def check_body(self, body: ImageGenerationRequest) -> None:

@@ -150,18 +150,17 @@ def request_error(exc: ValidationError) -> RequestError:
                         code="invalid_value")
 
 
-def to_generation_request(body: ImageGenerationRequest, request_id: str, default_steps: int | None = None,
-                          *, images: tuple[Any, ...] = (), mask: Any = None) -> GenerationRequest:
+def to_generation_request(body: ImageGenerationRequest, request_id: str, *, images: tuple[Any, ...] = (),
+                          mask: Any = None) -> GenerationRequest:
     """Map the body to the engine request (whose construction checks its fields: HTTP 400). The
-    deployment's limits (422) and the model's capabilities are checked once, at engine admission.
+    deployment's limits (422) and the model's capabilities are checked once, and unset fields filled with
+    the deployment's defaults, at engine admission.
     ``images``/``mask``: an edit's decoded inputs (``uploads.py``); ``size`` stays unset without one, so
     admission takes the first image's size."""
     width, height = parse_size(body.size)
     kwargs: dict[str, Any] = {"prompt": body.prompt, "n": body.n, "width": width, "height": height,
                               "negative_prompt": body.negative_prompt, "seed": body.seed,
                               "request_id": request_id}
-    if body.num_inference_steps is None and default_steps is not None:
-        kwargs["num_inference_steps"] = default_steps
     # Unset extensions keep the engine's defaults instead of being overwritten with None.
     for name in ("num_inference_steps", "guidance_scale", "true_cfg_scale", "max_sequence_length", "cache_threshold"):
         value = getattr(body, name)

@@ -54,7 +54,7 @@ class TextEncoders:
             if self.t5_window_exceeded(prompt, max_sequence_length):
                 # Warn once per pipeline and never echo the prompt: it may be private.
                 self._warn_once("t5", f"a prompt is longer than the T5 window of {max_sequence_length} tokens "
-                                      "and was truncated (raise max_sequence_length, up to 512, or shorten it)")
+                                      "and was truncated (raise max_sequence_length, up to the model's window, or shorten it)")
             if len(self.clip_tokenizer(prompt).input_ids) > self.clip_max_length:
                 self._warn_once("clip", f"a prompt is longer than CLIP's {self.clip_max_length}-token window; "
                                         "the pooled CLIP embedding sees only its beginning")

@@ -42,8 +42,8 @@ from diffserve.models.flux.sampling import (
 from diffserve.models.flux.step_cache import cached_velocity
 from diffserve.models.flux.transformer import FluxTransformer, load_flux_transformer
 from diffserve.models.stepcache.policy import BranchCache, CacheSettings
-from diffserve.models.stepcache.report import image_entries
-from diffserve.registry.models import MODEL_FAMILIES, read_class_name
+from diffserve.models.stepcache.report import attach_negative, image_entries
+from diffserve.registry.models import MODEL_FAMILIES, ModelFamily, read_class_name
 from diffserve.types.batching import batch_key
 from diffserve.types.request import GenerationRequest
 from diffserve.types.results import BatchResult, RequestResult, StepEvent
@@ -53,7 +53,6 @@ logger = get_logger(__name__)
 __all__ = ["FluxPipeline"]
 
 FAMILY = MODEL_FAMILIES["FluxPipeline"]
-_T5_MAX_TOKENS = 512
 
 
 @dataclass
@@ -83,7 +82,7 @@ class FluxPipeline:
     def __init__(self, transformer: FluxTransformer, encoders: TextEncoders, vae: Any,
                  scheduler_config: Mapping[str, Any], *, device: torch.device, dtype: torch.dtype,
                  parallel: ParallelContext = ParallelContext(), cache: CacheConfig = CacheConfig(),
-                 family: str = FAMILY.class_name) -> None:
+                 family: ModelFamily = FAMILY) -> None:
         check_scheduler_config(scheduler_config)
         self.parallel = parallel
         self.cache = cache
@@ -95,20 +94,21 @@ class FluxPipeline:
         self.dtype = dtype
         self.vae_scale_factor = 2 ** (len(vae.config.block_out_channels) - 1)
         self.latent_channels = transformer.params.in_channels // 4
-        # Ulysses shards the image tokens ((H/16) * (W/16)) evenly: a side that is a multiple of
-        # 16 * degree guarantees it, and admission then refuses any other size before a rank sees it.
-        # FLUX.1 Kontext edits from a reference image (extra tokens); FLUX.1 from the image itself.
-        self.kontext = family == "FluxKontextPipeline"
-        kinds = ("reference",) if self.kontext else ("img2img", "inpaint")
+        # What the family edits (registry): FLUX.1 from the image itself, FLUX.1 Kontext from a reference
+        # image whose latents ride along as extra tokens.
+        self.kontext = "reference" in family.edits
         self.capabilities = PipelineCapabilities(
-            family=family, default_size=int(vae.config.sample_size),
-            size_multiple=2 * self.vae_scale_factor * parallel.ulysses_size, max_sequence_length=_T5_MAX_TOKENS, true_cfg=True,
-            attention_roles=FAMILY.attention_roles,
+            family=family.class_name, default_size=int(vae.config.sample_size),
+            # Ulysses shards the image tokens ((H/16) * (W/16)) evenly: a side that is a multiple of
+            # 16 * degree guarantees it, and admission then refuses any other size before a rank sees it.
+            size_multiple=2 * self.vae_scale_factor * parallel.ulysses_size,
+            max_sequence_length=family.max_sequence_length, true_cfg=True, attention_roles=family.attention_roles,
             # Joins need every rank to agree on the step a request joins at: one rank only, for now.
-            step_batching=parallel.world_size == 1, lora=True,
-            edits=kinds if parallel.world_size == 1 else (),
+            step_batching=parallel.world_size == 1, lora=family.lora_check is not None,
+            edits=family.edits if parallel.world_size == 1 else (),
             # Per-sample transformer calls and per-prompt encoding; the VAE decodes one image at a time.
-            batch_invariant=transformer.kernels.batch_invariant and encoders.per_prompt)
+            batch_invariant=transformer.kernels.batch_invariant and encoders.per_prompt,
+            default_cache_threshold=float(cache.threshold or 0.0))
         self.loras: LoraAdapters | None = None  # set by from_stage
         preparer = edits.ReferencePreparer if self.kontext else edits.EditPreparer
         self.editor = preparer(vae, self.latent_channels, dtype=dtype, device=device)
@@ -150,7 +150,7 @@ class FluxPipeline:
             raise ModelLoadError(f"cannot load the VAE or scheduler config from {root}: {exc}") from exc
         logger.info("loaded %s (%s on %s) in %.1fs", root, dtype, device, time.perf_counter() - start)
         pipeline = cls(transformer, encoders, vae, scheduler_config, device=device, dtype=dtype,
-                       parallel=context.parallel, cache=stage.cache, family=read_class_name(root))
+                       parallel=context.parallel, cache=stage.cache, family=MODEL_FAMILIES[read_class_name(root)])
         pipeline.loras = transformer.lora_adapters = LoraAdapters(transformer, transformer.params, stage)
         return pipeline
 
@@ -177,8 +177,10 @@ class FluxPipeline:
             joins: Callable[[], list[GenerationRequest]] | None = None) -> Generator[StepEvent | BatchResult, None, None]:
         """Yield a ``StepEvent`` after every denoise step and a ``BatchResult`` whenever requests finish.
         ``joins`` (step-level batching) is asked at every step boundary for requests of the same batch key
-        to add; they run from their own step 0 beside the others. Close the generator to cancel."""
-        batch = [_with_defaults(r) for r in batch]
+        to add; they run from their own step 0 beside the others. Close the generator to cancel. The
+        requests are admitted ones (defaults filled: ``engine/admission.py``, or ``run_one`` for a library
+        call)."""
+        batch = list(batch)
         if not batch:
             raise ValueError("run() needs at least one request")
         key = self._check_key(batch)
@@ -218,11 +220,20 @@ class FluxPipeline:
                 done = live.finished(steps)
                 if done:
                     yield BatchResult(self._finish(live, done, settings, caches, height, width))
-                pending = [r for r in map(_with_defaults, joins() if joins is not None and live.rows else [])
-                           if self._joinable(r, key)]
+                pending = [r for r in (joins() if joins is not None and live.rows else []) if self._joinable(r, key)]
         finally:
             if self.loras is not None:
                 self.loras.deactivate()
+
+    def merge_rank_outputs(self, outputs: list[RequestResult], per_rank: list[list[dict[str, Any]]]) -> None:
+        """CFG-parallel: the negative branch's step-cache decisions were taken on the first rank of CFG
+        group 1 (ranks are CFG-major); attach them to rank 0's entries. Ulysses ranks decide alike."""
+        if self.parallel.cfg_size == 1:
+            return
+        for output, theirs in zip(outputs, per_rank[self.parallel.ulysses_size], strict=True):
+            cache, negative = output.attestation.get("cache"), theirs.get("cache")
+            if cache is not None and negative is not None:
+                output.attestation["cache"] = attach_negative(cache, negative)
 
     def _check_key(self, batch: list[GenerationRequest]) -> Any:
         if len({batch_key(r) for r in batch}) != 1:
@@ -267,9 +278,9 @@ class FluxPipeline:
         return results
 
     def _cache_settings(self, request: GenerationRequest) -> CacheSettings:
-        """The stage's cache rules with this batch's threshold (the request's, else the stage's)."""
-        threshold = request.cache_threshold if request.cache_threshold is not None else self.cache.threshold
-        return CacheSettings(self.cache.backend, float(threshold or 0.0), self.cache.warmup_steps,
+        """The stage's cache rules with this batch's threshold: the request's, which admission filled with the
+        stage's when it named none (unset: uncached)."""
+        return CacheSettings(self.cache.backend, float(request.cache_threshold or 0.0), self.cache.warmup_steps,
                              self.cache.max_consecutive_skips)
 
     def _branch_caches(self, settings: CacheSettings, caches: tuple[BranchCache | None, BranchCache | None],
@@ -379,11 +390,6 @@ class FluxPipeline:
         if cache is None:
             return self.transformer(x, None, txt, None, t, vec, guidance, pe=pe)[:, :tokens]
         return cached_velocity(self.transformer, cache, steps, x, txt, t, vec, guidance, pe)[:, :tokens]
-
-
-def _with_defaults(request: GenerationRequest) -> GenerationRequest:
-    """Admission fills unset steps/guidance/text length; a library caller that skipped it gets FLUX's."""
-    return request.with_defaults(FAMILY.default_steps, FAMILY.default_guidance_scale, _T5_MAX_TOKENS)
 
 
 def _true_cfg(request: GenerationRequest) -> bool:

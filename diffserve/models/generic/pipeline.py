@@ -161,9 +161,7 @@ class GenericPipeline:
             joins: Callable[[], list[GenerationRequest]] | None = None) -> Generator[StepEvent | BatchResult, None, None]:
         """Yield a ``StepEvent`` per denoise step, then one ``BatchResult``. Close the generator to cancel
         (the pipeline stops at its next step callback). ``joins`` is unused: no step-level batching here."""
-        family = self.family
-        batch = [r.with_defaults(family.default_steps, family.default_guidance_scale, family.max_sequence_length)
-                 for r in batch]
+        batch = list(batch)  # admitted requests: defaults filled (engine/admission.py or run_one)
         if not batch:
             raise ValueError("run() needs at least one request")
         if len({batch_key(r) for r in batch}) != 1:
@@ -207,6 +205,9 @@ class GenericPipeline:
                 resume.release()
                 job.result()
         yield BatchResult(value)
+
+    def merge_rank_outputs(self, outputs: list[RequestResult], per_rank: list[list[dict[str, Any]]]) -> None:
+        """One rank per replica on this path: nothing to merge."""
 
     @torch.inference_mode()
     def _call(self, batch: list[GenerationRequest], on_step: Callable[..., dict[str, Any]],
