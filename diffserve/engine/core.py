@@ -1,5 +1,5 @@
-"""The engine core: admission, the dispatch loops that run batches on the replicas' executors (with
-step-level joins), progress and result delivery, abort and death handling.
+"""The engine core: admission, the dispatch loops that run batches on the replicas' executors
+(``batch_run.py``: one batch, its step-level joins and its results), abort and death handling.
 
 ``Engine`` and ``AsyncEngine`` are thin front ends over this one loop, so both have the same
 semantics. Every request gets exactly one final item through its sink: a ``RequestOutput`` or an
@@ -16,28 +16,19 @@ while idle and per batch. With no replica left the engine is dead: ``/health`` t
 from __future__ import annotations
 
 import threading
-import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from diffserve.engine.admission import admit
-from diffserve.engine.outputs import build_output
+from diffserve.engine.batch_run import BatchRun
+from diffserve.engine.outcome import Outcome
 from diffserve.engine.replicas import Replica, ReplicaSet
 from diffserve.engine.scheduler import RequestState, Scheduler, Sink
-from diffserve.engine.stats import BatchStats, EngineCounters, kernel_delta
-from diffserve.engine.watchdog import batch_deadline_s
-from diffserve.errors import (
-    EngineDeadError,
-    EngineNotReadyError,
-    RequestAbortedError,
-    RequestError,
-    WorkerError,
-)
-from diffserve.executor.base import DeadlineExceeded, Executor
+from diffserve.engine.stats import BatchStats, EngineCounters
+from diffserve.errors import EngineDeadError, EngineNotReadyError, RequestAbortedError, WorkerError
+from diffserve.executor.base import Executor
 from diffserve.logging import get_logger
-from diffserve.types.batching import batch_key
-from diffserve.types.request import GenerationRequest, ProgressEvent
-from diffserve.types.results import RequestResult
+from diffserve.types.request import GenerationRequest
 
 if TYPE_CHECKING:  # pragma: no cover
     from diffserve.config.resolve import ResolvedConfig
@@ -121,14 +112,14 @@ class EngineCore:
                 self.scheduler.requeue(batch)
                 continue
             replica.heartbeat.beat("running")
-            outcome: tuple[str, BaseException | None]
+            outcome: tuple[Outcome, BaseException | None]
             try:
-                outcome = self._run_batch(replica, batch)
+                outcome = BatchRun(self, replica, batch).run()
             except Exception as exc:  # a bug here must fail these requests, not stop the loop
                 logger.exception("engine loop error (replica %d)", replica.index)
                 for state in batch:
                     state.finish(WorkerError(f"engine error: {exc}"))
-                outcome = ("error", exc)
+                outcome = (Outcome.ERROR, exc)
             finally:
                 self.scheduler.done(batch)
                 replica.heartbeat.beat("idle")
@@ -136,124 +127,9 @@ class EngineCore:
             if fatal is not None:
                 self._take_out(replica, fatal)
 
-    def _run_batch(self, replica: Replica, batch: list[RequestState]) -> tuple[str, BaseException | None]:
-        """Run one batch; returns its outcome (``ok``, ``error``, ``rejected``, ``aborted``, ``dead``,
-        ``empty``) and the error, for the consecutive-failure streak."""
-        live = [s for s in batch if not s.aborted and not s.finished]
-        if not live:
-            return ("empty", None)
+    # -- what a batch run reports back ---------------------------------------------------------------
 
-        def on_step(step: int, total: int, progress: tuple = ()) -> None:
-            steps = dict(progress)
-            for state in list(live):
-                # A request sent to join is not in the worker's progress until its first step.
-                if not state.finished and (not steps or state.request_id in steps):
-                    state.sink(ProgressEvent(state.request_id, steps.get(state.request_id, step), total))
-
-        requests = [s.request for s in live]
-        executor = replica.executor
-        capabilities = executor.capabilities
-        default_size = capabilities.default_size if capabilities is not None else None
-        deadline = batch_deadline_s(requests, self.config.server, default_size)
-        start = time.monotonic()
-        joined: list[RequestState] = []
-        step_level = (self.stage.batching == "step" and self.stage.max_batch_size > 1
-                      and capabilities is not None and capabilities.step_batching)
-
-        def joiner() -> tuple[list[GenerationRequest], float]:  # head-of-queue requests of this key join
-            room = self.stage.max_batch_size - sum(1 for s in live if not s.finished)
-            # An idle replica starts the newcomer at once, on its own cores: better than joining here.
-            if any(r is not replica and r.heartbeat.state == "idle" for r in self.replicas.live()):
-                room = 0
-            states = self.scheduler.take_joinable(batch_key(requests[0]), room) if room > 0 else []
-            if not states:
-                return [], 0.0
-            joined.extend(states)
-            live.extend(states)
-            added = [s.request for s in states]
-            return added, batch_deadline_s(added, self.config.server, default_size)
-
-        counted: dict[str, Any] = {}
-
-        def on_partial(outputs: list[RequestResult]) -> None:
-            # Requests that finished together: their stats first, then their results (as for a batch).
-            finals = self._finals(live, outputs, start)
-            self._emit(replica, [s for s, _ in finals], start, "ok", outputs[0] if outputs else None, counted)
-            self._deliver_ok(finals)
-
-        try:
-            outputs = executor.execute(
-                requests, on_step, should_cancel=lambda: all(s.aborted for s in live if not s.finished),
-                timeout=deadline, joiner=joiner if step_level else None,
-                on_partial=on_partial if step_level else None)
-        except RequestAbortedError:
-            # Stats first, then the final items: whoever sees a result also sees its batch counted.
-            self._emit(replica, live, start, "aborted", None)
-            self._deliver([(s, RequestAbortedError(f"request {s.request_id} was aborted")) for s in live
-                           if not s.finished])
-            return ("aborted", None)
-        except DeadlineExceeded:
-            self._hung(replica, live, deadline)
-            return ("dead", None)
-        except EngineDeadError as exc:
-            self._take_out(replica, exc)
-            self._fail_lost(replica, live, exc)
-            return ("dead", exc)
-        except Exception as exc:
-            live[:] = [s for s in live if not s.finished]
-            if len(live) > 1:
-                # Isolate the failure: rerun each request alone so one bad request fails alone. The
-                # reruns make one batch for the failure streak: it failed unless one of them succeeded.
-                logger.warning("batch of %d failed (%s); retrying its requests one by one", len(live), exc)
-                outcomes = [self._run_batch(replica, [state]) for state in live]
-                if any(kind == "ok" for kind, _ in outcomes):
-                    return ("ok", None)
-                if any(kind == "dead" for kind, _ in outcomes):
-                    return ("dead", None)
-                errors = [error for kind, error in outcomes if kind == "error"]
-                return ("error", errors[-1]) if errors else ("rejected", None)
-            self._emit(replica, live, start, "error", None)
-            self.counters.requests_failed += int(not live[0].finished)
-            self._deliver([(live[0], exc)])
-            # A request the model refuses is the client's fault, not a sign of a sick engine.
-            return ("rejected" if isinstance(exc, RequestError) else "error", exc)
-        returned = {o.request_id for o in outputs} | {s.request_id for s in live if s.finished}
-        # A join that reached the worker after its last step was dropped there: run it in a later batch.
-        late = [s for s in joined if not s.finished and s.request_id not in returned]
-        if late:
-            self.scheduler.requeue(late)
-            live[:] = [s for s in live if s not in late]
-        finals = self._finals(live, outputs, start, last=True)
-        if finals or not step_level:
-            self._emit(replica, [s for s, _ in finals] if step_level else live, start, "ok",
-                       outputs[0] if outputs else None, counted if step_level else None)
-        self._deliver_ok(finals)
-        return ("ok", None)
-
-    def _finals(self, live: list[RequestState], outputs: list[RequestResult], start: float, *,
-                last: bool = False) -> list[tuple[RequestState, Any]]:
-        """The final items of the requests in ``outputs`` (a step-level batch has them as requests
-        finish); on the ``last`` call a live request without an output fails."""
-        by_id = {o.request_id: o for o in outputs}
-        finals: list[tuple[RequestState, Any]] = []
-        for state in list(live):
-            if state.finished:
-                continue
-            output = by_id.get(state.request_id)
-            if output is None:
-                if last:
-                    finals.append((state, WorkerError(f"the worker returned no output for {state.request_id}")))
-                continue
-            queue_ms = ((state.started or start) - state.arrival) * 1000.0
-            finals.append((state, build_output(state.request, output, queue_ms, self.config.fingerprint)))
-        return finals
-
-    def _deliver_ok(self, finals: list[tuple[RequestState, Any]]) -> None:
-        self.counters.requests_ok += sum(1 for s, item in finals
-                                         if not s.finished and not isinstance(item, BaseException))
-        self._deliver(finals)
-
-    def _hung(self, replica: Replica, live: list[RequestState], deadline: float) -> None:
+    def replica_hung(self, replica: Replica, live: list[RequestState], deadline: float) -> None:
         """The batch ran past its deadline: its worker is hung. The executor kills what it can (mp:
         SIGKILL) and the replica is taken out; its batch fails (the whole engine dies, failing every
         waiting request too, if it was the last replica)."""
@@ -263,13 +139,13 @@ class EngineCore:
         error = EngineDeadError(f"a batch ({', '.join(ids)}) exceeded its deadline of {deadline:.1f}s: "
                                 f"the {replica.executor.name} worker of replica {replica.index} is hung")
         replica.executor.abandon(str(error))
-        self._take_out(replica, error)
-        self._fail_lost(replica, live, error)
+        self.replica_lost(replica, live, error)
 
-    def _fail_lost(self, replica: Replica, live: list[RequestState], error: EngineDeadError) -> None:
-        """The requests a lost replica was running fail (they are not retried elsewhere: a request
-        that crashes its worker would take the next replica down too). Once the engine is dead they
+    def replica_lost(self, replica: Replica, live: list[RequestState], error: EngineDeadError) -> None:
+        """The replica is out, and the requests it was running fail (they are not retried elsewhere: a
+        request that crashes its worker would take the next replica down too). Once the engine is dead they
         already got its error from ``_die``."""
+        self._take_out(replica, error)
         if self._is_shutdown:
             return  # shutdown already failed them
         if self._dead is not None or not self.replicas.live():
@@ -280,37 +156,19 @@ class EngineCore:
         message = (f"replica {replica.index} of {self.replicas.count} was lost while running this request "
                    f"({error}); {len(self.replicas.live())} replica(s) still serve: retry the request")
         self.counters.requests_failed += sum(1 for s in live if not s.finished)
-        self._deliver([(state, EngineDeadError(message)) for state in live])
+        self.deliver([(state, EngineDeadError(message)) for state in live])
 
-    def _deliver(self, finals: list[tuple[RequestState, Any]]) -> None:
+    def deliver(self, finals: list[tuple[RequestState, Any]]) -> None:
         """Leave the running set, then hand out the final items: a caller that has its result sees the
         engine's counters, stats and running set already updated."""
         self.scheduler.done([state for state, _ in finals])
         for state, item in finals:
             state.finish(item)
 
-    def _emit(self, replica: Replica, live: list[RequestState], start: float, outcome: str,
-              first: RequestResult | None, counted: dict[str, Any] | None = None) -> None:
-        """Stats of a batch (or of the requests of a step-level batch that finished together). Kernel
-        counts in an attestation are cumulative over a run: ``counted`` holds what earlier groups of the
-        same run already reported, and only the difference is reported (and then added to it)."""
-        kernels = {k: first.attestation.get(k) for k in ("linear", "attention", "transformer_forwards")} \
-            if first is not None else {}
-        if counted is not None and kernels:
-            kernels, counted_now = kernel_delta(kernels, counted), kernels
-            counted.clear()
-            counted.update(counted_now)
-        stats = BatchStats(
-            executor=replica.executor.name, replica=replica.index, batch_size=len(live),
-            images=sum(s.request.n for s in live),
-            request_ids=tuple(s.request_id for s in live),
-            queue_ms=tuple(round(((s.started or start) - s.arrival) * 1000.0, 3) for s in live),
-            batch_ms=round((time.monotonic() - start) * 1000.0, 3), outcome=outcome,
-            phase_ms=dict(first.timings_ms) if first is not None else {},
-            kernels=kernels,
-        )
+    def publish(self, stats: BatchStats) -> None:
+        """Count a batch's stats and hand them to every stats listener (on the engine thread)."""
         self.counters.batches += 1
-        self.counters.images += stats.images if outcome == "ok" else 0
+        self.counters.images += stats.images if stats.outcome == Outcome.OK else 0
         self.counters.batch_sizes.append(stats.batch_size)
         for listener in list(self._listeners):
             try:

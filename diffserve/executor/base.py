@@ -70,6 +70,7 @@ class Executor(ABC):
         self.on_dead: Callable[[EngineDeadError], None] | None = None
         self._shutdown_lock = threading.Lock()
         self._is_shutdown = False
+        self._readers: list[threading.Thread] = []  # one per rank: delivers its replies, notices its death
 
     @property
     def worker_pids(self) -> list[int]:
@@ -80,7 +81,43 @@ class Executor(ABC):
         """What rank 0's pipeline can serve (``None``: no model loaded)."""
         return self.workers[0].capabilities if self.workers else None
 
+    def _launch(self) -> None:
+        """The start every executor shares; a subclass calls it at the end of its ``__init__``: start the
+        workers and wait for their ready handshakes (``_start_workers``), shutting down whatever started if
+        that fails, then one reader thread per rank (``_read_replies``)."""
+        try:
+            self._start_workers()
+        except BaseException:
+            self.shutdown()
+            raise
+        for rank in range(self.world_size):
+            reader = threading.Thread(target=self._read_replies, args=(rank,), daemon=True,
+                                      name=f"diffserve-{self.name}-reader-{self.replica}-{rank}")
+            reader.start()
+            self._readers.append(reader)
+        logger.info("%s executor: %d worker(s) ready, pids=%s%s", self.name, self.world_size, self.worker_pids,
+                    self._ready_detail())
+
+    def _join_readers(self, timeout: float) -> None:
+        for reader in self._readers:
+            if reader is not threading.current_thread():
+                reader.join(timeout=timeout)
+
     # -- what subclasses provide --------------------------------------------------------------------
+
+    @abstractmethod
+    def _start_workers(self) -> None:
+        """Start ``world_size`` workers and append each ready handshake's ``WorkerInfo`` to ``workers``, in
+        rank order; raise if one cannot start (``_launch`` then shuts down the others)."""
+
+    @abstractmethod
+    def _read_replies(self, rank: int) -> None:
+        """Until the worker is gone: hand each reply of ``rank`` to ``_deliver``; then ``_mark_dead``
+        (unless shutting down). Runs on the rank's reader thread; must not raise."""
+
+    def _ready_detail(self) -> str:
+        """More to say in the ready log line (e.g. the Ray nodes)."""
+        return ""
 
     @abstractmethod
     def _send(self, rank: int, command: Command) -> None:

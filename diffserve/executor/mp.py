@@ -17,7 +17,6 @@ import contextlib
 import logging
 import multiprocessing
 import os
-import threading
 import time
 import weakref
 from multiprocessing.connection import wait
@@ -50,37 +49,29 @@ class MultiprocExecutor(Executor):
     def __init__(self, config: ResolvedConfig, stage_id: int, replica: int = 0,
                  ready_timeout: float = DEFAULT_READY_TIMEOUT_S) -> None:
         super().__init__(config, stage_id, replica, ready_timeout)
+        self._processes: list[Any] = []
+        self._channels: list[PipeChannel] = []
+        # Registered before anything can fail, so a half-started executor is cleaned up too.
+        self._finalizer = weakref.finalize(self, _stop_processes, self._processes, self._channels)
+        self._launch()
+
+    def _start_workers(self) -> None:
         ctx = multiprocessing.get_context("spawn")
         root_logger = logging.getLogger("diffserve")
         log_level = root_logger.level if root_logger.handlers else None
-        self._processes: list[Any] = []
-        self._channels: list[PipeChannel] = []
-        self._monitors: list[threading.Thread] = []
-        # Registered before anything can fail, so a half-started executor is cleaned up too.
-        self._finalizer = weakref.finalize(self, _stop_processes, self._processes, self._channels)
         # One rendezvous per replica for its process group (worker/distributed.py); a single rank needs none.
         init_method = f"tcp://127.0.0.1:{free_port()}" if self.world_size > 1 else None
-        try:
-            for rank in range(self.world_size):
-                parent_conn, child_conn = ctx.Pipe(duplex=True)
-                process = ctx.Process(target=process_main, name=f"diffserve-worker-{self.replica}-{rank}", daemon=True,
-                                      args=(child_conn, config, stage_id, rank, os.getpid(), log_level,
-                                            self.replica, init_method))
-                process.start()
-                child_conn.close()  # only the child holds its end: its exit closes the pipe
-                self._processes.append(process)
-                self._channels.append(PipeChannel(parent_conn))
-            for rank in range(self.world_size):
-                self._handshake(rank)
-        except BaseException:
-            self.shutdown()
-            raise
         for rank in range(self.world_size):
-            monitor = threading.Thread(target=self._monitor, args=(rank,), daemon=True,
-                                       name=f"diffserve-mp-monitor-{rank}")
-            monitor.start()
-            self._monitors.append(monitor)
-        logger.info("mp executor: %d worker(s) ready, pids=%s", self.world_size, self.worker_pids)
+            parent_conn, child_conn = ctx.Pipe(duplex=True)
+            process = ctx.Process(target=process_main, name=f"diffserve-worker-{self.replica}-{rank}", daemon=True,
+                                  args=(child_conn, self.config, self.stage_id, rank, os.getpid(), log_level,
+                                        self.replica, init_method))
+            process.start()
+            child_conn.close()  # only the child holds its end: its exit closes the pipe
+            self._processes.append(process)
+            self._channels.append(PipeChannel(parent_conn))
+        for rank in range(self.world_size):
+            self._handshake(rank)
 
     def _handshake(self, rank: int) -> None:
         process, channel = self._processes[rank], self._channels[rank]
@@ -106,7 +97,7 @@ class MultiprocExecutor(Executor):
             raise remote_exception(reply)
         self.workers.append(reply.value)
 
-    def _monitor(self, rank: int) -> None:
+    def _read_replies(self, rank: int) -> None:
         try:
             self._watch(rank)
         except Exception as exc:  # noqa: BLE001 - any reader failure must be a death, never a silent hang
@@ -154,8 +145,7 @@ class MultiprocExecutor(Executor):
 
     def _stop_workers(self) -> None:
         self._finalizer()
-        for monitor in self._monitors:
-            monitor.join(timeout=2.0)
+        self._join_readers(2.0)
 
 
 def _stop_processes(processes: list[Any], channels: list[PipeChannel]) -> None:

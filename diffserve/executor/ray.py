@@ -106,28 +106,22 @@ class RayExecutor(Executor):
                  ready_timeout: float = DEFAULT_READY_TIMEOUT_S) -> None:
         super().__init__(config, stage_id, replica, ready_timeout)
         self._actors: list[Any] = []
-        self._readers: list[threading.Thread] = []
         self._placement: Any = None
         self._stopping = threading.Event()
         self._hung = False
         # Ray node id of each rank, in rank order (also stamped into every attestation as ``node``).
         self.nodes: list[str] = []
         self._gpu = config.platform in ("cuda", "rocm")
-        try:
-            connect(config.ray_address)
-            self._place()
-            self._start_actors()
-            self._handshake()
-        except BaseException:
-            self.shutdown()
-            raise
-        for rank in range(self.world_size):
-            reader = threading.Thread(target=self._read, args=(rank,), daemon=True,
-                                      name=f"diffserve-ray-reader-{self.replica}-{rank}")
-            reader.start()
-            self._readers.append(reader)
-        logger.info("ray executor: %d worker(s) ready, pids=%s, nodes=%s", self.world_size,
-                    self.worker_pids, self.nodes)
+        self._launch()
+
+    def _start_workers(self) -> None:
+        connect(self.config.ray_address)
+        self._place()
+        self._start_actors()
+        self._handshake()
+
+    def _ready_detail(self) -> str:
+        return f", nodes={self.nodes}"
 
     def _place(self) -> None:
         bundle = {"GPU": 1} if self._gpu else {"CPU": 1}
@@ -180,7 +174,7 @@ class RayExecutor(Executor):
         pid = self.workers[rank].pid if rank < len(self.workers) else "?"
         return f"pid {pid}, node {self.nodes[rank][:12] if rank < len(self.nodes) else '?'}"
 
-    def _read(self, rank: int) -> None:
+    def _read_replies(self, rank: int) -> None:
         actor = self._actors[rank]
         try:
             while True:
@@ -250,8 +244,7 @@ class RayExecutor(Executor):
         if self._placement is not None:
             with contextlib.suppress(Exception):
                 remove_placement_group(self._placement)
-        for reader in self._readers:
-            reader.join(timeout=_GET_SLICE_S + 1.0)
+        self._join_readers(_GET_SLICE_S + 1.0)
         self._reap_local()
 
     def _reap_local(self) -> None:

@@ -40,19 +40,12 @@ class UniExecutor(Executor):
         super().__init__(config, stage_id, replica, ready_timeout)
         self._channels: list[QueueChannel] = []
         self._threads: list[threading.Thread] = []
-        self._readers: list[threading.Thread] = []
         self._hung = False
-        try:
-            for rank in range(self.world_size):
-                self._start_worker(rank)
-        except BaseException:
-            self.shutdown()
-            raise
-        for rank, channel in enumerate(self._channels):
-            reader = threading.Thread(target=self._read, args=(rank, channel),
-                                      name=f"diffserve-uni-reader-{rank}", daemon=True)
-            reader.start()
-            self._readers.append(reader)
+        self._launch()
+
+    def _start_workers(self) -> None:
+        for rank in range(self.world_size):
+            self._start_worker(rank)
 
     def _start_worker(self, rank: int) -> None:
         parent_end, worker_end = queue_channel_pair()
@@ -75,7 +68,8 @@ class UniExecutor(Executor):
             raise remote_exception(reply)
         self.workers.append(reply.value)
 
-    def _read(self, rank: int, channel: QueueChannel) -> None:
+    def _read_replies(self, rank: int) -> None:
+        channel = self._channels[rank]
         try:
             while True:
                 try:

@@ -38,7 +38,7 @@ class LiveBatch:
     members: list[Member] = field(default_factory=list)
     steps: list[int] = field(default_factory=list)
     latents: Tensor | None = None
-    cond: Any = None  # the pipeline's _Conditioning (text states, pooled vectors, CFG fields)
+    cond: Any = None  # the batch's conditioning.Conditioning (text states, pooled vectors, CFG fields)
 
     @property
     def rows(self) -> int:

@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable, Generator, Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -19,27 +18,26 @@ from torch import Tensor
 from diffserve.config.schema import CacheConfig, StageConfig
 from diffserve.errors import ConfigError, ModelLoadError
 from diffserve.layers.attestation import KernelCounters
-from diffserve.layers.collectives import all_gather_into
 from diffserve.layers.kernels import build_kernel_set
 from diffserve.layers.ulysses import image_shard
 from diffserve.logging import get_logger
 from diffserve.models.base import BuildContext, ParallelContext, PipelineCapabilities, run_one
 from diffserve.models.dtype import resolve_dtype
 from diffserve.models.flux import edits
+from diffserve.models.flux.conditioning import Conditioning, true_cfg
 from diffserve.models.flux.decode import decode_latents
+from diffserve.models.flux.denoise import Denoiser
 from diffserve.models.flux.encoders import TextEncoders
 from diffserve.models.flux.live_batch import LiveBatch, Member
 from diffserve.models.flux.lora import LoraAdapters
 from diffserve.models.flux.sampling import (
     check_scheduler_config,
-    euler_step,
     get_noise,
     get_schedule,
     image_ids,
     pack,
     text_ids,
 )
-from diffserve.models.flux.step_cache import cached_velocity
 from diffserve.models.flux.transformer import FluxTransformer, load_flux_transformer
 from diffserve.models.stepcache.policy import BranchCache, CacheSettings
 from diffserve.models.stepcache.report import attach_negative, image_entries
@@ -55,27 +53,6 @@ __all__ = ["FluxPipeline"]
 FAMILY = MODEL_FAMILIES["FluxPipeline"]
 
 
-@dataclass
-class _Conditioning:
-    """What every denoise step of a batch reuses: text states, pooled vectors, rotary table, and the
-    negative-prompt ones when the batch runs true CFG (the batch key makes that all-or-none)."""
-
-    txt: Tensor
-    vec: Tensor
-    pe: Tensor
-    neg_txt: Tensor | None = None
-    neg_vec: Tensor | None = None
-    cfg_scale: float = 1.0
-    # CFG-parallel: this rank holds one branch in txt/vec (cfg_rank 0 the prompt, 1 the negative one)
-    # and gets the other from its CFG group each step.
-    cfg_split: bool = False
-    # Edits (models/flux/edits.py): per row, the input image's clean latents, its noise and the mask.
-    edit_image: Tensor | None = None
-    edit_noise: Tensor | None = None
-    edit_mask: Tensor | None = None
-    ref: Tensor | None = None  # Kontext: the reference image's packed latents, appended to every row's tokens
-
-
 class FluxPipeline:
     """Native FLUX.1 text-to-image: diffusers-format model directory in, images (and step events) out."""
 
@@ -87,6 +64,7 @@ class FluxPipeline:
         self.parallel = parallel
         self.cache = cache
         self.transformer = transformer
+        self.denoiser = Denoiser(transformer, parallel, device)
         self.encoders = encoders
         self.vae = vae
         self.scheduler_config = dict(scheduler_config)
@@ -188,7 +166,7 @@ class FluxPipeline:
         height = first.height or self.capabilities.default_size
         width = first.width or self.capabilities.default_size
         steps = first.num_inference_steps
-        if self.parallel.cfg_rank != 0 and not _true_cfg(first):
+        if self.parallel.cfg_rank != 0 and not true_cfg(first):
             # A batch without true CFG has one branch: the cfg_rank 0 ranks run it, this rank idles
             # (no forwards, no collectives) and only keeps step pace with the stop decision.
             yield from self._idle(batch, steps)
@@ -209,7 +187,7 @@ class FluxPipeline:
                     live.add(pending, latents, cond, _ms_since(start), edits.start_step(steps, first.strength)
                              if first.images and not self.kontext else 0)
                     caches = self._branch_caches(settings, caches, sum(r.n for r in pending), steps, live.cond)
-                live.latents = self._denoise_step(live.latents, live.cond, sigmas, timesteps, live.steps,
+                live.latents = self.denoiser.step(live.latents, live.cond, sigmas, timesteps, live.steps,
                                                   first.guidance_scale, caches)
                 live.steps = [i + 1 for i in live.steps]
                 if live.cond.edit_mask is not None:  # inpainting: the known region back in, at the next sigma
@@ -252,7 +230,7 @@ class FluxPipeline:
                 caches: tuple[BranchCache | None, BranchCache | None], height: int, width: int) -> list[RequestResult]:
         """Decode the requests that finished, report them, and drop their rows (and cache rows)."""
         rows = [row for member in done for row in member.rows]
-        latents = self._unshard(live.latents.index_select(0, torch.tensor(rows, device=live.latents.device)))
+        latents = self.denoiser.unshard(live.latents.index_select(0, torch.tensor(rows, device=live.latents.device)))
         start = time.perf_counter()
         requests = [m.request for m in done]
         # Every rank holds the same latents; only rank 0's result is returned, so only it decodes.
@@ -285,7 +263,7 @@ class FluxPipeline:
 
     def _branch_caches(self, settings: CacheSettings, caches: tuple[BranchCache | None, BranchCache | None],
                        new_rows: int, steps: int,
-                       cond: _Conditioning) -> tuple[BranchCache | None, BranchCache | None]:
+                       cond: Conditioning) -> tuple[BranchCache | None, BranchCache | None]:
         """One cache per CFG branch this rank runs (each branch decides alone), grown by ``new_rows``
         joining rows; none when the batch runs uncached."""
         if not settings.enabled:
@@ -308,12 +286,12 @@ class FluxPipeline:
 
     @torch.inference_mode()
     def _prepare(self, batch: list[GenerationRequest], height: int,
-                 width: int) -> tuple[Tensor, _Conditioning, Tensor, Tensor]:
+                 width: int) -> tuple[Tensor, Conditioning, Tensor, Tensor]:
         img_ids = image_ids(height, width, device=self.device, dtype=self.dtype)
         sigmas, timesteps = get_schedule(batch[0].num_inference_steps, img_ids.shape[0], self.scheduler_config)
         length = batch[0].max_sequence_length
         repeats = torch.tensor([r.n for r in batch], device=self.device)
-        split = self.parallel.cfg_size > 1 and _true_cfg(batch[0])
+        split = self.parallel.cfg_size > 1 and true_cfg(batch[0])
         if split and self.parallel.cfg_rank == 1:
             # This rank's branch is the negative one: it encodes only the negative prompts.
             txt, vec = self.encoders.encode([r.negative_prompt or "" for r in batch], length)
@@ -321,13 +299,13 @@ class FluxPipeline:
             txt, vec = self.encoders.encode([r.prompt for r in batch], length)
         noise = get_noise([s for r in batch for s in r.seeds], self.latent_channels, height, width,
                           dtype=self.dtype, device=self.device)
-        cond = _Conditioning(txt=txt.repeat_interleave(repeats, dim=0), vec=vec.repeat_interleave(repeats, dim=0),
+        cond = Conditioning(txt=txt.repeat_interleave(repeats, dim=0), vec=vec.repeat_interleave(repeats, dim=0),
                              pe=self.transformer.rope(text_ids(length, device=self.device, dtype=self.dtype),
                                                       img_ids))
         first = batch[0]
         if split:
             cond.cfg_split, cond.cfg_scale = True, float(first.true_cfg_scale)
-        elif _true_cfg(first):
+        elif true_cfg(first):
             # True CFG: a second, negative-prompt forward per step (every request of the batch has one).
             neg_txt, neg_vec = self.encoders.encode([r.negative_prompt or "" for r in batch], length)
             cond.neg_txt = neg_txt.repeat_interleave(repeats, dim=0)
@@ -346,56 +324,11 @@ class FluxPipeline:
             cond.edit_image, cond.edit_noise, cond.edit_mask = edit.image, edit.noise, edit.mask
         if self.parallel.ulysses_size > 1:
             # Every rank draws the full noise (same seeds), then keeps its image shard for the whole loop:
-            # the Euler step is per token, so the shards only meet again in _unshard.
+            # the Euler step is per token, so the shards only meet again in Denoiser.unshard.
             rank, degree = self.parallel.ulysses_rank, self.parallel.ulysses_size
             latents = latents.chunk(degree, dim=1)[rank].contiguous()
             cond.pe = image_shard(cond.pe, length, rank, degree, dim=1)
         return latents, cond, sigmas.to(self.device), timesteps.to(self.device)
-
-    @torch.inference_mode()
-    def _unshard(self, latents: Tensor) -> Tensor:
-        """The full latents from the Ulysses shards (one all_gather per batch), on every rank of the group."""
-        if self.parallel.ulysses_size == 1:
-            return latents
-        shards = all_gather_into(latents, self.parallel.ulysses_group, self.transformer.counters)
-        return torch.cat(shards.unbind(0), dim=1)
-
-    @torch.inference_mode()
-    def _denoise_step(self, x: Tensor, cond: _Conditioning, sigmas: Tensor, timesteps: Tensor, steps: list[int],
-                      guidance_scale: float,
-                      caches: tuple[BranchCache | None, BranchCache | None] = (None, None)) -> Tensor:
-        """One Euler step of every row, each at its own step index ``steps[row]``."""
-        i = torch.tensor(steps, device=x.device)
-        # As diffusers: the timestep (sigma * 1000) goes to the model dtype, then back to [0, 1].
-        t = timesteps[i].to(x.dtype) / 1000
-        guidance = None
-        if self.transformer.params.guidance_embed:
-            guidance = torch.full((x.shape[0],), guidance_scale, device=self.device, dtype=torch.float32)
-        pred = self._velocity(caches[0], steps, x, cond.txt, t, cond.vec, guidance, cond.pe, cond.ref)
-        if cond.cfg_split:
-            # One exchange per step; every rank combines the same two tensors in the same order, so
-            # the latents stay identical on all ranks (and equal to the single-rank result).
-            pred, neg = all_gather_into(pred, self.parallel.cfg_group, self.transformer.counters).unbind(0)
-            pred = neg + cond.cfg_scale * (pred - neg)
-        elif cond.neg_txt is not None:
-            neg = self._velocity(caches[1], steps, x, cond.neg_txt, t, cond.neg_vec, guidance, cond.pe, cond.ref)
-            pred = neg + cond.cfg_scale * (pred - neg)
-        return euler_step(x, pred, sigmas[i].view(-1, 1, 1), sigmas[i + 1].view(-1, 1, 1))
-
-    def _velocity(self, cache: BranchCache | None, steps: list[int], x: Tensor, txt: Tensor, t: Tensor, vec: Tensor,
-                  guidance: Tensor | None, pe: Tensor, ref: Tensor | None = None) -> Tensor:
-        tokens = x.shape[1]
-        if ref is not None:  # Kontext: the reference's tokens ride along; only the image's velocity is kept
-            x = torch.cat([x, ref], dim=1)
-        if cache is None:
-            return self.transformer(x, None, txt, None, t, vec, guidance, pe=pe)[:, :tokens]
-        return cached_velocity(self.transformer, cache, steps, x, txt, t, vec, guidance, pe)[:, :tokens]
-
-
-def _true_cfg(request: GenerationRequest) -> bool:
-    """A second (negative-prompt) branch per step; the batch key makes it all-or-none in a batch."""
-    return request.true_cfg_scale > 1 and request.negative_prompt is not None
-
 
 def _ms_since(start: float) -> float:
     return (time.perf_counter() - start) * 1000.0
