@@ -54,6 +54,7 @@ demo: install
 
 test: install-test browser
 	$(VENV)/bin/ruff check diffserve tests benchmarks
+	$(VENV)/bin/mypy
 	$(PY) -m pytest -q
 
 bench: install-test

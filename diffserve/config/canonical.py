@@ -14,6 +14,7 @@ import re
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from diffserve.config.frozen import FrozenDict
 from diffserve.errors import ConfigError
 from diffserve.registry.backends import ATTENTION_BACKENDS, LINEAR_BACKENDS
 from diffserve.registry.caches import cache_spellings
@@ -155,10 +156,11 @@ def float_normalizer(minimum: float, maximum: float) -> Normalizer:
 _HOST = re.compile(r"^(\*|[a-z0-9*]([a-z0-9.*-]{0,252}))(:\d{1,5})?$|^\[[0-9a-f:.]+\](:\d{1,5})?$")
 
 
-def normalize_host_list(value: Any) -> str:
-    """Comma-separated ``Host`` header values (``example.com``, ``127.0.0.1:8000``, ``*.corp``); empty: any."""
+def normalize_host_list(value: Any) -> tuple[str, ...]:
+    """``Host`` header values (``example.com``, ``127.0.0.1:8000``, ``*.corp``), a list or comma-separated
+    (flags, environment); canonical: a tuple, lower-cased, duplicates dropped. Empty: any host."""
     if value is None:
-        return ""
+        return ()
     if isinstance(value, (list, tuple)):
         value = ",".join(str(v) for v in value)
     if not isinstance(value, str):
@@ -167,18 +169,24 @@ def normalize_host_list(value: Any) -> str:
     bad = [h for h in hosts if not _HOST.match(h)]
     if bad:
         raise ConfigError(f"{bad[0]!r} is not a host name", hint='write hosts like "localhost,127.0.0.1:8000"')
-    return ",".join(dict.fromkeys(hosts))
+    return tuple(dict.fromkeys(hosts))
 
 
-def normalize_devices(value: Any) -> str:
-    """``auto`` or a comma-separated list of device indices; ``0`` (an int in YAML) becomes ``"0"``."""
+def normalize_devices(value: Any) -> tuple[int, ...]:
+    """Device indices: ``auto`` (or empty: pick), an index, a list of them or ``"0,1"``; canonical: a tuple
+    of ints (``()`` for auto)."""
     if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
-        return str(value)
+        return (value,)
+    if isinstance(value, (list, tuple)) and all(isinstance(v, int) and not isinstance(v, bool) and v >= 0
+                                                for v in value):
+        return tuple(value)
     if isinstance(value, str):
         text = value.replace(" ", "").lower()
-        if text == "auto" or _DEVICES.match(text):
-            return text
-    raise ConfigError(f"{value!r} is not a device list", hint='use "auto" or indices like "0" or "0,1"')
+        if text in ("auto", ""):
+            return ()
+        if _DEVICES.match(text):
+            return tuple(int(d) for d in text.split(","))
+    raise ConfigError(f"{value!r} is not a device list", hint='use auto or indices like 0, [0, 1] or "0,1"')
 
 
 def normalize_class_path(value: Any) -> str:
@@ -191,16 +199,11 @@ def normalize_class_path(value: Any) -> str:
 _LORA_NAME = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
 
 
-def lora_module_map(text: str) -> dict[str, str]:
-    """The ``name -> path`` pairs of a canonical ``lora_modules`` value."""
-    return dict(item.split("=", 1) for item in text.split(",") if item) if text else {}
-
-
-def normalize_lora_modules(value: Any) -> str:
+def normalize_lora_modules(value: Any) -> FrozenDict:
     """LoRA adapters registered at start: a mapping ``{name: path}`` (YAML), or ``name=path`` items separated
-    by commas (flags, environment), or a list of them. Canonical: ``name=/abs/path`` sorted by name."""
+    by commas (flags, environment), or a list of them. Canonical: ``{name: /abs/path}`` sorted by name."""
     if value is None or value == "":
-        return ""
+        return FrozenDict()
     if isinstance(value, Mapping):
         items = list(value.items())
     else:
@@ -223,7 +226,7 @@ def normalize_lora_modules(value: Any) -> str:
         if name in out:
             raise ConfigError(f"LoRA name {name!r} is registered twice", hint="give each adapter its own name")
         out[name] = os.path.abspath(os.path.expanduser(path.strip()))
-    return ",".join(f"{name}={out[name]}" for name in sorted(out))
+    return FrozenDict({name: out[name] for name in sorted(out)})
 
 
 def normalize_optional_dir(value: Any) -> str:

@@ -39,7 +39,8 @@ class Leaf:
 def _default_of(f: dataclasses.Field) -> Any:
     if f.default is not dataclasses.MISSING:
         return f.default
-    return f.default_factory()  # type: ignore[misc]
+    factory: Any = f.default_factory
+    return factory()
 
 
 def _leaves_of(cls: type, scope: str, key_prefix: str, flat_prefix: str) -> Iterable[Leaf]:

@@ -132,8 +132,8 @@ def freeze(value: Any, path: str, depth: int = 0) -> Any:
 
 
 def _extras(ctx: Ctx, value: Any, stage_id: int | None, path: str, source: Source) -> None:
-    extras = _mapping(ctx, value, path, source)
-    for key, item in (extras or {}).items():
+    extras = _mapping(ctx, value, path, source) or {}
+    for key, item in extras.items():
         if not _is_key(ctx, extras, key, path):
             continue
         sub_source = ctx.src(extras, key) if ctx.file else source
@@ -144,9 +144,9 @@ def _extras(ctx: Ctx, value: Any, stage_id: int | None, path: str, source: Sourc
 
 
 def _section(ctx: Ctx, name: str, value: Any, stage_id: int | None, path: str, source: Source) -> None:
-    body = _mapping(ctx, value, path, source)
+    body = _mapping(ctx, value, path, source) or {}
     leaves = SECTIONS[name]
-    for key, item in (body or {}).items():
+    for key, item in body.items():
         if not _is_key(ctx, body, key, path):
             continue
         sub_source = ctx.src(body, key) if ctx.file else source

@@ -11,7 +11,9 @@ from typing import Any
 from diffserve.config.fields import SECTIONS, STAGE_KEYS, STAGE_LEAVES, TOP_LEVEL_PIPELINE_LEAVES, Leaf
 from diffserve.config.schema import ATTENTION_ROLES, PLATFORMS
 
-_JSON_TYPES = {"str": "string", "int": "integer", "float": "number", "bool": "boolean"}
+# list and mapping settings also take their flag/environment spelling ("a,b", "name=path,...").
+_JSON_TYPES: dict[str, Any] = {"str": "string", "int": "integer", "float": "number", "bool": "boolean",
+                               "list": ["array", "string"], "mapping": ["object", "string"]}
 
 
 def _aliases(leaf: Leaf) -> str:
@@ -27,7 +29,7 @@ def _leaf_schema(leaf: Leaf) -> dict[str, Any]:
     if leaf.choices:
         schema["enum"] = list(leaf.choices)
     elif leaf.key == "devices":
-        schema["type"] = ["string", "integer"]
+        schema["type"] = ["array", "string", "integer"]
     elif leaf.default is None:
         schema["type"] = ["string", "null"]
     else:

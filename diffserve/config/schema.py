@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from diffserve.config import canonical as c
+from diffserve.config.frozen import FrozenDict
 from diffserve.errors import ConfigError
 from diffserve.registry.models import known_attention_roles
 
@@ -24,23 +25,6 @@ TOPOLOGIES: Mapping[str, tuple[str, ...]] = {
 PLATFORMS: tuple[str, ...] = c.canonical_values(c.PLATFORM_ALIASES)
 # Attention call sites that may get their own backend: declared by the model families (registry).
 ATTENTION_ROLES: tuple[str, ...] = known_attention_roles()
-
-
-class FrozenDict(dict):
-    """A read-only dict that pickles (``MappingProxyType`` does not) and hashes."""
-
-    def _readonly(self, *args: Any, **kwargs: Any) -> None:
-        raise TypeError("config mappings are read-only")
-
-    __setitem__ = __delitem__ = clear = pop = popitem = setdefault = update = _readonly  # type: ignore
-    __ior__ = _readonly  # type: ignore
-
-    def __hash__(self) -> int:  # type: ignore[override]
-        return hash(frozenset(self.items()))
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        # Default dict-subclass pickling replays __setitem__, which is blocked above.
-        return (FrozenDict, (dict(self),))
 
 
 def opt(default: Any, doc: str, normalize: c.Normalizer, *, kind: str = "str", **extra: Any) -> Any:
@@ -140,7 +124,8 @@ class StageConfig:
         "uni", "uni = worker in this process, mp = worker processes (one per rank)", c.normalize_executor,
         choices=c.canonical_values(c.EXECUTOR_ALIASES))
     num_replicas: int = opt(1, "independent copies of this stage", c.int_normalizer(1), kind="int")
-    devices: str = opt("auto", 'device indices, e.g. "0" or "0,1"; auto = pick', c.normalize_devices)
+    devices: tuple[int, ...] = opt((), 'device indices: a list ([0, 1]) or "0,1"; empty or auto = pick',
+                                   c.normalize_devices, kind="list")
     max_batch_size: int = opt(1, "most requests batched into one forward", c.int_normalizer(1), kind="int")
     implementation: str = opt("native", "native = diffserve's own denoiser; generic = diffusers' pipeline class "
                               "with its Linear and attention calls on our kernels (unset: the model's, from the "
@@ -158,8 +143,9 @@ class StageConfig:
     warmup: WarmupConfig = section(WarmupConfig, "warmup run at startup", "warmup_")
     request_defaults: RequestDefaultsConfig = section(RequestDefaultsConfig, "values of unset request fields",
                                                       "default_")
-    lora_modules: str = opt("", "LoRA adapters registered at start: {name: path} (flags: name=path,...); requests "
-                            "choose them by name", c.normalize_lora_modules)
+    lora_modules: Mapping[str, str] = opt(FrozenDict(), "LoRA adapters registered at start: {name: path} (flags "
+                                          "and environment: name=path,...); requests choose them by name",
+                                          c.normalize_lora_modules, kind="mapping")
     lora_dir: str = opt("", "directory requests may load LoRA files from by path (empty: only registered names)",
                         c.normalize_optional_dir)
     max_loras: int = opt(4, "LoRA adapters kept in memory (LRU); also the most one request may combine",
@@ -200,8 +186,8 @@ class ServerConfig:
                                c.int_normalizer(1), kind="int")
     body_timeout_s: int = opt(10, "seconds a client may take to send its request body (HTTP 408 after)",
                               c.int_normalizer(1), kind="int")
-    allowed_hosts: str = opt("", "comma-separated Host header values accepted (empty: any); against DNS "
-                             "rebinding", c.normalize_host_list)
+    allowed_hosts: tuple[str, ...] = opt((), "Host header values accepted: a list or comma-separated (empty: "
+                                         "any); against DNS rebinding", c.normalize_host_list, kind="list")
     expose_config: bool = opt(False, "/v1/config shows absolute paths and extras values (off: redacted)",
                               c.normalize_bool, kind="bool")
 

@@ -23,7 +23,8 @@ def build_output(request: GenerationRequest, output: RequestResult, queue_ms: fl
     height = int(output.images.shape[1]) if pil else int(request.height or 0)
     width = int(output.images.shape[2]) if pil else int(request.width or 0)
     timings = {"queue": round(queue_ms, 3), **{k: round(float(v), 3) for k, v in output.timings_ms.items()}}
-    attestation = {**output.attestation, "config_fingerprint": config_fingerprint}
+    attestation = output.attestation.copy()
+    attestation["config_fingerprint"] = config_fingerprint
     return RequestOutput(
         request_id=request.request_id,
         images=images,
@@ -33,7 +34,7 @@ def build_output(request: GenerationRequest, output: RequestResult, queue_ms: fl
         config_fingerprint=config_fingerprint,
         width=width,
         height=height,
-        num_inference_steps=request.num_inference_steps,
+        num_inference_steps=request.num_inference_steps or 0,
         guidance_scale=request.guidance_scale,
         prompt=request.prompt,
     )

@@ -131,10 +131,10 @@ class Scheduler:
                     del self._waiting[i]
                     state.aborted = True
                     return state, True
-            state = self._running.get(request_id)
-            if state is not None:
-                state.aborted = True
-            return state, False
+            running = self._running.get(request_id)
+            if running is not None:
+                running.aborted = True
+            return running, False
 
     def drain(self) -> list[RequestState]:
         """Close admission and return every waiting and running request (engine death or shutdown)."""

@@ -38,7 +38,7 @@ def batch_deadline_s(batch: Iterable[GenerationRequest], server: ServerConfig,
     for request in batch:
         height = request.height or size
         width = request.width or size
-        work += request.num_inference_steps * (height * width / 1e6) * request.n
+        work += (request.num_inference_steps or 0) * (height * width / 1e6) * request.n
     return float(server.batch_deadline_floor_s) + server.batch_deadline_s_per_mpix_step * work
 
 

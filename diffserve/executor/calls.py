@@ -76,13 +76,12 @@ class CallTable:
         if call is None:
             return  # the caller timed out or went away; nobody waits for this reply
         if reply.kind in ("step", "partial"):
-            callback = call.on_step if reply.kind == "step" else call.on_partial
-            if callback is not None and reply.rank == 0:
+            if reply.rank == 0:
                 try:
-                    if reply.kind == "step":
-                        callback(reply.step, reply.total_steps, reply.progress)
-                    else:
-                        callback(reply.value)
+                    if reply.kind == "step" and call.on_step is not None:
+                        call.on_step(reply.step, reply.total_steps, reply.progress)
+                    elif reply.kind == "partial" and call.on_partial is not None:
+                        call.on_partial(reply.value)
                 except Exception:  # a broken consumer must not kill the reader thread
                     logger.exception("%s callback failed", reply.kind)
             return

@@ -129,7 +129,7 @@ def _only_visible_gpu(config: ResolvedConfig, stage_id: int) -> ResolvedConfig:
 
     Only ``devices`` changes; the fingerprint field is kept, so attestations name the driver's config.
     """
-    stages = tuple(dataclasses.replace(stage, devices="0") if stage.stage_id == stage_id else stage
+    stages = tuple(dataclasses.replace(stage, devices=(0,)) if stage.stage_id == stage_id else stage
                    for stage in config.stages)
     logger.info("ray worker pid %d: GPU(s) %s assigned by Ray, using cuda:0", os.getpid(),
                 os.environ.get("CUDA_VISIBLE_DEVICES", "?"))

@@ -13,6 +13,7 @@ from contextlib import contextmanager
 from typing import Any
 
 from diffserve.layers.collectives import CollectiveCounters
+from diffserve.types.attestation import KernelTally
 
 
 class KernelCounters:
@@ -55,14 +56,13 @@ class KernelCounters:
             self.count_attention(name, calls)
         self.count_lora(tally.get("lora_linear_calls", 0))
 
-    def snapshot(self) -> dict[str, Any]:
+    def snapshot(self) -> KernelTally:
         """``{"linear": {name: n}, "attention": {name: n}, "transformer_forwards": k}`` (a copy)."""
-        return {
-            "linear": dict(self.linear),
-            "attention": dict(self.attention),
-            "transformer_forwards": self.transformer_forwards,
-            **({"lora_linear_calls": self.lora_linear_calls} if self.lora_linear_calls else {}),
-        }
+        tally = KernelTally(linear=dict(self.linear), attention=dict(self.attention),
+                            transformer_forwards=self.transformer_forwards)
+        if self.lora_linear_calls:
+            tally["lora_linear_calls"] = self.lora_linear_calls
+        return tally
 
     def reset(self) -> None:
         self.linear.clear()

@@ -63,7 +63,8 @@ class ModelFamily:
         """The family's admission check of a request's adapters (``lora_check``), imported on first use."""
         if self.lora_check is None:
             raise ValueError(f"{self.class_name} takes no LoRA adapters")
-        return load_target(self.lora_check)(loras, stage, model_dir)  # type: ignore[no-any-return]
+        checked: tuple[tuple[str, float], ...] = load_target(self.lora_check)(loras, stage, model_dir)
+        return checked
 
     def load_pipeline_class(self, implementation: str | None = None) -> Any:
         """The pipeline class serving this family on ``implementation`` (default: the family's own)."""

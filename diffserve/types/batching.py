@@ -7,6 +7,7 @@ type, step-cache threshold. Anything that makes two requests' forwards differ be
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import NamedTuple
 
 from diffserve.types.request import GenerationRequest
@@ -35,6 +36,29 @@ def batch_key(request: GenerationRequest) -> BatchKey:
                     request.max_sequence_length, request.output_type, request.is_warmup,
                     None if request.cache_threshold is None else float(request.cache_threshold), request.loras,
                     _edit_key(request))
+
+
+@dataclass(frozen=True)
+class BatchPlan:
+    """What every request of an admitted batch shares, typed for the pipeline that runs it (a request's
+    fields stay optional until admission fills them; a pipeline only ever runs admitted requests)."""
+
+    height: int
+    width: int
+    steps: int
+    guidance_scale: float
+    text_length: int  # max_sequence_length
+
+
+def plan_of(request: GenerationRequest, default_size: int) -> BatchPlan:
+    """The plan of ``request``'s batch (an unset size is the model's ``default_size``); ``ValueError`` for a
+    request that admission did not complete (engine admission or ``models.base.library_admit`` fill it)."""
+    steps, guidance, length = request.num_inference_steps, request.guidance_scale, request.max_sequence_length
+    if steps is None or guidance is None or length is None:
+        raise ValueError(f"request {request.request_id} was not admitted: num_inference_steps, guidance_scale "
+                         "and max_sequence_length must be set (engine admission or models.base.library_admit "
+                         "fills them)")
+    return BatchPlan(request.height or default_size, request.width or default_size, steps, float(guidance), length)
 
 
 def _edit_key(request: GenerationRequest) -> tuple[tuple[tuple[int, ...], ...], bool, float | None] | None:

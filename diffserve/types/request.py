@@ -13,6 +13,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 from diffserve.errors import RequestError
+from diffserve.types.attestation import Attestation
 
 OutputType = Literal["pil", "latent", "pt"]
 MAX_SEED = 2**63 - 1
@@ -118,7 +119,8 @@ class GenerationRequest:
         the model's text limit; a library call (``models.base.library_admit``) the model family's."""
         given = {"num_inference_steps": num_inference_steps, "guidance_scale": guidance_scale,
                  "max_sequence_length": max_sequence_length, "cache_threshold": cache_threshold}
-        fill = {name: value for name, value in given.items() if value is not None and getattr(self, name) is None}
+        fill: dict[str, Any] = {name: value for name, value in given.items()
+                                if value is not None and getattr(self, name) is None}
         return replace(self, **fill) if fill else self
 
     def with_seed(self) -> GenerationRequest:
@@ -208,7 +210,7 @@ class RequestOutput:
     images: list[Any]
     seeds: list[int]
     timings: dict[str, float]
-    attestation: dict[str, Any]
+    attestation: Attestation
     config_fingerprint: str
     width: int = 0
     height: int = 0

@@ -8,7 +8,9 @@ attestation, the channel moves it, and the engine materialises it into the user'
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from diffserve.types.attestation import Attestation
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch
@@ -40,7 +42,7 @@ class RequestResult:
     images: torch.Tensor
     seeds: list[int]
     timings_ms: dict[str, float] = field(default_factory=dict)
-    attestation: dict[str, Any] = field(default_factory=dict)
+    attestation: Attestation = field(default_factory=Attestation)
 
 
 @dataclass

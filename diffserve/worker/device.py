@@ -6,14 +6,13 @@ from diffserve.config.schema import StageConfig
 
 
 def device_for(stage: StageConfig, rank: int, replica: int = 0) -> str:
-    """The stage's device list (``devices: "0,1"``) indexed by ``replica * world_size + rank`` when
-    CUDA is present (so replicas do not pile onto one device), else the CPU."""
+    """The stage's device list (``devices: [0, 1]``) indexed by ``replica * world_size + rank`` when
+    CUDA is present (so replicas do not pile onto one device), else the CPU. No list: pick by slot."""
     import torch
 
     if not torch.cuda.is_available():
         return "cpu"
     slot = replica * stage.parallel.world_size + rank
-    devices = [d for d in stage.devices.replace(" ", "").split(",") if d and d != "auto"]
+    devices = stage.devices
     index = devices[slot % len(devices)] if devices else slot % max(torch.cuda.device_count(), 1)
-    text = str(index)
-    return text if text.startswith(("cuda", "cpu")) else f"cuda:{text}"
+    return f"cuda:{index}"

@@ -18,6 +18,7 @@ from diffserve.layers.collectives import CollectiveCounters
 from diffserve.logging import get_logger
 from diffserve.models.base import BuildContext, ParallelContext, Pipeline
 from diffserve.registry.models import MODEL_FAMILIES
+from diffserve.types.attestation import Attestation, KernelTally, ParallelLayout
 from diffserve.types.messages import WorkerInfo
 from diffserve.types.results import BatchResult, RequestResult, StepEvent
 from diffserve.worker.compile_cache import use_compile_cache
@@ -151,12 +152,12 @@ class Worker:
                                                   "steps_done": event.step, "total_steps": event.total_steps}]
 
     def _attestation(self, counters: KernelCounters, batch_size: int, batch_ms: float,
-                     per_rank: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+                     per_rank: list[dict[str, Any]] | None = None) -> Attestation:
         parallel = self.stage.parallel
-        layout = {"world_size": parallel.world_size, "cfg_parallel_size": parallel.cfg_parallel_size,
-                  "ulysses_degree": parallel.ulysses_degree}
+        layout = ParallelLayout(world_size=parallel.world_size, cfg_parallel_size=parallel.cfg_parallel_size,
+                                ulysses_degree=parallel.ulysses_degree)
         if per_rank is None or len(per_rank) <= 1:
-            totals: dict[str, Any] = counters.snapshot()
+            totals: KernelTally = counters.snapshot()
             collectives = counters.collectives.snapshot()
         else:  # rank 0 of several: the totals are the sums over ranks, each rank's own beside them
             summed, summed_collectives = KernelCounters(), CollectiveCounters()
@@ -165,25 +166,20 @@ class Worker:
                 summed.transformer_forwards += tally["kernels"]["transformer_forwards"]
                 summed_collectives.add(tally["collectives"])
             totals, collectives = summed.snapshot(), summed_collectives.snapshot()
-        return {
-            **totals,
-            "parallel": layout,
-            "collectives": collectives,
-            **({"per_rank": [tally["kernels"] for tally in per_rank]}
-               if per_rank is not None and len(per_rank) > 1 else {}),
-            "executor": self.executor,
-            "worker_pid": os.getpid(),
-            "replica": self.replica,
-            "rank": self.rank,
-            "device": str(self.device),
-            "dtype": str(getattr(self.pipeline, "dtype", "")).removeprefix("torch."),
-            **({"model_family": self.pipeline.capabilities.family,
-                "implementation": self.pipeline.capabilities.implementation,
-                "batch_invariant": self.pipeline.capabilities.batch_invariant} if self.pipeline is not None else {}),
-            "batch_size": batch_size,
-            "batch_ms": round(batch_ms, 3),
-            "config_fingerprint": self.config.fingerprint,
-        }
+        attestation = Attestation(**totals, parallel=layout, collectives=collectives, executor=self.executor,
+                                  worker_pid=os.getpid(), replica=self.replica, rank=self.rank,
+                                  device=str(self.device),
+                                  dtype=str(getattr(self.pipeline, "dtype", "")).removeprefix("torch."),
+                                  batch_size=batch_size, batch_ms=round(batch_ms, 3),
+                                  config_fingerprint=self.config.fingerprint)
+        if per_rank is not None and len(per_rank) > 1:
+            attestation["per_rank"] = [tally["kernels"] for tally in per_rank]
+        if self.pipeline is not None:
+            capabilities = self.pipeline.capabilities
+            attestation["model_family"] = capabilities.family
+            attestation["implementation"] = capabilities.implementation
+            attestation["batch_invariant"] = capabilities.batch_invariant
+        return attestation
 
     # -- RPC ----------------------------------------------------------------------------------------
 
@@ -209,8 +205,8 @@ class Worker:
     def pid(self) -> int:
         return os.getpid()
 
-    def kernel_counters(self) -> dict[str, Any]:
-        return self.pipeline.kernel_counters.snapshot() if self.pipeline is not None else {}
+    def kernel_counters(self) -> KernelTally:
+        return self.pipeline.kernel_counters.snapshot() if self.pipeline is not None else KernelTally()
 
     def reset_kernel_counters(self) -> None:
         if self.pipeline is not None:

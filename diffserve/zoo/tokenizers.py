@@ -86,9 +86,9 @@ def clip_vocab_and_merges(extra_corpus: str = "") -> tuple[dict[str, int], list[
     byte_to_char = _bytes_to_unicode()
     words: Counter[tuple[str, ...]] = Counter()
     for word in _corpus_words(extra_corpus):
-        symbols = [byte_to_char[b] for b in word.lower().encode("utf-8")]
-        symbols[-1] += "</w>"
-        words[tuple(symbols)] += 1
+        chars = [byte_to_char[b] for b in word.lower().encode("utf-8")]
+        chars[-1] += "</w>"
+        words[tuple(chars)] += 1
 
     merges: list[tuple[str, str]] = []
     for _ in range(_CLIP_MAX_MERGES):

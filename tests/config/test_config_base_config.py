@@ -31,7 +31,7 @@ def test_chain_merges_stages_by_stage_id(tmp_path: Path) -> None:
     cfg = run(deploy_config=deploy)
     te, dit = cfg.stages
     assert (te.dtype, te.linear_backend) == ("bfloat16", "torch")
-    assert (dit.dtype, dit.max_batch_size, dit.attention_backend.default, dit.devices) == ("float16", 2, "math", "0")
+    assert (dit.dtype, dit.max_batch_size, dit.attention_backend.default, dit.devices) == ("float16", 2, "math", (0,))
     assert cfg.deploy_files == tuple(str(p.resolve()) for p in (
         tmp_path / "common" / "root.yaml", tmp_path / "common" / "mid.yaml", deploy))
     assert cfg.provenance["stages.1.attention_backend.default"].file.endswith("mid.yaml")

@@ -21,7 +21,7 @@ def test_documented_example_resolves_on_cpu_and_cuda(tmp_path: Path) -> None:
     stage = cpu.stages[0]
     assert (stage.dtype, stage.linear_backend, stage.attention_backend.default) == ("float32", "torch", "sdpa")
     assert stage.enforce_eager is True and stage.distributed_executor_backend == "uni"
-    assert (stage.devices, stage.max_batch_size, stage.worker_extension_cls) == ("0", 4, "my_pkg.probe.Probe")
+    assert (stage.devices, stage.max_batch_size, stage.worker_extension_cls) == ((0,), 4, "my_pkg.probe.Probe")
     assert stage.warmup.enabled is True and cpu.server.max_queue == 64
     # The stage's own dtype is in the deploy YAML layer; the cpu block's pipeline-wide dtype outranks it.
     assert cpu.provenance["stages.0.dtype"].layer == "platform"

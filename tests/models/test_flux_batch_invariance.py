@@ -14,6 +14,7 @@ import torch
 from diffserve import Engine, GenerationRequest
 from diffserve.config.schema import AttentionBackendConfig
 from diffserve.layers.kernels import build_kernel_set
+from diffserve.models.base import library_admit
 from diffserve.models.flux.params import FluxParams
 from diffserve.models.flux.pipeline import FluxPipeline
 from diffserve.models.flux.sampling import image_ids, text_ids
@@ -130,6 +131,6 @@ def test_small_flux_batch_of_requests_equals_each_alone(small_flux_dir) -> None:
     pipe = FluxPipeline.from_pretrained(small_flux_dir, dtype="bfloat16")
     batch = [GenerationRequest(prompt=p, height=256, width=256, num_inference_steps=1, max_sequence_length=16,
                                seed=s, output_type="pt") for p, s in (("a fox", 1), ("a house", 5))]
-    outputs = list(pipe.run(batch))[-1].outputs
+    outputs = list(pipe.run([library_admit(pipe, r) for r in batch]))[-1].outputs
     for request, output in zip(batch, outputs, strict=True):
         assert torch.equal(output.images, pipe(request).images)

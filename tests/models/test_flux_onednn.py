@@ -15,6 +15,7 @@ from diffserve.config.schema import AttentionBackendConfig
 from diffserve.layers.kernels import build_kernel_set
 from diffserve.layers.linear.module import Linear
 from diffserve.layers.linear.onednn import OneDnnLinearBackend
+from diffserve.models.base import library_admit
 from diffserve.models.flux.pipeline import FluxPipeline
 from diffserve.models.flux.transformer import FluxTransformer, load_flux_transformer
 from diffserve.registry.models import MODEL_FAMILIES
@@ -122,7 +123,7 @@ def test_pipeline_batch_equals_requests_alone(tiny_flux_dir) -> None:
     base = dict(prompt="a red fox in the snow", height=64, width=64, num_inference_steps=2,
                 max_sequence_length=64)
     batch = [GenerationRequest(**base, seed=1), GenerationRequest(**{**base, "prompt": "a blue house"}, seed=2, n=2)]
-    outputs = list(pipe.run(batch))[-1].outputs
+    outputs = list(pipe.run([library_admit(pipe, r) for r in batch]))[-1].outputs
     for request, output in zip(batch, outputs, strict=True):
         assert torch.equal(output.images, pipe(request).images)
 

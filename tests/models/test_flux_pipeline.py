@@ -13,7 +13,7 @@ from diffserve.config.resolve import resolve
 from diffserve.errors import BackendUnavailableError, RequestError
 from diffserve.layers.attention.module import Attention
 from diffserve.layers.linear.module import Linear
-from diffserve.models.base import BuildContext, Pipeline
+from diffserve.models.base import BuildContext, Pipeline, library_admit
 from diffserve.models.flux.pipeline import FluxPipeline
 from diffserve.types.request import GenerationRequest
 from diffserve.types.results import BatchResult, StepEvent, to_pil
@@ -79,7 +79,7 @@ def test_events_then_result_and_counters(pipe: FluxPipeline) -> None:
     assert {m.backend_name for m in transformer.modules() if isinstance(m, Linear)} == {"torch"}
     assert {m.backend_name for m in attentions} == {"sdpa"}
     transformer.counters.reset()
-    events = list(pipe.run([_req(num_inference_steps=2)]))
+    events = list(pipe.run([library_admit(pipe, _req(num_inference_steps=2))]))
     assert [(e.step, e.total_steps) for e in events[:2]] == [(1, 2), (2, 2)]
     assert all(isinstance(e, StepEvent) for e in events[:2])
     assert isinstance(events[2], BatchResult) and len(events) == 3
@@ -92,7 +92,7 @@ def test_events_then_result_and_counters(pipe: FluxPipeline) -> None:
 
 def test_closing_the_generator_cancels(pipe: FluxPipeline) -> None:
     pipe.transformer.counters.reset()
-    run = pipe.run([_req(num_inference_steps=4)])
+    run = pipe.run([library_admit(pipe, _req(num_inference_steps=4))])
     first = next(run)
     assert (first.step, first.total_steps) == (1, 4)
     run.close()
@@ -139,7 +139,7 @@ def test_seeds_are_assigned_at_admission_not_here(pipe: FluxPipeline) -> None:
 def test_batch_equals_requests_alone(pipe: FluxPipeline, cfg: dict) -> None:
     # One batch key (as the scheduler forms them), different prompts, seeds and image counts.
     batch = [_req(seed=1, **cfg), _req(prompt="a blue house", seed=2, n=2, **cfg)]
-    events = list(pipe.run(batch))
+    events = list(pipe.run([library_admit(pipe, r) for r in batch]))
     outputs = events[-1].outputs
     assert [o.request_id for o in outputs] == [r.request_id for r in batch]
     for request, output in zip(batch, outputs, strict=True):

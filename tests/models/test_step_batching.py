@@ -58,6 +58,6 @@ def test_a_request_joins_at_a_step_boundary_and_leaves_when_done(pipe) -> None:
 
 
 def test_a_join_of_another_batch_key_is_a_bug(pipe) -> None:
-    calls = iter([[_req(num_inference_steps=STEPS + 1)]])
+    calls = iter([[library_admit(pipe, _req(num_inference_steps=STEPS + 1))]])
     with pytest.raises(ValueError, match="another batch key"):
-        list(pipe.run([_req()], joins=lambda: next(calls, [])))
+        list(pipe.run([library_admit(pipe, _req())], joins=lambda: next(calls, [])))

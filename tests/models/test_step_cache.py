@@ -16,6 +16,7 @@ import pytest
 import torch
 
 from diffserve.layers.linear.module import Linear
+from diffserve.models.base import library_admit
 from diffserve.models.flux.pipeline import FluxPipeline
 from diffserve.models.stepcache.teacache import FLUX_COEFFICIENTS, rescale
 from diffserve.types.batching import batch_key
@@ -134,7 +135,7 @@ def test_each_image_of_a_batch_equals_the_request_alone(cached, cfg) -> None:
     threshold = 0.45 if cached.cache.backend == "fbcache" else 0.5
     batch = [_req(seed=1, cache_threshold=threshold, **cfg),
              _req(prompt="a blue house at night", seed=2, n=2, cache_threshold=threshold, **cfg)]
-    result = [e for e in cached.run(batch) if isinstance(e, BatchResult)][0]
+    result = [e for e in cached.run([library_admit(cached, r) for r in batch]) if isinstance(e, BatchResult)][0]
     traces = []
     for request, output in zip(batch, result.outputs, strict=True):
         alone = cached(request)

@@ -94,7 +94,6 @@ def run(args: argparse.Namespace) -> int:
 
 def _toy_shapes(args: argparse.Namespace) -> Path:
     """Train toy-shapes into DIR (--train), or copy the shipped weights there."""
-    import shutil
 
     from diffserve.errors import ConfigError
     from diffserve.zoo.flux import toy_model_dir
@@ -107,8 +106,7 @@ def _toy_shapes(args: argparse.Namespace) -> Path:
     check_target(target, force=args.force)
     if not args.train:
         shipped = toy_model_dir()
-        return build_into(target, lambda staging: shutil.copytree(shipped, staging, dirs_exist_ok=True),
-                          force=args.force)
+        return build_into(target, lambda staging: _copy_tree(shipped, staging), force=args.force)
     from diffserve.zoo.toy_shapes.train import TrainConfig, train_toy_model
 
     return train_toy_model(target, TrainConfig(seed=args.seed, threads=args.threads), force=args.force)
@@ -116,7 +114,6 @@ def _toy_shapes(args: argparse.Namespace) -> Path:
 
 def _toy_shapes_stars(args: argparse.Namespace) -> Path:
     """Train the circles-to-stars LoRA into DIR (--train), or copy the shipped one; returns the weight file."""
-    import shutil
 
     from diffserve.errors import ConfigError
     from diffserve.zoo.flux import toy_model_dir
@@ -138,8 +135,14 @@ def _toy_shapes_stars(args: argparse.Namespace) -> Path:
     check_target(target, force=args.force, marker=WEIGHT_NAME)
     if not args.train:
         shipped = shipped_stars_lora().parent
-        build_into(target, lambda staging: shutil.copytree(shipped, staging, dirs_exist_ok=True), force=args.force,
-                   marker=WEIGHT_NAME)
+        build_into(target, lambda staging: _copy_tree(shipped, staging), force=args.force, marker=WEIGHT_NAME)
         return target / WEIGHT_NAME
     base = Path(args.base).expanduser() if args.base is not None else toy_model_dir()
     return train_stars_lora(target, base, LoraTrainConfig(seed=args.seed, threads=args.threads), force=args.force)
+
+
+def _copy_tree(source: Path, staging: Path) -> None:
+    """The shipped directory's files into the build's staging directory (published by ``build_into``)."""
+    import shutil
+
+    shutil.copytree(source, staging, dirs_exist_ok=True)

@@ -7,6 +7,8 @@ an allow-list of the names the server is really reached by defeats it.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 
 def split_host(value: str) -> tuple[str, str | None]:
     """``"Example.com:8000"`` -> ``("example.com", "8000")``; IPv6 literals keep their brackets."""
@@ -26,8 +28,8 @@ def split_host(value: str) -> tuple[str, str | None]:
 class HostAllowList:
     """Entries are ``name``, ``name:port``, ``*.suffix`` or ``*``; an entry without a port matches any port."""
 
-    def __init__(self, canonical: str) -> None:
-        self.entries = [split_host(entry) for entry in canonical.split(",") if entry.strip()]
+    def __init__(self, allowed: Sequence[str]) -> None:
+        self.entries = [split_host(entry) for entry in allowed if entry.strip()]
 
     def __bool__(self) -> bool:
         return bool(self.entries)

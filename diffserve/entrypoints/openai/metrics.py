@@ -13,6 +13,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from diffserve.engine.stats import BatchStats
+from diffserve.types.attestation import CacheEntry
 
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64)
@@ -64,7 +65,7 @@ class ServerMetrics:
             self.replicas_live.set_function(replicas_live)
 
     def observe_output(self, timings_ms: dict[str, float], n_images: int,
-                       cache: list[dict[str, Any]] | None = None) -> None:
+                       cache: list[CacheEntry] | None = None) -> None:
         """Per request: the engine's phase timings (plus the server's own encode time) and the step
         cache's decisions of each image (``attestation["cache"]``)."""
         for phase, ms in timings_ms.items():

@@ -115,7 +115,7 @@ class MetricsMiddleware:
 class HostMiddleware:
     """400 ``invalid_host`` unless the Host header is in ``server.allowed_hosts`` (empty: any)."""
 
-    def __init__(self, app: ASGIApp, allowed: str) -> None:
+    def __init__(self, app: ASGIApp, allowed: tuple[str, ...]) -> None:
         self.app = app
         self.allowed = HostAllowList(allowed)
 

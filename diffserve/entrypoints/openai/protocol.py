@@ -15,6 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from diffserve.entrypoints.openai.sizes import parse_size
 from diffserve.errors import RequestError
+from diffserve.types.attestation import Attestation
 from diffserve.types.request import (
     MAX_CACHE_THRESHOLD,
     MAX_GUIDANCE_SCALE,
@@ -189,7 +190,7 @@ class DiffserveInfo(BaseModel):
     seeds: list[int]
     num_inference_steps: int
     timings_ms: dict[str, float]
-    attestation: dict[str, Any]
+    attestation: Attestation
     config_fingerprint: str
 
 

@@ -29,18 +29,6 @@ class LoraState:
     adapters: tuple[tuple[str, float], ...] = field(default_factory=tuple)  # for the attestation
 
 
-def set_factors(linear: torch.nn.Module, state: LoraState, a: torch.Tensor | None, b: torch.Tensor | None) -> None:
-    """Install the batch's combined ``A`` ``[rank, in]`` and scaled ``B`` ``[out, rank]`` on ``linear``
-    (``None``: a zero rank-1 pair, this batch does not touch the layer)."""
-    weight = linear.weight
-    if a is None or b is None:
-        a = torch.zeros(1, linear.in_features, dtype=weight.dtype, device=weight.device)
-        b = torch.zeros(linear.out_features, 1, dtype=weight.dtype, device=weight.device)
-    linear.register_buffer("lora_a", a.to(device=weight.device, dtype=weight.dtype).contiguous(), persistent=False)
-    linear.register_buffer("lora_b", b.to(device=weight.device, dtype=weight.dtype).contiguous(), persistent=False)
-    linear.lora_state = state
-
-
 def delta(x: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """``(x A^T) B^T``: the weighted sum of the batch's adapters' low-rank updates."""
     return F.linear(F.linear(x, a), b)

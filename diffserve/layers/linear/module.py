@@ -41,7 +41,13 @@ class Linear(nn.Module):
         self.backend = backend
         self.backend_name = backend.name
         self.counters = counters
-        self.lora_state: lora.LoraState | None = None  # set by ``lora.set_factors`` once an adapter targets it
+        # Per-request LoRA (``layers/linear/lora.py``): the running batch's combined factors, installed by
+        # ``set_lora`` once an adapter targets this layer; never part of the state dict.
+        self.lora_state: lora.LoraState | None = None
+        self.lora_a: torch.Tensor | None
+        self.lora_b: torch.Tensor | None
+        self.register_buffer("lora_a", None, persistent=False)
+        self.register_buffer("lora_b", None, persistent=False)
         self.weight = nn.Parameter(torch.empty(out_features, in_features, device=device, dtype=dtype))
         self.bias = nn.Parameter(torch.empty(out_features, device=device, dtype=dtype)) if bias else None
         if self.weight.device.type != "meta":
@@ -72,8 +78,20 @@ class Linear(nn.Module):
             return self.backend.linear(x, self.weight, self.bias)
         return self.backend.linear(x, self.weight, self.bias, self.activation)
 
+    def set_lora(self, state: lora.LoraState, a: torch.Tensor | None, b: torch.Tensor | None) -> None:
+        """Install the batch's combined ``A`` ``[rank, in]`` and scaled ``B`` ``[out, rank]`` (``None``: a zero
+        rank-1 pair: this batch's adapters do not touch the layer), shared ``state`` saying whether they apply."""
+        weight = self.weight
+        if a is None or b is None:
+            a = torch.zeros(1, self.in_features, dtype=weight.dtype, device=weight.device)
+            b = torch.zeros(self.out_features, 1, dtype=weight.dtype, device=weight.device)
+        self.lora_a = a.to(device=weight.device, dtype=weight.dtype).contiguous()
+        self.lora_b = b.to(device=weight.device, dtype=weight.dtype).contiguous()
+        self.lora_state = state
+
     def _run_lora(self, x: torch.Tensor) -> torch.Tensor:
         # The delta goes in before the activation, so the backend's fused activation is applied after it.
+        assert self.lora_a is not None and self.lora_b is not None  # active implies installed (set_lora)
         y = self.backend.linear(x, self.weight, self.bias)
         y = y + lora.delta(x, self.lora_a, self.lora_b)
         return activate(y, self.activation)

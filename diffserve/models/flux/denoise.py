@@ -16,7 +16,7 @@ from diffserve.models.flux.transformer import FluxTransformer
 from diffserve.models.stepcache.policy import BranchCache
 
 
-class Denoiser:
+class Stepper:
     """The transformer of this rank and where it sits in its replica's parallel layout."""
 
     def __init__(self, transformer: FluxTransformer, parallel: ParallelContext, device: torch.device) -> None:
@@ -49,7 +49,7 @@ class Denoiser:
             # the latents stay identical on all ranks (and equal to the single-rank result).
             pred, neg = all_gather_into(pred, self.parallel.cfg_group, self.transformer.counters).unbind(0)
             pred = neg + cond.cfg_scale * (pred - neg)
-        elif cond.neg_txt is not None:
+        elif cond.neg_txt is not None and cond.neg_vec is not None:
             neg = self.velocity(caches[1], steps, x, cond.neg_txt, t, cond.neg_vec, guidance, cond.pe, cond.ref)
             pred = neg + cond.cfg_scale * (pred - neg)
         return euler_step(x, pred, sigmas[i].view(-1, 1, 1), sigmas[i + 1].view(-1, 1, 1))

@@ -15,7 +15,6 @@ from pathlib import Path
 
 import torch
 
-from diffserve.config.canonical import lora_module_map
 from diffserve.config.schema import StageConfig
 from diffserve.errors import ConfigError, LoraError, RequestError
 from diffserve.layers.linear import lora
@@ -23,6 +22,7 @@ from diffserve.layers.linear.module import Linear
 from diffserve.models.flux.lora_file import LoraAdapter, native_linear_shapes, read_flux_lora
 from diffserve.models.flux.params import FluxParams
 from diffserve.models.loader import read_config
+from diffserve.types.attestation import LoraAdapterEntry, LoraReport
 
 
 class LoraAdapters:
@@ -36,7 +36,7 @@ class LoraAdapters:
         self.params = params
         self.linears = {name: m for name, m in transformer.named_modules() if isinstance(m, Linear)}
         self.shapes = {name: (m.out_features, m.in_features) for name, m in self.linears.items()}
-        self.registered = lora_module_map(stage.lora_modules)
+        self.registered = dict(stage.lora_modules)
         self.max_rank = stage.max_lora_rank
         self.capacity = stage.max_loras
         self.lora_dir = stage.lora_dir
@@ -63,7 +63,7 @@ class LoraAdapters:
             parts = [(adapter.layers[name], scale) for adapter, scale in adapters if name in adapter.layers]
             a = torch.cat([a for (a, _), _ in parts]) if parts else None
             b = torch.cat([b * scale for (_, b), scale in parts], dim=1) if parts else None
-            lora.set_factors(self.linears[name], self.state, a, b)
+            self.linears[name].set_lora(self.state, a, b)
         self.patched |= targets
         self.state.adapters = loras
         self.state.active = True
@@ -88,16 +88,16 @@ class LoraAdapters:
     def _read(self, name: str, path: str) -> LoraAdapter:
         return read_flux_lora(path, self.params, self.shapes, name=name, max_rank=self.max_rank, dtype=self.dtype)
 
-    def describe(self, loras: tuple[tuple[str, float], ...]) -> dict[str, object]:
+    def describe(self, loras: tuple[tuple[str, float], ...]) -> LoraReport:
         """The attestation's ``lora`` entry: adapters (paths relative to lora_dir) and scales applied."""
         def shown(name: str) -> str:
             return os.path.relpath(name, self.lora_dir) if self.lora_dir and os.path.isabs(name) else name
 
-        return {"lora": {"adapters": [{"name": shown(n), "scale": s} for n, s in loras]}}
+        return LoraReport(adapters=[LoraAdapterEntry(name=shown(n), scale=s) for n, s in loras])
 
     def patched_in(self, block: torch.nn.Module) -> int:
         """Linear layers of ``block`` that add a delta while adapters are active (compiled blocks' tally)."""
-        return sum(1 for m in block.modules() if isinstance(m, Linear) and getattr(m, "lora_state", None) is not None)
+        return sum(1 for m in block.modules() if isinstance(m, Linear) and m.lora_state is not None)
 
 
 def check_lora_request(loras: tuple[tuple[str, float], ...], stage: StageConfig,
@@ -108,7 +108,7 @@ def check_lora_request(loras: tuple[tuple[str, float], ...], stage: StageConfig,
     if len(loras) > stage.max_loras:
         raise RequestError(f"{len(loras)} adapters in one request; this deployment combines at most "
                            f"{stage.max_loras} (max_loras)", param="loras")
-    registered = lora_module_map(stage.lora_modules)
+    registered = stage.lora_modules
     out = []
     for name, scale in loras:
         if abs(scale) > stage.max_lora_scale:

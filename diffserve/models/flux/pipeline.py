@@ -21,12 +21,12 @@ from diffserve.layers.attestation import KernelCounters
 from diffserve.layers.kernels import build_kernel_set
 from diffserve.layers.ulysses import image_shard
 from diffserve.logging import get_logger
-from diffserve.models.base import BuildContext, ParallelContext, PipelineCapabilities, run_one
+from diffserve.models.base import BuildContext, ParallelContext, Pipeline, PipelineCapabilities, run_one
 from diffserve.models.dtype import resolve_dtype
 from diffserve.models.flux import edits
 from diffserve.models.flux.conditioning import Conditioning, true_cfg
 from diffserve.models.flux.decode import decode_latents
-from diffserve.models.flux.denoise import Denoiser
+from diffserve.models.flux.denoise import Stepper
 from diffserve.models.flux.encoders import TextEncoders
 from diffserve.models.flux.live_batch import LiveBatch, Member
 from diffserve.models.flux.lora import LoraAdapters
@@ -42,7 +42,8 @@ from diffserve.models.flux.transformer import FluxTransformer, load_flux_transfo
 from diffserve.models.stepcache.policy import BranchCache, CacheSettings
 from diffserve.models.stepcache.report import attach_negative, image_entries
 from diffserve.registry.models import MODEL_FAMILIES, ModelFamily, read_class_name
-from diffserve.types.batching import batch_key
+from diffserve.types.attestation import Attestation
+from diffserve.types.batching import BatchPlan, batch_key, plan_of
 from diffserve.types.request import GenerationRequest
 from diffserve.types.results import BatchResult, RequestResult, StepEvent
 
@@ -53,7 +54,7 @@ __all__ = ["FluxPipeline"]
 FAMILY = MODEL_FAMILIES["FluxPipeline"]
 
 
-class FluxPipeline:
+class FluxPipeline(Pipeline):
     """Native FLUX.1 text-to-image: diffusers-format model directory in, images (and step events) out."""
 
     def __init__(self, transformer: FluxTransformer, encoders: TextEncoders, vae: Any,
@@ -64,7 +65,7 @@ class FluxPipeline:
         self.parallel = parallel
         self.cache = cache
         self.transformer = transformer
-        self.denoiser = Denoiser(transformer, parallel, device)
+        self.stepper = Stepper(transformer, parallel, device)
         self.encoders = encoders
         self.vae = vae
         self.scheduler_config = dict(scheduler_config)
@@ -88,8 +89,9 @@ class FluxPipeline:
             batch_invariant=transformer.kernels.batch_invariant and encoders.per_prompt,
             default_cache_threshold=float(cache.threshold or 0.0))
         self.loras: LoraAdapters | None = None  # set by from_stage
-        preparer = edits.ReferencePreparer if self.kontext else edits.EditPreparer
-        self.editor = preparer(vae, self.latent_channels, dtype=dtype, device=device)
+        self.editor: edits.EditPreparer | edits.ReferencePreparer = \
+            (edits.ReferencePreparer if self.kontext else edits.EditPreparer)(vae, self.latent_channels, dtype=dtype,
+                                                                            device=device)
 
     @classmethod
     def from_stage(cls, model_dir: str | Path, stage: StageConfig,
@@ -163,9 +165,8 @@ class FluxPipeline:
             raise ValueError("run() needs at least one request")
         key = self._check_key(batch)
         first = batch[0]
-        height = first.height or self.capabilities.default_size
-        width = first.width or self.capabilities.default_size
-        steps = first.num_inference_steps
+        plan = plan_of(first, self.capabilities.default_size)
+        steps = plan.steps
         if self.parallel.cfg_rank != 0 and not true_cfg(first):
             # A batch without true CFG has one branch: the cfg_rank 0 ranks run it, this rank idles
             # (no forwards, no collectives) and only keeps step pace with the stop decision.
@@ -183,12 +184,13 @@ class FluxPipeline:
             while pending or live.rows:
                 if pending:
                     start = time.perf_counter()
-                    latents, cond, sigmas, timesteps = self._prepare(pending, height, width)
+                    latents, cond, sigmas, timesteps = self._prepare(pending, plan)
                     live.add(pending, latents, cond, _ms_since(start), edits.start_step(steps, first.strength)
                              if first.images and not self.kontext else 0)
                     caches = self._branch_caches(settings, caches, sum(r.n for r in pending), steps, live.cond)
-                live.latents = self.denoiser.step(live.latents, live.cond, sigmas, timesteps, live.steps,
-                                                  first.guidance_scale, caches)
+                assert live.latents is not None and sigmas is not None and timesteps is not None  # rows were added
+                live.latents = self.stepper.step(live.latents, live.cond, sigmas, timesteps, live.steps,
+                                                  plan.guidance_scale, caches)
                 live.steps = [i + 1 for i in live.steps]
                 if live.cond.edit_mask is not None:  # inpainting: the known region back in, at the next sigma
                     c = live.cond
@@ -197,7 +199,7 @@ class FluxPipeline:
                 yield StepEvent(step=max(live.steps), total_steps=steps, progress=live.progress())
                 done = live.finished(steps)
                 if done:
-                    yield BatchResult(self._finish(live, done, settings, caches, height, width))
+                    yield BatchResult(self._finish(live, done, settings, caches, plan))
                 pending = [r for r in (joins() if joins is not None and live.rows else []) if self._joinable(r, key)]
         finally:
             if self.loras is not None:
@@ -227,27 +229,29 @@ class FluxPipeline:
         return True
 
     def _finish(self, live: LiveBatch, done: list[Member], settings: CacheSettings,
-                caches: tuple[BranchCache | None, BranchCache | None], height: int, width: int) -> list[RequestResult]:
+                caches: tuple[BranchCache | None, BranchCache | None], plan: BatchPlan) -> list[RequestResult]:
         """Decode the requests that finished, report them, and drop their rows (and cache rows)."""
         rows = [row for member in done for row in member.rows]
-        latents = self.denoiser.unshard(live.latents.index_select(0, torch.tensor(rows, device=live.latents.device)))
+        assert live.latents is not None
+        latents = self.stepper.unshard(live.latents.index_select(0, torch.tensor(rows, device=live.latents.device)))
         start = time.perf_counter()
         requests = [m.request for m in done]
         # Every rank holds the same latents; only rank 0's result is returned, so only it decodes.
-        images = (decode_latents(self.vae, requests, latents, height, width) if self.parallel.rank == 0
+        images = (decode_latents(self.vae, requests, latents, plan.height, plan.width) if self.parallel.rank == 0
                   else [torch.empty(0) for _ in requests])
         decode_ms = _ms_since(start)
-        entries = image_entries(settings, requests[0].num_inference_steps, rows, *caches,
+        entries = image_entries(settings, plan.steps, rows, *caches,
                                 cfg=live.cond.neg_txt is not None)
         results, offset = [], 0
         for member, image in zip(done, images, strict=True):
             n = member.request.n
             timings = {"encode": member.encode_ms, "denoise": (start - member.joined) * 1000.0,
                        "decode": decode_ms}
-            lora = self.loras.describe(member.request.loras) if self.loras is not None and member.request.loras else {}
+            attestation = Attestation(cache=entries[offset:offset + n])
+            if self.loras is not None and member.request.loras:
+                attestation["lora"] = self.loras.describe(member.request.loras)
             results.append(RequestResult(request_id=member.request.request_id, images=image,
-                                         seeds=member.request.seeds, timings_ms=timings,
-                                         attestation={"cache": entries[offset:offset + n], **lora}))
+                                         seeds=member.request.seeds, timings_ms=timings, attestation=attestation))
             offset += n
         keep = live.drop(done)
         for cache in caches:
@@ -285,11 +289,10 @@ class FluxPipeline:
                            for r in batch])
 
     @torch.inference_mode()
-    def _prepare(self, batch: list[GenerationRequest], height: int,
-                 width: int) -> tuple[Tensor, Conditioning, Tensor, Tensor]:
+    def _prepare(self, batch: list[GenerationRequest], plan: BatchPlan) -> tuple[Tensor, Conditioning, Tensor, Tensor]:
+        height, width, length = plan.height, plan.width, plan.text_length
         img_ids = image_ids(height, width, device=self.device, dtype=self.dtype)
-        sigmas, timesteps = get_schedule(batch[0].num_inference_steps, img_ids.shape[0], self.scheduler_config)
-        length = batch[0].max_sequence_length
+        sigmas, timesteps = get_schedule(plan.steps, img_ids.shape[0], self.scheduler_config)
         repeats = torch.tensor([r.n for r in batch], device=self.device)
         split = self.parallel.cfg_size > 1 and true_cfg(batch[0])
         if split and self.parallel.cfg_rank == 1:
@@ -313,6 +316,7 @@ class FluxPipeline:
             cond.cfg_scale = float(first.true_cfg_scale)
         latents = pack(noise)
         if first.images and self.kontext:  # the reference's tokens, with 1 in their ids' first axis
+            assert isinstance(self.editor, edits.ReferencePreparer)  # self.kontext chose it
             cond.ref, ref_h, ref_w = self.editor.reference(batch)
             ref_ids = image_ids(ref_h, ref_w, device=self.device, dtype=self.dtype)
             ref_ids[:, 0] = 1
@@ -324,7 +328,7 @@ class FluxPipeline:
             cond.edit_image, cond.edit_noise, cond.edit_mask = edit.image, edit.noise, edit.mask
         if self.parallel.ulysses_size > 1:
             # Every rank draws the full noise (same seeds), then keeps its image shard for the whole loop:
-            # the Euler step is per token, so the shards only meet again in Denoiser.unshard.
+            # the Euler step is per token, so the shards only meet again in Stepper.unshard.
             rank, degree = self.parallel.ulysses_rank, self.parallel.ulysses_size
             latents = latents.chunk(degree, dim=1)[rank].contiguous()
             cond.pe = image_shard(cond.pe, length, rank, degree, dim=1)

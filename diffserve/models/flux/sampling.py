@@ -77,7 +77,7 @@ def get_schedule(num_steps: int, image_seq_len: int, config: Mapping[str, Any]) 
     Sigmas start as ``linspace(1, 1/num_steps, num_steps)`` and are time-shifted, either with ``mu`` from
     the image sequence length (``use_dynamic_shifting``, FLUX.1-dev) or with the fixed ``shift``.
     """
-    sigmas = np.linspace(1.0, 1 / num_steps, num_steps).astype(np.float32)
+    sigmas: np.ndarray = np.linspace(1.0, 1 / num_steps, num_steps).astype(np.float32)
     if config.get("use_dynamic_shifting", False):
         mu = calculate_shift(image_seq_len, config.get("base_image_seq_len", 256),
                              config.get("max_image_seq_len", 4096), config.get("base_shift", 0.5),

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import Tensor, nn
@@ -18,6 +18,9 @@ from diffserve.models.flux.embeddings import MLPEmbedder, rope, timestep_embeddi
 from diffserve.models.flux.params import FluxParams
 from diffserve.models.flux.weights import convert_diffusers_state_dict
 from diffserve.models.loader import load_strict, read_config, read_safetensors
+
+if TYPE_CHECKING:  # pragma: no cover
+    from diffserve.models.flux.lora import LoraAdapters
 
 logger = get_logger(__name__)
 
@@ -47,6 +50,8 @@ class FluxTransformer(nn.Module):
         self.final_layer = LastLayer(h, params.out_channels, kernels)
         # Set by compile_blocks(): compiled modules cannot count, so their calls are added per block.
         self._block_tallies: dict[type, dict[str, Any]] | None = None
+        # The per-request LoRA adapters of this transformer (set by the pipeline that loads them).
+        self.lora_adapters: LoraAdapters | None = None
 
     def rope(self, txt_ids: Tensor, img_ids: Tensor) -> Tensor:
         """Rotation table for the joint (text then image) sequence; compute once per request."""
@@ -61,6 +66,8 @@ class FluxTransformer(nn.Module):
             raise ValueError(f"img and txt must be [B, L, C], got {tuple(img.shape)} and {tuple(txt.shape)}")
         self.counters.count_forward()
         if pe is None:
+            if txt_ids is None or img_ids is None:
+                raise ValueError("forward needs pe, or txt_ids and img_ids to build it")
             pe = self.rope(txt_ids, img_ids)
 
         img, txt, vec = self.embed(img, txt, timesteps, y, guidance)
@@ -88,7 +95,9 @@ class FluxTransformer(nn.Module):
 
     def modulated_input(self, img: Tensor, vec: Tensor) -> Tensor:
         """Block 0's timestep-modulated image input (TeaCache's probe; block 0 recomputes it if it runs)."""
-        mod, _ = self.double_blocks[0].img_mod(vec)
+        block = self.double_blocks[0]
+        assert isinstance(block, DoubleStreamBlock)
+        mod, _ = block.img_mod(vec)
         return modulate(img, mod)
 
     def blocks(self, img: Tensor, txt: Tensor, vec: Tensor, pe: Tensor, start: int = 0) -> Tensor:
@@ -110,7 +119,7 @@ class FluxTransformer(nn.Module):
     def _count_compiled(self, block: nn.Module) -> None:
         if self._block_tallies is not None:
             self.counters.add(self._block_tallies[type(block)])
-            adapters = getattr(self, "lora_adapters", None)
+            adapters = self.lora_adapters
             if adapters is not None and adapters.state.active:
                 self.counters.count_lora(adapters.patched_in(block))
 
@@ -135,9 +144,9 @@ def _static_tally(block: nn.Module) -> dict[str, Any]:
     """Calls per backend of one forward of ``block`` (every Linear and Attention runs exactly once)."""
     tally: dict[str, dict[str, int]] = {"linear": {}, "attention": {}}
     for module in block.modules():
-        kind = "linear" if isinstance(module, Linear) else "attention" if isinstance(module, Attention) else None
-        if kind:
-            tally[kind][module.backend_name] = tally[kind].get(module.backend_name, 0) + 1
+        if isinstance(module, (Linear, Attention)):
+            calls = tally["linear" if isinstance(module, Linear) else "attention"]
+            calls[module.backend_name] = calls.get(module.backend_name, 0) + 1
     return tally
 
 

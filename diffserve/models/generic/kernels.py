@@ -65,7 +65,7 @@ def swap_linears(module: nn.Module, kernels: KernelSet) -> int:
                 continue
             linear = kernels.make_linear(child.in_features, child.out_features, child.bias is not None,
                                          device="meta", dtype=child.weight.dtype)
-            linear.weight = child.weight  # the loaded Parameter itself: shared, not copied
+            linear.weight = child.weight  # type: ignore[assignment]  # the loaded Parameter itself, shared
             linear.bias = child.bias
             setattr(parent, name, linear)
             replaced += 1
@@ -98,7 +98,7 @@ def _is_attention_module(module: nn.Module) -> bool:
     return hasattr(module, "processor") and hasattr(module, "set_processor") and not isinstance(module, Attention)
 
 
-def _routed_class(cls: type) -> type:
+def _routed_class(cls: type[nn.Module]) -> type:
     if cls not in _ROUTED:
         def forward(self: Any, *args: Any, **kwargs: Any) -> Any:
             with SdpaRedirect(self.diffserve_attention):

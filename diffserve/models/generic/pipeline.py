@@ -33,7 +33,7 @@ from diffserve.errors import ConfigError, ModelLoadError
 from diffserve.layers.attestation import KernelCounters
 from diffserve.layers.kernels import build_kernel_set
 from diffserve.logging import get_logger
-from diffserve.models.base import BuildContext, PipelineCapabilities, run_one
+from diffserve.models.base import BuildContext, Pipeline, PipelineCapabilities, run_one
 from diffserve.models.dtype import resolve_dtype
 from diffserve.models.generic.compile import compile_denoiser, count_forwards
 from diffserve.models.generic.compute_thread import ComputeThread
@@ -52,7 +52,7 @@ class _Cancelled(Exception):
     """Raised inside the pipeline's step callback when the engine closed the run."""
 
 
-class GenericPipeline:
+class GenericPipeline(Pipeline):
     """A diffusers pipeline whose denoiser runs on the stage's linear and attention backends."""
 
     def __init__(self, pipe: Any, family: ModelFamily, counters: KernelCounters, *, device: torch.device,

@@ -21,6 +21,7 @@ from torch import Tensor
 
 from diffserve.layers.collectives import all_reduce_sum
 from diffserve.models.stepcache.teacache import rescale
+from diffserve.types.attestation import BranchCacheReport
 
 COMPUTE, SKIP = "compute", "skip"
 
@@ -129,8 +130,9 @@ class BranchCache:
             return out
         out = torch.empty_like(base)
         for i, computed in enumerate(compute):
-            if not computed:
-                out[i] = base[i] + self.rows[i].residual
+            cached = self.rows[i].residual
+            if not computed and cached is not None:  # a skipping row has one (_forced computes otherwise)
+                out[i] = base[i] + cached
         if rows:
             computed_rows = run_blocks(torch.tensor(rows, device=base.device))
             for j, i in enumerate(rows):
@@ -140,9 +142,10 @@ class BranchCache:
 
     # -- report -------------------------------------------------------------------------------------
 
-    def report(self, row: int) -> dict[str, Any]:
+    def report(self, row: int) -> BranchCacheReport:
         """``{computed_steps, skipped_steps, trace}`` of one row: ``trace`` is ``[step, signal, decision]``
         per step (1-based), ``signal`` the value compared with the threshold (``None`` without one)."""
         trace = self.rows[row].trace
         skipped = sum(1 for _, _, decision in trace if decision == SKIP)
-        return {"computed_steps": len(trace) - skipped, "skipped_steps": skipped, "trace": [list(t) for t in trace]}
+        return BranchCacheReport(computed_steps=len(trace) - skipped, skipped_steps=skipped,
+                                 trace=[list(t) for t in trace])

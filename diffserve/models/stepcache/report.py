@@ -8,33 +8,37 @@ that rank's entries with ``attach_negative``.
 
 from __future__ import annotations
 
-from typing import Any
-
 from diffserve.models.stepcache.policy import COMPUTE, BranchCache, CacheSettings
+from diffserve.types.attestation import BranchCacheReport, CacheEntry
 
 
 def image_entries(settings: CacheSettings, steps: int, rows: list[int], positive: BranchCache | None,
-                  negative: BranchCache | None = None, *, cfg: bool = False) -> list[dict[str, Any]]:
+                  negative: BranchCache | None = None, *, cfg: bool = False) -> list[CacheEntry]:
     """The entries of a batch's image ``rows``. A branch of ``None`` ran uncached (every step computed:
     backend none, or threshold 0 for this batch); ``cfg`` adds the negative branch's counts."""
     entries = []
     for row in rows:
         threshold = settings.threshold if positive is not None else 0.0
-        entry: dict[str, Any] = {"backend": settings.backend, "threshold": threshold, **_branch(positive, row, steps)}
+        entry = CacheEntry(backend=settings.backend, threshold=threshold, **_branch(positive, row, steps))
         if cfg:
             entry["negative"] = _branch(negative, row, steps)
         entries.append(entry)
     return entries
 
 
-def _branch(cache: BranchCache | None, row: int, steps: int) -> dict[str, Any]:
+def _branch(cache: BranchCache | None, row: int, steps: int) -> BranchCacheReport:
     if cache is None:
-        return {"computed_steps": steps, "skipped_steps": 0,
-                "trace": [[step + 1, None, COMPUTE] for step in range(steps)]}
+        return BranchCacheReport(computed_steps=steps, skipped_steps=0,
+                                 trace=[[step + 1, None, COMPUTE] for step in range(steps)])
     return cache.report(row)
 
 
-def attach_negative(entries: list[dict[str, Any]], negative: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def attach_negative(entries: list[CacheEntry], negative: list[CacheEntry]) -> list[CacheEntry]:
     """Entries of the prompt branch with the negative branch's counts (from its CFG rank) attached."""
-    return [{**entry, "negative": {k: other[k] for k in ("computed_steps", "skipped_steps", "trace")}}
-            for entry, other in zip(entries, negative, strict=True)]
+    out = []
+    for entry, other in zip(entries, negative, strict=True):
+        entry = entry.copy()
+        entry["negative"] = BranchCacheReport(computed_steps=other["computed_steps"],
+                                              skipped_steps=other["skipped_steps"], trace=other["trace"])
+        out.append(entry)
+    return out

@@ -1,0 +1,80 @@
+"""The attestation: what actually ran for a request, as one typed structure from the worker to the HTTP body.
+
+The worker builds it (``worker/worker.py``: kernel calls per backend, the layout, where and how it ran), the
+pipeline adds its per-request entries (``cache``: one per image; ``lora``), the ray executor its ``node``,
+the engine the ``config_fingerprint``; ``RequestOutput.attestation`` and the HTTP response's
+``diffserve.attestation`` carry it unchanged. ``TypedDict`` (not a class) because it is JSON as it stands:
+it crosses processes pickled and reaches clients as a JSON object whose keys are the documented API
+(docs/api.md, docs/engine.md). ``total=False``: an RPC-only worker has no model keys, a request without a
+step cache no ``cache``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from typing_extensions import TypedDict
+
+# (step 1-based, the signal compared with the threshold or None, "compute" | "skip")
+CacheTraceStep = list[Any]
+
+
+class BranchCacheReport(TypedDict):
+    """One CFG branch of one image: how many steps its transformer computed and skipped, and why."""
+
+    computed_steps: int
+    skipped_steps: int
+    trace: list[CacheTraceStep]
+
+
+class CacheEntry(BranchCacheReport, total=False):
+    """The step cache's decisions for one image (``attestation["cache"][i]``)."""
+
+    backend: str
+    threshold: float
+    negative: BranchCacheReport  # the negative-prompt branch under true CFG
+
+
+class LoraAdapterEntry(TypedDict):
+    name: str  # registered name, or the path relative to lora_dir
+    scale: float
+
+
+class LoraReport(TypedDict):
+    adapters: list[LoraAdapterEntry]
+
+
+class ParallelLayout(TypedDict):
+    world_size: int
+    cfg_parallel_size: int
+    ulysses_degree: int
+
+
+class KernelTally(TypedDict, total=False):
+    """Calls per backend name (a ``KernelCounters.snapshot()``)."""
+
+    linear: dict[str, int]
+    attention: dict[str, int]
+    transformer_forwards: int
+    lora_linear_calls: int  # Linear calls that added a LoRA delta
+
+
+class Attestation(KernelTally, total=False):
+    parallel: ParallelLayout
+    collectives: dict[str, Any]  # calls and bytes per collective (layers/collectives.py)
+    per_rank: list[KernelTally]  # each rank's own tally, on a multi-rank layout
+    executor: str
+    worker_pid: int
+    replica: int
+    rank: int
+    node: str  # the Ray node id (ray executor)
+    device: str
+    dtype: str
+    model_family: str
+    implementation: str  # "native" | "generic"
+    batch_invariant: bool  # the image is bit-identical to its request alone (docs/engine.md)
+    batch_size: int
+    batch_ms: float
+    config_fingerprint: str
+    cache: list[CacheEntry]  # one per image
+    lora: LoraReport
