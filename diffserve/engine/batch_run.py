@@ -26,12 +26,12 @@ if TYPE_CHECKING:  # pragma: no cover
     from diffserve.config.resolved import ResolvedConfig
     from diffserve.config.schema import StageConfig
     from diffserve.engine.replicas import Replica, ReplicaSet
-    from diffserve.engine.scheduler import RequestState, Scheduler
+    from diffserve.engine.scheduler import FinalItem, RequestState, Scheduler
     from diffserve.engine.stats import EngineCounters
 
 logger = get_logger(__name__)
 
-Final = tuple["RequestState", Any]  # a request and its final item: a RequestOutput or an exception
+Final = tuple["RequestState", "FinalItem"]  # a request and its final item: a RequestOutput or an exception
 
 
 class BatchHost(Protocol):

@@ -17,10 +17,10 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from diffserve.engine.admission import admit
-from diffserve.engine.batch_run import BatchRun
+from diffserve.engine.batch_run import BatchRun, Final
 from diffserve.engine.outcome import Outcome
 from diffserve.engine.replicas import Replica, ReplicaSet
 from diffserve.engine.scheduler import RequestState, Scheduler, Sink
@@ -158,7 +158,7 @@ class EngineCore:
         self.counters.requests_failed += sum(1 for s in live if not s.finished)
         self.deliver([(state, EngineDeadError(message)) for state in live])
 
-    def deliver(self, finals: list[tuple[RequestState, Any]]) -> None:
+    def deliver(self, finals: list[Final]) -> None:
         """Leave the running set, then hand out the final items: a caller that has its result sees the
         engine's counters, stats and running set already updated."""
         self.scheduler.done([state for state, _ in finals])

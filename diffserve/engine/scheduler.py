@@ -12,17 +12,17 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
 
 from diffserve.errors import EngineDeadError, EngineOverloadedError, RequestError
 from diffserve.logging import get_logger
-from diffserve.types.batching import batch_key
-from diffserve.types.request import GenerationRequest
+from diffserve.types.batching import BatchKey, batch_key
+from diffserve.types.request import GenerationRequest, ProgressEvent, RequestOutput
 
 logger = get_logger(__name__)
 
-# Receives ProgressEvent, then exactly one final item: a RequestOutput or an exception.
-Sink = Callable[[Any], None]
+# What a request's sink receives: its ProgressEvents, then exactly one final item (an output or an error).
+FinalItem = RequestOutput | BaseException
+Sink = Callable[[ProgressEvent | FinalItem], None]
 
 
 @dataclass(eq=False)
@@ -41,7 +41,7 @@ class RequestState:
     def request_id(self) -> str:
         return self.request.request_id
 
-    def finish(self, item: Any) -> bool:
+    def finish(self, item: FinalItem) -> bool:
         """Deliver the final item exactly once (an abort may race the batch's result)."""
         with self.lock:
             if self.finished:
@@ -93,7 +93,7 @@ class Scheduler:
                 self._running[state.request_id] = state
             return batch
 
-    def take_joinable(self, key: Any, room: int) -> list[RequestState]:
+    def take_joinable(self, key: BatchKey, room: int) -> list[RequestState]:
         """Step-level batching: up to ``room`` requests from the HEAD of the queue while they share
         ``key`` (never past an older request of another key, so joins cannot starve it)."""
         with self._cond:
