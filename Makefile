@@ -30,7 +30,7 @@ $(VENV)/.installed-test: pyproject.toml $(VENV)/.installed
 install: $(VENV)/.installed
 install-test: $(VENV)/.installed-test
 
-# The playground's browser test (tests/server/test_e2e_playground.py) drives Debian's chromium through
+# The playground's browser test (tests/entrypoints/test_e2e_playground.py) drives Debian's chromium through
 # chromium-driver (selenium, no browser download). Installed when missing and this user can (root or
 # passwordless sudo, apt-get); never fatal: without a browser that test skips and says why.
 BROWSER_PACKAGES := chromium chromium-driver

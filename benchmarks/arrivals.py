@@ -34,7 +34,7 @@ import numpy as np
 
 from benchmarks import contenders as C
 from benchmarks.common import median, psnr
-from benchmarks.section import Section, Unavailable
+from benchmarks.section import Section
 from benchmarks.settings import GUIDANCE_SCALE, MAX_SEQUENCE_LENGTH, PROMPT, SEED, Case, Settings
 
 DTYPE = "float32"
@@ -213,19 +213,10 @@ def _slug(name: str) -> str:
 
 
 def _async_engine(path: Path, batching: str, max_batch: int, n: int) -> Any:
-    try:
-        from diffserve import AsyncEngine
-        from diffserve.errors import ConfigError
-    except (ImportError, AttributeError) as exc:
-        raise Unavailable(f"diffserve.AsyncEngine: {exc}") from exc
-    try:
-        return AsyncEngine(str(path), env={}, dtype=DTYPE, enforce_eager=True, max_batch_size=max_batch,
-                           batching=batching, max_queue=max(64, 2 * n), distributed_executor_backend="uni")
-    except ConfigError as exc:
-        if "batching" not in str(exc):
-            raise
-        raise Unavailable(f"the engine has no stage config key batching={batching!r} "
-                          f"({str(exc).split(' (fix:')[0]})") from exc
+    from diffserve import AsyncEngine
+
+    return AsyncEngine(str(path), env={}, dtype=DTYPE, enforce_eager=True, max_batch_size=max_batch,
+                       batching=batching, max_queue=max(64, 2 * n), distributed_executor_backend="uni")
 
 
 def _alone(engine: Any, case: Case, seed: int) -> Any:

@@ -7,7 +7,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from benchmarks.section import Unavailable
 from benchmarks.settings import GUIDANCE_SCALE, MAX_SEQUENCE_LENGTH, PROMPT, SEED, Case
 
 
@@ -51,10 +50,7 @@ def diffusers_call(pipe: Any, case: Case, *, batch: int = 1) -> Callable[[], lis
 def request(case: Case, *, seed: int = SEED, n: int = 1, max_sequence_length: int = MAX_SEQUENCE_LENGTH,
             **extra: Any) -> Any:
     """The diffserve request equivalent to ``diffusers_call`` (same prompt, seed, text length)."""
-    try:
-        from diffserve import GenerationRequest
-    except (ImportError, AttributeError) as exc:
-        raise Unavailable(f"diffserve.GenerationRequest: {exc}") from exc
+    from diffserve import GenerationRequest
     return GenerationRequest(
         prompt=PROMPT,
         height=case.size,
@@ -70,10 +66,7 @@ def request(case: Case, *, seed: int = SEED, n: int = 1, max_sequence_length: in
 
 def load_engine(path: Path, dtype: str, **overrides: Any) -> Any:
     """diffserve's Engine (uni executor unless ``distributed_executor_backend`` says otherwise)."""
-    try:
-        from diffserve import Engine
-    except (ImportError, AttributeError) as exc:
-        raise Unavailable(f"diffserve.Engine: {exc}") from exc
+    from diffserve import Engine
     overrides.setdefault("distributed_executor_backend", "uni")
     overrides.setdefault("enforce_eager", True)
     return Engine(str(path), dtype=dtype, **overrides)

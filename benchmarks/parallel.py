@@ -74,10 +74,7 @@ def _load() -> str:
 
 
 def _request(case: Case, *, cfg: bool) -> Any:
-    try:
-        from diffserve import GenerationRequest
-    except (ImportError, AttributeError) as exc:
-        raise Unavailable(f"diffserve.GenerationRequest: {exc}") from exc
+    from diffserve import GenerationRequest
     extra: dict[str, Any] = (
         {"negative_prompt": NEGATIVE_PROMPT, "true_cfg_scale": TRUE_CFG_SCALE, "guidance_scale": 0.0} if cfg else {}
     )

@@ -18,7 +18,7 @@ from typing import Any
 
 from benchmarks import contenders as C
 from benchmarks.common import interleaved, median, spread
-from benchmarks.section import Section, Unavailable
+from benchmarks.section import Section
 from benchmarks.settings import Settings
 from benchmarks.throughput import _run_clients
 
@@ -103,10 +103,7 @@ def _worker_threads(threads: int) -> Iterator[None]:
 
 
 def _async_engine(path: Path, replicas: int) -> Any:
-    try:
-        from diffserve import AsyncEngine
-    except (ImportError, AttributeError) as exc:
-        raise Unavailable(f"diffserve.AsyncEngine: {exc}") from exc
+    from diffserve import AsyncEngine
     return AsyncEngine(str(path), dtype=DTYPE, enforce_eager=True, max_batch_size=1, num_replicas=replicas,
                        distributed_executor_backend="mp")
 

@@ -32,7 +32,8 @@ class Section:
 
 
 class Unavailable(Exception):
-    """Raised by a measurement when a piece of diffserve it needs is not there (yet)."""
+    """Raised by a measurement that cannot run here: an optional contender is not installed (cache-dit), or
+    the case does not fit the measurement (e.g. a size Ulysses cannot shard)."""
 
 
 def guarded(key: str, title: str, fn: Callable[[Section], None]) -> Section:

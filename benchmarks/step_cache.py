@@ -114,31 +114,19 @@ def _reason(exc: BaseException) -> str:
 
 
 def _request(case: Case, threshold: float | None) -> Any:
-    try:
-        from diffserve import GenerationRequest
-    except (ImportError, AttributeError) as exc:
-        raise Unavailable(f"diffserve.GenerationRequest: {exc}") from exc
-    kwargs: dict[str, Any] = {} if threshold is None else {"cache_threshold": threshold}
-    try:
-        return GenerationRequest(prompt=PROMPT, height=case.size, width=case.size,
-                                 num_inference_steps=case.steps, guidance_scale=GUIDANCE_SCALE, seed=SEED, n=1,
-                                 max_sequence_length=MAX_SEQUENCE_LENGTH, **kwargs)
-    except TypeError as exc:  # an engine without per-request cache thresholds
-        raise Unavailable(f"GenerationRequest(cache_threshold=...): {exc}") from exc
+    from diffserve import GenerationRequest
+
+    return GenerationRequest(prompt=PROMPT, height=case.size, width=case.size, num_inference_steps=case.steps,
+                             guidance_scale=GUIDANCE_SCALE, seed=SEED, n=1, max_sequence_length=MAX_SEQUENCE_LENGTH,
+                             cache_threshold=threshold)
 
 
 def _diffserve_points(path: Path, case: Case, thresholds: tuple[float, ...],
                       cleanup: list[Callable[[], None]]) -> list[Point]:
-    _request(case, 0.0)  # fails early (Unavailable) when requests cannot carry a threshold
-    try:
-        engine = C.load_engine(path, DTYPE, enforce_eager=True,
-                               cache={"backend": BACKEND, "threshold": max(thresholds),
-                                      "max_threshold": max(1.0, max(thresholds)),
-                                      "warmup_steps": WARMUP_STEPS, "max_consecutive_skips": 0})
-    except Exception as exc:
-        if type(exc).__name__ in ("ConfigError", "ConfigErrors"):  # a config without the step cache
-            raise Unavailable(f"Engine(cache={{backend: {BACKEND}}}): {exc}") from exc
-        raise
+    engine = C.load_engine(path, DTYPE, enforce_eager=True,
+                           cache={"backend": BACKEND, "threshold": max(thresholds),
+                                  "max_threshold": max(1.0, max(thresholds)),
+                                  "warmup_steps": WARMUP_STEPS, "max_consecutive_skips": 0})
     cleanup.append(lambda: C.shutdown(engine))
     out: list[Point] = []
     for threshold in (0.0, *thresholds):

@@ -131,11 +131,8 @@ def measure(section: Section, settings: Settings, models: dict[str, Path]) -> No
 def _request(prompt: str, seed: int, steps: int, size: int, threshold: float) -> Any:
     from diffserve import GenerationRequest
 
-    try:
-        return GenerationRequest(prompt=prompt, height=size, width=size, num_inference_steps=steps,
-                                 guidance_scale=0.0, seed=seed, n=1, cache_threshold=threshold)
-    except TypeError as exc:  # an engine without per-request cache thresholds
-        raise Unavailable(f"GenerationRequest(cache_threshold=...): {exc}") from exc
+    return GenerationRequest(prompt=prompt, height=size, width=size, num_inference_steps=steps,
+                             guidance_scale=0.0, seed=seed, n=1, cache_threshold=threshold)
 
 
 def _measure_engine(path: Path, case: Case, backend: str, thresholds: tuple[float, ...],

@@ -17,7 +17,7 @@ from typing import Any
 
 from benchmarks import contenders as C
 from benchmarks.common import interleaved, median, spread
-from benchmarks.section import Section, Unavailable
+from benchmarks.section import Section
 from benchmarks.settings import SEED, Case, Settings
 
 DTYPE = "float32"
@@ -78,10 +78,7 @@ def _point(engine: Any, case: Case, clients: int, per_client: int) -> Callable[[
 
 
 def _async_engine(path: Path, batch: int, eager: bool) -> Any:
-    try:
-        from diffserve import AsyncEngine
-    except (ImportError, AttributeError) as exc:
-        raise Unavailable(f"diffserve.AsyncEngine: {exc}") from exc
+    from diffserve import AsyncEngine
     return AsyncEngine(str(path), dtype=DTYPE, enforce_eager=eager, max_batch_size=batch,
                        distributed_executor_backend="uni")
 

@@ -14,7 +14,7 @@ from benchmarks.common import interleaved, median, spread
 from benchmarks.contenders import torch_dtype
 from benchmarks.flops import tokens, transformer_flops
 from benchmarks.matmul_peak import linear_gflops, peak_gflops
-from benchmarks.section import Section, Unavailable
+from benchmarks.section import Section
 from benchmarks.settings import MAX_SEQUENCE_LENGTH, Settings
 
 
@@ -203,11 +203,8 @@ def _onednn_gflops(dtype_name: str, tokens: int, d_in: int, d_out: int, iters: i
 def _native_transformer(path: Path, dtype: str, **stage: Any) -> Any:
     """The transformer exactly as the engine builds it: the resolved config's backends, eager (``stage``:
     more stage keys, e.g. ``batch_invariant``)."""
-    try:
-        from diffserve.config.resolve import resolve
-        from diffserve.models.flux.pipeline import FluxPipeline
-    except ImportError as exc:
-        raise Unavailable(f"native FLUX pipeline: {exc}") from exc
+    from diffserve.config.resolve import resolve
+    from diffserve.models.flux.pipeline import FluxPipeline
     overrides = {"dtype": dtype, "enforce_eager": True, **stage}
     stage_config = resolve(model=str(path), overrides=overrides).stage_for_role("diffusion")
     return FluxPipeline.from_stage(str(path), stage_config).transformer

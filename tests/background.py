@@ -24,3 +24,41 @@ def generate_in_background(engine: Any, request: Any, *, timeout: float | None =
     thread = threading.Thread(target=run, daemon=True)
     thread.start()
     return thread, box
+
+
+def pid_alive(pid: int) -> bool:
+    """True while ``pid`` exists and is not a zombie (a reaped-or-not child that already exited)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split()[2] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def wait_gone(pids: list[int], seconds: float) -> bool:
+    """Wait up to ``seconds`` for every process of ``pids`` to be gone; True if they all are."""
+    deadline = time.monotonic() + seconds
+    while any(pid_alive(pid) for pid in pids) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return not any(pid_alive(pid) for pid in pids)
+
+
+def kill_mid_request(engine: Any, request: Any, pid: int, *, within_s: float = 10.0) -> dict[str, Any]:
+    """The worker-death drill: run ``request`` (long) in the background, SIGKILL ``pid`` once it has made a
+    denoise step, and check that the request then fails with ``EngineDeadError`` within ``within_s``, not a
+    hang. Returns the request's box (``error``, ``done_at``) and ``killed_at``."""
+    import os
+    import signal
+
+    from diffserve.errors import EngineDeadError
+
+    first = threading.Event()
+    thread, box = generate_in_background(engine, request, started=first)
+    assert first.wait(120), "the long request never made a step"
+    box["killed_at"] = time.monotonic()
+    os.kill(pid, signal.SIGKILL)
+    thread.join(within_s + 20)
+    assert not thread.is_alive(), "the request hung after its worker died"
+    assert isinstance(box.get("error"), EngineDeadError), box
+    assert box["done_at"] - box["killed_at"] < within_s, box
+    return box

@@ -1,5 +1,5 @@
 """Real ``diffserve serve`` processes on 127.0.0.1 for the adversarial suite, and the probes the tests
-read from them (RSS, fds, threads, metrics). Fixtures from tests/server/conftest.py are not visible
+read from them (RSS, fds, threads, metrics). Fixtures from tests/entrypoints/conftest.py are not visible
 here, so the servers are started with ``server_process.ServerProcess`` directly.
 
 Soak tests (``@pytest.mark.slow``) in this directory run only when asked for: ``-m slow`` or

@@ -5,13 +5,12 @@ from __future__ import annotations
 
 import multiprocessing
 import os
-import signal
 import threading
 import time
 from typing import Any
 
 import pytest
-from background import generate_in_background
+from background import generate_in_background, kill_mid_request
 from e2e_utils import pid_alive
 
 from diffserve import Engine, GenerationRequest
@@ -134,13 +133,7 @@ def test_mp_worker_sigkill_fails_fast_and_leaves_no_child(tiny_flux_dir: Any) ->
     engine = Engine(str(tiny_flux_dir), deploy_config=deploy("mp"), env={})
     (pid,) = engine.worker_pids
     assert pid != os.getpid() and pid_alive(pid)
-    thread, box = start_long(engine, steps=100)
-    killed_at = time.monotonic()
-    os.kill(pid, signal.SIGKILL)
-    thread.join(10)
-    assert not thread.is_alive()
-    assert isinstance(box.get("error"), EngineDeadError), box
-    assert box["done_at"] - killed_at < 10
+    kill_mid_request(engine, request(steps=100, seed=7), pid)
     assert engine.is_dead and not engine.is_ready
     with pytest.raises(EngineDeadError):
         engine.generate(request())

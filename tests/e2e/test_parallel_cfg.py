@@ -6,15 +6,11 @@ waiting in a collective)."""
 
 from __future__ import annotations
 
-import os
-import signal
-import threading
-import time
 from typing import Any
 
 import numpy as np
 import pytest
-from e2e_utils import pid_alive
+from background import kill_mid_request, wait_gone
 
 from diffserve import Engine, GenerationRequest
 from diffserve.errors import EngineDeadError, RequestError
@@ -87,29 +83,9 @@ def test_a_request_without_true_cfg_runs_on_rank_0_alone(single, cfg2) -> None:
 def test_killing_a_rank_mid_request_kills_the_group(cfg2) -> None:
     pids = list(cfg2.worker_pids)
     assert len(pids) == 2
-    started, box = threading.Event(), {}
-
-    def run() -> None:
-        try:
-            cfg2.generate(request(steps=100), on_progress=lambda event: started.set())
-        except BaseException as exc:  # noqa: BLE001 - checked below
-            box["error"] = exc
-        started.set()
-
-    thread = threading.Thread(target=run, daemon=True)
-    thread.start()
-    assert started.wait(60), "the request never made a step"
-    killed_at = time.monotonic()
-    os.kill(pids[1], signal.SIGKILL)
-    thread.join(30)
-    assert not thread.is_alive()
-    assert isinstance(box.get("error"), EngineDeadError), box
-    assert time.monotonic() - killed_at < 10
+    kill_mid_request(cfg2, request(steps=100), pids[1])
     # Rank 0 was inside a collective with the dead rank: it must be gone too, not left waiting.
-    deadline = time.monotonic() + 10
-    while any(pid_alive(pid) for pid in pids) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert not any(pid_alive(pid) for pid in pids)
+    assert wait_gone(pids, 10)
     with pytest.raises(EngineDeadError):
         cfg2.generate(request())
 
@@ -149,25 +125,8 @@ def test_ray_runs_cfg_parallel_and_a_killed_actor_takes_the_group_down(tiny_flux
         assert out.attestation["executor"] == "ray"
         assert out.attestation["collectives"]["all_gather"]["calls"] == 2 * STEPS
         pids = list(engine.worker_pids)
-        started, box = threading.Event(), {}
-
-        def run() -> None:
-            try:
-                engine.generate(request(steps=100), on_progress=lambda event: started.set())
-            except BaseException as exc:  # noqa: BLE001 - checked below
-                box["error"] = exc
-            started.set()
-
-        thread = threading.Thread(target=run, daemon=True)
-        thread.start()
-        assert started.wait(60)
-        os.kill(pids[1], signal.SIGKILL)
-        thread.join(30)
-        assert isinstance(box.get("error"), EngineDeadError), box
-        deadline = time.monotonic() + 15
-        while any(pid_alive(pid) for pid in pids) and time.monotonic() < deadline:
-            time.sleep(0.1)
-        assert not any(pid_alive(pid) for pid in pids)
+        kill_mid_request(engine, request(steps=100), pids[1], within_s=30)
+        assert wait_gone(pids, 15)
     finally:
         engine.shutdown()
 

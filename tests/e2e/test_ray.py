@@ -10,15 +10,13 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
-import signal
 import subprocess
 import sys
-import threading
 import time
 from typing import Any
 
 import pytest
-from background import generate_in_background
+from background import kill_mid_request
 from e2e_utils import pid_alive
 
 from diffserve import Engine, GenerationRequest
@@ -91,16 +89,7 @@ def test_killing_the_actor_mid_run_fails_fast_and_leaves_nothing(ray_session: An
 
 def _kill_mid_run(engine: Engine, ray_session: Any) -> None:
     (pid,) = engine.worker_pids
-    first = threading.Event()
-    thread, box = generate_in_background(engine, GenerationRequest(**{**REQUEST, "num_inference_steps": 100}),
-                                         started=first)
-    assert first.wait(60), "the long request never made a step"
-    killed_at = time.monotonic()
-    os.kill(pid, signal.SIGKILL)
-    thread.join(10)
-    assert not thread.is_alive()
-    assert isinstance(box.get("error"), EngineDeadError), box
-    assert box["done_at"] - killed_at < 10
+    kill_mid_request(engine, GenerationRequest(**{**REQUEST, "num_inference_steps": 100}), pid)
     assert engine.is_dead and not engine.is_ready
     with pytest.raises(EngineDeadError):
         engine.generate(GenerationRequest(**REQUEST))

@@ -6,6 +6,7 @@ backends the config chose, per role; seeds, abort at a step boundary and compile
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import Any
 
@@ -185,3 +186,23 @@ def test_engine_acceptance_sd3_torch_sdpa(tiny_sd3_dir: Path) -> None:
         assert out.attestation["implementation"] == "generic"
         assert out.guidance_scale == 7.0  # SD3's default, source model
         assert out.images[0].size == (64, 64)
+
+
+def test_the_compute_thread_ends_with_its_pipeline(tiny_sd3_dir: Path) -> None:
+    # A thread left behind would keep its OpenMP team and slow every later torch op of the process.
+    import gc
+    import threading
+
+    def compute_threads() -> int:
+        return sum(t.name == "diffserve-generic-pipeline" for t in threading.enumerate())
+
+    before = compute_threads()
+    pipe = build(tiny_sd3_dir)
+    pipe(make_request(num_inference_steps=1))
+    assert compute_threads() == before + 1
+    del pipe
+    gc.collect()
+    deadline = time.monotonic() + 5
+    while compute_threads() > before and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert compute_threads() == before

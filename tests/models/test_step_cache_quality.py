@@ -84,7 +84,7 @@ TOY_AGREEMENT_ALLOWANCE = 1  # cached images may read as their prompt for one pa
 
 
 def toy_pairs() -> list[tuple[str, int]]:
-    """Held-out pairs: generation seeds far from training's and from tests/models/test_toy_shapes.py's."""
+    """Held-out pairs: generation seeds far from training's and from tests/zoo/test_toy_shapes.py's."""
     from diffserve.zoo.toy_shapes.grammar import all_scenes
 
     rng = random.Random(28)

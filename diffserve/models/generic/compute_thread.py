@@ -50,10 +50,16 @@ class ComputeThread:
 
     def _serve(self) -> None:
         while (job := self._jobs.get()) is not None:
-            fn, future = job
-            if not future.set_running_or_notify_cancel():
-                continue
-            try:
-                future.set_result(fn())
-            except BaseException as exc:  # noqa: BLE001 - handed to the waiting caller
-                future.set_exception(exc)
+            self._run(*job)
+            # Nothing of a finished job stays referenced while the thread waits (its result may be the
+            # pipeline that owns this thread: holding it would keep both alive).
+            del job
+
+    @staticmethod
+    def _run(fn: Callable[[], Any], future: Future[Any]) -> None:
+        if not future.set_running_or_notify_cancel():
+            return
+        try:
+            future.set_result(fn())
+        except BaseException as exc:  # noqa: BLE001 - handed to the waiting caller
+            future.set_exception(exc)

@@ -22,6 +22,7 @@ import json
 import queue
 import threading
 import time
+import weakref
 from collections.abc import Callable, Generator, Sequence
 from pathlib import Path
 from typing import Any
@@ -58,8 +59,11 @@ class GenericPipeline(Pipeline):
     def __init__(self, pipe: Any, family: ModelFamily, counters: KernelCounters, *, device: torch.device,
                  dtype: torch.dtype, attention_roles: dict[str, str], compute: ComputeThread | None = None) -> None:
         self.pipe = pipe
-        # Where every batch runs (the thread that loaded the weights, see compute_thread.py).
+        # Where every batch runs (the thread that loaded the weights, see compute_thread.py). It ends with
+        # this pipeline: a thread left behind would keep its OpenMP team, slowing every later torch op of
+        # the process.
         self.compute = compute or ComputeThread("diffserve-generic-pipeline")
+        weakref.finalize(self, self.compute.stop)
         self.family = family
         self.counters = counters
         self.device = device

@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from test_tiny_builder import _cli, _files  # the FLUX builder tests' CLI runner and file snapshot
+from test_flux_builder import _cli, _files  # the FLUX builder tests' CLI runner and file snapshot
 
 from diffserve.errors import ConfigError
 
