@@ -6,6 +6,8 @@ import threading
 import time
 from typing import Any
 
+from procs import pid_alive
+
 
 def generate_in_background(engine: Any, request: Any, *, timeout: float | None = None,
                            started: threading.Event | None = None) -> tuple[threading.Thread, dict[str, Any]]:
@@ -24,15 +26,6 @@ def generate_in_background(engine: Any, request: Any, *, timeout: float | None =
     thread = threading.Thread(target=run, daemon=True)
     thread.start()
     return thread, box
-
-
-def pid_alive(pid: int) -> bool:
-    """True while ``pid`` exists and is not a zombie (a reaped-or-not child that already exited)."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().split()[2] != "Z"
-    except FileNotFoundError:
-        return False
 
 
 def wait_gone(pids: list[int], seconds: float) -> bool:

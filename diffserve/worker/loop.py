@@ -8,15 +8,10 @@ forward), and a ``cancel`` for the running batch is noticed between denoise step
 from __future__ import annotations
 
 import contextlib
-import os
-import signal
-import threading
-import time
 import traceback
 from collections import deque
 from collections.abc import Callable
 from dataclasses import replace
-from multiprocessing.connection import Connection
 from typing import TYPE_CHECKING
 
 from diffserve.errors import RequestError
@@ -26,14 +21,12 @@ from diffserve.types.messages import Command, Reply
 from diffserve.worker.worker import Worker
 
 if TYPE_CHECKING:  # pragma: no cover
-    from diffserve.config.resolved import ResolvedConfig
+    pass
 
 logger = get_logger(__name__)
 
 # How often an idle mp worker checks that its parent is still alive.
 _PARENT_CHECK_S = 1.0
-# How often the watchdog thread of an mp worker checks it (also while loading and inside a step).
-_WATCHDOG_S = 0.5
 
 
 def error_reply(call_id: int, rank: int, exc: BaseException) -> Reply:
@@ -159,49 +152,3 @@ def serve(channel: Channel, make_worker: Callable[[], Worker],
         return
     channel.send(Reply("ready", 0, worker.rank, value=info))
     CommandLoop(channel, worker, parent_alive).run()
-
-
-def process_main(conn: Connection, config: ResolvedConfig, stage_id: int, rank: int, parent_pid: int,
-                 log_level: int | None = None, replica: int = 0, init_method: str | None = None) -> None:
-    """Entry point of an mp worker process (spawned: imports only what it needs).
-
-    No PR_SET_PDEATHSIG: Linux ties it to the parent *thread*, so a worker started from a short-lived
-    thread would be killed with it. The loop polls ``getppid()`` (idle and between steps) and a closed
-    pipe ends the loop; a watchdog thread, started before the model loads, covers the rest: a load or a
-    step that never returns.
-    """
-    from diffserve.types.channel import PipeChannel
-
-    if log_level is not None:  # the parent logs (CLI/server): so does its worker, at the same level
-        from diffserve.logging import configure_logging
-
-        configure_logging(log_level)
-    # The parent decides when we stop; a Ctrl-C in the terminal must not kill workers mid-batch.
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    start_parent_watchdog(parent_pid)
-    channel = PipeChannel(conn)
-    try:
-        serve(channel, lambda: Worker(config, stage_id, rank, executor="mp", replica=replica,
-                                      init_method=init_method),
-              parent_alive=lambda: os.getppid() == parent_pid)
-    finally:
-        channel.close()
-
-
-def start_parent_watchdog(parent_pid: int, interval_s: float = _WATCHDOG_S) -> threading.Thread:
-    """Exit this process (``os._exit``) as soon as ``parent_pid`` is no longer its parent.
-
-    A thread, not the command loop, so it also fires while the model loads or a step hangs; ``os._exit``
-    because nothing else may run then: the main thread may be stuck, and there is nobody to report to.
-    """
-
-    def watch() -> None:
-        while True:
-            time.sleep(interval_s)
-            if os.getppid() != parent_pid:
-                logger.warning("worker pid %d: parent %d is gone, exiting", os.getpid(), parent_pid)
-                os._exit(1)
-
-    thread = threading.Thread(target=watch, name="diffserve-parent-watchdog", daemon=True)
-    thread.start()
-    return thread

@@ -9,45 +9,11 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from procs import pid_alive, worker_children
+
+__all__ = ["HERE", "deploy", "kill_all", "pid_alive", "wait_gone", "wait_until", "worker_children"]
+
 HERE = Path(__file__).resolve().parent
-
-
-def _stat(pid: int) -> list[str] | None:
-    try:
-        text = Path(f"/proc/{pid}/stat").read_text()
-    except (FileNotFoundError, ProcessLookupError, PermissionError):
-        return None
-    # The command name is in parentheses and may contain spaces: split after the last ')'.
-    return text[text.rindex(")") + 2:].split()
-
-
-def pid_alive(pid: int) -> bool:
-    """Running or stopped; a zombie (exited, not reaped) counts as gone."""
-    fields = _stat(pid)
-    return fields is not None and fields[0] != "Z"
-
-
-def children(pid: int) -> list[int]:
-    """Live direct children of ``pid`` (every /proc entry whose ppid is ``pid``)."""
-    found = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            fields = _stat(int(entry))
-            if fields is not None and fields[1] == str(pid) and fields[0] != "Z":
-                found.append(int(entry))
-    return found
-
-
-def cmdline(pid: int) -> str:
-    try:
-        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-    except (FileNotFoundError, ProcessLookupError):
-        return ""
-
-
-def worker_children(pid: int) -> list[int]:
-    """Spawned multiprocessing children of ``pid`` that are workers (not the resource tracker)."""
-    return [c for c in children(pid) if "multiprocessing" in cmdline(c) and "resource_tracker" not in cmdline(c)]
 
 
 def wait_until(predicate: Callable[[], bool], timeout: float, interval: float = 0.05) -> bool:

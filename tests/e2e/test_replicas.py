@@ -18,6 +18,7 @@ import httpx
 import pytest
 from background import generate_in_background
 from e2e_utils import pid_alive
+from procs import worker_children
 from server_process import ServerProcess
 
 from diffserve import Engine, GenerationRequest
@@ -215,23 +216,6 @@ def test_hung_replica_is_taken_out_while_the_other_serves(tiny_flux_dir: Path) -
         RELEASE.set()
 
 
-def _worker_children(pid: int) -> list[int]:
-    """Spawned multiprocessing children of ``pid`` (not the resource tracker), from /proc."""
-    found = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            stat = Path(f"/proc/{entry}/stat").read_text()
-            cmd = Path(f"/proc/{entry}/cmdline").read_bytes().decode(errors="replace")
-        except OSError:
-            continue
-        fields = stat[stat.rindex(")") + 2:].split()
-        if fields[1] == str(pid) and fields[0] != "Z" and "multiprocessing" in cmd and "resource_tracker" not in cmd:
-            found.append(int(entry))
-    return found
-
-
 def _gauge(url: str) -> float:
     text = httpx.get(url + "/metrics", timeout=5).text
     match = re.search(r"^diffserve_replicas_live ([0-9.]+)$", text, re.MULTILINE)
@@ -249,7 +233,7 @@ def test_http_health_reports_degraded_replicas(tiny_flux_dir: Path, tmp_path: Pa
         server.wait_for("/ready")
         assert httpx.get(server.url + "/health").json() == {"status": "ok", "replicas_live": 2, "replicas": 2}
         assert _gauge(server.url) == 2.0
-        workers = _worker_children(server.proc.pid)
+        workers = worker_children(server.proc.pid)
         assert len(workers) == 2, workers
         os.kill(workers[0], signal.SIGKILL)
         assert wait_until(lambda: httpx.get(server.url + "/health", timeout=5).json().get("status") == "degraded",
