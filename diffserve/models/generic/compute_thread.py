@@ -40,9 +40,14 @@ class ComputeThread:
         """Run ``fn`` on the thread and wait for its result (re-raising what it raised)."""
         return self.submit(fn).result()
 
-    def stop(self) -> None:
-        """Let the thread end after the queued jobs."""
+    def stop(self, timeout: float = 10.0) -> None:
+        """Let the thread end after the queued jobs and wait up to ``timeout`` seconds for it (not from the
+        thread itself). A thread still ending while the interpreter tears down can abort the process
+        ("terminate called without an active exception": torch's and libgomp's static destructors run under
+        it; seen once in a loaded test run); a hung job is abandoned after the timeout."""
         self._jobs.put(None)
+        if threading.current_thread() is not self._thread:
+            self._thread.join(timeout)
 
     @property
     def ident(self) -> int | None:
