@@ -5,6 +5,8 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 TORCH_VERSION ?= 2.13.0
+# pytest-xdist workers for `make test`; whole modules per worker (tests/conftest.py, docs/architecture.md#tests)
+TEST_WORKERS ?= 2
 export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 
@@ -55,7 +57,7 @@ demo: install
 test: install-test browser
 	$(VENV)/bin/ruff check diffserve tests benchmarks
 	$(VENV)/bin/mypy
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -n $(TEST_WORKERS)
 
 bench: install-test
 	$(PY) -m benchmarks.run
