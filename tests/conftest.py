@@ -21,6 +21,37 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 
+# --- caches: the suite neither reads nor writes the user's ---------------------------------------------
+# diffserve's compile cache (default ~/.cache/diffserve) and torch inductor's own (default
+# /tmp/torchinductor_<user>) live in one directory per run, made by the controlling process (serial, or
+# the xdist controller, before its workers start: they inherit it and share it) and removed at its end. A
+# warm cache from an earlier run would hide what a fresh machine pays (the compile tests: ~75 s warm,
+# ~105 s cold on 2 cores).
+_CACHE_ROOT_ENV = "DIFFSERVE_TEST_CACHE_ROOT"
+_CACHE_ROOT = pytest.StashKey[str]()
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    if os.environ.get("PYTEST_XDIST_WORKER") or _CACHE_ROOT_ENV in os.environ:
+        return
+    import tempfile
+
+    root = tempfile.mkdtemp(prefix="diffserve-test-cache-")
+    os.environ[_CACHE_ROOT_ENV] = root
+    os.environ["DIFFSERVE_CACHE_DIR"] = os.path.join(root, "diffserve")
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = os.path.join(root, "inductor")
+    config.stash[_CACHE_ROOT] = root
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    root = config.stash.get(_CACHE_ROOT, None)
+    if root is not None:
+        import shutil
+
+        shutil.rmtree(root, ignore_errors=True)
+        os.environ.pop(_CACHE_ROOT_ENV, None)
+
+
 # --- hermetic tiny FLUX models (built once per session by diffserve.zoo.flux) ---------------
 @pytest.fixture(scope="session")
 def tiny_flux_dir(tmp_path_factory: pytest.TempPathFactory):

@@ -38,3 +38,16 @@ def test_no_print_outside_cli() -> None:
             if line.lstrip().startswith("print("):
                 offenders.append(f"{path.relative_to(PACKAGE.parent)}:{lineno}")
     assert not offenders, offenders
+
+
+def test_the_suite_keeps_its_caches_to_itself() -> None:
+    """Compile caches live in the run's own directory (tests/conftest.py), on every xdist worker too."""
+    import os
+    from pathlib import Path
+
+    from diffserve.worker.compile_cache import cache_root
+
+    root = Path(os.environ["DIFFSERVE_TEST_CACHE_ROOT"])
+    assert root.is_dir() and root.name.startswith("diffserve-test-cache-")
+    assert cache_root().is_relative_to(root)
+    assert Path(os.environ["TORCHINDUCTOR_CACHE_DIR"]).is_relative_to(root)
