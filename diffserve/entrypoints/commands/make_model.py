@@ -94,7 +94,6 @@ def run(args: argparse.Namespace) -> int:
 
 def _toy_shapes(args: argparse.Namespace) -> Path:
     """Train toy-shapes into DIR (--train), or copy the shipped weights there."""
-
     from diffserve.errors import ConfigError
     from diffserve.zoo.flux import toy_model_dir
     from diffserve.zoo.publish import build_into, check_target
@@ -114,7 +113,6 @@ def _toy_shapes(args: argparse.Namespace) -> Path:
 
 def _toy_shapes_stars(args: argparse.Namespace) -> Path:
     """Train the circles-to-stars LoRA into DIR (--train), or copy the shipped one; returns the weight file."""
-
     from diffserve.errors import ConfigError
     from diffserve.zoo.flux import toy_model_dir
     from diffserve.zoo.publish import build_into, check_target
