@@ -42,6 +42,10 @@ def _torch_threads(worker: Any) -> int:
     return torch.get_num_threads()
 
 
+def _niceness(worker: Any) -> int:
+    return os.getpriority(os.PRIO_PROCESS, 0)
+
+
 def _wait_until(predicate: Any, seconds: float) -> bool:
     deadline = time.monotonic() + seconds
     while not predicate() and time.monotonic() < deadline:
@@ -67,6 +71,8 @@ def test_ray_serves_attests_its_node_and_matches_uni(ray_session: Any, tiny_flux
         driver = os.environ.get("OMP_NUM_THREADS", "")
         expected = int(driver) if driver.isdigit() and int(driver) > 0 else os.cpu_count()
         assert engine.collective_rpc(_torch_threads) == [expected]
+        # Ray lowers its workers to niceness 15; the denoiser runs at the driver's, not starved by it.
+        assert engine.collective_rpc(_niceness) == [os.getpriority(os.PRIO_PROCESS, 0)]
         new_groups = set(_diffserve_groups(ray_session)) - set(groups_before)
         assert len(new_groups) == 1  # one placement group for the one replica
     # Shutdown: the actor process is gone and the placement group removed.
@@ -79,7 +85,7 @@ def test_ray_serves_attests_its_node_and_matches_uni(ray_session: Any, tiny_flux
     assert "node" not in reference.attestation
 
 
-def test_killing_the_actor_mid_run_fails_fast_and_leaves_nothing(ray_session: Any, tiny_flux_dir: Any) -> None:
+def test_killing_the_ray_actor_mid_run_fails_fast_and_leaves_nothing(ray_session: Any, tiny_flux_dir: Any) -> None:
     engine = Engine(str(tiny_flux_dir), distributed_executor_backend="ray", **SETTINGS)
     try:
         _kill_mid_run(engine, ray_session)
