@@ -37,8 +37,8 @@ class QKNorm(nn.Module):
         return torch.stack((self.query_norm.scale, self.key_norm.scale))[:, None, :].to(dtype)
 
 
-def norm_rope_into(out: Tensor, qk: Tensor, norm: QKNorm, pe: Tensor, rows: slice | None = None) -> None:
-    """QK-norm, then RoPE (rows ``rows`` of the ``rope`` table ``pe``), of ``qk`` ``[B, L, 2, H, D]`` (any
+def norm_rope_into(out: Tensor, qk: Tensor, norm: QKNorm, pe: Tensor, first_row: int = 0) -> None:
+    """QK-norm, then RoPE (the ``L`` rows of the ``rope`` table ``pe`` from ``first_row``), of ``qk`` ``[B, L, 2, H, D]`` (any
     strides), written into ``out`` (same shape, any strides, e.g. a slice of the joint attention buffer).
 
     One float32 chain (mean square, scale, complex rotate) and one rounding at the end: a half-precision
@@ -47,7 +47,7 @@ def norm_rope_into(out: Tensor, qk: Tensor, norm: QKNorm, pe: Tensor, rows: slic
     xf = qk.float()  # a float32 copy of half-precision input; float32 input itself (then only read)
     inv_rms = torch.linalg.vector_norm(xf, dim=-1, keepdim=True).square_().div_(qk.shape[-1]).add_(1e-6).rsqrt_()
     y = xf.mul_(inv_rms) if xf is not qk else torch.mul(xf, inv_rms)
-    out.copy_(rotate_(y.mul_(norm.scales(torch.float32)), pe, rows))
+    out.copy_(rotate_(y.mul_(norm.scales(torch.float32)), pe, first_row))
 
 
 def layer_norm(x: Tensor) -> Tensor:
@@ -98,10 +98,10 @@ def attention_inputs(parts: list[tuple[Tensor, QKNorm]], pe: Tensor) -> tuple[Te
     joint = first.new_empty(batch, length, 3, heads, dim)
     start = 0
     for qkv, norm in parts:
-        rows = slice(start, start + qkv.shape[1])
-        norm_rope_into(joint[:, rows, :2], qkv[:, :, :2], norm, pe, rows)
-        joint[:, rows, 2].copy_(qkv[:, :, 2])
-        start = rows.stop
+        rows = joint.narrow(1, start, qkv.shape[1])
+        norm_rope_into(rows[:, :, :2], qkv[:, :, :2], norm, pe, start)
+        rows[:, :, 2].copy_(qkv[:, :, 2])
+        start += qkv.shape[1]
     q, k, v = joint.unbind(2)
     return q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
 

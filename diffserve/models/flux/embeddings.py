@@ -74,19 +74,22 @@ def _rotation(pe: Tensor) -> Tensor:
     return torch.complex(pe[0, :, 0::2], pe[1, :, 1::2])
 
 
-def rotate_(x: Tensor, pe: Tensor, rows: slice | None = None) -> Tensor:
-    """Rotate consecutive channel pairs of the float32 ``x`` ``[B, L, ..., D]`` by rows ``rows`` (default:
-    all) of the ``rope`` table ``pe``, in place: one complex multiply by ``rope_rotation(pe)``, no swapped
-    copy. Returns the rotated tensor (``x`` itself, except under ``torch.compile``: inductor has no complex
-    codegen, so a compiled block takes the real form ``x * cos + swap_pairs(x) * signed_sin``, which it fuses)."""
+def rotate_(x: Tensor, pe: Tensor, first_row: int = 0) -> Tensor:
+    """Rotate consecutive channel pairs of the float32 ``x`` ``[B, L, ..., D]`` by the ``L`` rows of the
+    ``rope`` table ``pe`` from ``first_row`` on, in place: one complex multiply by ``rope_rotation(pe)``, no
+    swapped copy. Returns the rotated tensor (``x`` itself, except under ``torch.compile``: inductor has no
+    complex codegen, so a compiled block takes the real form ``x * cos + swap_pairs(x) * signed_sin``, which
+    it fuses).
+
+    An offset, not a ``slice``: dynamo pins a slice object's bounds (an equality guard on the sequence
+    length, so one recompile per image size); ``narrow`` by a symbolic offset and length keeps them symbolic."""
+    length = x.shape[1]
     if torch.compiler.is_compiling():
-        table = (pe if rows is None else pe[:, rows]).float()
+        table = pe.narrow(1, first_row, length).float()
         shape = (table.shape[1],) + (1,) * (x.ndim - 3) + (table.shape[2],)
         swapped = x.unflatten(-1, (-1, 2)).flip(-1).flatten(-2)
         return torch.addcmul(x * table[0].view(shape), swapped, table[1].view(shape))
-    rotation = rope_rotation(pe)
-    if rows is not None:
-        rotation = rotation[rows]
+    rotation = rope_rotation(pe).narrow(0, first_row, length)
     shape = (rotation.shape[0],) + (1,) * (x.ndim - 3) + (rotation.shape[1],)
     torch.view_as_complex(x.unflatten(-1, (-1, 2))).mul_(rotation.view(shape))
     return x
