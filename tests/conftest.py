@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 
 import pytest
 
@@ -144,10 +145,16 @@ def _modules_using_ray() -> frozenset[str]:
 _RAY_MODULES = _modules_using_ray()
 
 
+# A test of a Ray-using module runs on Ray when its name or parameter id says so: test_ray_..., ..._ray_...,
+# [ray], [flux-ray]. The module's other tests stay a unit of their own.
+_RAY_TEST = re.compile(r"(^|[_\[-])ray([_\]-]|$)")
+
+
 def _unit(nodeid: str) -> str:
-    """The unit of work one xdist worker takes whole: a module, or every module that uses Ray."""
-    module = nodeid.split("::", 1)[0]
-    return RAY_GROUP if module in _RAY_MODULES else module
+    """The unit of work one xdist worker takes whole: the Ray tests of every module (one Ray), or the
+    rest of a module (its module-scoped servers and engines start once)."""
+    module, _, test = nodeid.partition("::")
+    return RAY_GROUP if module in _RAY_MODULES and _RAY_TEST.search(test) else module
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

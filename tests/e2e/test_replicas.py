@@ -101,13 +101,23 @@ def wait_until(predicate: Any, timeout: float) -> bool:
     return predicate()
 
 
+SEEDS = list(range(200, 208))
+
+
+@pytest.fixture(scope="module")
+def one_replica_images(tiny_flux_dir: Path) -> dict[int, bytes]:
+    """Each seed's image from a one-replica uni engine: every executor gives these bytes
+    (tests/e2e/test_backend_runtime.py::test_same_seed_same_bytes_on_every_executor)."""
+    with Engine(str(tiny_flux_dir), deploy_config=deploy("uni", 1), env={}) as single:
+        return {seed: single.generate(make_request(seed)).images[0].tobytes() for seed in SEEDS}
+
+
 @pytest.mark.parametrize("executor", EXECUTORS)
 def test_two_replicas_share_the_work_bit_identically(executor: str, tiny_flux_dir: Path,
+                                                     one_replica_images: dict[int, bytes],
                                                      request: pytest.FixtureRequest) -> None:
     needs_backend(request, executor)
-    seeds = list(range(200, 208))
-    with Engine(str(tiny_flux_dir), deploy_config=deploy(executor, 1), env={}) as single:
-        reference = {seed: single.generate(make_request(seed)).images[0].tobytes() for seed in seeds}
+    seeds, reference = SEEDS, one_replica_images
     with Engine(str(tiny_flux_dir), deploy_config=deploy(executor, 2, max_batch_size=2,
                                                          warmup={"enabled": True, "steps": 1}),
                 env={}) as engine:
