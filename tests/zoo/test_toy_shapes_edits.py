@@ -120,7 +120,8 @@ def engine() -> Iterator[Any]:
     from diffserve import Engine
     from diffserve.zoo.flux import toy_model_dir
 
-    with Engine(str(toy_model_dir()), dtype="float32", max_batch_size=8, env={}) as eng:
+    # A quality check, not an invariance one: whole-batch kernels (per-sample calls cost ~40% more at 64x64).
+    with Engine(str(toy_model_dir()), dtype="float32", max_batch_size=8, batch_invariant=False, env={}) as eng:
         yield eng
 
 
