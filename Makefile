@@ -6,7 +6,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 TORCH_VERSION ?= 2.13.0
 # pytest-xdist workers for `make test`; whole modules per worker (tests/conftest.py, docs/architecture.md#tests)
-TEST_WORKERS ?= 2
+TEST_WORKERS ?= 3
 export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 

@@ -14,7 +14,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 # pins "no native bfloat16" so it behaves alike on every machine kind; tests/config/test_platform_defaults.py
 # injects both kinds, and servers and workers started by tests inherit the pin.
 os.environ["DIFFSERVE_CPU_BF16"] = "0"
-# Under pytest-xdist (make test: two workers on two cores) OpenMP threads sleep between parallel regions
+# Under pytest-xdist (make test: three workers on two cores) OpenMP threads sleep between parallel regions
 # instead of spinning: two processes each spinning a 2-thread team on two cores steal each other's cores
 # (measured on 2 cores: the suite 800 s spinning, 555-625 s passive). Not OMP_NUM_THREADS=1: thread counts change
 # which kernels oneDNN picks, and the suite's numerics should be the serial run's. Set before torch loads.
@@ -125,10 +125,10 @@ def ray_session():
     ray.shutdown()
 
 
-# --- pytest-xdist (make test runs the suite on two workers) -----------------------------------------
+# --- pytest-xdist (make test runs the suite on three workers) ---------------------------------------
 RAY_GROUP = "ray"
-# The longest units go first, so neither worker is left with one of them at the end (measured on 2 cores:
-# the benchmark smoke ~100 s, the Ray modules ~230 s together, the toy-shapes quality checks ~40 s each).
+# The longest units go first, so no worker is left with one of them at the end (measured serially on 2
+# cores: the benchmark smoke ~110 s, the Ray tests ~110 s together, the toy-shapes quality checks ~25-50 s).
 LONG_FIRST = ("tests/benchmarks/test_bench_smoke.py", RAY_GROUP, "tests/zoo/test_toy_shapes.py",
               "tests/models/test_step_cache_quality.py", "tests/zoo/test_toy_shapes_lora.py")
 
