@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import os
-import re
 
 import pytest
+from xdist_units import LONG_FIRST, unit
 
 os.environ["HF_HUB_OFFLINE"] = "1"
 os.environ["TRANSFORMERS_OFFLINE"] = "1"
@@ -125,43 +125,12 @@ def ray_session():
     ray.shutdown()
 
 
-# --- pytest-xdist (make test runs the suite on three workers) ---------------------------------------
-RAY_GROUP = "ray"
-# The longest units go first, so no worker is left with one of them at the end (measured serially on 2
-# cores: the benchmark smoke ~110 s, the Ray tests ~110 s together, the toy-shapes quality checks ~25-50 s).
-LONG_FIRST = ("tests/benchmarks/test_bench_smoke.py", RAY_GROUP, "tests/zoo/test_toy_shapes.py",
-              "tests/models/test_step_cache_quality.py", "tests/zoo/test_toy_shapes_lora.py")
-
-
-def _modules_using_ray() -> frozenset[str]:
-    """Test modules that ask for the session's Ray: they share one xdist worker, so one Ray starts."""
-    from pathlib import Path
-
-    root = Path(__file__).resolve().parent
-    return frozenset(str(path.relative_to(root.parent)) for path in root.rglob("test_*.py")
-                     if "ray_session" in path.read_text())
-
-
-_RAY_MODULES = _modules_using_ray()
-
-
-# A test of a Ray-using module runs on Ray when its name or parameter id says so: test_ray_..., ..._ray_...,
-# [ray], [flux-ray]. The module's other tests stay a unit of their own.
-_RAY_TEST = re.compile(r"(^|[_\[-])ray([_\]-]|$)")
-
-
-def _unit(nodeid: str) -> str:
-    """The unit of work one xdist worker takes whole: the Ray tests of every module (one Ray), or the
-    rest of a module (its module-scoped servers and engines start once)."""
-    module, _, test = nodeid.partition("::")
-    return RAY_GROUP if module in _RAY_MODULES and _RAY_TEST.search(test) else module
-
-
+# --- pytest-xdist (make test runs the suite on three workers; the units: tests/xdist_units.py) ----------
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Long units first (a stable sort: modules keep their own order and stay together)."""
     def rank(item: pytest.Item) -> int:
-        unit = _unit(item.nodeid)
-        return LONG_FIRST.index(unit) if unit in LONG_FIRST else len(LONG_FIRST)
+        name = unit(item.nodeid)
+        return LONG_FIRST.index(name) if name in LONG_FIRST else len(LONG_FIRST)
 
     items.sort(key=rank)
 
@@ -174,7 +143,7 @@ def pytest_xdist_make_scheduler(config, log):
 
     class UnitScheduling(LoadScopeScheduling):
         def _split_scope(self, nodeid: str) -> str:
-            return _unit(nodeid)
+            return unit(nodeid)
 
     config.option.loadscopereorder = False
     return UnitScheduling(config, log)

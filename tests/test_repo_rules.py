@@ -54,15 +54,15 @@ def test_the_suite_keeps_its_caches_to_itself() -> None:
 
 
 def test_a_test_that_takes_the_session_ray_says_so_in_its_name() -> None:
-    """xdist hands the Ray tests to one worker by name (tests/conftest.py:_unit): a test that takes the
+    """xdist hands the Ray tests to one worker by name (tests/xdist_units.py): a test that takes the
     ``ray_session`` fixture but is not named for Ray would start a second Ray on another worker."""
     import ast
 
-    from conftest import _RAY_TEST
+    from xdist_units import RAY_TEST
 
     tests = Path(__file__).resolve().parent
     unnamed = [f"{path.relative_to(tests)}::{node.name}" for path in tests.rglob("test_*.py")
                for node in ast.walk(ast.parse(path.read_text(encoding="utf-8")))
                if isinstance(node, ast.FunctionDef) and node.name.startswith("test_")
-               and "ray_session" in {arg.arg for arg in node.args.args} and not _RAY_TEST.search(node.name)]
+               and "ray_session" in {arg.arg for arg in node.args.args} and not RAY_TEST.search(node.name)]
     assert not unnamed, f"name these test_ray_... (or parametrize them [ray]): {unnamed}"
