@@ -53,7 +53,7 @@ def test_the_suite_keeps_its_caches_to_itself() -> None:
     assert Path(os.environ["TORCHINDUCTOR_CACHE_DIR"]).is_relative_to(root)
 
 
-def test_a_test_that_takes_the_session_ray_says_so_in_its_name() -> None:
+def test_tests_taking_the_session_cluster_are_named_for_it() -> None:
     """xdist hands the Ray tests to one worker by name (tests/xdist_units.py): a test that takes the
     ``ray_session`` fixture but is not named for Ray would start a second Ray on another worker."""
     import ast
