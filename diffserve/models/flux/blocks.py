@@ -38,8 +38,9 @@ class QKNorm(nn.Module):
 
 
 def norm_rope_into(out: Tensor, qk: Tensor, norm: QKNorm, pe: Tensor, first_row: int = 0) -> None:
-    """QK-norm, then RoPE (the ``L`` rows of the ``rope`` table ``pe`` from ``first_row``), of ``qk`` ``[B, L, 2, H, D]`` (any
-    strides), written into ``out`` (same shape, any strides, e.g. a slice of the joint attention buffer).
+    """QK-norm, then RoPE (the ``L`` rows of the ``rope`` table ``pe`` from ``first_row``), of ``qk``
+    ``[B, L, 2, H, D]`` (any strides), written into ``out`` (same shape, any strides, e.g. a slice of the
+    joint attention buffer).
 
     One float32 chain (mean square, scale, complex rotate) and one rounding at the end: a half-precision
     ``qk`` is neither rounded between the norm and the rotation nor copied by a separate ``cat``.
