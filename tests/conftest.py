@@ -15,7 +15,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 # injects both kinds, and servers and workers started by tests inherit the pin.
 os.environ["DIFFSERVE_CPU_BF16"] = "0"
 # Under pytest-xdist (make test: three workers on two cores) OpenMP threads sleep between parallel regions
-# instead of spinning: two processes each spinning a 2-thread team on two cores steal each other's cores
+# instead of spinning: processes each spinning a 2-thread team on two cores steal each other's cores
 # (measured on 2 cores: the suite 800 s spinning, 555-625 s passive). Not OMP_NUM_THREADS=1: thread counts change
 # which kernels oneDNN picks, and the suite's numerics should be the serial run's. Set before torch loads.
 if os.environ.get("PYTEST_XDIST_WORKER"):
