@@ -25,11 +25,12 @@ def free_port() -> int:
 class ServerProcess:
     """A running ``diffserve serve``; ``url`` is its base URL, ``log`` its combined output."""
 
-    def __init__(self, args: list[str], log_path: Path) -> None:
+    def __init__(self, args: list[str], log_path: Path, env: dict[str, str] | None = None) -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log_path = log_path
-        env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "PYTHONUNBUFFERED": "1"}
+        # Offline unless the test says otherwise (``env``: the hub-download tests point HF_ENDPOINT at a local hub).
+        env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "PYTHONUNBUFFERED": "1", **(env or {})}
         cmd = [sys.executable, "-m", "diffserve.entrypoints.cli", "serve", *args,
                "--host", "127.0.0.1", "--port", str(self.port)]
         self._log = open(log_path, "wb")  # noqa: SIM115 - closed in stop()

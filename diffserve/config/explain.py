@@ -50,6 +50,7 @@ def explain_dict(resolved: ResolvedConfig) -> dict[str, Any]:
     return {
         "fingerprint": resolved.fingerprint,
         "model": resolved.model,
+        "model_source": resolved.model_source.describe() if resolved.model_source else None,
         "platform": resolved.platform,
         "deploy_files": list(resolved.deploy_files),
         "pipeline": pipeline,

@@ -85,6 +85,8 @@ def deploy_json_schema() -> dict[str, Any]:
         "additionalProperties": False,
         "properties": {
             "base_config": {"type": "string", "description": "parent YAML, relative to this file"},
+            "model": {"type": "string", "description": "the model: a diffusers directory (relative to this file) "
+                                                       "or a hub id org/name[@revision]; the caller's MODEL wins"},
             **overlay_props,
             "platforms": {"type": "object", "additionalProperties": False,
                           "properties": {name: overlay for name in PLATFORMS}},

@@ -77,6 +77,8 @@ class Collector:
     assignments: list[Assignment] = field(default_factory=list)
     stage_refs: list[StageRef] = field(default_factory=list)
     errors: list[ConfigError] = field(default_factory=list)
+    # A deploy file's ``model:`` (the nearest file's): its text and where it was written.
+    deploy_model: tuple[str, Source] | None = None
 
     def add(self, rank: int, stage_id: int | None, key: str, value: Any, source: Source) -> None:
         self.assignments.append(Assignment(rank, stage_id, key, value, source))

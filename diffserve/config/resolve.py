@@ -18,6 +18,7 @@ from diffserve.config.cache import settle_cache
 from diffserve.config.explain import fingerprint_of
 from diffserve.config.extras import fold_extras
 from diffserve.config.fields import PIPELINE_LEAVES, STAGE_LEAVES
+from diffserve.config.model_source import locate_model
 from diffserve.config.platform import current_platform
 from diffserve.config.platform_defaults import apply_platform_defaults
 from diffserve.config.provenance import DEFAULT_SOURCE, Assignment, Collector, Source
@@ -55,6 +56,7 @@ def resolve(model: str | os.PathLike | None = None,
             env: Mapping[str, str] | None = None) -> ResolvedConfig:
     """Resolve every config source into one frozen ``ResolvedConfig``.
 
+    ``model`` is a diffusers directory or a hub id ``org/name[@revision]`` (None: the deploy file's ``model:``).
     ``deploy_config`` is a YAML path (or a dict, cited as ``<dict>``); ``overrides`` are caller/CLI
     values for every stage (YAML keys or flat flag names; None = not given); ``stage_overrides`` maps
     stage_id -> values for that stage; ``platform`` None detects it; ``env`` None reads os.environ.
@@ -66,8 +68,9 @@ def resolve(model: str | os.PathLike | None = None,
     except ConfigError as exc:
         out.errors.append(exc)
         platform_name = "cpu"  # placeholder so the remaining sources are still checked
-    model_path, family = model_layer(model, out)
     files = deploy_layers(deploy_config, platform_name, out)
+    source = locate_model(model, out)
+    model_path, family = model_layer(source.path if source else None, out)
     env_layer(os.environ if env is None else env, out)
     caller_layers(overrides, stage_overrides, out)
     # Invalid values were dropped at ingress; carry on so one run reports every problem.
@@ -94,7 +97,8 @@ def resolve(model: str | os.PathLike | None = None,
     resolved = ResolvedConfig(model=model_path, model_family=family.class_name if family else None,
                               topology=topology, platform=platform_name, server=server,
                               stages=stages, provenance=FrozenDict(provenance), warnings=tuple(warnings),
-                              deploy_files=tuple(files), ray_address=ray_address)
+                              deploy_files=tuple(files), ray_address=ray_address,
+                              model_source=source if model_path else None)
     return _replace_fingerprint(resolved)
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from diffserve.config.model_source import ModelSource
 from diffserve.config.provenance import Source
 from diffserve.config.schema import FrozenDict, ServerConfig, StageConfig
 from diffserve.errors import ConfigError
@@ -27,6 +28,8 @@ class ResolvedConfig:
     deploy_files: tuple[str, ...] = ()
     # Where the ray executor runs ("" local, "auto", or an address); other executors ignore it.
     ray_address: str = ""
+    # What ``model`` was given as and where (a hub id with its repository, revision and commit).
+    model_source: ModelSource | None = None
 
     def stage(self, stage_id: int) -> StageConfig:
         for stage in self.stages:

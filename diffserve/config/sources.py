@@ -15,6 +15,7 @@ from typing import Any
 from diffserve.config.canonical import normalize_platform
 from diffserve.config.fields import FLAT_LEAVES, did_you_mean
 from diffserve.config.ingest import Ctx, pipeline_doc, stage_id_of, stage_mapping
+from diffserve.config.model_source import deploy_model
 from diffserve.config.provenance import LAYER_RANK, MAX_CHAIN, Collector, Source, StageRef
 from diffserve.config.schema import PLATFORMS
 from diffserve.config.yaml_lines import key_line, load_yaml_file
@@ -27,7 +28,7 @@ logger = get_logger(__name__)
 ENV_PREFIX = "DIFFSERVE_"
 # DIFFSERVE_* variables that are read elsewhere and are not config fields.
 NON_CONFIG_ENV: frozenset[str] = frozenset({"LOG_LEVEL", "CACHE_DIR", "API_KEY", "CPU_BF16"})
-_DECK_KEYS = ("base_config", "platforms")
+_DECK_KEYS = ("base_config", "platforms", "model")
 
 
 def model_layer(model: str | os.PathLike | None, out: Collector) -> tuple[str | None, ModelFamily | None]:
@@ -41,7 +42,7 @@ def model_layer(model: str | os.PathLike | None, out: Collector) -> tuple[str | 
     index = path / "model_index.json"
     if not path.is_dir():
         out.error("model directory not found", path="model", source=str(path),
-                  hint="pass a local diffusers-format directory (hub ids are not downloaded)")
+                  hint="pass a local diffusers-format directory or a hub id, org/name[@revision]")
         return str(path), None
     try:
         class_name = read_class_name(path)
@@ -161,6 +162,9 @@ def deploy_layers(deploy_config: str | os.PathLike | Mapping | None, platform: s
     for position, (name, doc) in enumerate(chain):
         ctx = Ctx(out, LAYER_RANK["yaml"] + position, "yaml", name)
         pipeline_doc(ctx, doc, "", reserved=_DECK_KEYS)
+        if "model" in doc:
+            folder = Path.cwd() if name == "<dict>" else Path(name).parent
+            deploy_model(doc, name, key_line(doc, "model"), folder, out)
         blocks = doc.get("platforms")
         if blocks is None:
             continue

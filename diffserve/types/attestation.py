@@ -44,6 +44,14 @@ class LoraReport(TypedDict):
     adapters: list[LoraAdapterEntry]
 
 
+class HubModelReport(TypedDict):
+    """The hub snapshot a model id resolved to (``attestation["model_source"]``; absent for a local folder)."""
+
+    repo_id: str
+    revision: str  # as asked: a branch, tag or commit
+    commit: str  # the commit the weights were read from
+
+
 class ParallelLayout(TypedDict):
     world_size: int
     cfg_parallel_size: int
@@ -76,5 +84,6 @@ class Attestation(KernelTally, total=False):
     batch_size: int
     batch_ms: float
     config_fingerprint: str
+    model_source: HubModelReport
     cache: list[CacheEntry]  # one per image
     lora: LoraReport

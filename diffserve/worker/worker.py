@@ -18,7 +18,7 @@ from diffserve.layers.collectives import CollectiveCounters
 from diffserve.logging import get_logger
 from diffserve.models.base import BuildContext, ParallelContext, Pipeline
 from diffserve.registry.models import MODEL_FAMILIES
-from diffserve.types.attestation import Attestation, KernelTally, ParallelLayout
+from diffserve.types.attestation import Attestation, HubModelReport, KernelTally, ParallelLayout
 from diffserve.types.messages import WorkerInfo
 from diffserve.types.results import BatchResult, RequestResult, StepEvent
 from diffserve.worker.compile_cache import use_compile_cache
@@ -172,6 +172,10 @@ class Worker:
                                   dtype=str(getattr(self.pipeline, "dtype", "")).removeprefix("torch."),
                                   batch_size=batch_size, batch_ms=round(batch_ms, 3),
                                   config_fingerprint=self.config.fingerprint)
+        source = self.config.model_source
+        if source is not None and source.repo_id:
+            attestation["model_source"] = HubModelReport(repo_id=source.repo_id, revision=source.revision,
+                                                         commit=source.commit)
         if per_rank is not None and len(per_rank) > 1:
             attestation["per_rank"] = [tally["kernels"] for tally in per_rank]
         if self.pipeline is not None:

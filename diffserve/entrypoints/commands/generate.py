@@ -101,19 +101,19 @@ async def _generate(args: argparse.Namespace, model: str | None, prompt: str, ou
     _edit_inputs(args, kwargs)
     # Built (and so validated) before anything loads: a bad argument fails in milliseconds.
     request = GenerationRequest(**kwargs)
-    if model is None:
-        from diffserve.zoo.flux import ensure_demo_model
-
-        model = str(ensure_demo_model())
-        logger.warning("no MODEL given: using the toy-shapes demo model at %s (a tiny FLUX trained to draw "
-                       "'a {colour} {shape} on a {colour} background', 64x64)", model)
-
     config_kwargs = config_kwargs_from_args(args)
     if files:  # files given to --lora are registered for this one run
         overrides = config_kwargs.get("overrides") or {}
         overrides["lora_modules"] = ",".join(filter(None, [overrides.get("lora_modules", ""), *files]))
         config_kwargs["overrides"] = overrides
     config = resolve(model=model, **config_kwargs)
+    if config.model is None:  # neither MODEL nor the deploy file's model:
+        from diffserve.zoo.flux import ensure_demo_model
+
+        model = str(ensure_demo_model())
+        logger.warning("no MODEL given: using the toy-shapes demo model at %s (a tiny FLUX trained to draw "
+                       "'a {colour} {shape} on a {colour} background', 64x64)", model)
+        config = resolve(model=model, **config_kwargs)
     for warning in config.warnings:
         logger.warning("config: %s", warning)
     # Construction loads the model (and warms up): blocking work, kept off the event loop.

@@ -1,7 +1,7 @@
 """``diffserve serve [MODEL]``: the OpenAI-compatible HTTP server.
 
-Without MODEL it serves the built-in tiny FLUX demo model (random weights, built into a cache
-directory on first use). Config flags are the shared ones from ``diffserve.config.cli_args``.
+MODEL is a diffusers directory or a hub id (``org/name[@revision]``, config/hub.py); without it, the deploy
+file's ``model:``, else the shipped toy-shapes demo model. Config flags are the shared ones from ``diffserve.config.cli_args``.
 """
 
 from __future__ import annotations
@@ -14,12 +14,10 @@ from typing import TYPE_CHECKING
 from diffserve.logging import get_logger
 
 if TYPE_CHECKING:  # pragma: no cover
+    from diffserve.config.resolved import ResolvedConfig
     from diffserve.engine.client import AsyncEngineClient
 
 logger = get_logger(__name__)
-
-DEMO_MODEL_NAME = "toy-shapes"
-
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     from diffserve.config.cli_args import add_config_arguments
@@ -30,7 +28,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                     "over an OpenAI-compatible HTTP API: POST /v1/images/generations, GET /v1/models, "
                     "/health, /ready, /metrics, /v1/config.")
     parser.add_argument("model", nargs="?", default=None, metavar="MODEL",
-                        help="model directory (diffusers layout); default: the built-in tiny demo model")
+                        help="model directory (diffusers layout) or hub id org/name[@revision] from the Hugging "
+                             "Face cache; default: the deploy file's model:, else the built-in toy-shapes model")
     add_config_arguments(parser)
     server = parser.add_argument_group("server")
     server.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
@@ -66,13 +65,15 @@ def run(args: argparse.Namespace) -> int:
 
     # Before the model is built: a key given twice (or an unreadable key file) fails at once.
     api_key = resolve_api_key(args.api_key, args.api_key_file, os.environ)
-    model, name, aliases = _model_and_names(args)
     kwargs = config_kwargs_from_args(args)
     if args.lora:  # --lora a=x --lora b=y: more entries of lora_modules (a flag's value joins a file's)
         overrides = kwargs.setdefault("overrides", {}) or {}
         overrides["lora_modules"] = ",".join(filter(None, [overrides.get("lora_modules", ""), *args.lora]))
         kwargs["overrides"] = overrides
-    config = resolve(model=model, **kwargs)
+    config = resolve(model=args.model, **kwargs)
+    if config.model is None:  # neither MODEL nor the deploy file's model:
+        config = resolve(model=_demo_model(), **kwargs)
+    name, aliases = _names(config, args.served_model_name)
     for warning in config.warnings:
         logger.warning("config: %s", warning)
     logger.info("config fingerprint %s", config.fingerprint)
@@ -95,16 +96,22 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _model_and_names(args: argparse.Namespace) -> tuple[str, str, tuple[str, ...]]:
-    """The model directory, the id clients use for it, and the other ids accepted for it."""
-    if args.model is None:
-        from diffserve.zoo.flux import ensure_demo_model
+def _demo_model() -> str:
+    from diffserve.zoo.flux import ensure_demo_model
 
-        path = ensure_demo_model()
-        logger.warning("no MODEL given: serving the built-in toy-shapes demo model from %s, a tiny FLUX trained "
-                       "to draw 'a {colour} {shape} on a {colour} background' (64x64).", path)
-        name = args.served_model_name or DEMO_MODEL_NAME
-        return str(path), name, (str(path), Path(path).name)
-    path = Path(args.model)
-    name = args.served_model_name or path.name
-    return str(path), name, (args.model, path.name)
+    path = ensure_demo_model()
+    logger.warning("no MODEL given: serving the built-in toy-shapes demo model from %s, a tiny FLUX trained "
+                   "to draw 'a {colour} {shape} on a {colour} background' (64x64).", path)
+    return str(path)
+
+
+def _names(config: ResolvedConfig, served_model_name: str | None) -> tuple[str, tuple[str, ...]]:
+    """The id clients use for the model, and the other ids accepted for it: a hub model's is its repository
+    id (its short name and the id as given also work), a folder's its name (the demo's: toy-shapes)."""
+    source = config.model_source
+    assert source is not None and config.model is not None
+    if source.repo_id:
+        aliases = (source.given, source.repo_id, source.repo_id.rsplit("/", 1)[1])
+        return served_model_name or source.repo_id, aliases
+    name = Path(source.given).name
+    return served_model_name or name, (source.given, name)
