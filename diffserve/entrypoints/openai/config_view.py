@@ -25,6 +25,11 @@ def config_view(cfg: Any, *, expose: bool = False) -> dict[str, Any]:
     if expose:
         return doc
     doc["model"] = _basename(doc.get("model"))
+    source = doc.get("model_source")
+    if source:  # a hub id's repository, revision and commit are public; local paths are not
+        for key in ("given", "path", "location"):
+            if isinstance(source.get(key), str):
+                source[key] = redact_paths(source[key])
     doc["deploy_files"] = [_basename(path) for path in doc.get("deploy_files", [])]
     doc["warnings"] = [redact_paths(str(w)) for w in doc.get("warnings", [])]
     _redact_fields(doc.get("pipeline", {}))
