@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import pytest
 from xdist_units import LONG_FIRST, unit
@@ -53,56 +54,70 @@ def pytest_unconfigure(config: pytest.Config) -> None:
         os.environ.pop(_CACHE_ROOT_ENV, None)
 
 
-# --- hermetic tiny FLUX models (built once per session by diffserve.zoo.flux) ---------------
+# --- hermetic tiny models (built once per run by diffserve.zoo, shared by every xdist worker) ------------
+def _shared_model(name: str, build) -> Path:
+    """``build(target)`` once per test run: in the run's cache root, under a file lock, so the first worker
+    that needs a model builds it and the others wait and read it (the builders are deterministic; a test
+    that changes a model works on its own copy)."""
+    import fcntl
+
+    root = Path(os.environ[_CACHE_ROOT_ENV]) / "models"
+    root.mkdir(parents=True, exist_ok=True)
+    target = root / name
+    with open(root / f"{name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not (target / "model_index.json").is_file():
+            build(target)
+    return target
+
+
 @pytest.fixture(scope="session")
-def tiny_flux_dir(tmp_path_factory: pytest.TempPathFactory):
+def tiny_flux_dir() -> Path:
     """A schnell-like (no guidance embedding) random-weight tiny-flux pipeline dir, seed 0."""
     from diffserve.zoo.flux import build_flux_model
 
-    return build_flux_model("tiny-flux", tmp_path_factory.mktemp("models") / "tiny-flux", seed=0)
+    return _shared_model("tiny-flux", lambda target: build_flux_model("tiny-flux", target, seed=0))
 
 
 @pytest.fixture(scope="session")
-def tiny_flux_kontext_dir(tmp_path_factory: pytest.TempPathFactory):
+def tiny_flux_kontext_dir() -> Path:
     """A random-weight tiny FluxKontextPipeline dir (FLUX.1 Kontext: edits from a reference image), seed 0."""
     from diffserve.zoo.flux import build_flux_model
 
-    return build_flux_model("tiny-flux-kontext", tmp_path_factory.mktemp("models") / "tiny-flux-kontext", seed=0)
+    return _shared_model("tiny-flux-kontext", lambda target: build_flux_model("tiny-flux-kontext", target, seed=0))
 
 
 @pytest.fixture(scope="session")
-def tiny_sd3_dir(tmp_path_factory: pytest.TempPathFactory):
+def tiny_sd3_dir() -> Path:
     """A random-weight tiny StableDiffusion3Pipeline dir (the generic path), seed 0."""
     from diffserve.zoo.generic import build_generic_model
 
-    return build_generic_model("tiny-sd3", tmp_path_factory.mktemp("models") / "tiny-sd3", seed=0)
+    return _shared_model("tiny-sd3", lambda target: build_generic_model("tiny-sd3", target, seed=0))
 
 
 @pytest.fixture(scope="session")
-def tiny_pixart_dir(tmp_path_factory: pytest.TempPathFactory):
+def tiny_pixart_dir() -> Path:
     """A random-weight tiny PixArtSigmaPipeline dir (the generic path), seed 0."""
     from diffserve.zoo.generic import build_generic_model
 
-    return build_generic_model("tiny-pixart-sigma", tmp_path_factory.mktemp("models") / "tiny-pixart-sigma",
-                               seed=0)
+    return _shared_model("tiny-pixart-sigma", lambda target: build_generic_model("tiny-pixart-sigma", target, seed=0))
 
 
 @pytest.fixture(scope="session")
-def tiny_flux_dev_dir(tmp_path_factory: pytest.TempPathFactory):
+def tiny_flux_dev_dir() -> Path:
     """A dev-like (guidance_embeds=True) random-weight tiny-flux pipeline dir, seed 0."""
     from diffserve.zoo.flux import build_flux_model
 
-    return build_flux_model(
-        "tiny-flux", tmp_path_factory.mktemp("models") / "tiny-flux-dev", seed=0, guidance_embeds=True
-    )
+    return _shared_model("tiny-flux-dev", lambda target: build_flux_model("tiny-flux", target, seed=0,
+                                                                          guidance_embeds=True))
 
 
 @pytest.fixture(scope="session")
-def small_flux_dir(tmp_path_factory: pytest.TempPathFactory):
+def small_flux_dir() -> Path:
     """The random-weight small-flux pipeline dir (seed 0): quality gates and larger parity checks."""
     from diffserve.zoo.flux import build_flux_model
 
-    return build_flux_model("small-flux", tmp_path_factory.mktemp("models") / "small-flux", seed=0)
+    return _shared_model("small-flux", lambda target: build_flux_model("small-flux", target, seed=0))
 
 
 # --- Ray (the ray executor) ------------------------------------------------------------------------

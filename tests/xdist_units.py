@@ -3,14 +3,19 @@ one worker takes whole, and which go first. A plain module so tests can check th
 
 from __future__ import annotations
 
+import ast
 import re
 from pathlib import Path
 
 RAY_GROUP = "ray"
-# The longest units go first, so no worker is left with one of them at the end (measured serially on 2
-# cores: the benchmark smoke ~110 s, the Ray tests ~110 s together, the toy-shapes quality checks ~25-50 s).
-LONG_FIRST = ("tests/benchmarks/test_bench_smoke.py", RAY_GROUP, "tests/zoo/test_toy_shapes.py",
-              "tests/models/test_step_cache_quality.py", "tests/zoo/test_toy_shapes_lora.py")
+# The modules served by tests/entrypoints/conftest.py's session-wide ``uni_server`` (directly or through its
+# ``client``): one unit, so one worker starts that server once instead of each worker its own.
+SHARED_SERVER_GROUP = "uni_server"
+# The longest units go first, so no worker is left with one of them at the end (CPU seconds, measured serially
+# on 2 cores: the Ray tests ~115 together, the benchmark smoke ~100, the step cache quality gates ~75, the
+# shared server's modules ~55, the toy-shapes checks ~40 and ~26).
+LONG_FIRST = ("tests/benchmarks/test_bench_smoke.py", RAY_GROUP, "tests/models/test_step_cache_quality.py",
+              SHARED_SERVER_GROUP, "tests/zoo/test_toy_shapes.py", "tests/zoo/test_toy_shapes_lora.py")
 # A test of a Ray-using module runs on Ray when its name or parameter id says so: test_ray_..., ..._ray_...,
 # [ray], [flux-ray]. The module's other tests stay a unit of their own.
 RAY_TEST = re.compile(r"(^|[_\[-])ray([_\]-]|$)")
@@ -26,8 +31,24 @@ def _modules_using_ray() -> frozenset[str]:
 RAY_MODULES = _modules_using_ray()
 
 
+def _uses_the_shared_server(path: Path) -> bool:
+    """A fixture or test of the module takes ``uni_server``, or a test takes ``client`` while the module
+    defines no ``client`` of its own (helpers' parameters named ``client`` do not count)."""
+    functions = [node for node in ast.walk(ast.parse(path.read_text())) if isinstance(node, ast.FunctionDef)]
+    tests = {arg.arg for node in functions if node.name.startswith("test_") for arg in node.args.args}
+    anywhere = {arg.arg for node in functions for arg in node.args.args}
+    return "uni_server" in anywhere or ("client" in tests and "client" not in {node.name for node in functions})
+
+
+SHARED_SERVER_MODULES = frozenset(str(path.relative_to(TESTS.parent))
+                                  for path in (TESTS / "entrypoints").glob("test_*.py") if _uses_the_shared_server(path))
+
+
 def unit(nodeid: str) -> str:
-    """The unit of work one xdist worker takes whole: the Ray tests of every module (one Ray), or the
-    rest of a module (its module-scoped servers and engines start once)."""
+    """The unit of work one xdist worker takes whole: the Ray tests of every module (one Ray), the modules
+    of the shared uni server (one server), or the rest of a module (its module-scoped servers and engines
+    start once)."""
     module, _, test = nodeid.partition("::")
-    return RAY_GROUP if module in RAY_MODULES and RAY_TEST.search(test) else module
+    if module in RAY_MODULES and RAY_TEST.search(test):
+        return RAY_GROUP
+    return SHARED_SERVER_GROUP if module in SHARED_SERVER_MODULES else module
