@@ -229,6 +229,38 @@ def normalize_lora_modules(value: Any) -> FrozenDict:
     return FrozenDict({name: out[name] for name in sorted(out)})
 
 
+# Components a single file may replace (models/flux/checkpoint_layouts.py reads them).
+SINGLE_FILE_COMPONENTS = ("transformer",)
+
+
+def normalize_components(value: Any) -> FrozenDict:
+    """``{component: path}`` (YAML), or ``component=path`` items separated by commas (flags, environment).
+    Canonical: absolute paths, sorted by component; only ``SINGLE_FILE_COMPONENTS`` may be named."""
+    if value is None or value == "":
+        return FrozenDict()
+    if isinstance(value, Mapping):
+        items = list(value.items())
+    elif isinstance(value, str):
+        items = []
+        for part in (p.strip() for p in value.split(",")):
+            if part:
+                if "=" not in part:
+                    raise ConfigError(f"{part!r} is not component=path", hint="write transformer=/models/flux1-dev.safetensors")
+                name, path = part.split("=", 1)
+                items.append((name.strip(), path.strip()))
+    else:
+        raise ConfigError(f"{value!r} is not a mapping of component -> file", hint="write {transformer: path}")
+    out: dict[str, str] = {}
+    for name, path in items:
+        if name not in SINGLE_FILE_COMPONENTS:
+            raise ConfigError(f"{name!r} cannot come from a single file",
+                              hint=f"name one of: {', '.join(SINGLE_FILE_COMPONENTS)}")
+        if not isinstance(path, str) or not path.strip():
+            raise ConfigError(f"{name}: {path!r} is not a file path", hint="give the path of a .safetensors file")
+        out[name] = os.path.abspath(os.path.expanduser(path.strip()))
+    return FrozenDict({name: out[name] for name in sorted(out)})
+
+
 def normalize_optional_dir(value: Any) -> str:
     """A directory path (made absolute) or empty for none; existence is checked where it is used."""
     if value is None or value == "":

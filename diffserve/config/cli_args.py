@@ -38,6 +38,9 @@ def add_config_arguments(parser: argparse.ArgumentParser) -> None:
                        help="deploy YAML file")
     group.add_argument("--platform", dest=f"{_DEST_PREFIX}platform", default=None, metavar="NAME",
                        help=f"platform overlay to apply {{{', '.join(PLATFORMS)}}}; default: detected")
+    group.add_argument("--transformer", dest=f"{_DEST_PREFIX}transformer", default=None, metavar="FILE",
+                       help="the transformer's weights from one file (diffusers, BFL or ComfyUI layout): "
+                            "components: {transformer: FILE}")
     group.add_argument("--stage-overrides", dest=f"{_DEST_PREFIX}stage_overrides", default=None, metavar="JSON",
                        help='per-stage values, e.g. \'{"0": {"linear_backend": "torch"}}\'')
     for leaf in FLAT_LEAVES.values():
@@ -73,6 +76,9 @@ def config_kwargs_from_args(args: argparse.Namespace) -> dict[str, Any]:
         if value is None:
             continue
         overrides[leaf.flat] = _parse_attention(value) if leaf.kind == "attention" else value
+    transformer = values.get(f"{_DEST_PREFIX}transformer")
+    if transformer is not None:  # joins --components (one value, as the flags say the same thing)
+        overrides["components"] = ",".join(filter(None, [overrides.get("components"), f"transformer={transformer}"]))
     stage_overrides = None
     text = values.get(f"{_DEST_PREFIX}stage_overrides")
     if text is not None:

@@ -9,6 +9,7 @@ id the repository, revision and commit: ``config explain`` shows it and the atte
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -75,8 +76,10 @@ def locate_model(model: str | os.PathLike | None, out: Collector) -> ModelSource
     hub_id = parse_hub_id(given)
     if path.exists() or hub_id is None:
         return ModelSource(given, origin, str(path.resolve()))  # model_layer reports a missing or non-model folder
+    from_files = {name for item in out.assignments if item.key == "components" and isinstance(item.value, Mapping)
+                  for name in item.value}
     try:
-        snapshot = resolve_hub_model(given)
+        snapshot = resolve_hub_model(given, skip_weights_of=from_files)
     except ConfigError as exc:
         out.errors.append(exc)
         return None

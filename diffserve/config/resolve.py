@@ -69,10 +69,12 @@ def resolve(model: str | os.PathLike | None = None,
         out.errors.append(exc)
         platform_name = "cpu"  # placeholder so the remaining sources are still checked
     files = deploy_layers(deploy_config, platform_name, out)
-    source = locate_model(model, out)
-    model_path, family = model_layer(source.path if source else None, out)
     env_layer(os.environ if env is None else env, out)
     caller_layers(overrides, stage_overrides, out)
+    # After the other layers (ranks, not call order, decide precedence): a hub download skips the weights of
+    # components that some layer takes from a single file.
+    source = locate_model(model, out)
+    model_path, family = model_layer(source.path if source else None, out)
     # Invalid values were dropped at ingress; carry on so one run reports every problem.
 
     pipeline = _pick(out.assignments, None, pipeline_keys=True)
@@ -90,6 +92,7 @@ def resolve(model: str | os.PathLike | None = None,
                    for stage_id, role in enumerate(roles))
     out.errors.extend(missing_requirements(stages, provenance))
     out.errors.extend(_implementation_errors(stages, family, provenance))
+    out.errors.extend(_component_errors(stages, family, provenance))
     _raise_if_errors(out.errors)
     for warning in warnings:
         logger.warning("%s", warning)
@@ -180,6 +183,25 @@ def _implementation_errors(stages: tuple[StageConfig, ...], family: Any,
     return [ConfigError(f"{family.class_name} has no native implementation", path=key,
                         source=provenance[key].describe(), hint="use implementation: generic (or leave it unset)")
             for key in (f"stages.{s.stage_id}.implementation" for s in stages if s.implementation == "native")]
+
+
+def _component_errors(stages: tuple[StageConfig, ...], family: Any,
+                      provenance: Mapping[str, Source]) -> list[ConfigError]:
+    """Single-file components: the file must exist, and the stage must run the native FLUX path."""
+    errors = []
+    for stage in stages:
+        key = f"stages.{stage.stage_id}.components"
+        for name, path in stage.components.items():
+            if not os.path.isfile(path):
+                errors.append(ConfigError(f"{name}: no such file {path}", path=f"{key}.{name}",
+                                          source=provenance[key].describe(), hint="give an existing .safetensors file"))
+        if stage.components and family is not None and (stage.implementation != "native" or family.implementation
+                                                         != "native"):
+            errors.append(ConfigError(f"single-file components are read by the native FLUX path; {family.class_name} "
+                                      f"runs on the {stage.implementation} path here", path=key,
+                                      source=provenance[key].describe(),
+                                      hint="serve the component from the model's folder, or use implementation: native"))
+    return errors
 
 
 def _raise_if_errors(errors: list[ConfigError]) -> None:

@@ -61,13 +61,20 @@ def read_safetensors(component_dir: str | Path, stem: str = "diffusion_pytorch_m
 
 
 def load_strict(module: nn.Module, state_dict: dict[str, torch.Tensor], *, dtype: torch.dtype,
-                device: torch.device | str) -> None:
-    """Load (by assignment, so a meta-device module gets real tensors) and fail on any key mismatch."""
-    expected = set(module.state_dict())
-    missing, unexpected = sorted(expected - state_dict.keys()), sorted(state_dict.keys() - expected)
+                device: torch.device | str, source: str = "") -> None:
+    """Load (by assignment, so a meta-device module gets real tensors) and fail on any key or shape mismatch,
+    naming ``source`` (the file or folder the weights came from) and the first offending keys."""
+    where = f"{source}: " if source else ""
+    expected = module.state_dict()
+    missing, unexpected = sorted(expected.keys() - state_dict.keys()), sorted(state_dict.keys() - expected.keys())
     if missing or unexpected:
-        raise ModelLoadError(f"state dict does not match {type(module).__name__}: missing {missing[:20]}, "
-                             f"unexpected {unexpected[:20]}")
+        raise ModelLoadError(f"{where}weights do not match {type(module).__name__}: missing {missing[:20]}, "
+                             f"unexpected {unexpected[:20]} (a checkpoint of another model or size?)")
+    wrong = [f"{key} {tuple(state_dict[key].shape)} (expected {tuple(want.shape)})"
+             for key, want in expected.items() if state_dict[key].shape != want.shape]
+    if wrong:
+        raise ModelLoadError(f"{where}{len(wrong)} tensors have the wrong shape for the model's config.json: "
+                             f"{', '.join(wrong[:5])} (a checkpoint of another model size?)")
     for key in list(state_dict):  # in place, so an uncast copy is freed as soon as its cast exists
         state_dict[key] = state_dict[key].to(device=device, dtype=dtype)
     module.load_state_dict(state_dict, strict=True, assign=True)

@@ -136,9 +136,9 @@ def _online_env(hub: FakeHub, cache: Path) -> dict[str, str]:
             "HF_HUB_DISABLE_TELEMETRY": "1", "HF_HUB_DISABLE_XET": "1"}
 
 
-def _validate(model: str, env: dict[str, str]) -> subprocess.CompletedProcess:
+def _validate(model: str, env: dict[str, str], *flags: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "diffserve.entrypoints.cli", "config", "validate", model,
-                           "--platform", "cpu"], capture_output=True, text=True, timeout=120,
+                           "--platform", "cpu", *flags], capture_output=True, text=True, timeout=120,
                           env={**os.environ, **env})
 
 
@@ -202,3 +202,16 @@ def test_gated_missing_and_unreachable_hubs(tiny_flux_dir: Path, tmp_path: Path)
     # The hub is gone (nothing listens there now): the cached snapshot serves, with a warning.
     proc = _validate(REPO, env)
     assert proc.returncode == 0 and "cannot be reached" in proc.stderr, proc.stderr
+
+
+@pytest.mark.e2e
+def test_a_transformer_from_a_single_file_is_not_downloaded(tiny_flux_dir: Path, tmp_path: Path) -> None:
+    from diffserve.zoo.flux_checkpoints import write_single_file
+
+    single = write_single_file(tiny_flux_dir, tmp_path / "flux1-tiny.safetensors")
+    with serve_hub(FakeHub(repos={REPO: (COMMIT, tiny_flux_dir)})) as hub:
+        proc = _validate(REPO, _online_env(hub, tmp_path / "cache"), "--transformer", str(single))
+    assert proc.returncode == 0, proc.stderr
+    downloaded = hub.downloaded(REPO)
+    assert "transformer/config.json" in downloaded and "vae/diffusion_pytorch_model.safetensors" in downloaded
+    assert not [f for f in downloaded if f.startswith("transformer/") and f.endswith(".safetensors")], downloaded

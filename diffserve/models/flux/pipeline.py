@@ -108,7 +108,8 @@ class FluxPipeline(Pipeline):
         kernels = build_kernel_set(stage.linear_backend, stage.attention_backend, roles=FAMILY.attention_roles,
                                    device=device, dtype=dtype, observers=context.kernel_observers,
                                    batch_invariant=stage.batch_invariant)
-        transformer = load_flux_transformer(root / "transformer", kernels, dtype=dtype, device=device)
+        transformer = load_flux_transformer(root / "transformer", kernels, dtype=dtype, device=device,
+                                            weights_file=stage.components.get("transformer"))
         if context.parallel.ulysses_size > 1:
             if transformer.params.num_heads % context.parallel.ulysses_size:
                 heads = transformer.params.num_heads

@@ -14,6 +14,7 @@ from diffserve.layers.linear.module import Linear
 from diffserve.layers.ulysses import UlyssesAttention
 from diffserve.logging import get_logger
 from diffserve.models.flux.blocks import DoubleStreamBlock, LastLayer, SingleStreamBlock, modulate
+from diffserve.models.flux.checkpoint_layouts import native_state_dict, read_checkpoint
 from diffserve.models.flux.embeddings import MLPEmbedder, rope, timestep_embedding
 from diffserve.models.flux.params import FluxParams
 from diffserve.models.flux.weights import convert_diffusers_state_dict
@@ -151,15 +152,21 @@ def _static_tally(block: nn.Module) -> dict[str, Any]:
 
 
 def load_flux_transformer(transformer_dir: str | Path, kernels: KernelSet, *, dtype: torch.dtype = torch.float32,
-                          device: torch.device | str = "cpu") -> FluxTransformer:
+                          device: torch.device | str = "cpu", weights_file: str | None = None) -> FluxTransformer:
     """Build the native transformer for a diffusers-format ``transformer/`` directory on ``kernels`` (the
-    stage's backends, see ``layers.kernels.build_kernel_set``) and load its weights."""
+    stage's backends, see ``layers.kernels.build_kernel_set``) and load its weights: the directory's, or
+    those of ``weights_file`` (one file in the diffusers, BFL or ComfyUI layout; the config stays the folder's)."""
     params = FluxParams.from_diffusers_config(read_config(transformer_dir))
-    state_dict = convert_diffusers_state_dict(read_safetensors(transformer_dir), params)
+    if weights_file is None:
+        source, layout = str(transformer_dir), "diffusers"
+        state_dict = convert_diffusers_state_dict(read_safetensors(transformer_dir), params)
+    else:
+        source = weights_file
+        state_dict, layout = native_state_dict(read_checkpoint(weights_file), params, weights_file)
     # Built on the meta device: no memory is touched until the real weights are assigned.
     with torch.device("meta"):
         model = FluxTransformer(params, kernels)
-    load_strict(model, state_dict, dtype=dtype, device=device)
-    logger.info("loaded FLUX transformer (%d double, %d single blocks) with kernels %s", params.depth,
-                params.depth_single_blocks, kernels.describe())
+    load_strict(model, state_dict, dtype=dtype, device=device, source=source)
+    logger.info("loaded FLUX transformer from %s (%s layout; %d double, %d single blocks) with kernels %s", source,
+                layout, params.depth, params.depth_single_blocks, kernels.describe())
     return model.eval().requires_grad_(False)

@@ -1,0 +1,107 @@
+"""Single-file FLUX transformer checkpoints: which key layout a file has, and its weights as the native module's.
+
+Three layouts, told apart by their keys:
+
+- ``diffusers``: ``transformer_blocks.N.attn.to_q.weight``, ... (a ``transformer/`` folder's file, alone);
+- ``bfl``: Black Forest Labs' reference names, ``double_blocks.N.img_attn.qkv.weight``, ... (``flux1-dev.safetensors``);
+- ``comfyui``: BFL's names under ``model.diffusion_model.`` (ComfyUI's bundled checkpoints, which may also hold
+  the VAE under ``first_stage_model.`` and text encoders under ``cond_stage_model.`` / ``text_encoders.``).
+
+The native module keeps BFL's names (weights.py) except that a single block's fused ``linear1`` is split
+into its attention ``qkv`` and its ``mlp_in`` rows, and the MLPs' second Linear is ``.1`` (not ``.2``): BFL's
+``final_layer.adaLN_modulation`` is already in the native (shift, scale) order, unlike diffusers'.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+from pathlib import Path
+
+from torch import Tensor
+
+from diffserve.errors import ModelLoadError
+from diffserve.models.flux.params import FluxParams
+from diffserve.models.flux.weights import convert_diffusers_state_dict
+
+COMFYUI_PREFIX = "model.diffusion_model."
+# Prefixes of the other components a ComfyUI all-in-one checkpoint bundles (not the transformer's).
+COMFYUI_OTHER_PREFIXES = ("first_stage_model.", "cond_stage_model.", "text_encoders.", "vae.")
+_BFL_MLP = re.compile(r"^(double_blocks\.\d+\.(?:img|txt)_mlp)\.2\.(weight|bias)$")
+# What other checkpoints' keys look like, so an unknown layout is named, not just refused.
+_LOOKS_LIKE = (
+    ("an SDXL / SD1.x UNet", ("input_blocks.", "middle_block.", "down_blocks.", "mid_block.")),
+    ("an SD3 MMDiT", ("joint_blocks.", "x_embedder.proj.")),
+    ("a VAE", ("encoder.down.", "decoder.up.", "encoder.down_blocks.", "decoder.up_blocks.")),
+    ("a text encoder", ("text_model.", "encoder.block.", "shared.weight", "encoder.layer.")),
+    ("a LoRA adapter", ("lora_A", "lora_B", "lora_down", "lora_up")),
+)
+
+
+def detect_layout(keys: Iterable[str], source: str) -> str:
+    """``diffusers`` | ``bfl`` | ``comfyui``; anything else is a ModelLoadError saying what the keys look like."""
+    names = list(keys)
+    if any(k.startswith(COMFYUI_PREFIX + "double_blocks.") for k in names):
+        return "comfyui"
+    if any(k.startswith("double_blocks.") for k in names):
+        return "bfl"
+    if any(k.startswith("transformer_blocks.") and ".attn.to_q." in k for k in names):
+        return "diffusers"
+    guess = next((what for what, marks in _LOOKS_LIKE if any(m in k for k in names for m in marks)), None)
+    found = f"keys look like {guess}" if guess else f"unrecognised keys ({', '.join(sorted(names)[:5])}, ...)"
+    raise ModelLoadError(f"{source}: {found}, expected a FLUX transformer (diffusers `transformer_blocks.N.attn."
+                         "to_q.weight`, BFL `double_blocks.N.img_attn.qkv.weight`, or ComfyUI `model.diffusion_"
+                         "model.double_blocks...`)")
+
+
+def comfyui_transformer(state_dict: dict[str, Tensor]) -> dict[str, Tensor]:
+    """The transformer's tensors of a ComfyUI checkpoint, with BFL names (its bundled components dropped)."""
+    return {key[len(COMFYUI_PREFIX):]: tensor for key, tensor in state_dict.items() if key.startswith(COMFYUI_PREFIX)}
+
+
+def bfl_to_native(state_dict: dict[str, Tensor], params: FluxParams, source: str) -> dict[str, Tensor]:
+    """BFL names -> the native module's (consuming ``state_dict``)."""
+    native: dict[str, Tensor] = {}
+    qkv_rows = 3 * params.hidden_size
+    for key in list(state_dict):
+        tensor = state_dict.pop(key)
+        mlp = _BFL_MLP.match(key)
+        if mlp:
+            native[f"{mlp[1]}.1.{mlp[2]}"] = tensor
+        elif key.startswith("single_blocks.") and ".linear1." in key:
+            block, suffix = key.split(".linear1.")
+            if tensor.shape[0] <= qkv_rows:
+                raise ModelLoadError(f"{source}: {key} has {tensor.shape[0]} rows, expected 3 x hidden_size "
+                                     f"({qkv_rows}) + the MLP's: the file does not match the model's config.json")
+            native[f"{block}.qkv.{suffix}"] = tensor[:qkv_rows].clone()
+            native[f"{block}.mlp_in.{suffix}"] = tensor[qkv_rows:].clone()
+        else:
+            native[key] = tensor
+    return native
+
+
+def native_state_dict(state_dict: dict[str, Tensor], params: FluxParams, source: str) -> tuple[dict[str, Tensor], str]:
+    """A single file's tensors as the native module's state dict, and the layout they were in."""
+    layout = detect_layout(state_dict, source)
+    if layout == "diffusers":
+        return convert_diffusers_state_dict(state_dict, params), layout
+    bfl = comfyui_transformer(state_dict) if layout == "comfyui" else state_dict
+    return bfl_to_native(bfl, params, source), layout
+
+
+def read_checkpoint(path: str | Path) -> dict[str, Tensor]:
+    """Every tensor of a ``.safetensors`` file; other formats are refused (pickles are never read)."""
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
+    file = Path(path)
+    if file.suffix != ".safetensors":
+        raise ModelLoadError(f"{file}: only .safetensors single files are read here (pickle checkpoints are "
+                             "refused: convert them to safetensors)")
+    if not file.is_file():
+        raise ModelLoadError(f"{file}: no such file")
+    try:
+        return load_file(str(file))
+    except (SafetensorError, OSError, ValueError) as exc:
+        raise ModelLoadError(f"{file}: not a readable safetensors file ({exc}); a truncated download? "
+                             "fetch it again") from None

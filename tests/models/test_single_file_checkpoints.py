@@ -1,0 +1,140 @@
+"""Single-file transformer checkpoints (models/flux/checkpoint_layouts.py, ``components: {transformer: FILE}``,
+``--transformer FILE``): BFL's and ComfyUI's layouts give images bit-identical to the folder's weights; an unknown
+layout, a truncated file and a file of another model size are errors that name the file and what is wrong.
+
+The files are written by diffserve.zoo.flux_checkpoints (diffusers names -> BFL names), checked here against
+diffusers' own converter in the other direction, so the writer and diffserve's reader are not one mapping."""
+
+from __future__ import annotations
+
+import inspect
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from diffserve.config.resolve import resolve
+from diffserve.errors import ConfigError, ModelLoadError
+from diffserve.zoo.flux_checkpoints import diffusers_to_bfl, write_single_file
+
+REQUEST = dict(prompt="a fox", height=64, width=64, num_inference_steps=2, seed=3, output_type="pt")
+
+
+def _diffusers_converter(hidden_size: int):
+    """diffusers' ``convert_flux_transformer_checkpoint_to_diffusers``, which hard-codes FLUX.1's width
+    (``inner_dim = 3072``), with the tiny model's width instead: otherwise its own code, unchanged."""
+    from diffusers.loaders import single_file_utils
+
+    source = inspect.getsource(single_file_utils.convert_flux_transformer_checkpoint_to_diffusers)
+    assert source.count("inner_dim = 3072") == 1
+    namespace = dict(vars(single_file_utils))
+    exec(source.replace("inner_dim = 3072", f"inner_dim = {hidden_size}"), namespace)  # noqa: S102
+    return namespace["convert_flux_transformer_checkpoint_to_diffusers"]
+
+
+@pytest.mark.parametrize("fixture", ["tiny_flux_dir", "tiny_flux_dev_dir"], ids=["schnell", "dev"])
+def test_our_bfl_writer_is_the_inverse_of_diffusers_converter(request: pytest.FixtureRequest, fixture: str) -> None:
+    model = request.getfixturevalue(fixture)
+    original = load_file(str(model / "transformer" / "diffusion_pytorch_model.safetensors"))
+    config = json.loads((model / "transformer" / "config.json").read_text())
+    hidden = config["num_attention_heads"] * config["attention_head_dim"]
+    back = _diffusers_converter(hidden)(dict(diffusers_to_bfl(original)))
+    assert back.keys() == original.keys()
+    assert all(torch.equal(back[k], original[k]) for k in original)
+
+
+def _image(model: Path, **overrides) -> tuple[np.ndarray, dict]:
+    from diffserve import Engine, GenerationRequest
+
+    with Engine(str(model), dtype="float32", env={}, **overrides) as engine:
+        out = engine.generate(GenerationRequest(**REQUEST))
+    return out.images[0].numpy(), out.attestation
+
+
+def test_bfl_and_comfyui_files_give_the_folders_image(tiny_flux_dir: Path, tmp_path: Path) -> None:
+    bfl = write_single_file(tiny_flux_dir, tmp_path / "flux1-tiny.safetensors")
+    comfy = write_single_file(tiny_flux_dir, tmp_path / "flux1-tiny-comfy.safetensors", layout="comfyui",
+                              bundled={"first_stage_model.decoder.conv_in.weight": torch.zeros(2, 2),
+                                       "cond_stage_model.transformer.text_model.x": torch.zeros(1)})
+    folder, _ = _image(tiny_flux_dir)
+    for path in (bfl, comfy):
+        config = resolve(model=str(tiny_flux_dir), overrides={"components": {"transformer": str(path)}}, env={})
+        assert config.stages[0].components == {"transformer": str(path)}
+        assert config.source_of("stages.0.components").layer == "cli"
+        image, _ = _image(tiny_flux_dir, components={"transformer": str(path)})
+        assert np.array_equal(image, folder), path.name
+
+
+def _error(tiny_flux_dir: Path, path: Path) -> str:
+    from diffserve.models.flux.pipeline import FluxPipeline
+
+    with pytest.raises(ModelLoadError) as err:
+        FluxPipeline.from_pretrained(tiny_flux_dir, components={"transformer": str(path)})
+    return str(err.value)
+
+
+def test_broken_and_foreign_files_are_errors_naming_the_file(tiny_flux_dir: Path, small_flux_dir: Path,
+                                                            tmp_path: Path) -> None:
+    weights = load_file(str(tiny_flux_dir / "transformer" / "diffusion_pytorch_model.safetensors"))
+    sd3 = tmp_path / "sd3.safetensors"
+    save_file({"joint_blocks.0.x_block.attn.qkv.weight": torch.zeros(4, 4), "x_embedder.proj.weight": torch.zeros(2)},
+              str(sd3))
+    assert "keys look like an SD3 MMDiT, expected a FLUX transformer" in _error(tiny_flux_dir, sd3)
+    unet = tmp_path / "unet.safetensors"
+    save_file({"model.diffusion_model.input_blocks.0.0.weight": torch.zeros(2)}, str(unet))
+    assert "keys look like an SDXL / SD1.x UNet" in _error(tiny_flux_dir, unet)
+
+    truncated = tmp_path / "truncated.safetensors"
+    data = write_single_file(tiny_flux_dir, tmp_path / "whole.safetensors").read_bytes()
+    truncated.write_bytes(data[: len(data) // 2])
+    assert f"{truncated}: not a readable safetensors file" in _error(tiny_flux_dir, truncated)
+
+    bigger = write_single_file(small_flux_dir, tmp_path / "small.safetensors")  # another model size
+    text = _error(tiny_flux_dir, bigger)
+    assert str(bigger) in text and ("wrong shape" in text or "do not match" in text), text
+
+    missing = tmp_path / "missing.safetensors"
+    bfl = diffusers_to_bfl(weights)
+    dropped = sorted(bfl)[0]
+    save_file({k: v.contiguous() for k, v in bfl.items() if k != dropped}, str(missing))
+    text = _error(tiny_flux_dir, missing)
+    assert str(missing) in text and "missing" in text, text
+
+    with pytest.raises(ConfigError, match="no such file"):
+        resolve(model=str(tiny_flux_dir), overrides={"components": {"transformer": str(tmp_path / "nope.safetensors")}},
+                env={})
+    with pytest.raises(ConfigError, match="'vae' cannot come from a single file"):
+        resolve(model=str(tiny_flux_dir), overrides={"components": "vae=x.safetensors"}, env={})
+
+
+def test_generic_path_refuses_single_files(tiny_sd3_dir: Path, tiny_flux_dir: Path, tmp_path: Path) -> None:
+    path = write_single_file(tiny_flux_dir, tmp_path / "flux.safetensors")
+    with pytest.raises(ConfigError, match="single-file components are read by the native FLUX path"):
+        resolve(model=str(tiny_sd3_dir), overrides={"components": {"transformer": str(path)}}, env={})
+
+
+@pytest.mark.e2e
+def test_generate_cli_reads_a_bfl_file(tiny_flux_dir: Path, tmp_path: Path) -> None:
+    """``diffserve generate MODEL --transformer FILE`` in its own process, and a deploy file's ``components:``
+    in ``config explain`` with its line."""
+    import os
+    import subprocess
+    import sys
+
+    bfl = write_single_file(tiny_flux_dir, tmp_path / "flux1-tiny.safetensors")
+    out = tmp_path / "out.png"
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    proc = subprocess.run([sys.executable, "-m", "diffserve.entrypoints.cli", "--log-level", "info", "generate",
+                           str(tiny_flux_dir), "a fox", "-o", str(out), "--size", "64x64", "--steps", "2", "--seed", "3",
+                           "--no-progress", "--transformer", str(bfl)],
+                          capture_output=True, text=True, env=env, timeout=180)
+    assert proc.returncode == 0 and out.is_file(), proc.stderr[-2000:]
+    assert f"loaded FLUX transformer from {bfl} (bfl layout" in proc.stderr
+    deploy = tmp_path / "deploy.yaml"
+    deploy.write_text(f"enforce_eager: true\ncomponents:\n  transformer: {bfl}\n")
+    config = resolve(model=str(tiny_flux_dir), deploy_config=deploy, env={})
+    assert config.stages[0].components == {"transformer": str(bfl)}
+    assert config.source_of("stages.0.components").describe() == f"{deploy.resolve()}:2"
