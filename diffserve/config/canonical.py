@@ -230,7 +230,7 @@ def normalize_lora_modules(value: Any) -> FrozenDict:
 
 
 # Components a single file may replace (models/flux/checkpoint_layouts.py reads them).
-SINGLE_FILE_COMPONENTS = ("transformer",)
+SINGLE_FILE_COMPONENTS = ("transformer", "vae")
 
 
 def normalize_components(value: Any) -> FrozenDict:

@@ -41,6 +41,9 @@ def add_config_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--transformer", dest=f"{_DEST_PREFIX}transformer", default=None, metavar="FILE",
                        help="the transformer's weights from one file (diffusers, BFL or ComfyUI layout): "
                             "components: {transformer: FILE}")
+    group.add_argument("--vae", dest=f"{_DEST_PREFIX}vae", default=None, metavar="FILE",
+                       help="the VAE's weights from one file (diffusers, BFL ae.safetensors or ComfyUI layout): "
+                            "components: {vae: FILE}")
     group.add_argument("--stage-overrides", dest=f"{_DEST_PREFIX}stage_overrides", default=None, metavar="JSON",
                        help='per-stage values, e.g. \'{"0": {"linear_backend": "torch"}}\'')
     for leaf in FLAT_LEAVES.values():
@@ -76,9 +79,10 @@ def config_kwargs_from_args(args: argparse.Namespace) -> dict[str, Any]:
         if value is None:
             continue
         overrides[leaf.flat] = _parse_attention(value) if leaf.kind == "attention" else value
-    transformer = values.get(f"{_DEST_PREFIX}transformer")
-    if transformer is not None:  # joins --components (one value, as the flags say the same thing)
-        overrides["components"] = ",".join(filter(None, [overrides.get("components"), f"transformer={transformer}"]))
+    for component in ("transformer", "vae"):  # --transformer FILE, --vae FILE join --components
+        path = values.get(f"{_DEST_PREFIX}{component}")
+        if path is not None:
+            overrides["components"] = ",".join(filter(None, [overrides.get("components"), f"{component}={path}"]))
     stage_overrides = None
     text = values.get(f"{_DEST_PREFIX}stage_overrides")
     if text is not None:

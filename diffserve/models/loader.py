@@ -78,3 +78,37 @@ def load_strict(module: nn.Module, state_dict: dict[str, torch.Tensor], *, dtype
     for key in list(state_dict):  # in place, so an uncast copy is freed as soon as its cast exists
         state_dict[key] = state_dict[key].to(device=device, dtype=dtype)
     module.load_state_dict(state_dict, strict=True, assign=True)
+
+
+# What other checkpoints' keys look like, so a file of the wrong kind is named, not just refused.
+_LOOKS_LIKE = (
+    ("a FLUX transformer", ("double_blocks.", "single_transformer_blocks.")),
+    ("an SDXL / SD1.x UNet", ("input_blocks.", "middle_block.", "down_blocks.", "mid_block.")),
+    ("an SD3 MMDiT", ("joint_blocks.", "x_embedder.proj.")),
+    ("a VAE", ("encoder.down.", "decoder.up.", "encoder.down_blocks.", "decoder.up_blocks.")),
+    ("a text encoder", ("text_model.", "encoder.block.", "shared.weight", "encoder.layer.")),
+    ("a LoRA adapter", ("lora_A", "lora_B", "lora_down", "lora_up")),
+)
+
+
+def looks_like(keys: list[str]) -> str:
+    """"keys look like an SD3 MMDiT" (or the first keys, when they look like nothing known)."""
+    guess = next((what for what, marks in _LOOKS_LIKE if any(m in k for k in keys for m in marks)), None)
+    return f"keys look like {guess}" if guess else f"unrecognised keys ({', '.join(sorted(keys)[:5])}, ...)"
+
+
+def read_checkpoint(path: str | Path) -> dict[str, torch.Tensor]:
+    """Every tensor of a single ``.safetensors`` file; other formats are refused (pickles are never read)."""
+    from safetensors import SafetensorError
+
+    file = Path(path)
+    if file.suffix != ".safetensors":
+        raise ModelLoadError(f"{file}: only .safetensors single files are read here (pickle checkpoints are "
+                             "refused: convert them to safetensors)")
+    if not file.is_file():
+        raise ModelLoadError(f"{file}: no such file")
+    try:
+        return load_file(str(file))
+    except (SafetensorError, OSError, ValueError) as exc:
+        raise ModelLoadError(f"{file}: not a readable safetensors file ({exc}); a truncated download? "
+                             "fetch it again") from None

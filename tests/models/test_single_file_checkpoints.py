@@ -106,8 +106,8 @@ def test_broken_and_foreign_files_are_errors_naming_the_file(tiny_flux_dir: Path
     with pytest.raises(ConfigError, match="no such file"):
         resolve(model=str(tiny_flux_dir), overrides={"components": {"transformer": str(tmp_path / "nope.safetensors")}},
                 env={})
-    with pytest.raises(ConfigError, match="'vae' cannot come from a single file"):
-        resolve(model=str(tiny_flux_dir), overrides={"components": "vae=x.safetensors"}, env={})
+    with pytest.raises(ConfigError, match="'text_encoder' cannot come from a single file"):
+        resolve(model=str(tiny_flux_dir), overrides={"components": "text_encoder=x.safetensors"}, env={})
 
 
 def test_generic_path_refuses_single_files(tiny_sd3_dir: Path, tiny_flux_dir: Path, tmp_path: Path) -> None:
@@ -138,3 +138,34 @@ def test_generate_cli_reads_a_bfl_file(tiny_flux_dir: Path, tmp_path: Path) -> N
     config = resolve(model=str(tiny_flux_dir), deploy_config=deploy, env={})
     assert config.stages[0].components == {"transformer": str(bfl)}
     assert config.source_of("stages.0.components").describe() == f"{deploy.resolve()}:2"
+
+
+# -- the VAE: BFL's ae.safetensors (the latent-diffusion layout) and ComfyUI's first_stage_model. ---------
+
+def test_our_vae_writer_is_the_inverse_of_diffusers_converter(tiny_flux_dir: Path) -> None:
+    from diffusers.loaders.single_file_utils import convert_ldm_vae_checkpoint
+
+    from diffserve.zoo.vae_checkpoints import diffusers_vae_to_ldm
+
+    original = load_file(str(tiny_flux_dir / "vae" / "diffusion_pytorch_model.safetensors"))
+    config = json.loads((tiny_flux_dir / "vae" / "config.json").read_text())
+    back = convert_ldm_vae_checkpoint(diffusers_vae_to_ldm(original), config)
+    assert back.keys() == original.keys()
+    assert all(torch.equal(back[k], original[k]) for k in original)
+
+
+def test_ae_and_comfyui_vae_files_give_the_folders_image(tiny_flux_dir: Path, tmp_path: Path) -> None:
+    from diffserve.zoo.vae_checkpoints import COMFYUI_VAE_PREFIX, write_vae_file
+
+    ae = write_vae_file(tiny_flux_dir, tmp_path / "ae.safetensors")
+    comfy = write_vae_file(tiny_flux_dir, tmp_path / "comfy-vae.safetensors", prefix=COMFYUI_VAE_PREFIX)
+    transformer = write_single_file(tiny_flux_dir, tmp_path / "flux1-tiny.safetensors")
+    folder, _ = _image(tiny_flux_dir)
+    for components in ({"vae": str(ae)}, {"vae": str(comfy)}, {"vae": str(ae), "transformer": str(transformer)}):
+        image, _ = _image(tiny_flux_dir, components=components)
+        assert np.array_equal(image, folder), components
+    # A transformer file given as the VAE is named for what it is.
+    from diffserve.models.flux.pipeline import FluxPipeline
+
+    with pytest.raises(ModelLoadError, match="keys look like a FLUX transformer, expected a VAE"):
+        FluxPipeline.from_pretrained(tiny_flux_dir, components={"vae": str(transformer)})

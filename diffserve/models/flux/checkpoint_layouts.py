@@ -16,28 +16,18 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable
-from pathlib import Path
 
 from torch import Tensor
 
 from diffserve.errors import ModelLoadError
 from diffserve.models.flux.params import FluxParams
 from diffserve.models.flux.weights import convert_diffusers_state_dict
+from diffserve.models.loader import looks_like
 
 COMFYUI_PREFIX = "model.diffusion_model."
 # Prefixes of the other components a ComfyUI all-in-one checkpoint bundles (not the transformer's).
 COMFYUI_OTHER_PREFIXES = ("first_stage_model.", "cond_stage_model.", "text_encoders.", "vae.")
 _BFL_MLP = re.compile(r"^(double_blocks\.\d+\.(?:img|txt)_mlp)\.2\.(weight|bias)$")
-# What other checkpoints' keys look like, so an unknown layout is named, not just refused.
-_LOOKS_LIKE = (
-    ("an SDXL / SD1.x UNet", ("input_blocks.", "middle_block.", "down_blocks.", "mid_block.")),
-    ("an SD3 MMDiT", ("joint_blocks.", "x_embedder.proj.")),
-    ("a VAE", ("encoder.down.", "decoder.up.", "encoder.down_blocks.", "decoder.up_blocks.")),
-    ("a text encoder", ("text_model.", "encoder.block.", "shared.weight", "encoder.layer.")),
-    ("a LoRA adapter", ("lora_A", "lora_B", "lora_down", "lora_up")),
-)
-
-
 def detect_layout(keys: Iterable[str], source: str) -> str:
     """``diffusers`` | ``bfl`` | ``comfyui``; anything else is a ModelLoadError saying what the keys look like."""
     names = list(keys)
@@ -47,9 +37,7 @@ def detect_layout(keys: Iterable[str], source: str) -> str:
         return "bfl"
     if any(k.startswith("transformer_blocks.") and ".attn.to_q." in k for k in names):
         return "diffusers"
-    guess = next((what for what, marks in _LOOKS_LIKE if any(m in k for k in names for m in marks)), None)
-    found = f"keys look like {guess}" if guess else f"unrecognised keys ({', '.join(sorted(names)[:5])}, ...)"
-    raise ModelLoadError(f"{source}: {found}, expected a FLUX transformer (diffusers `transformer_blocks.N.attn."
+    raise ModelLoadError(f"{source}: {looks_like(names)}, expected a FLUX transformer (diffusers `transformer_blocks.N.attn."
                          "to_q.weight`, BFL `double_blocks.N.img_attn.qkv.weight`, or ComfyUI `model.diffusion_"
                          "model.double_blocks...`)")
 
@@ -87,21 +75,3 @@ def native_state_dict(state_dict: dict[str, Tensor], params: FluxParams, source:
         return convert_diffusers_state_dict(state_dict, params), layout
     bfl = comfyui_transformer(state_dict) if layout == "comfyui" else state_dict
     return bfl_to_native(bfl, params, source), layout
-
-
-def read_checkpoint(path: str | Path) -> dict[str, Tensor]:
-    """Every tensor of a ``.safetensors`` file; other formats are refused (pickles are never read)."""
-    from safetensors import SafetensorError
-    from safetensors.torch import load_file
-
-    file = Path(path)
-    if file.suffix != ".safetensors":
-        raise ModelLoadError(f"{file}: only .safetensors single files are read here (pickle checkpoints are "
-                             "refused: convert them to safetensors)")
-    if not file.is_file():
-        raise ModelLoadError(f"{file}: no such file")
-    try:
-        return load_file(str(file))
-    except (SafetensorError, OSError, ValueError) as exc:
-        raise ModelLoadError(f"{file}: not a readable safetensors file ({exc}); a truncated download? "
-                             "fetch it again") from None

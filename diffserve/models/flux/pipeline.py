@@ -41,6 +41,7 @@ from diffserve.models.flux.sampling import (
 from diffserve.models.flux.transformer import FluxTransformer, load_flux_transformer
 from diffserve.models.stepcache.policy import BranchCache, CacheSettings
 from diffserve.models.stepcache.report import attach_negative, image_entries
+from diffserve.models.vae_file import load_vae
 from diffserve.registry.models import MODEL_FAMILIES, ModelFamily, read_class_name
 from diffserve.types.attestation import Attestation
 from diffserve.types.batching import BatchPlan, batch_key, plan_of
@@ -96,9 +97,8 @@ class FluxPipeline(Pipeline):
     @classmethod
     def from_stage(cls, model_dir: str | Path, stage: StageConfig,
                    context: BuildContext = BuildContext()) -> FluxPipeline:
-        """Load every component of ``model_dir``; the transformer's kernels are chosen here, once."""
-        from diffusers import AutoencoderKL
-
+        """Load every component of ``model_dir`` (the transformer's and the VAE's weights from single files
+        when ``stage.components`` names them); the transformer's kernels are chosen here, once."""
         root = Path(model_dir)
         if not (root / "transformer").is_dir():
             raise ModelLoadError(f"{root} is not a FLUX model directory (no transformer/ folder)")
@@ -122,13 +122,11 @@ class FluxPipeline(Pipeline):
         if not stage.enforce_eager:
             transformer.compile_blocks()
         encoders = TextEncoders(root, dtype=dtype, device=device, per_prompt=stage.batch_invariant)
+        vae = load_vae(root / "vae", dtype=dtype, device=device, weights_file=stage.components.get("vae"))
         try:
-            # use_safetensors=True: diffusers would otherwise fall back to unpickling a .bin file.
-            vae = AutoencoderKL.from_pretrained(str(root / "vae"), torch_dtype=dtype,
-                                                use_safetensors=True).to(device).eval()
             scheduler_config = json.loads((root / "scheduler" / "scheduler_config.json").read_text())
         except (OSError, ValueError) as exc:
-            raise ModelLoadError(f"cannot load the VAE or scheduler config from {root}: {exc}") from exc
+            raise ModelLoadError(f"cannot read the scheduler config of {root}: {exc}") from exc
         logger.info("loaded %s (%s on %s) in %.1fs", root, dtype, device, time.perf_counter() - start)
         pipeline = cls(transformer, encoders, vae, scheduler_config, device=device, dtype=dtype,
                        parallel=context.parallel, cache=stage.cache, family=MODEL_FAMILIES[read_class_name(root)])

@@ -14,11 +14,11 @@ from diffserve.layers.linear.module import Linear
 from diffserve.layers.ulysses import UlyssesAttention
 from diffserve.logging import get_logger
 from diffserve.models.flux.blocks import DoubleStreamBlock, LastLayer, SingleStreamBlock, modulate
-from diffserve.models.flux.checkpoint_layouts import native_state_dict, read_checkpoint
+from diffserve.models.flux.checkpoint_layouts import native_state_dict
 from diffserve.models.flux.embeddings import MLPEmbedder, rope, timestep_embedding
 from diffserve.models.flux.params import FluxParams
 from diffserve.models.flux.weights import convert_diffusers_state_dict
-from diffserve.models.loader import load_strict, read_config, read_safetensors
+from diffserve.models.loader import load_strict, read_checkpoint, read_config, read_safetensors
 
 if TYPE_CHECKING:  # pragma: no cover
     from diffserve.models.flux.lora import LoraAdapters
