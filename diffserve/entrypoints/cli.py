@@ -21,6 +21,7 @@ COMMAND_MODULES = (
     "serve",
     "generate",
     "config",
+    "models",
     "make_model",
     "bench",
 )
