@@ -127,3 +127,32 @@ def folder_weights(folder: Path) -> list[Path]:
 
 def as_dict(report: ComponentReport) -> dict[str, Any]:
     return asdict(report)
+
+
+def hash_cache_dir(environ: dict[str, str] | None = None) -> Path:
+    """Where file digests are remembered: ``$DIFFSERVE_CACHE_DIR/hashes`` (default ``~/.cache/diffserve``)."""
+    env = os.environ if environ is None else environ
+    return Path(env.get("DIFFSERVE_CACHE_DIR") or Path.home() / ".cache" / "diffserve") / "hashes"
+
+
+def weight_files(model_dir: str | Path, components: dict[str, str] | None = None) -> dict[str, list[Path]]:
+    """component -> the weight files a load reads: the single file ``components`` names, else its folder's."""
+    root = Path(model_dir)
+    index = json.loads((root / "model_index.json").read_text(encoding="utf-8"))
+    chosen = dict(components or {})
+    files: dict[str, list[Path]] = {}
+    for name, value in sorted(index.items()):
+        if name.startswith("_") or not (isinstance(value, list) and len(value) == 2 and all(value)):
+            continue
+        found = [Path(chosen[name])] if name in chosen else folder_weights(root / name)
+        if found:
+            files[name] = found
+    return files
+
+
+def weights_fingerprint(model_dir: str | Path, components: dict[str, str] | None = None) -> str:
+    """A hash of what was loaded: per component, each weight file's name, size and sha256 (16 hex digits)."""
+    cache = hash_cache_dir()
+    rows = [f"{name}/{path.name}:{path.stat().st_size}:{file_sha256(path, cache)}"
+            for name, paths in weight_files(model_dir, components).items() for path in paths]
+    return hashlib.sha256("\n".join(rows).encode()).hexdigest()[:16]

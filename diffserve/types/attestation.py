@@ -84,6 +84,7 @@ class Attestation(KernelTally, total=False):
     batch_size: int
     batch_ms: float
     config_fingerprint: str
+    weights_fingerprint: str  # names, sizes and sha256 of the weight files the worker loaded (models/inspect.py)
     model_source: HubModelReport
     cache: list[CacheEntry]  # one per image
     lora: LoraReport

@@ -17,6 +17,7 @@ from diffserve.layers.attestation import KernelCounters
 from diffserve.layers.collectives import CollectiveCounters
 from diffserve.logging import get_logger
 from diffserve.models.base import BuildContext, ParallelContext, Pipeline
+from diffserve.models.inspect import weights_fingerprint
 from diffserve.registry.models import MODEL_FAMILIES
 from diffserve.types.attestation import Attestation, HubModelReport, KernelTally, ParallelLayout
 from diffserve.types.messages import WorkerInfo
@@ -58,6 +59,7 @@ class Worker:
         self.parallel = ParallelContext()
         # Batches stopped by a cancel: (request ids, steps done, total steps), most recent last.
         self.cancelled: list[dict[str, Any]] = []
+        self.weights_fingerprint = ""  # models/inspect.py: names, sizes and sha256 of the weight files loaded
 
     def observe_kernels(self, observer: KernelObserver) -> None:
         """Install a kernel observer (``layers.observe``) on the kernel set the pipeline is built with.
@@ -81,6 +83,7 @@ class Worker:
                                    parallel=self.parallel)
             pipeline_class = family.load_pipeline_class(self.stage.implementation)
             self.pipeline = pipeline_class.from_stage(self.config.model, self.stage, context)
+            self.weights_fingerprint = weights_fingerprint(self.config.model, dict(self.stage.components))
         else:
             logger.warning("no model configured: worker %d serves RPCs only", self.rank)
         if self.extension is not None:
@@ -172,6 +175,8 @@ class Worker:
                                   dtype=str(getattr(self.pipeline, "dtype", "")).removeprefix("torch."),
                                   batch_size=batch_size, batch_ms=round(batch_ms, 3),
                                   config_fingerprint=self.config.fingerprint)
+        if self.weights_fingerprint:
+            attestation["weights_fingerprint"] = self.weights_fingerprint
         source = self.config.model_source
         if source is not None and source.repo_id:
             attestation["model_source"] = HubModelReport(repo_id=source.repo_id, revision=source.revision,

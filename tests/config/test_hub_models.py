@@ -85,6 +85,7 @@ def test_a_cached_hub_id_serves_offline_bit_identical_to_its_folder(hub_cache: P
     assert np.array_equal(from_hub, from_folder)
     assert attestation["model_source"] == {"repo_id": REPO, "revision": "main", "commit": COMMIT}
     assert "model_source" not in folder_attestation  # a local folder has no snapshot to attest
+    assert attestation["weights_fingerprint"] == folder_attestation["weights_fingerprint"]  # the same files
 
 
 def test_a_revision_picks_its_snapshot(hub_cache: Path) -> None:

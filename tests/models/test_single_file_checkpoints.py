@@ -59,13 +59,19 @@ def test_bfl_and_comfyui_files_give_the_folders_image(tiny_flux_dir: Path, tmp_p
     comfy = write_single_file(tiny_flux_dir, tmp_path / "flux1-tiny-comfy.safetensors", layout="comfyui",
                               bundled={"first_stage_model.decoder.conv_in.weight": torch.zeros(2, 2),
                                        "cond_stage_model.transformer.text_model.x": torch.zeros(1)})
-    folder, _ = _image(tiny_flux_dir)
+    folder, folder_attestation = _image(tiny_flux_dir)
+    from diffserve.models.inspect import weights_fingerprint
+
+    assert folder_attestation["weights_fingerprint"] == weights_fingerprint(tiny_flux_dir)
     for path in (bfl, comfy):
         config = resolve(model=str(tiny_flux_dir), overrides={"components": {"transformer": str(path)}}, env={})
         assert config.stages[0].components == {"transformer": str(path)}
         assert config.source_of("stages.0.components").layer == "cli"
-        image, _ = _image(tiny_flux_dir, components={"transformer": str(path)})
+        image, attestation = _image(tiny_flux_dir, components={"transformer": str(path)})
         assert np.array_equal(image, folder), path.name
+        # Same pixels, other files: the weights fingerprint says which files were read.
+        assert attestation["weights_fingerprint"] == weights_fingerprint(tiny_flux_dir, {"transformer": str(path)})
+        assert attestation["weights_fingerprint"] != folder_attestation["weights_fingerprint"]
 
 
 def _error(tiny_flux_dir: Path, path: Path) -> str:

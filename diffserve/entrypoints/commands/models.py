@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 from pathlib import Path
 from typing import Any
 
@@ -47,7 +46,7 @@ def inspect_deployment(args: argparse.Namespace) -> dict[str, Any]:
     dtype = str(resolve_dtype(stage.dtype, torch.device("cpu"))).removeprefix("torch.")
     root = Path(config.model)
     index = json.loads((root / "model_index.json").read_text(encoding="utf-8"))
-    hash_cache = Path(os.environ.get("DIFFSERVE_CACHE_DIR") or Path.home() / ".cache" / "diffserve") / "hashes"
+    hash_cache = weights.hash_cache_dir()
     components = []
     for name, value in index.items():
         if name.startswith("_") or not (isinstance(value, list) and len(value) == 2 and all(value)):
