@@ -195,6 +195,11 @@ def _component_errors(stages: tuple[StageConfig, ...], family: Any,
             if not os.path.isfile(path):
                 errors.append(ConfigError(f"{name}: no such file {path}", path=f"{key}.{name}",
                                           source=provenance[key].describe(), hint="give an existing .safetensors file"))
+        if stage.components.get("transformer", "").endswith(".gguf") and not stage.enforce_eager:
+            errors.append(ConfigError("a GGUF transformer runs eager (its weights are dequantized per call)",
+                                      path=f"stages.{stage.stage_id}.enforce_eager",
+                                      source=provenance[f"stages.{stage.stage_id}.enforce_eager"].describe(),
+                                      hint="set enforce_eager: true (--enforce-eager)"))
         if stage.components and family is not None and (stage.implementation != "native" or family.implementation
                                                          != "native"):
             errors.append(ConfigError(f"single-file components are read by the native FLUX path; {family.class_name} "

@@ -156,3 +156,22 @@ def weights_fingerprint(model_dir: str | Path, components: dict[str, str] | None
     rows = [f"{name}/{path.name}:{path.stat().st_size}:{file_sha256(path, cache)}"
             for name, paths in weight_files(model_dir, components).items() for path in paths]
     return hashlib.sha256("\n".join(rows).encode()).hexdigest()[:16]
+
+
+def gguf_report(name: str, path: Path, *, stage_dtype: str, hash_cache: Path | None) -> ComponentReport:
+    """A GGUF transformer: its packed tensors stay packed on the device (layers/linear/gguf.py)."""
+    import gguf
+
+    from diffserve.layers.linear.gguf import BLOCK_FORMATS
+
+    report = ComponentReport(name=name, source="single file", layout="gguf")
+    report.files.append(WeightFile(str(path), path.stat().st_size, file_sha256(path, hash_cache)))
+    cast = STAGE_DTYPE_BYTES.get(stage_dtype, 4)
+    for tensor in gguf.GGUFReader(str(path)).tensors:
+        count = int(tensor.n_elements)
+        kind = tensor.tensor_type.name
+        report.parameters += count
+        report.stored_dtypes[kind] = report.stored_dtypes.get(kind, 0) + count
+        packed = kind.lower() in BLOCK_FORMATS and len(tensor.shape) == 2
+        report.device_bytes += int(tensor.n_bytes) if packed else count * cast
+    return report

@@ -99,3 +99,29 @@ def write_single_file(model_dir: str | Path, path: str | Path, layout: str = "bf
     save_file(tensors, str(target))
     logger.info("wrote %s (%s layout, %d tensors)", target, layout, len(tensors))
     return target
+
+
+def write_gguf(model_dir: str | Path, path: str | Path, qtype: str = "q8_0") -> Path:
+    """``model_dir``'s transformer as a GGUF file in city96's FLUX layout (BFL names, architecture ``flux``):
+    2-D weights whose input size is a multiple of 32 in ``qtype`` (ggml's block format, quantized by the
+    ``gguf`` package), everything else float32."""
+    import gguf
+    from safetensors.torch import load_file
+
+    kind = gguf.GGMLQuantizationType[qtype.upper()]
+    weights = load_file(str(Path(model_dir) / "transformer" / "diffusion_pytorch_model.safetensors"))
+    target = Path(path)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    writer = gguf.GGUFWriter(str(target), "flux")
+    for name, tensor in sorted(diffusers_to_bfl(weights).items()):
+        array = tensor.float().numpy()
+        if array.ndim == 2 and array.shape[1] % 32 == 0:
+            writer.add_tensor(name, gguf.quants.quantize(array, kind), raw_dtype=kind)
+        else:
+            writer.add_tensor(name, array)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    logger.info("wrote %s (GGUF %s)", target, qtype)
+    return target

@@ -52,7 +52,9 @@ def inspect_deployment(args: argparse.Namespace) -> dict[str, Any]:
         if name.startswith("_") or not (isinstance(value, list) and len(value) == 2 and all(value)):
             continue
         single = stage.components.get(name)
-        if single is not None:
+        if single is not None and single.endswith(".gguf"):
+            report = weights.gguf_report(name, Path(single), stage_dtype=dtype, hash_cache=hash_cache)
+        elif single is not None:
             keys = list(weights.safetensors_header(single))
             layout = _layout(name, keys, single)
             prefix = _COMFYUI_PREFIX.get(name, "") if layout == "comfyui" else ""

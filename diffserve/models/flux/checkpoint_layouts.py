@@ -16,10 +16,10 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable
-
-from torch import Tensor
+from typing import Any
 
 from diffserve.errors import ModelLoadError
+from diffserve.layers.linear.gguf import QuantizedWeight
 from diffserve.models.flux.params import FluxParams
 from diffserve.models.flux.weights import convert_diffusers_state_dict
 from diffserve.models.loader import looks_like
@@ -42,14 +42,14 @@ def detect_layout(keys: Iterable[str], source: str) -> str:
                          "model.double_blocks...`)")
 
 
-def comfyui_transformer(state_dict: dict[str, Tensor]) -> dict[str, Tensor]:
+def comfyui_transformer(state_dict: dict[str, Any]) -> dict[str, Any]:
     """The transformer's tensors of a ComfyUI checkpoint, with BFL names (its bundled components dropped)."""
     return {key[len(COMFYUI_PREFIX):]: tensor for key, tensor in state_dict.items() if key.startswith(COMFYUI_PREFIX)}
 
 
-def bfl_to_native(state_dict: dict[str, Tensor], params: FluxParams, source: str) -> dict[str, Tensor]:
+def bfl_to_native(state_dict: dict[str, Any], params: FluxParams, source: str) -> dict[str, Any]:
     """BFL names -> the native module's (consuming ``state_dict``)."""
-    native: dict[str, Tensor] = {}
+    native: dict[str, Any] = {}
     qkv_rows = 3 * params.hidden_size
     for key in list(state_dict):
         tensor = state_dict.pop(key)
@@ -61,16 +61,25 @@ def bfl_to_native(state_dict: dict[str, Tensor], params: FluxParams, source: str
             if tensor.shape[0] <= qkv_rows:
                 raise ModelLoadError(f"{source}: {key} has {tensor.shape[0]} rows, expected 3 x hidden_size "
                                      f"({qkv_rows}) + the MLP's: the file does not match the model's config.json")
-            native[f"{block}.qkv.{suffix}"] = tensor[:qkv_rows].clone()
-            native[f"{block}.mlp_in.{suffix}"] = tensor[qkv_rows:].clone()
+            rows = tensor.shape[0]
+            native[f"{block}.qkv.{suffix}"] = _rows(tensor, 0, qkv_rows)
+            native[f"{block}.mlp_in.{suffix}"] = _rows(tensor, qkv_rows, rows)
         else:
             native[key] = tensor
     return native
 
 
-def native_state_dict(state_dict: dict[str, Tensor], params: FluxParams, source: str) -> tuple[dict[str, Tensor], str]:
+def _rows(tensor: Any, start: int, stop: int) -> Any:
+    """Rows ``start:stop`` of a dense tensor or of a packed GGUF weight (layers/linear/gguf.py)."""
+    return tensor.rows(start, stop) if isinstance(tensor, QuantizedWeight) else tensor[start:stop].clone()
+
+
+def native_state_dict(state_dict: dict[str, Any], params: FluxParams, source: str) -> tuple[dict[str, Any], str]:
     """A single file's tensors as the native module's state dict, and the layout they were in."""
     layout = detect_layout(state_dict, source)
+    if layout == "diffusers" and any(isinstance(t, QuantizedWeight) for t in state_dict.values()):
+        raise ModelLoadError(f"{source}: quantized weights under diffusers' names are not read (Q/K/V would have "
+                             "to be fused packed); GGUF files with BFL names (city96's layout) are")
     if layout == "diffusers":
         return convert_diffusers_state_dict(state_dict, params), layout
     bfl = comfyui_transformer(state_dict) if layout == "comfyui" else state_dict

@@ -8,8 +8,10 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import Tensor, nn
 
+from diffserve.errors import ModelLoadError
 from diffserve.layers.attention.module import Attention
 from diffserve.layers.kernels import KernelSet
+from diffserve.layers.linear.gguf import QuantizedWeight, install
 from diffserve.layers.linear.module import Linear
 from diffserve.layers.ulysses import UlyssesAttention
 from diffserve.logging import get_logger
@@ -18,6 +20,7 @@ from diffserve.models.flux.checkpoint_layouts import native_state_dict
 from diffserve.models.flux.embeddings import MLPEmbedder, rope, timestep_embedding
 from diffserve.models.flux.params import FluxParams
 from diffserve.models.flux.weights import convert_diffusers_state_dict
+from diffserve.models.gguf_file import read_gguf
 from diffserve.models.loader import load_strict, read_checkpoint, read_config, read_safetensors
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -162,11 +165,27 @@ def load_flux_transformer(transformer_dir: str | Path, kernels: KernelSet, *, dt
         state_dict = convert_diffusers_state_dict(read_safetensors(transformer_dir), params)
     else:
         source = weights_file
-        state_dict, layout = native_state_dict(read_checkpoint(weights_file), params, weights_file)
+        tensors = read_gguf(weights_file) if weights_file.endswith(".gguf") else read_checkpoint(weights_file)
+        state_dict, layout = native_state_dict(tensors, params, weights_file)
     # Built on the meta device: no memory is touched until the real weights are assigned.
     with torch.device("meta"):
         model = FluxTransformer(params, kernels)
+    install_packed(model, state_dict, dtype=dtype, device=device, source=source)
     load_strict(model, state_dict, dtype=dtype, device=device, source=source)
     logger.info("loaded FLUX transformer from %s (%s layout; %d double, %d single blocks) with kernels %s", source,
                 layout, params.depth, params.depth_single_blocks, kernels.describe())
     return model.eval().requires_grad_(False)
+
+
+def install_packed(model: nn.Module, state_dict: dict[str, Any], *, dtype: torch.dtype, device: torch.device | str,
+                   source: str) -> None:
+    """Move the packed GGUF weights of ``state_dict`` into their ``Linear`` layers (which then dequantize per
+    call, counted as ``gguf_<type>``); the dense rest stays for ``load_strict``."""
+    for key in [k for k, v in state_dict.items() if isinstance(v, QuantizedWeight)]:
+        layer = model.get_submodule(key.removesuffix(".weight")) if key.endswith(".weight") else None
+        if not isinstance(layer, Linear):
+            raise ModelLoadError(f"{source}: {key} is block-quantized but is not a Linear layer's weight")
+        try:
+            install(layer, state_dict.pop(key).to(device=device, dtype=dtype))
+        except ValueError as exc:
+            raise ModelLoadError(f"{source}: {key}: {exc} (a checkpoint of another model size?)") from None
