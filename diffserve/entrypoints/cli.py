@@ -13,7 +13,7 @@ import sys
 from typing import NoReturn
 
 from diffserve import __version__
-from diffserve.errors import DiffserveError
+from diffserve.errors import DiffserveError, ModelLoadError
 from diffserve.logging import configure_logging
 
 # Order is the order shown in --help.
@@ -43,6 +43,10 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+# Exit status of a command stopped by a model file it cannot load (missing, truncated, of another model, ...);
+# a config or request error is 1.
+MODEL_FILE_ERROR = 2
+
 # One-shot commands: run as the process's own command (argv None), they end it without the
 # interpreter's teardown (``_exit_now``).
 FAST_EXIT_COMMANDS = frozenset({"generate"})
@@ -59,7 +63,7 @@ def main(argv: list[str] | None = None) -> int:
         code = int(args.func(args) or 0)
     except DiffserveError as exc:
         print(f"diffserve {args.command}: error: {exc}", file=sys.stderr)
-        code = 1
+        code = MODEL_FILE_ERROR if isinstance(exc, ModelLoadError) else 1
     except KeyboardInterrupt:
         code = 130
     if argv is None and args.command in FAST_EXIT_COMMANDS:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import torch
 from safetensors.torch import load_file
@@ -51,7 +52,12 @@ def read_safetensors(component_dir: str | Path, stem: str = "diffusion_pytorch_m
         path = directory / shard
         if not path.is_file():
             raise ModelLoadError(f"shard {shard} listed in {index} is missing")
-        tensors.update(load_file(str(path)))
+        shard_tensors = load_file(str(path))
+        twice = sorted(shard_tensors.keys() & tensors.keys())
+        if twice:
+            raise ModelLoadError(f"{path}: {len(twice)} tensors are also in an earlier shard ({', '.join(twice[:5])}): "
+                                 "a stale or mixed download? fetch the component again")
+        tensors.update(shard_tensors)
     listed = set(weight_map)
     if listed != tensors.keys():
         raise ModelLoadError(f"{index} does not match its shards: listed but absent "
@@ -70,6 +76,12 @@ def load_strict(module: nn.Module, state_dict: dict[str, torch.Tensor], *, dtype
     if missing or unexpected:
         raise ModelLoadError(f"{where}weights do not match {type(module).__name__}: missing {missing[:20]}, "
                              f"unexpected {unexpected[:20]} (a checkpoint of another model or size?)")
+    not_float = [key for key, want in expected.items()
+                 if want.is_floating_point() and not state_dict[key].is_floating_point()]
+    if not_float:
+        raise ModelLoadError(f"{where}{len(not_float)} tensors are stored as integers where the model has floating "
+                             f"point weights: {', '.join(f'{k} ({state_dict[k].dtype})' for k in not_float[:5])} "
+                             "(a quantized checkpoint in another format?)")
     wrong = [f"{key} {tuple(state_dict[key].shape)} (expected {tuple(want.shape)})"
              for key, want in expected.items() if state_dict[key].shape != want.shape]
     if wrong:
@@ -112,3 +124,16 @@ def read_checkpoint(path: str | Path) -> dict[str, torch.Tensor]:
     except (SafetensorError, OSError, ValueError) as exc:
         raise ModelLoadError(f"{file}: not a readable safetensors file ({exc}); a truncated download? "
                              "fetch it again") from None
+
+
+def strict_from_pretrained(cls: Any, folder: str | Path, **kwargs: Any) -> Any:
+    """``cls.from_pretrained(folder)`` (transformers' or diffusers'), refusing what they only warn about: a
+    missing weight (they initialize it randomly), an unexpected one, or one of the wrong shape."""
+    model, info = cls.from_pretrained(str(folder), use_safetensors=True, output_loading_info=True, **kwargs)
+    problems = {kind: sorted(info.get(kind) or ()) for kind in ("missing_keys", "unexpected_keys", "mismatched_keys")}
+    found = {kind.removesuffix("_keys"): keys for kind, keys in problems.items() if keys}
+    if found:
+        detail = "; ".join(f"{kind} {[str(k) for k in keys[:10]]}" for kind, keys in found.items())
+        raise ModelLoadError(f"{folder}: weights do not match {cls.__name__}: {detail} (a stale or partial download, "
+                             "or a checkpoint of another model? fetch the component again)")
+    return model

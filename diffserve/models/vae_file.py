@@ -13,7 +13,13 @@ import torch
 
 from diffserve.errors import ModelLoadError
 from diffserve.logging import get_logger
-from diffserve.models.loader import load_strict, looks_like, read_checkpoint, read_config
+from diffserve.models.loader import (
+    load_strict,
+    looks_like,
+    read_checkpoint,
+    read_config,
+    strict_from_pretrained,
+)
 
 logger = get_logger(__name__)
 
@@ -41,7 +47,7 @@ def load_vae(vae_dir: str | Path, *, dtype: torch.dtype, device: torch.device | 
     if weights_file is None:
         try:
             # use_safetensors=True: diffusers would otherwise fall back to unpickling a .bin file.
-            return AutoencoderKL.from_pretrained(str(vae_dir), torch_dtype=dtype, use_safetensors=True).to(device).eval()
+            return strict_from_pretrained(AutoencoderKL, vae_dir, torch_dtype=dtype).to(device).eval()
         except (OSError, ValueError) as exc:
             raise ModelLoadError(f"cannot load the VAE from {vae_dir}: {exc}") from exc
     from diffusers.loaders.single_file_utils import convert_ldm_vae_checkpoint

@@ -14,7 +14,7 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
-from diffserve.errors import RequestError
+from diffserve.errors import DiffserveError, RequestError
 from diffserve.logging import get_logger
 from diffserve.types.channel import Channel, ChannelClosed
 from diffserve.types.messages import Command, Reply
@@ -146,7 +146,10 @@ def serve(channel: Channel, make_worker: Callable[[], Worker],
         worker = make_worker()
         info = worker.load()
     except Exception as exc:
-        logger.exception("worker failed to start")
+        if isinstance(exc, DiffserveError):  # a bad file or config: its message says what to fix
+            logger.error("worker failed to start: %s: %s", type(exc).__name__, exc)
+        else:
+            logger.exception("worker failed to start")
         with contextlib.suppress(ChannelClosed):
             channel.send(replace(error_reply(0, -1, exc), kind="init_failed"))
         return

@@ -132,7 +132,7 @@ def create_app(engine: AsyncEngineClient | None = None, *, engine_factory: Engin
         # Liveness: the process answers; a dead engine fails it so orchestrators restart the server.
         # Replicas taken out leave it 200 ("degraded"): the others still serve, a restart would stop them.
         if host.is_dead:
-            return error_response(engine_dead())
+            return error_response(engine_dead(host.death_reason()))
         replicas = host.replicas()
         if replicas is None:
             return JSONResponse({"status": "ok"})
@@ -145,7 +145,7 @@ def create_app(engine: AsyncEngineClient | None = None, *, engine_factory: Engin
     @app.get("/ready")
     async def ready() -> Response:
         if host.is_dead:
-            return error_response(engine_dead())
+            return error_response(engine_dead(host.death_reason()))
         if not host.is_ready:
             return error_response(not_ready())
         # The engine loop's heartbeat: a wedged loop shows as a growing age while "idle".

@@ -64,6 +64,12 @@ class EngineHost:
             return True
         return self.engine is not None and self.engine.is_dead
 
+    def death_reason(self) -> str:
+        """Why the engine cannot serve, when its load failed (a bad model file names itself here)."""
+        if self.load_error is None:
+            return ""
+        return f"it failed to load: {type(self.load_error).__name__}: {self.load_error}"
+
     @property
     def is_ready(self) -> bool:
         if self.engine is None or self.is_dead:

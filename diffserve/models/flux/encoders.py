@@ -9,6 +9,7 @@ from torch import Tensor
 
 from diffserve.errors import ModelLoadError
 from diffserve.logging import get_logger
+from diffserve.models.loader import strict_from_pretrained
 
 logger = get_logger(__name__)
 
@@ -30,10 +31,8 @@ class TextEncoders:
             self.t5_tokenizer = AutoTokenizer.from_pretrained(str(root / "tokenizer_2"))
             # use_safetensors=True: a directory holding only pytorch_model.bin is refused instead of
             # unpickled, so a model directory can never run code through the text encoders.
-            self.clip = CLIPTextModel.from_pretrained(str(root / "text_encoder"), dtype=dtype,
-                                                      use_safetensors=True).to(device).eval()
-            self.t5 = T5EncoderModel.from_pretrained(str(root / "text_encoder_2"), dtype=dtype,
-                                                     use_safetensors=True).to(device).eval()
+            self.clip = strict_from_pretrained(CLIPTextModel, root / "text_encoder", dtype=dtype).to(device).eval()
+            self.t5 = strict_from_pretrained(T5EncoderModel, root / "text_encoder_2", dtype=dtype).to(device).eval()
         except (OSError, ValueError) as exc:
             raise ModelLoadError(f"cannot load the text encoders from {root}: {exc}") from exc
         self.device = device
