@@ -1,7 +1,7 @@
 """GGUF transformer files (city96's FLUX layout: BFL's tensor names, ``general.architecture`` = ``flux``), read
-with the ``gguf`` package (the ``gguf`` extra). Weights in a block format diffserve dequantizes per call
-(layers/linear/gguf.py: Q8_0, Q4_0, Q4_1, Q5_0, Q5_1) stay packed; F32, F16 and BF16 tensors load as they are;
-other types that ``gguf`` can read (the K-quants) are dequantized once here, to float32.
+with the ``gguf`` package (the ``gguf`` extra). 2-D weights stay packed as the file holds
+them and are dequantized per call (layers/linear/gguf.py): Q8_0, Q4_0, Q4_1, Q5_0, Q5_1 and F16/BF16 in torch,
+the K-quants and other types ``gguf`` reads by its numpy code. 1-D tensors (biases, norm scales) load dense.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import numpy as np
 import torch
 
 from diffserve.errors import ModelLoadError
-from diffserve.layers.linear.gguf import BLOCK_FORMATS, QuantizedWeight
+from diffserve.layers.linear.gguf import QuantizedWeight
 from diffserve.logging import get_logger
 
 logger = get_logger(__name__)
@@ -43,8 +43,10 @@ def read_gguf(path: str | Path) -> dict[str, torch.Tensor | QuantizedWeight]:
         qtype = entry.tensor_type.name.lower()
         shape = tuple(int(d) for d in reversed(entry.shape.tolist()))  # GGUF lists the innermost first
         raw = np.array(entry.data)  # out of the memory map: the file's bytes, once
-        if qtype in BLOCK_FORMATS and len(shape) == 2:
-            tensors[entry.name] = QuantizedWeight(qtype, torch.from_numpy(raw), shape[0], shape[1])
+        packable = len(shape) == 2 and qtype != "f32" and (qtype not in ("f16", "bf16") or shape[1] % 32 == 0)
+        if packable:  # kept as the file has it: [out, bytes per row]
+            packed = np.ascontiguousarray(raw).view(np.uint8).reshape(shape[0], -1)
+            tensors[entry.name] = QuantizedWeight(qtype, torch.from_numpy(packed), shape[0], shape[1])
         elif qtype in ("f32", "f16"):
             tensors[entry.name] = torch.from_numpy(raw).reshape(shape)
         elif qtype == "bf16":

@@ -162,8 +162,6 @@ def gguf_report(name: str, path: Path, *, stage_dtype: str, hash_cache: Path | N
     """A GGUF transformer: its packed tensors stay packed on the device (layers/linear/gguf.py)."""
     import gguf
 
-    from diffserve.layers.linear.gguf import BLOCK_FORMATS
-
     report = ComponentReport(name=name, source="single file", layout="gguf")
     report.files.append(WeightFile(str(path), path.stat().st_size, file_sha256(path, hash_cache)))
     cast = STAGE_DTYPE_BYTES.get(stage_dtype, 4)
@@ -172,6 +170,6 @@ def gguf_report(name: str, path: Path, *, stage_dtype: str, hash_cache: Path | N
         kind = tensor.tensor_type.name
         report.parameters += count
         report.stored_dtypes[kind] = report.stored_dtypes.get(kind, 0) + count
-        packed = kind.lower() in BLOCK_FORMATS and len(tensor.shape) == 2
+        packed = len(tensor.shape) == 2 and kind != "F32"  # models/gguf_file.py keeps these as the file has them
         report.device_bytes += int(tensor.n_bytes) if packed else count * cast
     return report

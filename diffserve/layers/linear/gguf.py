@@ -6,8 +6,9 @@ one in a ``Linear`` in place of its weight and wraps the layer's backend in ``GG
 dequantizes to the activation's dtype and calls the wrapped backend: the memory is the file's, the GEMM is
 the stage's, and the call is counted as ``gguf_<type>`` (e.g. ``gguf_q8_0``).
 
-Dequantization follows ggml's block formats (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1); other types (the K-quants) are
-dequantized once at load by the ``gguf`` package (models/gguf_file.py).
+Dequantization follows ggml's block formats (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, and F16/BF16 kept half) in torch;
+other types that the ``gguf`` package reads (the K-quants) stay packed too and are dequantized per call by its
+numpy code on the CPU (correct, not fast).
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from diffserve.layers.linear.module import Linear
 BLOCK_VALUES = 32
 
 
-def _f16(blocks: torch.Tensor, start: int) -> torch.Tensor:
+def _half(blocks: torch.Tensor, start: int) -> torch.Tensor:
     return blocks[..., start:start + 2].contiguous().view(torch.float16).float()
 
 
@@ -42,29 +43,39 @@ def _fifth_bits(qh: torch.Tensor) -> torch.Tensor:
 
 
 def _q8_0(b: torch.Tensor) -> torch.Tensor:
-    return _f16(b, 0) * b[..., 2:34].contiguous().view(torch.int8).float()
+    return _half(b, 0) * b[..., 2:34].contiguous().view(torch.int8).float()
 
 
 def _q4_0(b: torch.Tensor) -> torch.Tensor:
-    return _f16(b, 0) * (_nibbles(b[..., 2:18]) - 8).float()
+    return _half(b, 0) * (_nibbles(b[..., 2:18]) - 8).float()
 
 
 def _q4_1(b: torch.Tensor) -> torch.Tensor:
-    return _f16(b, 0) * _nibbles(b[..., 4:20]).float() + _f16(b, 2)
+    return _half(b, 0) * _nibbles(b[..., 4:20]).float() + _half(b, 2)
 
 
 def _q5_0(b: torch.Tensor) -> torch.Tensor:
     q = _nibbles(b[..., 6:22]) | (_fifth_bits(b[..., 2:6]) << 4)
-    return _f16(b, 0) * (q - 16).float()
+    return _half(b, 0) * (q - 16).float()
 
 
 def _q5_1(b: torch.Tensor) -> torch.Tensor:
     q = _nibbles(b[..., 8:24]) | (_fifth_bits(b[..., 4:8]) << 4)
-    return _f16(b, 0) * q.float() + _f16(b, 2)
+    return _half(b, 0) * q.float() + _half(b, 2)
+
+
+def _f16(blocks: torch.Tensor) -> torch.Tensor:
+    return blocks.contiguous().view(torch.float16).float()
+
+
+def _bf16(blocks: torch.Tensor) -> torch.Tensor:
+    return blocks.contiguous().view(torch.bfloat16).float()
 
 
 BLOCK_FORMATS: dict[str, tuple[int, Callable[[torch.Tensor], torch.Tensor]]] = {
     "q8_0": (34, _q8_0), "q4_0": (18, _q4_0), "q4_1": (20, _q4_1), "q5_0": (22, _q5_0), "q5_1": (24, _q5_1),
+    # Half-precision tensors stay half in memory too (the stage may compute in float32).
+    "f16": (64, _f16), "bf16": (64, _bf16),
 }
 
 
@@ -99,6 +110,12 @@ class QuantizedWeight:
                                self.out_features, self.in_features, dtype or self.dtype)
 
     def dequantize(self, dtype: torch.dtype | None = None) -> torch.Tensor:
+        if self.qtype not in BLOCK_FORMATS:  # K-quants and others: the gguf package's numpy, on the CPU
+            import gguf
+
+            kind = gguf.GGMLQuantizationType[self.qtype.upper()]
+            dense = torch.from_numpy(gguf.quants.dequantize(self.data.cpu().numpy(), kind).astype("float32"))
+            return dense.reshape(self.out_features, self.in_features).to(self.device, dtype or self.dtype)
         block_bytes, decode = BLOCK_FORMATS[self.qtype]
         blocks = self.data.view(self.out_features, -1, block_bytes)
         return decode(blocks).reshape(self.out_features, self.in_features).to(dtype or self.dtype)
@@ -118,9 +135,14 @@ class GGUFLinearBackend(LinearBackend):
         return self.inner.linear(x, dense, bias, activation)
 
 
-_BACKENDS: dict[str, type[GGUFLinearBackend]] = {
-    qtype: type(f"GGUF{qtype.upper()}LinearBackend", (GGUFLinearBackend,), {"name": f"gguf_{qtype}"})
-    for qtype in BLOCK_FORMATS}
+_BACKENDS: dict[str, type[GGUFLinearBackend]] = {}
+
+
+def backend_class(qtype: str) -> type[GGUFLinearBackend]:
+    """The wrapper counted as ``gguf_<qtype>`` (one class per format: a backend's name is a class attribute)."""
+    if qtype not in _BACKENDS:
+        _BACKENDS[qtype] = type(f"GGUF{qtype.upper()}LinearBackend", (GGUFLinearBackend,), {"name": f"gguf_{qtype}"})
+    return _BACKENDS[qtype]
 
 
 def install(linear: Linear, weight: QuantizedWeight) -> None:
@@ -129,5 +151,5 @@ def install(linear: Linear, weight: QuantizedWeight) -> None:
         raise ValueError(f"packed weight {tuple(weight.shape)} for a [{linear.out_features}, {linear.in_features}] layer")
     del linear.weight  # the Parameter: the state dict no longer expects it
     linear.weight = weight  # type: ignore[assignment]  # the backend below dequantizes it per call
-    linear.backend = _BACKENDS[weight.qtype](linear.backend)
+    linear.backend = backend_class(weight.qtype)(linear.backend)
     linear.backend_name = linear.backend.name
