@@ -60,22 +60,20 @@ def diffusers_to_bfl(state_dict: dict) -> dict:
     out["final_layer.adaLN_modulation.1.weight"] = torch.cat((shift, scale), dim=0)
     scale, shift = sd.pop("norm_out.linear.bias").chunk(2, dim=0)
     out["final_layer.adaLN_modulation.1.bias"] = torch.cat((shift, scale), dim=0)
-    doubles = sorted({int(k.split(".")[1]) for k in sd if k.startswith("transformer_blocks.")})
-    for i in doubles:
-        d, b = f"transformer_blocks.{i}", f"double_blocks.{i}"
-        for src, dst in _DOUBLE.items():
+    def block(d: str, b: str, plain: dict[str, str], norms: dict[str, str]) -> None:
+        for src, dst in plain.items():
             take(f"{d}.{src}", f"{b}.{dst}")
-        for src, dst in _DOUBLE_NORMS.items():
+        for src, dst in norms.items():
             out[f"{b}.{dst}.scale"] = sd.pop(f"{d}.{src}.weight")
+
+    for i in sorted({int(k.split(".")[1]) for k in sd if k.startswith("transformer_blocks.")}):
+        d, b = f"transformer_blocks.{i}", f"double_blocks.{i}"
+        block(d, b, _DOUBLE, _DOUBLE_NORMS)
         fuse([f"{d}.attn.to_q", f"{d}.attn.to_k", f"{d}.attn.to_v"], f"{b}.img_attn.qkv")
         fuse([f"{d}.attn.add_q_proj", f"{d}.attn.add_k_proj", f"{d}.attn.add_v_proj"], f"{b}.txt_attn.qkv")
-    singles = sorted({int(k.split(".")[1]) for k in sd if k.startswith("single_transformer_blocks.")})
-    for i in singles:
+    for i in sorted({int(k.split(".")[1]) for k in sd if k.startswith("single_transformer_blocks.")}):
         d, b = f"single_transformer_blocks.{i}", f"single_blocks.{i}"
-        for src, dst in _SINGLE.items():
-            take(f"{d}.{src}", f"{b}.{dst}")
-        for src, dst in _SINGLE_NORMS.items():
-            out[f"{b}.{dst}.scale"] = sd.pop(f"{d}.{src}.weight")
+        block(d, b, _SINGLE, _SINGLE_NORMS)
         fuse([f"{d}.attn.to_q", f"{d}.attn.to_k", f"{d}.attn.to_v", f"{d}.proj_mlp"], f"{b}.linear1")
     if sd:
         raise ValueError(f"diffusers keys this converter does not know: {sorted(sd)[:10]}")
