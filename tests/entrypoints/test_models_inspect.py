@@ -68,7 +68,7 @@ def test_broken_inputs_are_errors(tiny_flux_dir: Path, capsys: pytest.CaptureFix
     truncated = tmp_path / "truncated.safetensors"
     truncated.write_bytes(data[: len(data) // 2])
     code = main(["models", "inspect", str(tiny_flux_dir), "--transformer", str(truncated)])
-    assert code == 1 and "truncated" in capsys.readouterr().err
+    assert code == 2 and "truncated" in capsys.readouterr().err  # a model file error (docs/api.md: exit status)
     code = main(["models", "inspect", str(tiny_flux_dir), "--device-memory", "lots"])
     assert code == 1 and "is not a size" in capsys.readouterr().err
     assert parse_size("24GiB") == 24 * 2**30 and parse_size("500MB") == 500 * 10**6 and parse_size("1024") == 1024
