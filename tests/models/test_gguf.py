@@ -134,3 +134,25 @@ def test_models_inspect_reports_the_packed_bytes(tiny_flux_dir: Path, tmp_path: 
     transformer = next(c for c in json.loads(capsys.readouterr().out)["components"] if c["name"] == "transformer")
     assert transformer["layout"] == "gguf" and transformer["stored_dtypes"].get("Q8_0")
     assert abs(transformer["device_bytes"] - path.stat().st_size) <= 0.10 * path.stat().st_size
+
+
+@pytest.mark.e2e
+def test_gguf_with_a_lora_and_the_step_cache_on_mp_workers(tiny_flux_dir: Path, tmp_path: Path) -> None:
+    """The combination a user meets: a GGUF transformer served by mp workers, with a per-request LoRA on the
+    packed layers and the step cache; each attested, and the adapter changes the image."""
+    from diffserve import Engine, GenerationRequest
+    from diffserve.zoo.lora import build_flux_lora
+
+    path = write_gguf(tiny_flux_dir, tmp_path / "q8.gguf")
+    adapter = build_flux_lora(tiny_flux_dir, tmp_path / "style", seed=1)
+    request = dict(REQUEST, num_inference_steps=6, cache_threshold=0.9)
+    with Engine(str(tiny_flux_dir), dtype="float32", distributed_executor_backend="mp", cache_backend="fbcache",
+                components={"transformer": str(path)}, lora_modules={"style": str(adapter)}, env={}) as engine:
+        plain = engine.generate(GenerationRequest(**request))
+        styled = engine.generate(GenerationRequest(**request, loras=[("style", 1.0)]))
+    for out in (plain, styled):
+        assert out.attestation["executor"] == "mp" and set(out.attestation["linear"]) == {"gguf_q8_0"}
+        assert out.attestation["cache"][0]["backend"] == "fbcache"
+    assert [a["name"] for a in styled.attestation["lora"]["adapters"]] == ["style"]
+    assert styled.attestation["lora_linear_calls"] > 0
+    assert not np.array_equal(plain.images[0].numpy(), styled.images[0].numpy())
