@@ -47,9 +47,6 @@ class HubSnapshot:
     # Files fetched from the hub by this resolution (empty when the cache had everything or offline).
     downloaded: tuple[str, ...] = ()
 
-    def as_dict(self) -> dict[str, str]:
-        return {"repo_id": self.repo_id, "revision": self.revision, "commit": self.commit}
-
 
 def parse_hub_id(text: str) -> tuple[str, str] | None:
     """``(repo_id, revision)`` when ``text`` reads as a hub id, else None."""

@@ -12,8 +12,6 @@ from pathlib import Path
 from typing import Any
 
 DOES_NOT_FIT = 3
-# Prefixes under which a ComfyUI all-in-one file keeps each component.
-_COMFYUI_PREFIX = {"transformer": "model.diffusion_model.", "vae": "first_stage_model."}
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -55,9 +53,7 @@ def inspect_deployment(args: argparse.Namespace) -> dict[str, Any]:
         if single is not None and single.endswith(".gguf"):
             report = weights.gguf_report(name, Path(single), stage_dtype=dtype, hash_cache=hash_cache)
         elif single is not None:
-            keys = list(weights.safetensors_header(single))
-            layout = _layout(name, keys, single)
-            prefix = _COMFYUI_PREFIX.get(name, "") if layout == "comfyui" else ""
+            layout, prefix = _layout(name, list(weights.safetensors_header(single)), single)
             report = weights.component_report(name, [Path(single)], source="single file", layout=layout,
                                               stage_dtype=dtype, hash_cache=hash_cache, prefix=prefix)
         else:
@@ -80,14 +76,17 @@ def inspect_deployment(args: argparse.Namespace) -> dict[str, Any]:
     return doc
 
 
-def _layout(name: str, keys: list[str], source: str) -> str:
+def _layout(name: str, keys: list[str], source: str) -> tuple[str, str]:
+    """A single file's layout, and the prefix its component's tensors sit under (ComfyUI bundles several)."""
     if name == "transformer":
-        from diffserve.models.flux.checkpoint_layouts import detect_layout
+        from diffserve.models.flux.checkpoint_layouts import COMFYUI_PREFIX, detect_layout
 
-        return detect_layout(keys, source)
-    from diffserve.models.vae_file import vae_layout
+        layout = detect_layout(keys, source)
+        return layout, COMFYUI_PREFIX if layout == "comfyui" else ""
+    from diffserve.models.vae_file import COMFYUI_VAE_PREFIX, vae_layout
 
-    return vae_layout(keys, source)
+    layout = vae_layout(keys, source)
+    return layout, COMFYUI_VAE_PREFIX if layout == "comfyui" else ""
 
 
 def _size(n: float) -> str:

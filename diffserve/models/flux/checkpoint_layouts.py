@@ -25,8 +25,6 @@ from diffserve.models.flux.weights import convert_diffusers_state_dict
 from diffserve.models.loader import looks_like
 
 COMFYUI_PREFIX = "model.diffusion_model."
-# Prefixes of the other components a ComfyUI all-in-one checkpoint bundles (not the transformer's).
-COMFYUI_OTHER_PREFIXES = ("first_stage_model.", "cond_stage_model.", "text_encoders.", "vae.")
 _BFL_MLP = re.compile(r"^(double_blocks\.\d+\.(?:img|txt)_mlp)\.2\.(weight|bias)$")
 def detect_layout(keys: Iterable[str], source: str) -> str:
     """``diffusers`` | ``bfl`` | ``comfyui``; anything else is a ModelLoadError saying what the keys look like."""
