@@ -229,8 +229,9 @@ def normalize_lora_modules(value: Any) -> FrozenDict:
     return FrozenDict({name: out[name] for name in sorted(out)})
 
 
-# Components a single file may replace (models/flux/checkpoint_layouts.py reads them).
-SINGLE_FILE_COMPONENTS = ("transformer", "vae")
+# Components a single file may replace (models/flux/checkpoint_layouts.py, models/vae_file.py and
+# models/text_encoder_file.py read them).
+SINGLE_FILE_COMPONENTS = ("transformer", "vae", "text_encoder", "text_encoder_2")
 
 
 def normalize_components(value: Any) -> FrozenDict:

@@ -12,6 +12,7 @@ import argparse
 import json
 from typing import Any
 
+from diffserve.config.canonical import SINGLE_FILE_COMPONENTS
 from diffserve.config.fields import FLAT_LEAVES, Leaf
 from diffserve.config.schema import PLATFORMS
 from diffserve.errors import ConfigError
@@ -44,6 +45,12 @@ def add_config_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--vae", dest=f"{_DEST_PREFIX}vae", default=None, metavar="FILE",
                        help="the VAE's weights from one file (diffusers, BFL ae.safetensors or ComfyUI layout): "
                             "components: {vae: FILE}")
+    group.add_argument("--text-encoder", dest=f"{_DEST_PREFIX}text_encoder", default=None, metavar="FILE",
+                       help="CLIP-L's weights from one file (clip_l.safetensors, or a ComfyUI all-in-one "
+                            "checkpoint): components: {text_encoder: FILE}")
+    group.add_argument("--text-encoder-2", dest=f"{_DEST_PREFIX}text_encoder_2", default=None, metavar="FILE",
+                       help="T5-XXL's weights from one file (t5xxl_fp16.safetensors, or a ComfyUI all-in-one "
+                            "checkpoint): components: {text_encoder_2: FILE}")
     group.add_argument("--stage-overrides", dest=f"{_DEST_PREFIX}stage_overrides", default=None, metavar="JSON",
                        help='per-stage values, e.g. \'{"0": {"linear_backend": "torch"}}\'')
     for leaf in FLAT_LEAVES.values():
@@ -79,7 +86,7 @@ def config_kwargs_from_args(args: argparse.Namespace) -> dict[str, Any]:
         if value is None:
             continue
         overrides[leaf.flat] = _parse_attention(value) if leaf.kind == "attention" else value
-    for component in ("transformer", "vae"):  # --transformer FILE, --vae FILE join --components
+    for component in SINGLE_FILE_COMPONENTS:  # --transformer FILE, --vae FILE, ... join --components
         path = values.get(f"{_DEST_PREFIX}{component}")
         if path is not None:
             overrides["components"] = ",".join(filter(None, [overrides.get("components"), f"{component}={path}"]))

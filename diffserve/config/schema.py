@@ -147,8 +147,10 @@ class StageConfig:
                                           "and environment: name=path,...); requests choose them by name",
                                           c.normalize_lora_modules, kind="mapping")
     components: Mapping[str, str] = opt(FrozenDict(), "components whose weights come from a single file instead of "
-                                        "the model's folder: {transformer: path, vae: path} (flags: --transformer "
-                                        "FILE, --vae FILE); diffusers, BFL and ComfyUI layouts",
+                                        "the model's folder: {transformer: path, vae: path, text_encoder: path, "
+                                        "text_encoder_2: path} (flags: --transformer FILE, --vae FILE, "
+                                        "--text-encoder FILE, --text-encoder-2 FILE); diffusers, BFL and ComfyUI "
+                                        "layouts",
                                         c.normalize_components, kind="mapping")
     lora_dir: str = opt("", "directory requests may load LoRA files from by path (empty: only registered names)",
                         c.normalize_optional_dir)

@@ -129,7 +129,10 @@ def read_checkpoint(path: str | Path) -> dict[str, torch.Tensor]:
 def strict_from_pretrained(cls: Any, folder: str | Path, **kwargs: Any) -> Any:
     """``cls.from_pretrained(folder)`` (transformers' or diffusers'), refusing what they only warn about: a
     missing weight (they initialize it randomly), an unexpected one, or one of the wrong shape."""
-    model, info = cls.from_pretrained(str(folder), use_safetensors=True, output_loading_info=True, **kwargs)
+    # ignore_mismatched_sizes: a wrong shape lands in the loading info (refused below, naming the key) instead
+    # of an error that points at a log table.
+    model, info = cls.from_pretrained(str(folder), use_safetensors=True, output_loading_info=True,
+                                      ignore_mismatched_sizes=True, **kwargs)
     problems = {kind: sorted(info.get(kind) or ()) for kind in ("missing_keys", "unexpected_keys", "mismatched_keys")}
     found = {kind.removesuffix("_keys"): keys for kind, keys in problems.items() if keys}
     if found:
@@ -137,3 +140,32 @@ def strict_from_pretrained(cls: Any, folder: str | Path, **kwargs: Any) -> Any:
         raise ModelLoadError(f"{folder}: weights do not match {cls.__name__}: {detail} (a stale or partial download, "
                              "or a checkpoint of another model? fetch the component again)")
     return model
+
+
+def strict_model_components(root: str | Path, dtype: torch.dtype) -> dict[str, Any]:
+    """Every neural-network component ``model_index.json`` lists (diffusers ``ModelMixin`` or transformers
+    ``PreTrainedModel``), each loaded by ``strict_from_pretrained``: a pipeline's ``from_pretrained`` given
+    these loads only the tokenizers and the scheduler itself, and cannot patch a broken weight file."""
+    import importlib
+
+    from diffusers import ModelMixin
+    from transformers import PreTrainedModel
+
+    index_path = Path(root) / "model_index.json"
+    try:
+        index = json.loads(index_path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise ModelLoadError(f"cannot read {index_path}: {exc}") from None
+    loaded: dict[str, Any] = {}
+    for name, value in index.items():
+        if name.startswith("_") or not (isinstance(value, list) and len(value) == 2 and all(value)):
+            continue
+        library, class_name = value
+        if library not in ("diffusers", "transformers"):
+            continue
+        cls = getattr(importlib.import_module(library), class_name, None)
+        if isinstance(cls, type) and issubclass(cls, ModelMixin):
+            loaded[name] = strict_from_pretrained(cls, Path(root) / name, torch_dtype=dtype)
+        elif isinstance(cls, type) and issubclass(cls, PreTrainedModel):
+            loaded[name] = strict_from_pretrained(cls, Path(root) / name, dtype=dtype)
+    return loaded

@@ -112,8 +112,8 @@ def test_broken_and_foreign_files_are_errors_naming_the_file(tiny_flux_dir: Path
     with pytest.raises(ConfigError, match="no such file"):
         resolve(model=str(tiny_flux_dir), overrides={"components": {"transformer": str(tmp_path / "nope.safetensors")}},
                 env={})
-    with pytest.raises(ConfigError, match="'text_encoder' cannot come from a single file"):
-        resolve(model=str(tiny_flux_dir), overrides={"components": "text_encoder=x.safetensors"}, env={})
+    with pytest.raises(ConfigError, match="'tokenizer' cannot come from a single file"):
+        resolve(model=str(tiny_flux_dir), overrides={"components": "tokenizer=x.safetensors"}, env={})
 
 
 def test_generic_path_refuses_single_files(tiny_sd3_dir: Path, tiny_flux_dir: Path, tmp_path: Path) -> None:

@@ -48,6 +48,32 @@ def test_a_text_encoder_or_vae_that_transformers_or_diffusers_would_patch_is_ref
         FluxPipeline.from_pretrained(model)
 
 
+def test_a_wrong_shape_in_a_folder_names_the_key(tiny_flux_dir: Path, tmp_path: Path) -> None:
+    model = _copy(tiny_flux_dir, tmp_path)
+    for component, file in (("text_encoder", "model.safetensors"), ("vae", "diffusion_pytorch_model.safetensors")):
+        weights = model / component / file
+        key = sorted(k for k in load_file(str(weights)) if k.endswith("norm.weight") or "norm_out" in k)[0]
+        _edit(weights, lambda t, key=key: t.update({key: t[key][:-1].clone()}))
+        with pytest.raises(ModelLoadError, match=rf"{component}: weights do not match .*mismatched .*{key}"):
+            FluxPipeline.from_pretrained(model)
+        shutil.copy(tiny_flux_dir / component / file, weights)
+
+
+@pytest.mark.parametrize("component", ["transformer", "text_encoder"])
+def test_the_generic_path_loads_every_component_strictly(tiny_sd3_dir: Path, tmp_path: Path, component: str) -> None:
+    """diffusers' pipeline loader would initialize a missing tensor randomly and only warn."""
+    from diffserve.config.resolve import resolve
+    from diffserve.models.generic.pipeline import GenericPipeline
+
+    model = Path(shutil.copytree(tiny_sd3_dir, tmp_path / "sd3"))
+    weights = next((model / component).glob("*.safetensors"))
+    dropped = sorted(load_file(str(weights)))[-1]
+    _edit(weights, lambda t: t.pop(dropped))
+    stage = resolve(model=str(model), env={}, overrides={"enforce_eager": True}).stages[0]
+    with pytest.raises(ModelLoadError, match=rf"{component}: weights do not match .*missing .*{dropped}"):
+        GenericPipeline.from_stage(model, stage)
+
+
 def test_a_tensor_in_two_shards_and_an_integer_weight_are_refused(tiny_flux_dir: Path, tmp_path: Path) -> None:
     folder = tmp_path / "sharded"
     folder.mkdir()

@@ -83,6 +83,11 @@ def _layout(name: str, keys: list[str], source: str) -> tuple[str, str]:
 
         layout = detect_layout(keys, source)
         return layout, COMFYUI_PREFIX if layout == "comfyui" else ""
+    if name in ("text_encoder", "text_encoder_2"):
+        from diffserve.models.text_encoder_file import TEXT_ENCODER_FILES, text_encoder_layout
+
+        layout = text_encoder_layout(name, keys, source)
+        return layout, TEXT_ENCODER_FILES[name].comfyui_prefix if layout == "comfyui" else ""
     from diffserve.models.vae_file import COMFYUI_VAE_PREFIX, vae_layout
 
     layout = vae_layout(keys, source)

@@ -20,12 +20,17 @@ from typing import Any
 
 from diffserve.errors import ModelLoadError
 from diffserve.layers.linear.gguf import QuantizedWeight
+from diffserve.logging import get_logger
 from diffserve.models.flux.params import FluxParams
 from diffserve.models.flux.weights import convert_diffusers_state_dict
 from diffserve.models.loader import looks_like
 
+logger = get_logger(__name__)
+
 COMFYUI_PREFIX = "model.diffusion_model."
 _BFL_MLP = re.compile(r"^(double_blocks\.\d+\.(?:img|txt)_mlp)\.2\.(weight|bias)$")
+
+
 def detect_layout(keys: Iterable[str], source: str) -> str:
     """``diffusers`` | ``bfl`` | ``comfyui``; anything else is a ModelLoadError saying what the keys look like."""
     names = list(keys)
@@ -40,8 +45,19 @@ def detect_layout(keys: Iterable[str], source: str) -> str:
                          "model.double_blocks...`)")
 
 
-def comfyui_transformer(state_dict: dict[str, Any]) -> dict[str, Any]:
-    """The transformer's tensors of a ComfyUI checkpoint, with BFL names (its bundled components dropped)."""
+# What else a ComfyUI all-in-one checkpoint may hold: component -> its key prefix there.
+COMFYUI_BUNDLED = {"vae": "first_stage_model.", "text_encoder": "text_encoders.clip_l.",
+                   "text_encoder_2": "text_encoders.t5xxl."}
+
+
+def comfyui_transformer(state_dict: dict[str, Any], source: str = "") -> dict[str, Any]:
+    """The transformer's tensors of a ComfyUI checkpoint, with BFL names (its bundled components dropped:
+    each is read from the file only where the deployment names the file for it too)."""
+    bundled = [name for name, prefix in COMFYUI_BUNDLED.items() if any(k.startswith(prefix) for k in state_dict)]
+    if bundled:
+        flags = ", ".join(f"--{name.replace('_', '-')} FILE" for name in bundled)
+        logger.info("%s also holds %s: the transformer alone is read from it (name the file for them too, %s, "
+                    "to use them)", source or "the checkpoint", ", ".join(bundled), flags)
     return {key[len(COMFYUI_PREFIX):]: tensor for key, tensor in state_dict.items() if key.startswith(COMFYUI_PREFIX)}
 
 
@@ -80,5 +96,5 @@ def native_state_dict(state_dict: dict[str, Any], params: FluxParams, source: st
                              "to be fused packed); GGUF files with BFL names (city96's layout) are")
     if layout == "diffusers":
         return convert_diffusers_state_dict(state_dict, params), layout
-    bfl = comfyui_transformer(state_dict) if layout == "comfyui" else state_dict
+    bfl = comfyui_transformer(state_dict, source) if layout == "comfyui" else state_dict
     return bfl_to_native(bfl, params, source), layout

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -10,8 +12,16 @@ from torch import Tensor
 from diffserve.errors import ModelLoadError
 from diffserve.logging import get_logger
 from diffserve.models.loader import strict_from_pretrained
+from diffserve.models.text_encoder_file import load_text_encoder
 
 logger = get_logger(__name__)
+
+
+def _load(cls: Any, root: Path, component: str, weights_files: Mapping[str, str], dtype: torch.dtype) -> Any:
+    """``component`` from its folder, or with its folder's config and the single file ``weights_files`` names."""
+    if component in weights_files:
+        return load_text_encoder(cls, root / component, component, weights_files[component], dtype=dtype)
+    return strict_from_pretrained(cls, root / component, dtype=dtype)
 
 
 class TextEncoders:
@@ -22,7 +32,7 @@ class TextEncoders:
     are the same whichever prompts share the batch (batched encoder GEMMs sum in another order)."""
 
     def __init__(self, model_dir: str | Path, *, dtype: torch.dtype, device: torch.device,
-                 per_prompt: bool = True) -> None:
+                 per_prompt: bool = True, weights_files: Mapping[str, str] | None = None) -> None:
         from transformers import AutoTokenizer, CLIPTextModel, T5EncoderModel
 
         root = Path(model_dir)
@@ -31,8 +41,9 @@ class TextEncoders:
             self.t5_tokenizer = AutoTokenizer.from_pretrained(str(root / "tokenizer_2"))
             # use_safetensors=True: a directory holding only pytorch_model.bin is refused instead of
             # unpickled, so a model directory can never run code through the text encoders.
-            self.clip = strict_from_pretrained(CLIPTextModel, root / "text_encoder", dtype=dtype).to(device).eval()
-            self.t5 = strict_from_pretrained(T5EncoderModel, root / "text_encoder_2", dtype=dtype).to(device).eval()
+            files = weights_files or {}
+            self.clip = _load(CLIPTextModel, root, "text_encoder", files, dtype).to(device).eval()
+            self.t5 = _load(T5EncoderModel, root, "text_encoder_2", files, dtype).to(device).eval()
         except (OSError, ValueError) as exc:
             raise ModelLoadError(f"cannot load the text encoders from {root}: {exc}") from exc
         self.device = device

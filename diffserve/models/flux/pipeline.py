@@ -97,8 +97,8 @@ class FluxPipeline(Pipeline):
     @classmethod
     def from_stage(cls, model_dir: str | Path, stage: StageConfig,
                    context: BuildContext = BuildContext()) -> FluxPipeline:
-        """Load every component of ``model_dir`` (the transformer's and the VAE's weights from single files
-        when ``stage.components`` names them); the transformer's kernels are chosen here, once."""
+        """Load every component of ``model_dir`` (a component's weights from a single file when
+        ``stage.components`` names it); the transformer's kernels are chosen here, once."""
         root = Path(model_dir)
         if not (root / "transformer").is_dir():
             raise ModelLoadError(f"{root} is not a FLUX model directory (no transformer/ folder)")
@@ -121,7 +121,8 @@ class FluxPipeline(Pipeline):
             transformer.shard_sequence(context.parallel.ulysses_group, kernels.counters.collectives)
         if not stage.enforce_eager:
             transformer.compile_blocks()
-        encoders = TextEncoders(root, dtype=dtype, device=device, per_prompt=stage.batch_invariant)
+        encoders = TextEncoders(root, dtype=dtype, device=device, per_prompt=stage.batch_invariant,
+                                weights_files=stage.components)
         vae = load_vae(root / "vae", dtype=dtype, device=device, weights_file=stage.components.get("vae"))
         try:
             scheduler_config = json.loads((root / "scheduler" / "scheduler_config.json").read_text())

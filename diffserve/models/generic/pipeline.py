@@ -39,6 +39,7 @@ from diffserve.models.dtype import resolve_dtype
 from diffserve.models.generic.compile import compile_denoiser, count_forwards
 from diffserve.models.generic.compute_thread import ComputeThread
 from diffserve.models.generic.kernels import check_masked_roles, route_attention, swap_linears
+from diffserve.models.loader import strict_model_components
 from diffserve.registry.models import MODEL_FAMILIES, ModelFamily, read_class_name
 from diffserve.types.batching import batch_key
 from diffserve.types.request import GenerationRequest
@@ -130,8 +131,9 @@ class GenericPipeline(Pipeline):
         check_masked_roles(kernels, family.masked_roles, stage.stage_id)
         try:
             pipeline_class = getattr(diffusers, class_name)
+            components = strict_model_components(root, dtype)
             pipe = pipeline_class.from_pretrained(str(root), torch_dtype=dtype, use_safetensors=True,
-                                                  local_files_only=True)
+                                                  local_files_only=True, **components)
         except (OSError, ValueError, AttributeError, json.JSONDecodeError) as exc:
             raise ModelLoadError(f"cannot load {class_name} from {root} with diffusers: {exc}") from exc
         pipe.set_progress_bar_config(disable=True)
