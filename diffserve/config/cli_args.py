@@ -31,6 +31,15 @@ def _help(leaf: Leaf) -> str:
     return f"{leaf.doc}{choices}{scope}; default {default}"
 
 
+# The flags that name one component's single file (config key `components`), and what each file may be.
+_COMPONENT_FLAGS = {
+    "transformer": "the transformer's weights from one file (diffusers, BFL or ComfyUI layout, or GGUF)",
+    "vae": "the VAE's weights from one file (diffusers, BFL ae.safetensors or ComfyUI layout)",
+    "text_encoder": "CLIP-L's weights from one file (clip_l.safetensors, or a ComfyUI all-in-one checkpoint)",
+    "text_encoder_2": "T5-XXL's weights from one file (t5xxl_fp16.safetensors, or a ComfyUI all-in-one checkpoint)",
+}
+
+
 def add_config_arguments(parser: argparse.ArgumentParser) -> None:
     """Add --deploy-config, --platform, --stage-overrides and one flag per config field."""
     group = parser.add_argument_group("config", "deploy config and per-field overrides "
@@ -39,18 +48,9 @@ def add_config_arguments(parser: argparse.ArgumentParser) -> None:
                        help="deploy YAML file")
     group.add_argument("--platform", dest=f"{_DEST_PREFIX}platform", default=None, metavar="NAME",
                        help=f"platform overlay to apply {{{', '.join(PLATFORMS)}}}; default: detected")
-    group.add_argument("--transformer", dest=f"{_DEST_PREFIX}transformer", default=None, metavar="FILE",
-                       help="the transformer's weights from one file (diffusers, BFL or ComfyUI layout): "
-                            "components: {transformer: FILE}")
-    group.add_argument("--vae", dest=f"{_DEST_PREFIX}vae", default=None, metavar="FILE",
-                       help="the VAE's weights from one file (diffusers, BFL ae.safetensors or ComfyUI layout): "
-                            "components: {vae: FILE}")
-    group.add_argument("--text-encoder", dest=f"{_DEST_PREFIX}text_encoder", default=None, metavar="FILE",
-                       help="CLIP-L's weights from one file (clip_l.safetensors, or a ComfyUI all-in-one "
-                            "checkpoint): components: {text_encoder: FILE}")
-    group.add_argument("--text-encoder-2", dest=f"{_DEST_PREFIX}text_encoder_2", default=None, metavar="FILE",
-                       help="T5-XXL's weights from one file (t5xxl_fp16.safetensors, or a ComfyUI all-in-one "
-                            "checkpoint): components: {text_encoder_2: FILE}")
+    for component in SINGLE_FILE_COMPONENTS:  # --transformer FILE, ...: one entry of `components`
+        group.add_argument(f"--{component.replace('_', '-')}", dest=f"{_DEST_PREFIX}{component}", default=None,
+                           metavar="FILE", help=f"{_COMPONENT_FLAGS[component]}: components: {{{component}: FILE}}")
     group.add_argument("--stage-overrides", dest=f"{_DEST_PREFIX}stage_overrides", default=None, metavar="JSON",
                        help='per-stage values, e.g. \'{"0": {"linear_backend": "torch"}}\'')
     for leaf in FLAT_LEAVES.values():
