@@ -36,6 +36,8 @@ EXECUTOR_ALIASES: Mapping[str, str] = executor_spellings()
 CACHE_BACKEND_ALIASES: Mapping[str, str] = cache_spellings()
 BATCHING_ALIASES: Mapping[str, str] = {"step": "step", "step_level": "step", "continuous": "step",
                                         "request": "request", "request_level": "request"}
+VAE_TILING_ALIASES: Mapping[str, str] = {"auto": "auto", "on": "on", "true": "on", "yes": "on", "always": "on",
+                                          "off": "off", "false": "off", "no": "off", "never": "off"}
 IMPLEMENTATION_ALIASES: Mapping[str, str] = {"native": "native", "generic": "generic", "diffusers": "generic"}
 TOPOLOGY_ALIASES: Mapping[str, str] = {
     "single": "single",
@@ -93,6 +95,7 @@ normalize_cache_backend = enum_normalizer("cache backend", CACHE_BACKEND_ALIASES
 normalize_topology = enum_normalizer("topology", TOPOLOGY_ALIASES)
 normalize_batching = enum_normalizer("batching mode", BATCHING_ALIASES)
 normalize_implementation = enum_normalizer("implementation", IMPLEMENTATION_ALIASES)
+normalize_vae_tiling = enum_normalizer("VAE tiling mode", VAE_TILING_ALIASES)
 normalize_platform = enum_normalizer("platform", PLATFORM_ALIASES)
 
 

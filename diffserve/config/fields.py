@@ -105,7 +105,7 @@ STAGE_KEYS: tuple[str, ...] = tuple(
 SECTIONS: Mapping[str, Mapping[str, Leaf]] = {
     name: {leaf.key.split(".", 1)[1]: leaf for leaf in (*STAGE_LEAVES.values(), *PIPELINE_LEAVES.values())
            if leaf.section == name}
-    for name in ("parallel", "cache", "warmup", "request_defaults", "server")
+    for name in (*(f.name for f in dataclasses.fields(StageConfig) if "section" in f.metadata), "server")
 }
 
 

@@ -28,13 +28,9 @@ from diffserve.config.schema import (
     ATTENTION_ROLES,
     TOPOLOGIES,
     AttentionBackendConfig,
-    CacheConfig,
     FrozenDict,
-    ParallelConfig,
-    RequestDefaultsConfig,
     ServerConfig,
     StageConfig,
-    WarmupConfig,
 )
 from diffserve.config.sources import caller_layers, deploy_layers, env_layer, model_layer
 from diffserve.errors import ConfigError, ConfigErrors
@@ -44,8 +40,8 @@ logger = get_logger(__name__)
 
 __all__ = ["ResolvedConfig", "StageConfig", "resolve"]
 
-_SECTION_TYPES = {"parallel": ParallelConfig, "cache": CacheConfig, "warmup": WarmupConfig,
-                  "request_defaults": RequestDefaultsConfig}
+# The nested sections of a stage (parallel, cache, warmup, vae, ...), as schema.py declares them.
+_SECTION_TYPES = {f.name: f.metadata["section"] for f in dataclasses.fields(StageConfig) if "section" in f.metadata}
 
 
 def resolve(model: str | os.PathLike | None = None,

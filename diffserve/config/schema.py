@@ -77,6 +77,20 @@ class WarmupConfig:
 
 
 @dataclass(frozen=True)
+class VaeConfig:
+    """How latents become pixels (docs/models.md, "VAE tiling"). Decoding is always one image at a time
+    (batch invariance), which is what diffusers calls slicing."""
+
+    tiling: str = opt("auto", "decode in overlapping tiles, blended at the seams: auto = for images of at least "
+                      "tiling_min_pixels, on = always (when larger than one tile), off = never",
+                      c.normalize_vae_tiling, choices=c.canonical_values(c.VAE_TILING_ALIASES))
+    tiling_min_pixels: int = opt(1024 * 1024, "with tiling auto: tile images of at least this many pixels "
+                                 "(height x width)", c.int_normalizer(1), kind="int")
+    tile_size: int = opt(512, "tile side in pixels (a multiple of 64); neighbouring tiles overlap by a quarter",
+                         c.int_normalizer(64, 64), kind="int")
+
+
+@dataclass(frozen=True)
 class RequestDefaultsConfig:
     """What a request that leaves a field unset gets. The model brings its checkpoints' defaults (source
     ``model``: FLUX 28 steps at guidance 3.5, SD3 28 at CFG 7.0, PixArt-Sigma 20 at 4.5); a deploy file
@@ -141,6 +155,7 @@ class StageConfig:
     parallel: ParallelConfig = section(ParallelConfig, "parallelism degrees", "")
     cache: CacheConfig = section(CacheConfig, "step cache", "cache_")
     warmup: WarmupConfig = section(WarmupConfig, "warmup run at startup", "warmup_")
+    vae: VaeConfig = section(VaeConfig, "VAE decode: tiling", "vae_")
     request_defaults: RequestDefaultsConfig = section(RequestDefaultsConfig, "values of unset request fields",
                                                       "default_")
     lora_modules: Mapping[str, str] = opt(FrozenDict(), "LoRA adapters registered at start: {name: path} (flags "

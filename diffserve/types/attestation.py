@@ -88,3 +88,4 @@ class Attestation(KernelTally, total=False):
     model_source: HubModelReport
     cache: list[CacheEntry]  # one per image
     lora: LoraReport
+    vae_tiled: bool  # the VAE decoded this image in tiles (the stage's vae section; models/vae_tiling.py)

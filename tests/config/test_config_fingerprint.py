@@ -48,7 +48,7 @@ OTHER = {"dtype": "float16", "linear_backend": "torch", "attention_backend": "ma
          "cache_max_consecutive_skips": 3, "batching": "request", "implementation": "generic",
          "default_num_inference_steps": 10, "default_guidance_scale": 1.5,
          "lora_modules": "style=/loras/style.safetensors", "lora_dir": "/loras", "batch_invariant": False,
-         "components": f"transformer={__file__}"}  # resolve checks that the file exists
+         "components": f"transformer={__file__}", "vae_tiling": "off"}  # resolve checks that the file exists
 # Settings that only exist next to another one: both fingerprints are taken with these set.
 CONTEXT = {"cache_threshold": {"cache_backend": "fbcache"}}
 

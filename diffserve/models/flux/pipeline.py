@@ -15,7 +15,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from diffserve.config.schema import CacheConfig, StageConfig
+from diffserve.config.schema import CacheConfig, StageConfig, VaeConfig
 from diffserve.errors import ConfigError, ModelLoadError
 from diffserve.layers.attestation import KernelCounters
 from diffserve.layers.kernels import build_kernel_set
@@ -42,6 +42,7 @@ from diffserve.models.flux.transformer import FluxTransformer, load_flux_transfo
 from diffserve.models.stepcache.policy import BranchCache, CacheSettings
 from diffserve.models.stepcache.report import attach_negative, image_entries
 from diffserve.models.vae_file import load_vae
+from diffserve.models.vae_tiling import configure_tiling
 from diffserve.registry.models import MODEL_FAMILIES, ModelFamily, read_class_name
 from diffserve.types.attestation import Attestation
 from diffserve.types.batching import BatchPlan, batch_key, plan_of
@@ -61,8 +62,10 @@ class FluxPipeline(Pipeline):
     def __init__(self, transformer: FluxTransformer, encoders: TextEncoders, vae: Any,
                  scheduler_config: Mapping[str, Any], *, device: torch.device, dtype: torch.dtype,
                  parallel: ParallelContext = ParallelContext(), cache: CacheConfig = CacheConfig(),
-                 family: ModelFamily = FAMILY) -> None:
+                 family: ModelFamily = FAMILY, vae_config: VaeConfig = VaeConfig()) -> None:
         check_scheduler_config(scheduler_config)
+        configure_tiling(vae, vae_config)
+        self.vae_config = vae_config
         self.parallel = parallel
         self.cache = cache
         self.transformer = transformer
@@ -130,7 +133,8 @@ class FluxPipeline(Pipeline):
             raise ModelLoadError(f"cannot read the scheduler config of {root}: {exc}") from exc
         logger.info("loaded %s (%s on %s) in %.1fs", root, dtype, device, time.perf_counter() - start)
         pipeline = cls(transformer, encoders, vae, scheduler_config, device=device, dtype=dtype,
-                       parallel=context.parallel, cache=stage.cache, family=MODEL_FAMILIES[read_class_name(root)])
+                       parallel=context.parallel, cache=stage.cache, family=MODEL_FAMILIES[read_class_name(root)],
+                       vae_config=stage.vae)
         pipeline.loras = transformer.lora_adapters = LoraAdapters(transformer, transformer.params, stage)
         return pipeline
 
@@ -237,8 +241,8 @@ class FluxPipeline(Pipeline):
         start = time.perf_counter()
         requests = [m.request for m in done]
         # Every rank holds the same latents; only rank 0's result is returned, so only it decodes.
-        images = (decode_latents(self.vae, requests, latents, plan.height, plan.width) if self.parallel.rank == 0
-                  else [torch.empty(0) for _ in requests])
+        images, tiled = (decode_latents(self.vae, requests, latents, plan.height, plan.width, self.vae_config)
+                         if self.parallel.rank == 0 else ([torch.empty(0) for _ in requests], False))
         decode_ms = _ms_since(start)
         entries = image_entries(settings, plan.steps, rows, *caches,
                                 cfg=live.cond.neg_txt is not None)
@@ -248,6 +252,8 @@ class FluxPipeline(Pipeline):
             timings = {"encode": member.encode_ms, "denoise": (start - member.joined) * 1000.0,
                        "decode": decode_ms}
             attestation = Attestation(cache=entries[offset:offset + n])
+            if member.request.output_type != "latent":
+                attestation["vae_tiled"] = tiled
             if self.loras is not None and member.request.loras:
                 attestation["lora"] = self.loras.describe(member.request.loras)
             results.append(RequestResult(request_id=member.request.request_id, images=image,

@@ -29,7 +29,7 @@ from typing import Any
 
 import torch
 
-from diffserve.config.schema import StageConfig
+from diffserve.config.schema import StageConfig, VaeConfig
 from diffserve.errors import ConfigError, ModelLoadError
 from diffserve.layers.attestation import KernelCounters
 from diffserve.layers.kernels import build_kernel_set
@@ -40,7 +40,9 @@ from diffserve.models.generic.compile import compile_denoiser, count_forwards
 from diffserve.models.generic.compute_thread import ComputeThread
 from diffserve.models.generic.kernels import check_masked_roles, route_attention, swap_linears
 from diffserve.models.loader import strict_model_components
+from diffserve.models.vae_tiling import configure_tiling, tiling
 from diffserve.registry.models import MODEL_FAMILIES, ModelFamily, read_class_name
+from diffserve.types.attestation import Attestation
 from diffserve.types.batching import batch_key
 from diffserve.types.request import GenerationRequest
 from diffserve.types.results import BatchResult, RequestResult, StepEvent
@@ -58,8 +60,12 @@ class GenericPipeline(Pipeline):
     """A diffusers pipeline whose denoiser runs on the stage's linear and attention backends."""
 
     def __init__(self, pipe: Any, family: ModelFamily, counters: KernelCounters, *, device: torch.device,
-                 dtype: torch.dtype, attention_roles: dict[str, str], compute: ComputeThread | None = None) -> None:
+                 dtype: torch.dtype, attention_roles: dict[str, str], compute: ComputeThread | None = None,
+                 vae_config: VaeConfig = VaeConfig()) -> None:
         self.pipe = pipe
+        self.vae_config = vae_config
+        self._tiled = False  # whether the last batch's decode was tiled (its attestation says so)
+        configure_tiling(pipe.vae, vae_config)
         # Where every batch runs (the thread that loaded the weights, see compute_thread.py). It ends with
         # this pipeline: a thread left behind would keep its OpenMP team, slowing every later torch op of
         # the process.
@@ -148,7 +154,7 @@ class GenericPipeline(Pipeline):
         logger.info("loaded %s on the generic path (%s on %s, %d Linear and %d attention modules on %s) in %.1fs",
                     class_name, dtype, device, linears, len(roles), kernels.describe(), time.perf_counter() - start)
         return cls(pipe, family, kernels.counters, device=device, dtype=dtype, attention_roles=roles,
-                   compute=compute)
+                   compute=compute, vae_config=stage.vae)
 
     @property
     def kernel_counters(self) -> KernelCounters:
@@ -241,8 +247,10 @@ class GenericPipeline(Pipeline):
             kwargs["negative_prompt"] = [r.negative_prompt or "" for r in batch for _ in range(r.n)]
         if self.family.class_name == "PixArtSigmaPipeline":
             kwargs["use_resolution_binning"] = False  # the size asked for, not the nearest trained bucket
-        images = self.pipe(**kwargs)[0]
+        with tiling(self.pipe.vae, self.vae_config, kwargs["height"], kwargs["width"]) as tiled:
+            images = self.pipe(**kwargs)[0]
         end = time.perf_counter()
+        self._tiled = tiled and first.output_type != "latent"
         # Phases as the native path reports them; "denoise" includes the pipeline's own preparation.
         last_step = timings.pop("last_step", end)
         timings.update(encode=self._encode_ms, denoise=(last_step - start) * 1000.0 - self._encode_ms,
@@ -256,7 +264,9 @@ class GenericPipeline(Pipeline):
         elif batch[0].output_type == "pt":
             images = images.float()
         per_request = images.cpu().contiguous().split([r.n for r in batch])
-        return [RequestResult(request_id=r.request_id, images=imgs, seeds=r.seeds, timings_ms=dict(timings))
+        decoded = batch[0].output_type != "latent"
+        return [RequestResult(request_id=r.request_id, images=imgs, seeds=r.seeds, timings_ms=dict(timings),
+                              attestation=Attestation(vae_tiled=self._tiled) if decoded else Attestation())
                 for r, imgs in zip(batch, per_request, strict=True)]
 
 
