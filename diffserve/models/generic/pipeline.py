@@ -64,7 +64,6 @@ class GenericPipeline(Pipeline):
                  vae_config: VaeConfig = VaeConfig()) -> None:
         self.pipe = pipe
         self.vae_config = vae_config
-        self._tiled = False  # whether the last batch's decode was tiled (its attestation says so)
         configure_tiling(pipe.vae, vae_config)
         # Where every batch runs (the thread that loaded the weights, see compute_thread.py). It ends with
         # this pipeline: a thread left behind would keep its OpenMP team, slowing every later torch op of
@@ -196,7 +195,7 @@ class GenericPipeline(Pipeline):
         def target() -> None:
             try:
                 # The images are converted here too: no parallel torch op on the caller's thread.
-                events.put(("done", self._results(batch, self._call(batch, on_step, timings), timings)))
+                events.put(("done", self._results(batch, *self._call(batch, on_step, timings), timings)))
             except BaseException as exc:  # noqa: BLE001 - handed to the generator, which re-raises it
                 events.put(("error", exc))
 
@@ -223,7 +222,8 @@ class GenericPipeline(Pipeline):
 
     @torch.inference_mode()
     def _call(self, batch: list[GenerationRequest], on_step: Callable[..., dict[str, Any]],
-              timings: dict[str, float]) -> Any:
+              timings: dict[str, float]) -> tuple[Any, bool]:
+        """The batch's images (or latents) and whether the VAE decoded them in tiles."""
         first = batch[0]
         self._encode_ms = 0.0
         start = time.perf_counter()
@@ -250,14 +250,13 @@ class GenericPipeline(Pipeline):
         with tiling(self.pipe.vae, self.vae_config, kwargs["height"], kwargs["width"]) as tiled:
             images = self.pipe(**kwargs)[0]
         end = time.perf_counter()
-        self._tiled = tiled and first.output_type != "latent"
         # Phases as the native path reports them; "denoise" includes the pipeline's own preparation.
         last_step = timings.pop("last_step", end)
         timings.update(encode=self._encode_ms, denoise=(last_step - start) * 1000.0 - self._encode_ms,
                        decode=(end - last_step) * 1000.0)
-        return images
+        return images, tiled
 
-    def _results(self, batch: list[GenerationRequest], images: torch.Tensor,
+    def _results(self, batch: list[GenerationRequest], images: torch.Tensor, tiled: bool,
                  timings: dict[str, float]) -> list[RequestResult]:
         if batch[0].output_type == "pil":
             images = (images.permute(0, 2, 3, 1).float() * 255).round().to(torch.uint8)
@@ -266,7 +265,7 @@ class GenericPipeline(Pipeline):
         per_request = images.cpu().contiguous().split([r.n for r in batch])
         decoded = batch[0].output_type != "latent"
         return [RequestResult(request_id=r.request_id, images=imgs, seeds=r.seeds, timings_ms=dict(timings),
-                              attestation=Attestation(vae_tiled=self._tiled) if decoded else Attestation())
+                              attestation=Attestation(vae_tiled=tiled) if decoded else Attestation())
                 for r, imgs in zip(batch, per_request, strict=True)]
 
 
