@@ -126,6 +126,14 @@ def read_checkpoint(path: str | Path) -> dict[str, torch.Tensor]:
                              "fetch it again") from None
 
 
+def loading_problems(info: Any) -> str:
+    """What transformers' or diffusers' ``output_loading_info`` reports as missing, unexpected or of the wrong
+    shape ("missing ['a.weight']; mismatched [...]", at most 10 keys each), or "" when nothing."""
+    found = {kind.removesuffix("_keys"): sorted(str(k) for k in info.get(kind) or ())
+             for kind in ("missing_keys", "unexpected_keys", "mismatched_keys")}
+    return "; ".join(f"{kind} {keys[:10]}" for kind, keys in found.items() if keys)
+
+
 def strict_from_pretrained(cls: Any, folder: str | Path, **kwargs: Any) -> Any:
     """``cls.from_pretrained(folder)`` (transformers' or diffusers'), refusing what they only warn about: a
     missing weight (they initialize it randomly), an unexpected one, or one of the wrong shape."""
@@ -133,10 +141,8 @@ def strict_from_pretrained(cls: Any, folder: str | Path, **kwargs: Any) -> Any:
     # of an error that points at a log table.
     model, info = cls.from_pretrained(str(folder), use_safetensors=True, output_loading_info=True,
                                       ignore_mismatched_sizes=True, **kwargs)
-    problems = {kind: sorted(info.get(kind) or ()) for kind in ("missing_keys", "unexpected_keys", "mismatched_keys")}
-    found = {kind.removesuffix("_keys"): keys for kind, keys in problems.items() if keys}
-    if found:
-        detail = "; ".join(f"{kind} {[str(k) for k in keys[:10]]}" for kind, keys in found.items())
+    detail = loading_problems(info)
+    if detail:
         raise ModelLoadError(f"{folder}: weights do not match {cls.__name__}: {detail} (a stale or partial download, "
                              "or a checkpoint of another model? fetch the component again)")
     return model

@@ -23,7 +23,7 @@ import torch
 
 from diffserve.errors import ModelLoadError
 from diffserve.logging import get_logger
-from diffserve.models.loader import looks_like, read_checkpoint
+from diffserve.models.loader import loading_problems, looks_like, read_checkpoint
 
 logger = get_logger(__name__)
 
@@ -95,11 +95,8 @@ def load_text_encoder(cls: Any, folder: str | Path, component: str, weights_file
                                           dtype=dtype, ignore_mismatched_sizes=True)
     except (OSError, ValueError, RuntimeError) as exc:
         raise ModelLoadError(f"{weights_file}: cannot load {component} ({cls.__name__}): {exc}") from None
-    problems = {report.removesuffix("_keys"): sorted(str(k) for k in info.get(report) or ())
-                for report in ("missing_keys", "unexpected_keys", "mismatched_keys")}
-    found = {name: keys for name, keys in problems.items() if keys}
-    if found:
-        detail = "; ".join(f"{name} {keys[:10]}" for name, keys in found.items())
+    detail = loading_problems(info)
+    if detail:
         raise ModelLoadError(f"{weights_file}: weights do not match {component} ({cls.__name__}, config from "
                              f"{folder}): {detail} (a checkpoint of another model or size?)")
     logger.info("loaded %s from %s (%s layout)", component, weights_file, kind)
