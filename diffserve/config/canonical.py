@@ -8,6 +8,7 @@ the rule and a hint; the caller adds the key path and the source location.
 
 from __future__ import annotations
 
+import difflib
 import math
 import os
 import re
@@ -19,6 +20,7 @@ from diffserve.errors import ConfigError
 from diffserve.registry.backends import ATTENTION_BACKENDS, LINEAR_BACKENDS
 from diffserve.registry.caches import cache_spellings
 from diffserve.registry.executors import executor_spellings
+from diffserve.registry.quantization import offload_spellings, quantization_spellings
 
 Normalizer = Callable[[Any], Any]
 
@@ -34,6 +36,8 @@ LINEAR_BACKEND_ALIASES: Mapping[str, str] = LINEAR_BACKENDS.spellings()
 ATTENTION_BACKEND_ALIASES: Mapping[str, str] = ATTENTION_BACKENDS.spellings()
 EXECUTOR_ALIASES: Mapping[str, str] = executor_spellings()
 CACHE_BACKEND_ALIASES: Mapping[str, str] = cache_spellings()
+QUANTIZATION_ALIASES: Mapping[str, str] = quantization_spellings()
+OFFLOAD_ALIASES: Mapping[str, str] = offload_spellings()
 BATCHING_ALIASES: Mapping[str, str] = {"step": "step", "step_level": "step", "continuous": "step",
                                         "request": "request", "request_level": "request"}
 VAE_TILING_ALIASES: Mapping[str, str] = {"auto": "auto", "on": "on", "true": "on", "yes": "on", "always": "on",
@@ -51,6 +55,7 @@ _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off"}
 _DOTTED = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)+$")
 _DEVICES = re.compile(r"^\d+(,\d+)*$")
+_MODULE_PATTERN = re.compile(r"^[\w*?\[\]!-]+(\.[\w*?\[\]!-]+)*$")
 
 
 def canonical_values(aliases: Mapping[str, str]) -> tuple[str, ...]:
@@ -76,9 +81,11 @@ def enum_normalizer(what: str, aliases: Mapping[str, str]) -> Normalizer:
         key = _spelling(value, what, valid)
         if key in aliases:
             return aliases[key]
+        close = difflib.get_close_matches(key, list(aliases), n=1, cutoff=0.6)
+        suggestion = f"did you mean {aliases[close[0]]!r}? " if close else ""
         raise ConfigError(
             f"{value!r} is not a valid {what}; valid values: {', '.join(valid)}",
-            hint=f"use one of {', '.join(valid)}",
+            hint=f"{suggestion}use one of {', '.join(valid)}",
         )
 
     normalize.__name__ = f"normalize_{what.replace(' ', '_')}"
@@ -97,6 +104,8 @@ normalize_batching = enum_normalizer("batching mode", BATCHING_ALIASES)
 normalize_implementation = enum_normalizer("implementation", IMPLEMENTATION_ALIASES)
 normalize_vae_tiling = enum_normalizer("VAE tiling mode", VAE_TILING_ALIASES)
 normalize_platform = enum_normalizer("platform", PLATFORM_ALIASES)
+normalize_quantization = enum_normalizer("quantization method", QUANTIZATION_ALIASES)
+normalize_offload = enum_normalizer("offload mode", OFFLOAD_ALIASES)
 
 
 def normalize_bool(value: Any) -> bool:
@@ -173,6 +182,24 @@ def normalize_host_list(value: Any) -> tuple[str, ...]:
     if bad:
         raise ConfigError(f"{bad[0]!r} is not a host name", hint='write hosts like "localhost,127.0.0.1:8000"')
     return tuple(dict.fromkeys(hosts))
+
+
+def normalize_module_patterns(value: Any) -> tuple[str, ...]:
+    """Module-name patterns (``final_layer``, ``*.img_mod.lin``): a list or comma-separated (flags,
+    environment); canonical: a tuple without duplicates, in the order given. Empty: nothing."""
+    if value is None:
+        return ()
+    if isinstance(value, str):
+        value = value.split(",")
+    if not isinstance(value, (list, tuple)) or not all(isinstance(v, str) for v in value):
+        raise ConfigError(f"{value!r} is not a list of module-name patterns",
+                          hint='write patterns like "final_layer,*.img_mod.lin" or a YAML list')
+    patterns = [v.strip() for v in value if v.strip()]
+    bad = [p for p in patterns if not _MODULE_PATTERN.match(p)]
+    if bad:
+        raise ConfigError(f"{bad[0]!r} is not a module-name pattern",
+                          hint="dotted module names with * and ? wildcards, e.g. double_blocks.*.img_mod.lin")
+    return tuple(dict.fromkeys(patterns))
 
 
 def normalize_devices(value: Any) -> tuple[int, ...]:

@@ -15,6 +15,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from diffserve.config.cache import settle_cache
+from diffserve.config.device_rules import device_errors
 from diffserve.config.explain import fingerprint_of
 from diffserve.config.extras import fold_extras
 from diffserve.config.fields import PIPELINE_LEAVES, STAGE_LEAVES
@@ -89,6 +90,7 @@ def resolve(model: str | os.PathLike | None = None,
     out.errors.extend(missing_requirements(stages, provenance))
     out.errors.extend(_implementation_errors(stages, family, provenance))
     out.errors.extend(_component_errors(stages, family, provenance))
+    out.errors.extend(device_errors(stages, platform_name, provenance))
     _raise_if_errors(out.errors)
     for warning in warnings:
         logger.warning("%s", warning)

@@ -152,6 +152,20 @@ class StageConfig:
                                 "through its own GEMM and attention calls (false: whole-batch calls, faster "
                                 "where batching makes an image cheaper, last bits may differ)",
                                 c.normalize_bool, kind="bool")
+    quantization: str = opt("none", "weights of the denoiser's Linear layers: none, int8 (W8A8: int8 weights, "
+                            "activations quantized per token), int8_weight_only, fp8 (W8A8 float8: CUDA compute "
+                            "capability >= 8.9), fp8_weight_only; torchao (the quant extra), docs/quantization.md",
+                            c.normalize_quantization, choices=c.canonical_values(c.QUANTIZATION_ALIASES))
+    quantization_ignored_layers: tuple[str, ...] = opt(
+        (), "denoiser modules left unquantized: module-name patterns with * and ? (a list, or comma-separated; "
+            "a name also covers the modules under it); unset = the model family's (embedders, modulation, "
+            "final layer)", c.normalize_module_patterns, kind="list")
+    text_encoder_quantization: str = opt("none", "weights of the text encoders' Linear layers, the same methods "
+                                         "as quantization", c.normalize_quantization,
+                                         choices=c.canonical_values(c.QUANTIZATION_ALIASES))
+    offload: str = opt("none", "accelerators only: none; model = the text encoders and the VAE leave the device "
+                       "while the denoiser runs (and back); sequential = the denoiser's blocks too, one at a time "
+                       "with the next prefetched", c.normalize_offload, choices=c.canonical_values(c.OFFLOAD_ALIASES))
     parallel: ParallelConfig = section(ParallelConfig, "parallelism degrees", "")
     cache: CacheConfig = section(CacheConfig, "step cache", "cache_")
     warmup: WarmupConfig = section(WarmupConfig, "warmup run at startup", "warmup_")

@@ -67,6 +67,8 @@ def model_layer(model: str | os.PathLike | None, out: Collector) -> tuple[str | 
     rank = LAYER_RANK["model"]
     out.add(rank, None, "implementation", family.implementation, Source("model", str(index), None,
                                                                         f"{class_name}: {family.implementation} path"))
+    out.add(rank, None, "quantization_ignored_layers", family.quantization_ignored_layers,
+            Source("model", str(index), None, f"{class_name}: layers kept unquantized"))
     defaults = {"num_inference_steps": family.default_steps, "guidance_scale": family.default_guidance_scale}
     marker_defaults, marker_source = _marker_request_defaults(path, out)
     for key, value in defaults.items():

@@ -13,6 +13,7 @@ from diffserve.logging import get_logger
 if TYPE_CHECKING:  # pragma: no cover
     from diffserve.config.resolve import ResolvedConfig
     from diffserve.engine.stats import BatchStats
+    from diffserve.types.memory import ComponentWeights
 
 logger = get_logger(__name__)
 
@@ -51,6 +52,13 @@ class EngineBase:
     @property
     def executor_name(self) -> str:
         return self._core.executor.name
+
+    @property
+    def weights(self) -> dict[str, ComponentWeights]:
+        """Each loaded component's weights on its device (``models/memory.py``), from a live replica's
+        first worker (every replica and rank loads the same components)."""
+        workers = self._core.executor.workers
+        return dict(workers[0].weights) if workers else {}
 
     @property
     def worker_pids(self) -> list[int]:

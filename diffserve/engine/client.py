@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 if TYPE_CHECKING:  # pragma: no cover
     from diffserve.config.resolved import ResolvedConfig
     from diffserve.engine.stats import BatchStats
+    from diffserve.types.memory import ComponentWeights
     from diffserve.types.request import GenerationRequest, ProgressEvent, RequestOutput
 
 
@@ -25,6 +26,11 @@ class EngineClient(Protocol):
 
     @property
     def executor_name(self) -> str: ...
+
+    @property
+    def weights(self) -> dict[str, ComponentWeights]:
+        """Each loaded component's weights on its device (one replica's: every replica loads the same)."""
+        ...
 
     @property
     def is_ready(self) -> bool: ...

@@ -30,6 +30,7 @@ def build_output(request: GenerationRequest, output: RequestResult, queue_ms: fl
         images=images,
         seeds=list(output.seeds),
         timings=timings,
+        memory_peak_mib=dict(output.memory_peak_mib),
         attestation=attestation,
         config_fingerprint=config_fingerprint,
         width=width,

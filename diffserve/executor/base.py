@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 from diffserve.errors import EngineDeadError, RequestAbortedError
 from diffserve.executor.calls import CallTable, PartialCallback, PendingCall, StepCallback
 from diffserve.logging import get_logger
+from diffserve.types.memory import describe_weights
 from diffserve.types.messages import Command, Reply, WorkerInfo
 from diffserve.types.results import RequestResult
 
@@ -95,8 +96,9 @@ class Executor(ABC):
                                       name=f"diffserve-{self.name}-reader-{self.replica}-{rank}")
             reader.start()
             self._readers.append(reader)
-        logger.info("%s executor: %d worker(s) ready, pids=%s%s", self.name, self.world_size, self.worker_pids,
-                    self._ready_detail())
+        weights = self.workers[0].weights if self.workers else {}
+        logger.info("%s executor: %d worker(s) ready, pids=%s%s%s", self.name, self.world_size, self.worker_pids,
+                    self._ready_detail(), f"; weights: {describe_weights(weights)}" if weights else "")
 
     def _join_readers(self, timeout: float) -> None:
         for reader in self._readers:

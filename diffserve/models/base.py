@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from diffserve.types.capabilities import PipelineCapabilities
+from diffserve.types.memory import ComponentWeights
 
 __all__ = ["BuildContext", "ParallelContext", "Pipeline", "PipelineCapabilities"]
 
@@ -62,6 +63,9 @@ class BuildContext:
 @runtime_checkable
 class Pipeline(Protocol):
     capabilities: PipelineCapabilities
+    # Each loaded component's weights on its device (models/memory.py): the ready log, /v1/config and the
+    # attestation's ``quantization`` entries come from here.
+    weights: dict[str, ComponentWeights]
 
     @classmethod
     def from_stage(cls, model_dir: str | Path, stage: StageConfig, context: BuildContext) -> Pipeline:

@@ -58,6 +58,11 @@ class ModelFamily:
     # "module:function" that admission calls with (loras, stage, model_dir) to check and canonicalize a
     # request's LoRA adapters; None: the family takes no adapters.
     lora_check: str | None = None
+    # ``quantization_ignored_layers`` of a stage that sets none (source ``model``): the denoiser's modules
+    # that stay in the stage's dtype when it is quantized, by module name (the native and the diffusers
+    # names where a family has both): the embedders, the adaLN modulation and the final layer, as peers keep
+    # them (docs/quantization.md).
+    quantization_ignored_layers: tuple[str, ...] = ()
 
     def check_loras(self, loras: tuple[tuple[str, float], ...], stage: Any, model_dir: str) -> tuple[tuple[str, float], ...]:
         """The family's admission check of a request's adapters (``lora_check``), imported on first use."""
@@ -74,6 +79,16 @@ class ModelFamily:
 
 GENERIC_PIPELINE = "diffserve.models.generic.pipeline:GenericPipeline"
 
+# FLUX.1's transformer: native module names (models/flux/transformer.py, BFL's) and diffusers' (generic path).
+FLUX_QUANTIZATION_IGNORED = (
+    "img_in", "txt_in", "time_in", "vector_in", "guidance_in", "final_layer",
+    "x_embedder", "context_embedder", "time_text_embed", "norm_out", "proj_out",
+)
+# The per-block adaLN modulation too (a quarter of FLUX.1's weights: keeping it leaves int8 at 0.93x bfloat16's
+# bytes on small-flux instead of 0.50x, for 65 instead of 55 dB; docs/quantization.md).
+FLUX_MODULATION = ("*.img_mod", "*.txt_mod", "*.modulation", "*.norm1", "*.norm1_context",
+                   "single_transformer_blocks.*.norm")
+
 MODEL_FAMILIES: dict[str, ModelFamily] = {
     family.class_name: family
     for family in (
@@ -85,25 +100,30 @@ MODEL_FAMILIES: dict[str, ModelFamily] = {
                     # CFG-parallel (the two true-CFG branches on two ranks) times Ulysses (the image
                     # tokens; the degree must divide the heads, checked at load: models/flux/pipeline.py).
                     max_world_size=16, parallel_dims=("cfg_parallel_size", "ulysses_degree"),
-                    edits=("img2img", "inpaint"), lora_check=FLUX_LORA_CHECK),
+                    edits=("img2img", "inpaint"), lora_check=FLUX_LORA_CHECK,
+                    quantization_ignored_layers=FLUX_QUANTIZATION_IGNORED),
         # FLUX.1 Kontext: the native FLUX pipeline, with the reference image's latents as extra tokens.
         ModelFamily("FluxKontextPipeline", "diffserve.models.flux.pipeline:FluxPipeline", "single",
                     attention_roles=("double_block", "single_block"),
                     role_patterns=(("single_transformer_blocks.", "single_block"),
                                    ("transformer_blocks.", "double_block")),
-                    edits=("reference",), lora_check=FLUX_LORA_CHECK),
+                    edits=("reference",), lora_check=FLUX_LORA_CHECK,
+                    quantization_ignored_layers=FLUX_QUANTIZATION_IGNORED),
         # SD3/SD3.5 (MMDiT): every block's joint text+image attention; true CFG in the pipeline itself
         # (guidance_scale is the CFG scale), 28 steps at 7.0 as the pipeline's __call__ defaults.
         ModelFamily("StableDiffusion3Pipeline", GENERIC_PIPELINE, "single", attention_roles=("joint_block",),
                     implementation="generic", default_steps=28, default_guidance_scale=7.0,
-                    role_patterns=(("", "joint_block"),), max_sequence_length=256),
+                    role_patterns=(("", "joint_block"),), max_sequence_length=256,
+                    quantization_ignored_layers=("pos_embed", "time_text_embed", "context_embedder", "*.norm1",
+                                                 "*.norm1_context", "norm_out", "proj_out")),
         # PixArt-Sigma: self-attention over the image, cross-attention to the (padded, masked) T5 tokens;
         # 20 steps at CFG 4.5 as its __call__ defaults; T5 up to 300 tokens.
         ModelFamily("PixArtSigmaPipeline", GENERIC_PIPELINE, "single",
                     attention_roles=("self_attention", "cross_attention"), implementation="generic",
                     default_steps=20, default_guidance_scale=4.5,
                     role_patterns=((".attn1", "self_attention"), (".attn2", "cross_attention")),
-                    masked_roles=("cross_attention",), max_sequence_length=300),
+                    masked_roles=("cross_attention",), max_sequence_length=300,
+                    quantization_ignored_layers=("pos_embed", "adaln_single", "caption_projection", "proj_out")),
     )
 }
 

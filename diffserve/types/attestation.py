@@ -67,6 +67,16 @@ class KernelTally(TypedDict, total=False):
     lora_linear_calls: int  # Linear calls that added a LoRA delta
 
 
+class QuantizationReport(TypedDict):
+    """How one component's Linear layers were quantized (``attestation["quantization"][component]``)."""
+
+    method: str  # the config value: int8, int8_weight_only, fp8, fp8_weight_only
+    backend: str  # what its quantized layers' calls are counted under in ``linear`` (int8_dynamic...)
+    quantized_linears: int
+    ignored_linears: int  # left in the stage's dtype by ``quantization_ignored_layers``
+    ignored_patterns: list[str]
+
+
 class Attestation(KernelTally, total=False):
     parallel: ParallelLayout
     collectives: dict[str, Any]  # calls and bytes per collective (layers/collectives.py)
@@ -88,4 +98,5 @@ class Attestation(KernelTally, total=False):
     model_source: HubModelReport
     cache: list[CacheEntry]  # one per image
     lora: LoraReport
+    quantization: dict[str, QuantizationReport]  # per quantized component (transformer, text encoders)
     vae_tiled: bool  # the VAE decoded this image in tiles (the stage's vae section; models/vae_tiling.py)

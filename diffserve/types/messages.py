@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 if TYPE_CHECKING:  # pragma: no cover
     from diffserve.types.capabilities import PipelineCapabilities
+    from diffserve.types.memory import ComponentWeights
     from diffserve.types.request import GenerationRequest
 
 CommandKind = Literal["execute", "join", "rpc", "cancel", "shutdown"]
@@ -62,3 +63,5 @@ class WorkerInfo:
     pid: int
     device: str
     capabilities: PipelineCapabilities | None
+    # What each loaded component's weights take on its device (models/memory.py), by component name.
+    weights: dict[str, ComponentWeights] = field(default_factory=dict)

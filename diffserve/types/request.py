@@ -204,7 +204,8 @@ def _check_float(value: object, name: str, low: float, high: float) -> None:
 @dataclass
 class RequestOutput:
     """The result of one request: images (PIL, unless ``output_type`` asked for tensors), their seeds,
-    per-phase timings in milliseconds, and the attestation of what ran."""
+    per-phase timings in milliseconds (and the device's peak memory in each phase, MiB), and the attestation
+    of what ran."""
 
     request_id: str
     images: list[Any]
@@ -218,6 +219,7 @@ class RequestOutput:
     guidance_scale: float | None = None  # as run (the deployment's default when the request gave none)
     prompt: str = ""
     finished: bool = True
+    memory_peak_mib: dict[str, float] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

@@ -34,7 +34,8 @@ class RequestResult:
 
     ``images`` is uint8 ``[n, H, W, 3]`` on CPU for output_type "pil", float32 ``[n, 3, H, W]`` in [0, 1]
     for "pt", and the packed latents ``[n, tokens, 64]`` for "latent". ``seeds[i]`` reproduces image i.
-    ``timings_ms`` has "encode", "denoise" and "decode" (shared by the requests of one batch).
+    ``timings_ms`` has "encode", "denoise" and "decode" (shared by the requests of one batch), and
+    ``memory_peak_mib`` the peak memory of the device during each of them (``models/memory.py``).
     ``attestation`` (added by the worker) says what actually ran for the batch this request was part of.
     """
 
@@ -42,6 +43,7 @@ class RequestResult:
     images: torch.Tensor
     seeds: list[int]
     timings_ms: dict[str, float] = field(default_factory=dict)
+    memory_peak_mib: dict[str, float] = field(default_factory=dict)
     attestation: Attestation = field(default_factory=Attestation)
 
 

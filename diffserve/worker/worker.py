@@ -90,7 +90,8 @@ class Worker:
             self.extension.after_load(self)
         logger.info("worker rank=%d pid=%d ready on %s", self.rank, os.getpid(), self.device)
         capabilities = self.pipeline.capabilities if self.pipeline is not None else None
-        return WorkerInfo(pid=os.getpid(), device=str(self.device), capabilities=capabilities)
+        weights = dict(self.pipeline.weights) if self.pipeline is not None else {}
+        return WorkerInfo(pid=os.getpid(), device=str(self.device), capabilities=capabilities, weights=weights)
 
     # -- batches ------------------------------------------------------------------------------------
 
@@ -188,6 +189,9 @@ class Worker:
             attestation["model_family"] = capabilities.family
             attestation["implementation"] = capabilities.implementation
             attestation["batch_invariant"] = capabilities.batch_invariant
+            quantized = {name: w.quantization for name, w in self.pipeline.weights.items() if w.quantization}
+            if quantized:
+                attestation["quantization"] = quantized
         return attestation
 
     # -- RPC ----------------------------------------------------------------------------------------

@@ -48,9 +48,13 @@ OTHER = {"dtype": "float16", "linear_backend": "torch", "attention_backend": "ma
          "cache_max_consecutive_skips": 3, "batching": "request", "implementation": "generic",
          "default_num_inference_steps": 10, "default_guidance_scale": 1.5,
          "lora_modules": "style=/loras/style.safetensors", "lora_dir": "/loras", "batch_invariant": False,
-         "components": f"transformer={__file__}", "vae_tiling": "off"}  # resolve checks that the file exists
+         "components": f"transformer={__file__}", "vae_tiling": "off",  # resolve checks that the file exists
+         "quantization": "int8", "quantization_ignored_layers": "final_layer", "text_encoder_quantization": "int8",
+         "offload": "model"}
 # Settings that only exist next to another one: both fingerprints are taken with these set.
 CONTEXT = {"cache_threshold": {"cache_backend": "fbcache"}}
+# Settings only an accelerator takes (on cpu they are an error): resolved for this platform.
+PLATFORM = {"offload": "cuda"}
 
 
 @pytest.mark.parametrize("flat", sorted(FLAT_LEAVES))
@@ -63,7 +67,9 @@ def test_any_value_changes_the_fingerprint(flat: str) -> None:
     else:
         raise AssertionError(f"add a second valid value for {flat} to OTHER")
     context = CONTEXT.get(flat, {})
-    assert run(overrides={**context, flat: value}).fingerprint != run(overrides=context).fingerprint
+    platform = PLATFORM.get(flat, "cpu")
+    assert (run(overrides={**context, flat: value}, platform=platform).fingerprint
+            != run(overrides=context, platform=platform).fingerprint)
 
 
 def test_a_backend_default_threshold_equals_the_same_threshold_written_out() -> None:

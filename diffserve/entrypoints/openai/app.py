@@ -166,7 +166,10 @@ def create_app(engine: AsyncEngineClient | None = None, *, engine_factory: Engin
         cfg = config if config is not None else host.engine.config if host.engine is not None else None
         if cfg is None:
             raise not_ready()
-        return config_view(cfg, expose=server.expose_config)
+        view = config_view(cfg, expose=server.expose_config)
+        if host.engine is not None:  # what the loaded weights take, per component (docs/quantization.md)
+            view["weights"] = {name: w.as_dict() for name, w in host.engine.weights.items()}
+        return view
 
     @app.get("/metrics")
     async def prometheus() -> Response:

@@ -160,7 +160,8 @@ class ImagesHandler:
             size=f"{output.width}x{output.height}",
             diffserve=DiffserveInfo(request_id=gen.request_id, seeds=list(output.seeds),
                                     num_inference_steps=output.num_inference_steps or gen.num_inference_steps or 0,
-                                    timings_ms=timings, attestation=jsonable(output.attestation),
+                                    timings_ms=timings, memory_peak_mib=output.memory_peak_mib,
+                                    attestation=jsonable(output.attestation),
                                     config_fingerprint=output.config_fingerprint))
         return response.model_dump(mode="json")
 

@@ -190,6 +190,9 @@ class DiffserveInfo(BaseModel):
     seeds: list[int]
     num_inference_steps: int
     timings_ms: dict[str, float]
+    # The device's peak memory during each engine phase (encode, denoise, decode), MiB: on CPU the process's
+    # peak resident set, on CUDA the allocator's peak.
+    memory_peak_mib: dict[str, float] = {}
     attestation: Attestation
     config_fingerprint: str
 

@@ -10,6 +10,7 @@ import torch
 from torch import Tensor
 
 from diffserve.errors import ModelLoadError
+from diffserve.layers.linear.quantized import QuantizationResult, quantize_linears
 from diffserve.logging import get_logger
 from diffserve.models.loader import strict_from_pretrained
 from diffserve.models.text_encoder_file import load_text_encoder
@@ -57,6 +58,14 @@ class TextEncoders:
     def t5_window_exceeded(self, prompt: str, max_sequence_length: int) -> bool:
         """Whether T5 truncates ``prompt`` at ``max_sequence_length`` tokens (counting the end token)."""
         return len(self.t5_tokenizer(prompt).input_ids) > max_sequence_length
+
+    def modules(self) -> dict[str, torch.nn.Module]:
+        """The encoders by component name (``text_encoder``: CLIP, ``text_encoder_2``: T5)."""
+        return {"text_encoder": self.clip, "text_encoder_2": self.t5}
+
+    def quantize(self, method: str) -> dict[str, QuantizationResult]:
+        """Quantize both encoders' Linear layers with ``method`` (the stage's ``text_encoder_quantization``)."""
+        return {name: quantize_linears(module, method) for name, module in self.modules().items()}
 
     def encode(self, prompts: list[str], max_sequence_length: int) -> tuple[Tensor, Tensor]:
         """Return ``(t5 [B, max_sequence_length, D_t5], pooled [B, D_clip])`` for ``prompts``."""

@@ -19,6 +19,7 @@ from diffserve.config.schema import CacheConfig, StageConfig, VaeConfig
 from diffserve.errors import ConfigError, ModelLoadError
 from diffserve.layers.attestation import KernelCounters
 from diffserve.layers.kernels import build_kernel_set
+from diffserve.layers.linear.quantized import quantize_linears
 from diffserve.layers.ulysses import image_shard
 from diffserve.logging import get_logger
 from diffserve.models.base import BuildContext, ParallelContext, Pipeline, PipelineCapabilities, run_one
@@ -39,6 +40,7 @@ from diffserve.models.flux.sampling import (
     text_ids,
 )
 from diffserve.models.flux.transformer import FluxTransformer, load_flux_transformer
+from diffserve.models.memory import PhasePeaks, component_weights
 from diffserve.models.stepcache.policy import BranchCache, CacheSettings
 from diffserve.models.stepcache.report import attach_negative, image_entries
 from diffserve.models.vae_file import load_vae
@@ -46,6 +48,7 @@ from diffserve.models.vae_tiling import configure_tiling
 from diffserve.registry.models import MODEL_FAMILIES, ModelFamily, read_class_name
 from diffserve.types.attestation import Attestation
 from diffserve.types.batching import BatchPlan, batch_key, plan_of
+from diffserve.types.memory import ComponentWeights, describe_weights
 from diffserve.types.request import GenerationRequest
 from diffserve.types.results import BatchResult, RequestResult, StepEvent
 
@@ -93,6 +96,7 @@ class FluxPipeline(Pipeline):
             batch_invariant=transformer.kernels.batch_invariant and encoders.per_prompt,
             default_cache_threshold=float(cache.threshold or 0.0))
         self.loras: LoraAdapters | None = None  # set by from_stage
+        self.weights: dict[str, ComponentWeights] = {}  # set by from_stage (models/memory.py)
         self.editor: edits.EditPreparer | edits.ReferencePreparer = \
             (edits.ReferencePreparer if self.kontext else edits.EditPreparer)(vae, self.latent_channels, dtype=dtype,
                                                                             device=device)
@@ -113,6 +117,7 @@ class FluxPipeline(Pipeline):
                                    batch_invariant=stage.batch_invariant)
         transformer = load_flux_transformer(root / "transformer", kernels, dtype=dtype, device=device,
                                             weights_file=stage.components.get("transformer"))
+        quantized = quantize_linears(transformer, stage.quantization, stage.quantization_ignored_layers)
         if context.parallel.ulysses_size > 1:
             if transformer.params.num_heads % context.parallel.ulysses_size:
                 heads = transformer.params.num_heads
@@ -126,6 +131,7 @@ class FluxPipeline(Pipeline):
             transformer.compile_blocks()
         encoders = TextEncoders(root, dtype=dtype, device=device, per_prompt=stage.batch_invariant,
                                 weights_files=stage.components)
+        encoders_quantized = encoders.quantize(stage.text_encoder_quantization)
         vae = load_vae(root / "vae", dtype=dtype, device=device, weights_file=stage.components.get("vae"))
         try:
             scheduler_config = json.loads((root / "scheduler" / "scheduler_config.json").read_text())
@@ -136,6 +142,12 @@ class FluxPipeline(Pipeline):
                        parallel=context.parallel, cache=stage.cache, family=MODEL_FAMILIES[read_class_name(root)],
                        vae_config=stage.vae)
         pipeline.loras = transformer.lora_adapters = LoraAdapters(transformer, transformer.params, stage)
+        pipeline.weights = {
+            "transformer": component_weights("transformer", transformer, quantization=quantized.attested()),
+            **{name: component_weights(name, module, quantization=encoders_quantized[name].attested())
+               for name, module in encoders.modules().items()},
+            "vae": component_weights("vae", vae)}
+        logger.info("weights: %s", describe_weights(pipeline.weights))
         return pipeline
 
     @classmethod
@@ -181,6 +193,7 @@ class FluxPipeline(Pipeline):
             self.loras.activate(first.loras)
         try:
             live = LiveBatch()
+            peaks = PhasePeaks(self.device)  # the device's peak memory per phase (models/memory.py)
             settings = self._cache_settings(first)
             caches: tuple[BranchCache | None, BranchCache | None] = (None, None)
             sigmas = timesteps = None
@@ -188,13 +201,17 @@ class FluxPipeline(Pipeline):
             while pending or live.rows:
                 if pending:
                     start = time.perf_counter()
+                    peaks.start("encode")
                     latents, cond, sigmas, timesteps = self._prepare(pending, plan)
+                    peaks.stop()
                     live.add(pending, latents, cond, _ms_since(start), edits.start_step(steps, first.strength)
                              if first.images and not self.kontext else 0)
                     caches = self._branch_caches(settings, caches, sum(r.n for r in pending), steps, live.cond)
                 assert live.latents is not None and sigmas is not None and timesteps is not None  # rows were added
+                peaks.start("denoise")
                 live.latents = self.stepper.step(live.latents, live.cond, sigmas, timesteps, live.steps,
                                                   plan.guidance_scale, caches)
+                peaks.stop()
                 live.steps = [i + 1 for i in live.steps]
                 if live.cond.edit_mask is not None:  # inpainting: the known region back in, at the next sigma
                     c = live.cond
@@ -203,7 +220,7 @@ class FluxPipeline(Pipeline):
                 yield StepEvent(step=max(live.steps), total_steps=steps, progress=live.progress())
                 done = live.finished(steps)
                 if done:
-                    yield BatchResult(self._finish(live, done, settings, caches, plan))
+                    yield BatchResult(self._finish(live, done, settings, caches, plan, peaks))
                 pending = [r for r in (joins() if joins is not None and live.rows else []) if self._joinable(r, key)]
         finally:
             if self.loras is not None:
@@ -233,17 +250,20 @@ class FluxPipeline(Pipeline):
         return True
 
     def _finish(self, live: LiveBatch, done: list[Member], settings: CacheSettings,
-                caches: tuple[BranchCache | None, BranchCache | None], plan: BatchPlan) -> list[RequestResult]:
+                caches: tuple[BranchCache | None, BranchCache | None], plan: BatchPlan,
+                peaks: PhasePeaks) -> list[RequestResult]:
         """Decode the requests that finished, report them, and drop their rows (and cache rows)."""
         rows = [row for member in done for row in member.rows]
         assert live.latents is not None
         latents = self.stepper.unshard(live.latents.index_select(0, torch.tensor(rows, device=live.latents.device)))
         start = time.perf_counter()
         requests = [m.request for m in done]
+        peaks.start("decode")
         # Every rank holds the same latents; only rank 0's result is returned, so only it decodes.
         images, tiled = (decode_latents(self.vae, requests, latents, plan.height, plan.width, self.vae_config)
                          if self.parallel.rank == 0 else ([torch.empty(0) for _ in requests], False))
         decode_ms = _ms_since(start)
+        peaks.stop()
         entries = image_entries(settings, plan.steps, rows, *caches,
                                 cfg=live.cond.neg_txt is not None)
         results, offset = [], 0
@@ -257,7 +277,8 @@ class FluxPipeline(Pipeline):
             if self.loras is not None and member.request.loras:
                 attestation["lora"] = self.loras.describe(member.request.loras)
             results.append(RequestResult(request_id=member.request.request_id, images=image,
-                                         seeds=member.request.seeds, timings_ms=timings, attestation=attestation))
+                                         seeds=member.request.seeds, timings_ms=timings,
+                                         memory_peak_mib=dict(peaks.peaks), attestation=attestation))
             offset += n
         keep = live.drop(done)
         for cache in caches:

@@ -33,6 +33,7 @@ from diffserve.config.schema import StageConfig, VaeConfig
 from diffserve.errors import ConfigError, ModelLoadError
 from diffserve.layers.attestation import KernelCounters
 from diffserve.layers.kernels import build_kernel_set
+from diffserve.layers.linear.quantized import quantize_linears
 from diffserve.logging import get_logger
 from diffserve.models.base import BuildContext, Pipeline, PipelineCapabilities, run_one
 from diffserve.models.dtype import resolve_dtype
@@ -40,10 +41,12 @@ from diffserve.models.generic.compile import compile_denoiser, count_forwards
 from diffserve.models.generic.compute_thread import ComputeThread
 from diffserve.models.generic.kernels import check_masked_roles, route_attention, swap_linears
 from diffserve.models.loader import strict_model_components
+from diffserve.models.memory import PhasePeaks, component_weights
 from diffserve.models.vae_tiling import configure_tiling, tiling
 from diffserve.registry.models import MODEL_FAMILIES, ModelFamily, read_class_name
 from diffserve.types.attestation import Attestation
 from diffserve.types.batching import batch_key
+from diffserve.types.memory import ComponentWeights, describe_weights
 from diffserve.types.request import GenerationRequest
 from diffserve.types.results import BatchResult, RequestResult, StepEvent
 
@@ -75,15 +78,23 @@ class GenericPipeline(Pipeline):
         self.device = device
         self.dtype = dtype
         self.attention_roles = attention_roles  # module path -> role (what config explain cannot see)
+        self.weights: dict[str, ComponentWeights] = {}  # set by from_stage (models/memory.py)
         self._encode_ms = 0.0
+        # The running batch's peak memory per phase (models/memory.py): diffusers' call runs them all, so the
+        # phase changes at its encode_prompt and at every step callback.
+        self._peaks = PhasePeaks(device)
         encode_prompt = pipe.encode_prompt
 
         def timed_encode(*args: Any, **kwargs: Any) -> Any:
             start = time.perf_counter()
+            self._peaks.stop()
+            self._peaks.start("encode")
             try:
                 return encode_prompt(*args, **kwargs)
             finally:
                 self._encode_ms += (time.perf_counter() - start) * 1000.0
+                self._peaks.stop()
+                self._peaks.start("denoise")
 
         pipe.encode_prompt = timed_encode  # the "encode" phase of the timings
         # The step hook: ``callback_on_step_end`` where the pipeline has it, the older per-step
@@ -147,13 +158,17 @@ class GenericPipeline(Pipeline):
         linears = swap_linears(denoiser, kernels)
         roles = route_attention(denoiser, kernels, family.role_patterns)
         pipe.to(device)
+        weights = quantized_weights(pipe, family.denoiser, stage)
         count_forwards(denoiser, kernels.counters)
         if not stage.enforce_eager:
             compile_denoiser(denoiser, kernels.counters)
         logger.info("loaded %s on the generic path (%s on %s, %d Linear and %d attention modules on %s) in %.1fs",
                     class_name, dtype, device, linears, len(roles), kernels.describe(), time.perf_counter() - start)
-        return cls(pipe, family, kernels.counters, device=device, dtype=dtype, attention_roles=roles,
-                   compute=compute, vae_config=stage.vae)
+        logger.info("weights: %s", describe_weights(weights))
+        pipeline = cls(pipe, family, kernels.counters, device=device, dtype=dtype, attention_roles=roles,
+                       compute=compute, vae_config=stage.vae)
+        pipeline.weights = weights
+        return pipeline
 
     @property
     def kernel_counters(self) -> KernelCounters:
@@ -186,6 +201,8 @@ class GenericPipeline(Pipeline):
 
         def on_step(pipe: Any, index: int, timestep: Any, tensors: dict[str, Any]) -> dict[str, Any]:
             timings["last_step"] = time.perf_counter()
+            self._peaks.stop()
+            self._peaks.start("denoise" if index + 1 < steps else "decode")
             events.put(("step", index + 1))
             resume.acquire()  # the engine has seen the step (and may have decided to stop)
             if cancel.is_set():
@@ -226,6 +243,8 @@ class GenericPipeline(Pipeline):
         """The batch's images (or latents) and whether the VAE decoded them in tiles."""
         first = batch[0]
         self._encode_ms = 0.0
+        self._peaks = PhasePeaks(self.device)
+        self._peaks.start("denoise")  # the pipeline's own preparation counts as denoise, as in the timings
         start = time.perf_counter()
         prompts = [r.prompt for r in batch for _ in range(r.n)]
         seeds = [s for r in batch for s in r.seeds]
@@ -250,6 +269,7 @@ class GenericPipeline(Pipeline):
         with tiling(self.pipe.vae, self.vae_config, kwargs["height"], kwargs["width"]) as tiled:
             images = self.pipe(**kwargs)[0]
         end = time.perf_counter()
+        self._peaks.stop()
         # Phases as the native path reports them; "denoise" includes the pipeline's own preparation.
         last_step = timings.pop("last_step", end)
         timings.update(encode=self._encode_ms, denoise=(last_step - start) * 1000.0 - self._encode_ms,
@@ -265,8 +285,25 @@ class GenericPipeline(Pipeline):
         per_request = images.cpu().contiguous().split([r.n for r in batch])
         decoded = batch[0].output_type != "latent"
         return [RequestResult(request_id=r.request_id, images=imgs, seeds=r.seeds, timings_ms=dict(timings),
+                              memory_peak_mib=dict(self._peaks.peaks),
                               attestation=Attestation(vae_tiled=tiled) if decoded else Attestation())
                 for r, imgs in zip(batch, per_request, strict=True)]
+
+
+def quantized_weights(pipe: Any, denoiser: str, stage: StageConfig) -> dict[str, ComponentWeights]:
+    """Quantize the denoiser (``quantization``, minus ``quantization_ignored_layers``) and the text encoders
+    (``text_encoder_quantization``), then report every network component's weights."""
+    weights = {}
+    for name, module in pipe.components.items():
+        if not isinstance(module, torch.nn.Module):
+            continue  # tokenizers, the scheduler
+        quantized = None
+        if name == denoiser:
+            quantized = quantize_linears(module, stage.quantization, stage.quantization_ignored_layers).attested()
+        elif name.startswith("text_encoder"):
+            quantized = quantize_linears(module, stage.text_encoder_quantization).attested()
+        weights[name] = component_weights(name, module, quantization=quantized)
+    return weights
 
 
 def ensure_dtype(denoiser: torch.nn.Module, dtype: torch.dtype) -> None:
