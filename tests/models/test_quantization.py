@@ -1,0 +1,65 @@
+"""Quantized denoisers through the engine: what ran is attested (kernel counts per method, layers quantized and
+ignored, per component), the weights take fewer bytes, the image stays close to the unquantized one, and the
+generic path quantizes the same way."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from diffserve import Engine, GenerationRequest
+from diffserve.models.flux.pipeline import FluxPipeline
+
+pytest.importorskip("torchao")
+
+REQUEST = dict(prompt="a red fox in the snow", height=64, width=64, num_inference_steps=2, seed=3,
+               max_sequence_length=32)
+
+
+def psnr(a: Any, b: Any) -> float:
+    mse = float(np.mean((np.asarray(a, np.float64) - np.asarray(b, np.float64)) ** 2))
+    return float("inf") if mse == 0 else 10 * np.log10(255.0**2 / mse)
+
+
+def test_int8_engine_attests_counts_ignores_bytes_and_phases(tiny_flux_dir: Path) -> None:
+    reference = FluxPipeline.from_pretrained(tiny_flux_dir, dtype="float32")(GenerationRequest(**REQUEST))
+    with Engine(str(tiny_flux_dir), env={}, dtype="float32", quantization="int8",
+                text_encoder_quantization="int8_weight_only") as engine:
+        out = engine.generate(GenerationRequest(**REQUEST))
+        weights = engine.weights
+    att = out.attestation
+    transformer = att["quantization"]["transformer"]
+    assert transformer["method"] == "int8" and transformer["backend"] == "int8_dynamic"
+    # tiny-flux: 36 Linear layers; the family's list keeps the 8 of the embedders and the final layer.
+    assert (transformer["quantized_linears"], transformer["ignored_linears"]) == (28, 8)
+    assert "final_layer" in transformer["ignored_patterns"]
+    forwards = att["transformer_forwards"]
+    assert att["linear"]["int8_dynamic"] == 28 * forwards  # every quantized layer, every forward
+    assert att["linear"]["onednn"] == 8 * forwards  # the ignored ones on the stage's backend
+    for encoder in ("text_encoder", "text_encoder_2"):
+        assert att["quantization"][encoder]["method"] == "int8_weight_only"
+        assert att["quantization"][encoder]["quantized_linears"] > 0
+    # Bytes on the device: int8 data + scales for the quantized layers, float32 for the rest.
+    assert weights["transformer"].quantization == transformer
+    assert weights["transformer"].bytes < 0.45 * 4 * weights["transformer"].parameters
+    assert weights["vae"].quantization is None and weights["vae"].bytes == 4 * weights["vae"].parameters
+    assert set(out.memory_peak_mib) == {"encode", "denoise", "decode"}
+    assert all(v > 0 for v in out.memory_peak_mib.values())
+    assert psnr(out.images[0], reference.images[0]) >= 30
+
+
+def test_the_generic_path_quantizes_its_denoiser(tiny_sd3_dir: Path) -> None:
+    with Engine(str(tiny_sd3_dir), env={}, dtype="float32", quantization="int8_weight_only") as engine:
+        out = engine.generate(GenerationRequest(prompt="a fox", height=64, width=64, num_inference_steps=2, seed=1))
+        weights = engine.weights
+    att = out.attestation
+    entry = att["quantization"]["transformer"]
+    assert att["implementation"] == "generic" and entry["backend"] == "int8_weight_only"
+    assert entry["ignored_linears"] > 0 and "proj_out" in entry["ignored_patterns"]
+    assert att["linear"]["int8_weight_only"] == entry["quantized_linears"] * att["transformer_forwards"]
+    assert "text_encoder" not in att["quantization"]  # text_encoder_quantization stays none
+    assert set(weights) >= {"transformer", "vae", "text_encoder"} and set(out.memory_peak_mib) == {
+        "encode", "denoise", "decode"}
