@@ -142,7 +142,16 @@ def ray_session():
 
 # --- pytest-xdist (make test runs the suite on three workers; the units: tests/xdist_units.py) ----------
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Long units first (a stable sort: modules keep their own order and stay together)."""
+    """Long units first (a stable sort: modules keep their own order and stay together); ``gpu`` tests skip
+    where torch sees no CUDA device (``make gpu-check`` runs them where it does)."""
+    gpu_items = [item for item in items if item.get_closest_marker("gpu")]
+    if gpu_items:
+        import torch
+
+        if not torch.cuda.is_available():
+            for item in gpu_items:
+                item.add_marker(pytest.mark.skip(reason="needs a CUDA device (make gpu-check runs it on one)"))
+
     def rank(item: pytest.Item) -> int:
         name = unit(item.nodeid)
         return LONG_FIRST.index(name) if name in LONG_FIRST else len(LONG_FIRST)

@@ -49,6 +49,9 @@ def device_errors(stages: tuple[StageConfig, ...], platform: str,
             error("offload", f"offload {stage.offload!r} moves weights between an accelerator and host memory; "
                              f"this stage runs on {platform}, where the weights already are in host memory",
                   "set offload: none (to save memory on a CPU, use quantization: int8 or int8_weight_only)")
+        if stage.offload == "sequential" and not stage.enforce_eager:
+            error("offload", "offload 'sequential' swaps the denoiser's block weights at every call, which a "
+                             "compiled graph cannot follow", "set enforce_eager: true, or use offload: model")
         if stage.quantization != "none" and stage.components.get("transformer", "").endswith(".gguf"):
             error("quantization", "a GGUF transformer is already quantized by its file (its own method)",
                   "set quantization: none, or serve a safetensors transformer")

@@ -60,7 +60,13 @@ def test_offload_on_cpu_says_it_needs_an_accelerator(mode: str) -> None:
     with pytest.raises(ConfigError) as info:
         run(overrides={"offload": mode})
     assert info.value.path == "stages.0.offload" and "accelerator" in str(info.value)
-    assert run(overrides={"offload": mode}, platform="cuda").stages[0].offload == mode
+    assert run(overrides={"offload": mode, "enforce_eager": True}, platform="cuda").stages[0].offload == mode
+
+
+def test_sequential_offload_runs_eager() -> None:
+    with pytest.raises(ConfigError, match="compiled graph") as info:
+        run(overrides={"offload": "sequential"}, platform="cuda")  # cuda compiles unless told otherwise
+    assert info.value.path == "stages.0.offload"
 
 
 def test_a_gguf_transformer_takes_no_second_quantization(tmp_path: Path) -> None:

@@ -21,12 +21,12 @@ def held_out_pairs(n: int = HELD_OUT) -> list[tuple[str, int]]:
     return [(rng.choice(scenes).prompt, SEED_BASE + i) for i in range(n)]
 
 
-def generate_all(model: Path, pairs: list[tuple[str, int]], steps: int | None = None) -> list:
+def generate_all(model: Path, pairs: list[tuple[str, int]], steps: int | None = None, **stage: str) -> list:
     """Images for ``pairs`` through diffserve's Engine, 8 requests at a time (they batch)."""
     from diffserve import Engine, GenerationRequest
 
     # A quality check, not an invariance one: whole-batch kernels (per-sample calls cost ~40% more at 64x64).
-    with Engine(str(model), dtype="float32", max_batch_size=8, batch_invariant=False, env={}) as engine:
+    with Engine(str(model), dtype="float32", max_batch_size=8, batch_invariant=False, env={}, **stage) as engine:
         def one(pair: tuple[str, int]):
             prompt, seed = pair
             request = GenerationRequest(prompt=prompt, height=64, width=64, seed=seed, num_inference_steps=steps)
@@ -73,11 +73,31 @@ def test_the_toy_model_declares_few_steps(toy_model: Path) -> None:
     assert stage.request_defaults.num_inference_steps == marker["request_defaults"]["num_inference_steps"] <= 10
 
 
-def test_the_toy_model_draws_its_prompts(toy_model: Path) -> None:
+@pytest.fixture(scope="module")
+def unquantized_images(toy_model: Path) -> list:
+    """The 100 held-out pairs at the model's default steps, float32 (the quality gates' reference)."""
+    return generate_all(toy_model, held_out_pairs())
+
+
+def test_the_toy_model_draws_its_prompts(unquantized_images: list) -> None:
     """100 held-out prompt/seed pairs at the model's default steps: colours >= 90%, shape >= 70%."""
-    pairs = held_out_pairs()
-    scores = accuracy(pairs, generate_all(toy_model, pairs))
+    scores = accuracy(held_out_pairs(), unquantized_images)
     assert scores["background"] >= 0.9 and scores["colour"] >= 0.9 and scores["shape"] >= 0.7, scores
+
+
+# The quantization quality gate (docs/quantization.md): the first 48 held-out pairs (held_out_pairs(48) is a
+# prefix of held_out_pairs()), the family's default ignore list.
+GATE_PAIRS = 48
+
+
+@pytest.mark.parametrize("method", ["int8", "int8_weight_only"])
+def test_quantized_toy_model_keeps_its_scores_within_5_points(toy_model: Path, unquantized_images: list,
+                                                              method: str) -> None:
+    pytest.importorskip("torchao")
+    pairs = held_out_pairs(GATE_PAIRS)
+    reference = accuracy(pairs, unquantized_images[:GATE_PAIRS])
+    scores = accuracy(pairs, generate_all(toy_model, pairs, quantization=method))
+    assert all(abs(scores[k] - reference[k]) <= 0.05 for k in ("background", "colour", "shape")), (scores, reference)
 
 
 def test_diffusers_flux_pipeline_draws_the_same_shapes(toy_model: Path) -> None:

@@ -81,12 +81,13 @@ class Linear(nn.Module):
     def set_lora(self, state: lora.LoraState, a: torch.Tensor | None, b: torch.Tensor | None) -> None:
         """Install the batch's combined ``A`` ``[rank, in]`` and scaled ``B`` ``[out, rank]`` (``None``: a zero
         rank-1 pair: this batch's adapters do not touch the layer), shared ``state`` saying whether they apply."""
-        weight = self.weight
+        # The stage's device, not the weight's: an offloaded block's weight waits in host memory (models/offload.py).
+        dtype, device = self.weight.dtype, self.backend.device
         if a is None or b is None:
-            a = torch.zeros(1, self.in_features, dtype=weight.dtype, device=weight.device)
-            b = torch.zeros(self.out_features, 1, dtype=weight.dtype, device=weight.device)
-        self.lora_a = a.to(device=weight.device, dtype=weight.dtype).contiguous()
-        self.lora_b = b.to(device=weight.device, dtype=weight.dtype).contiguous()
+            a = torch.zeros(1, self.in_features, dtype=dtype, device=device)
+            b = torch.zeros(self.out_features, 1, dtype=dtype, device=device)
+        self.lora_a = a.to(device=device, dtype=dtype).contiguous()
+        self.lora_b = b.to(device=device, dtype=dtype).contiguous()
         self.lora_state = state
 
     def _run_lora(self, x: torch.Tensor) -> torch.Tensor:

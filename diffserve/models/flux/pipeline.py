@@ -41,6 +41,7 @@ from diffserve.models.flux.sampling import (
 )
 from diffserve.models.flux.transformer import FluxTransformer, load_flux_transformer
 from diffserve.models.memory import PhasePeaks, component_weights
+from diffserve.models.offload import offload_native
 from diffserve.models.stepcache.policy import BranchCache, CacheSettings
 from diffserve.models.stepcache.report import attach_negative, image_entries
 from diffserve.models.vae_file import load_vae
@@ -142,6 +143,8 @@ class FluxPipeline(Pipeline):
                        parallel=context.parallel, cache=stage.cache, family=MODEL_FAMILIES[read_class_name(root)],
                        vae_config=stage.vae)
         pipeline.loras = transformer.lora_adapters = LoraAdapters(transformer, transformer.params, stage)
+        offload_native(stage.offload, denoiser_blocks=[*transformer.double_blocks, *transformer.single_blocks],
+                       components={**encoders.modules(), "vae": vae}, device=device)
         pipeline.weights = {
             "transformer": component_weights("transformer", transformer, quantization=quantized.attested()),
             **{name: component_weights(name, module, quantization=encoders_quantized[name].attested())

@@ -42,6 +42,7 @@ from diffserve.models.generic.compute_thread import ComputeThread
 from diffserve.models.generic.kernels import check_masked_roles, route_attention, swap_linears
 from diffserve.models.loader import strict_model_components
 from diffserve.models.memory import PhasePeaks, component_weights
+from diffserve.models.offload import offload_diffusers
 from diffserve.models.vae_tiling import configure_tiling, tiling
 from diffserve.registry.models import MODEL_FAMILIES, ModelFamily, read_class_name
 from diffserve.types.attestation import Attestation
@@ -159,6 +160,7 @@ class GenericPipeline(Pipeline):
         roles = route_attention(denoiser, kernels, family.role_patterns)
         pipe.to(device)
         weights = quantized_weights(pipe, family.denoiser, stage)
+        offload_diffusers(stage.offload, pipe, device)
         count_forwards(denoiser, kernels.counters)
         if not stage.enforce_eager:
             compile_denoiser(denoiser, kernels.counters)
