@@ -40,7 +40,9 @@ class ComponentReport:
     files: list[WeightFile] = field(default_factory=list)
     parameters: int = 0
     stored_dtypes: dict[str, int] = field(default_factory=dict)  # dtype -> parameters
-    device_bytes: int = 0  # at the stage's dtype (floating tensors cast; others as stored)
+    device_bytes: int = 0  # at the stage's dtype (floating tensors cast; others as stored), quantized as configured
+    quantization: str = "none"  # the method its Linear weights are quantized with (quantization settings)
+    quantized_linears: int = 0  # Linear weights counted at the method's bytes (data + per-row scale)
 
 
 def parse_size(text: str) -> int:
@@ -96,10 +98,22 @@ def file_sha256(path: str | Path, cache_dir: Path | None) -> str:
     return value
 
 
+# Per output row of a quantized Linear weight: a float32 scale (and int8's zero point), as torchao stores them.
+_ROW_BYTES = {"int8": 5, "int8_weight_only": 5, "fp8": 4, "fp8_weight_only": 4}
+# 2-D weights that are embedding tables, not Linear layers (never quantized).
+_EMBEDDINGS = ("embedding", "embed_tokens", "shared")
+
+
 def component_report(name: str, files: list[Path], *, source: str, layout: str, stage_dtype: str,
-                     hash_cache: Path | None, prefix: str = "") -> ComponentReport:
-    """Sizes, hashes and parameter counts of ``files`` (only tensors under ``prefix`` count)."""
-    report = ComponentReport(name=name, source=source, layout=layout)
+                     hash_cache: Path | None, prefix: str = "", quantization: str = "none",
+                     ignored_layers: tuple[str, ...] = ()) -> ComponentReport:
+    """Sizes, hashes and parameter counts of ``files`` (only tensors under ``prefix`` count). With a
+    ``quantization`` method, every 2-D floating ``*.weight`` whose module no ``ignored_layers`` pattern names
+    (and that is no embedding table) counts one byte per value plus its per-row scale, as
+    ``layers/linear/quantized.py`` stores it: an estimate by the file's own module names."""
+    from diffserve.layers.linear.quantized import ignored
+
+    report = ComponentReport(name=name, source=source, layout=layout, quantization=quantization)
     cast = STAGE_DTYPE_BYTES.get(stage_dtype, 4)
     for path in files:
         report.files.append(WeightFile(str(path), path.stat().st_size, file_sha256(path, hash_cache)))
@@ -112,6 +126,12 @@ def component_report(name: str, files: list[Path], *, source: str, layout: str, 
             report.parameters += count
             report.stored_dtypes[tensor["dtype"]] = report.stored_dtypes.get(tensor["dtype"], 0) + count
             floating = tensor["dtype"] in ("F64", "F32", "F16", "BF16")
+            module = key[len(prefix):].removesuffix(".weight")
+            if (quantization != "none" and floating and len(tensor["shape"]) == 2 and key.endswith(".weight")
+                    and not module.endswith(_EMBEDDINGS) and not ignored(module, ignored_layers)):
+                report.device_bytes += count + tensor["shape"][0] * _ROW_BYTES[quantization]
+                report.quantized_linears += 1
+                continue
             report.device_bytes += count * (cast if floating else _ELEMENT_BYTES.get(tensor["dtype"], 4))
     return report
 

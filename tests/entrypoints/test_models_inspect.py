@@ -72,3 +72,23 @@ def test_broken_inputs_are_errors(tiny_flux_dir: Path, capsys: pytest.CaptureFix
     code = main(["models", "inspect", str(tiny_flux_dir), "--device-memory", "lots"])
     assert code == 1 and "is not a size" in capsys.readouterr().err
     assert parse_size("24GiB") == 24 * 2**30 and parse_size("500MB") == 500 * 10**6 and parse_size("1024") == 1024
+
+
+def test_quantized_bytes_match_what_the_pipeline_holds(tiny_flux_dir: Path, capsys: pytest.CaptureFixture,
+                                                       monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """``--quantization int8``: the transformer's Linear weights at a byte per value plus their scales, the
+    family's ignored layers at the stage's dtype, within 2% of the loaded pipeline's own count."""
+    pytest.importorskip("torchao")
+    from diffserve.models.flux.pipeline import FluxPipeline
+
+    monkeypatch.setenv("DIFFSERVE_CACHE_DIR", str(tmp_path))
+    _, plain = _inspect(capsys, str(tiny_flux_dir), "--dtype", "float32")
+    code, doc = _inspect(capsys, str(tiny_flux_dir), "--dtype", "float32", "--quantization", "int8")
+    assert code == 0
+    by_name = {c["name"]: c for c in doc["components"]}
+    transformer = by_name["transformer"]
+    assert transformer["quantization"] == "int8" and transformer["quantized_linears"] > 0
+    assert by_name["vae"]["quantization"] == "none" and by_name["text_encoder"]["quantized_linears"] == 0
+    assert doc["device_bytes"] < plain["device_bytes"]
+    loaded = FluxPipeline.from_pretrained(tiny_flux_dir, dtype="float32", quantization="int8").weights["transformer"]
+    assert abs(transformer["device_bytes"] - loaded.bytes) <= 0.02 * loaded.bytes

@@ -35,6 +35,7 @@ def inspect_deployment(args: argparse.Namespace) -> dict[str, Any]:
     from diffserve.errors import ConfigError
     from diffserve.models import inspect as weights
     from diffserve.models.dtype import resolve_dtype
+    from diffserve.registry.models import MODEL_FAMILIES
 
     config = resolve(model=args.model, **config_kwargs_from_args(args))
     assert config.model is not None
@@ -46,6 +47,16 @@ def inspect_deployment(args: argparse.Namespace) -> dict[str, Any]:
     index = json.loads((root / "model_index.json").read_text(encoding="utf-8"))
     hash_cache = weights.hash_cache_dir()
     components = []
+    denoiser = MODEL_FAMILIES[config.model_family].denoiser if config.model_family else "transformer"
+
+    def quantized(component: str) -> dict[str, Any]:
+        """The stage's quantization of ``component`` (the denoiser's ignore list; text encoders: all)."""
+        if component == denoiser:
+            return {"quantization": stage.quantization, "ignored_layers": stage.quantization_ignored_layers}
+        if component.startswith("text_encoder"):
+            return {"quantization": stage.text_encoder_quantization}
+        return {}
+
     for name, value in index.items():
         if name.startswith("_") or not (isinstance(value, list) and len(value) == 2 and all(value)):
             continue
@@ -55,13 +66,14 @@ def inspect_deployment(args: argparse.Namespace) -> dict[str, Any]:
         elif single is not None:
             layout, prefix = _layout(name, list(weights.safetensors_header(single)), single)
             report = weights.component_report(name, [Path(single)], source="single file", layout=layout,
-                                              stage_dtype=dtype, hash_cache=hash_cache, prefix=prefix)
+                                              stage_dtype=dtype, hash_cache=hash_cache, prefix=prefix,
+                                              **quantized(name))
         else:
             files = weights.folder_weights(root / name)
             if not files:
                 continue  # tokenizers and the scheduler hold no weights
             report = weights.component_report(name, files, source="folder", layout="diffusers", stage_dtype=dtype,
-                                              hash_cache=hash_cache)
+                                              hash_cache=hash_cache, **quantized(name))
         components.append(weights.as_dict(report))
     total = sum(c["device_bytes"] for c in components)
     doc: dict[str, Any] = {"model": config.model, "model_source": config.model_source.describe()
@@ -110,11 +122,13 @@ def run(args: argparse.Namespace) -> int:
         source = doc["model_source"] or {}
         hub = f"  (hub {source['repo_id']}@{source['revision']}, commit {source['commit']})" if source.get("repo_id") else ""
         print(f"model: {doc['model']}{hub}\ndtype on the device: {doc['dtype']}")
-        print(f"{'component':<16}{'source':<13}{'layout':<11}{'parameters':>12}  {'on device':>11}  files")
+        print(f"{'component':<16}{'source':<13}{'layout':<11}{'parameters':>12}  {'on device':>11}  "
+              f"{'quantized':<17}files")
         for c in doc["components"]:
             files = ", ".join(f"{Path(f['path']).name} ({_size(f['bytes'])}, sha256 {f['sha256'][:12]})" for f in c["files"])
+            quant = f"{c['quantization']} x{c['quantized_linears']}" if c["quantization"] != "none" else "-"
             print(f"{c['name']:<16}{c['source']:<13}{c['layout']:<11}{c['parameters']:>12,}  "
-                  f"{_size(c['device_bytes']):>11}  {files}")
+                  f"{_size(c['device_bytes']):>11}  {quant:<17}{files}")
         print(f"total on the device: {_size(doc['device_bytes'])}")
         if "fits" in doc:
             verdict = "fits" if doc["fits"] else "does NOT fit"
