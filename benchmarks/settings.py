@@ -83,6 +83,9 @@ class Settings:
     cache_trained_pairs: int = 8
     cache_trained_fbcache: tuple[float, ...] = (0.05, 0.08, 0.15, 0.3, 0.5)
     cache_trained_teacache: tuple[float, ...] = (0.2, 0.4, 0.6, 0.8)
+    # Quantized weights (section m): the case and the methods, unquantized first (the reference).
+    quant_case: Case = Case("small-flux", 256, 4)
+    quant_methods: tuple[str, ...] = ("none", "int8", "int8_weight_only", "fp8_weight_only")
 
 
 TINY_E2E = Case("tiny-flux", 128, 2)
@@ -144,4 +147,6 @@ SMOKE = Settings(
     cache_trained_pairs=1,
     cache_trained_fbcache=(0.3,),
     cache_trained_teacache=(),  # smoke: fbcache only (the teacache path is the same code)
+    quant_case=Case("tiny-flux", 64, 2),
+    quant_methods=("none", "int8"),
 )

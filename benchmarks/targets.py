@@ -61,6 +61,7 @@ def evaluate(sections: list[Section], settings: Settings, cpu_kind: str = "") ->
     out += _step_cache(m, settings)
     out.append(_arrivals(m, settings))
     out += _generic(m, settings)
+    out += _quantization(m, settings)
     notes = {**NOTES, **NOTES_BY_KIND.get(cpu_kind, {})}
     for t in out:
         if t.status == "missed" and t.name in notes:
@@ -104,6 +105,25 @@ def _default_dtype(m: dict[str, Any], limit: float = 0.80) -> Target:
     if not psnr_ok:
         t.note = f"output differs from diffusers' (PSNR {_db(quality)} < {bar:.0f} dB)."
     return t
+
+
+def _quantization(m: dict[str, Any], settings: Settings) -> list[Target]:
+    """Section m: int8's weight bytes against bfloat16's, and int8 end to end against the default dtype."""
+    case = settings.quant_case
+    bytes_t = Target(f"{case.label} int8: transformer weight bytes / bfloat16's", "<= 0.55")
+    speed_t = Target(f"{case.label} int8 in the default dtype: s/image / unquantized (CPU with AMX-INT8 or VNNI)",
+                     "< 1.00")
+    if case.model != "small-flux":
+        return [bytes_t, speed_t]
+    default = "bfloat16" if "quant.bfloat16.int8.ratio" in m else "float32"
+    ratio = m.get(f"quant.{default}.int8.bytes_vs_bf16")
+    if ratio is not None:
+        bytes_t.measured, bytes_t.status = f"{ratio:.3f}", "met" if ratio <= 0.55 else "missed"
+    speed = m.get(f"quant.{default}.int8.ratio")
+    if speed is not None:
+        speed_t.measured = f"{speed:.3f} ({default}; float32: {m.get('quant.float32.int8.ratio', float('nan')):.3f})"
+        speed_t.status = "met" if speed < 1.0 else "missed"
+    return [bytes_t, speed_t]
 
 
 def _generic(m: dict[str, Any], settings: Settings) -> list[Target]:
