@@ -10,7 +10,7 @@ TEST_WORKERS ?= 3
 export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 
-.PHONY: venv install install-test browser demo test lint bench bench-smoke clean
+.PHONY: venv install install-test browser demo test gpu-check lint bench bench-smoke clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -53,6 +53,13 @@ DEMO_LORA := diffserve/assets/toy-shapes-stars/pytorch_lora_weights.safetensors
 demo: install
 	@echo "diffserve playground: http://127.0.0.1:$${PORT:-8000}/ (open it once the server says it is serving)"
 	$(VENV)/bin/diffserve serve --enforce-eager --lora stars=$(DEMO_LORA) --host 127.0.0.1 --port $${PORT:-8000}
+
+# On a machine with a CUDA GPU (the `device` tool's H200): every `gpu`-marked test (offload, fp8, the flash attention
+# backend, CUDA devices per replica), then the GPU benchmark section (benchmarks/gpu.py -> benchmarks/RESULTS-GPU.md),
+# sized for 8 minutes on one H200. Without a GPU the tests skip and the benchmark says so.
+gpu-check: install-test
+	$(PY) -m pytest -q -m gpu -p no:cacheprovider tests
+	$(PY) -m benchmarks.gpu
 
 test: install-test browser
 	$(VENV)/bin/ruff check diffserve tests benchmarks

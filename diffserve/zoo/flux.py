@@ -48,11 +48,18 @@ def build_flux_model(kind: str, out_dir: Path | str, *, seed: int = 0, guidance_
     then only a previous model directory (one with ``model_index.json``) is replaced, so a typo
     cannot delete unrelated data. Raises ConfigError for every bad argument.
     """
-    spec = get_spec(kind)
+    return build_flux_from_spec(get_spec(kind), out_dir, seed=seed, guidance_embeds=guidance_embeds, force=force)
+
+
+def build_flux_from_spec(spec: FluxSpec, out_dir: Path | str, *, seed: int = 0, guidance_embeds: bool = False,
+                         force: bool = False) -> Path:
+    """``build_flux_model`` for a spec that is not in ``SPECS`` (the GPU benchmark's FLUX.1-dev-shaped model,
+    built on the GPU under ``torch.device("cuda")``: every module is constructed where the caller's default
+    device and dtype say)."""
     if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
         raise ConfigError(f"seed must be a non-negative integer, got {seed!r}", path="seed")
     target = Path(out_dir).expanduser().absolute()
-    logger.info("building %s (seed %d, guidance_embeds=%s) in %s", kind, seed, guidance_embeds, target)
+    logger.info("building %s (seed %d, guidance_embeds=%s) in %s", spec.name, seed, guidance_embeds, target)
     return build_into(target, lambda staging: _write_pipeline(spec, staging, seed=seed,
                                                               guidance_embeds=guidance_embeds), force=force)
 
