@@ -135,6 +135,7 @@ class _StubPipeline:
     """Stands in for FluxPipeline: Worker.load's cache set-up happens before the build, whatever it builds."""
 
     capabilities = None
+    weights: dict = {}
 
     @classmethod
     def from_stage(cls, model_dir: str, stage: object, context: object) -> _StubPipeline:
