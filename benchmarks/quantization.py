@@ -63,6 +63,8 @@ def measure(section: Section, settings: Settings, models: dict[str, Path]) -> No
 
 
 def _in_fresh_process(path: Path, dtype: str, method: str, case: Case, settings: Settings) -> dict[str, Any]:
+    if settings.smoke:  # the harness only (its numbers mean nothing): the same function, without the spawn
+        return _run(path, dtype, method, case, settings.iters, settings.case_budget_s)
     with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
         return pool.submit(_run, path, dtype, method, case, settings.iters, settings.case_budget_s).result()
 

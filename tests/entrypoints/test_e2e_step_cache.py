@@ -1,6 +1,9 @@
 """The step cache over HTTP and from the CLI: ``cache_threshold`` in the OpenAI client's ``extra_body``,
 the per-image attestation in the response, 400s naming the field (the server keeps serving), and
-``diffserve generate --cache-backend ... --cache-threshold``."""
+``diffserve generate --cache-backend ... --cache-threshold``. The server runs int8 weights
+(``--quantization int8``), as a deployment that wants both would: the quantized kernels and layers are attested
+beside the cache's decisions, /v1/config and the ready log line report each component's weight bytes, and every
+response the peak memory of each phase."""
 
 from __future__ import annotations
 
@@ -15,10 +18,17 @@ STEPS = 12
 
 
 @pytest.fixture(scope="module")
-def cache_client(server_launcher, tiny_flux_dir):
+def cache_server(server_launcher, tiny_flux_dir):
+    pytest.importorskip("torchao")
     with server_launcher(tiny_flux_dir, "--enforce-eager", "--cache-backend", "fbcache", "--cache-max-threshold",
-                         "0.8", "--served-model-name", "tiny-flux") as server:
-        yield openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=120)
+                         "0.8", "--served-model-name", "tiny-flux", "--dtype", "float32", "--quantization", "int8",
+                         "--text-encoder-quantization", "int8_weight_only") as server:
+        yield server
+
+
+@pytest.fixture(scope="module")
+def cache_client(cache_server):
+    return openai.OpenAI(base_url=cache_server.url + "/v1", api_key="unused", max_retries=0, timeout=120)
 
 
 def generate(client: openai.OpenAI, **extra):
@@ -37,6 +47,30 @@ def test_cache_threshold_in_extra_body_is_attested_per_image(cache_client) -> No
         assert {decision for _, _, decision in entry["trace"]} == {"compute", "skip"}
     default = generate(cache_client).model_extra["diffserve"]["attestation"]["cache"][0]
     assert default["threshold"] == 0.08  # the deployment's (fbcache's published default)
+
+
+def test_quantized_serving_is_attested_with_weight_bytes_and_phase_peaks(cache_server, cache_client) -> None:
+    info = generate(cache_client, cache_threshold=0.5).model_extra["diffserve"]
+    att = info["attestation"]
+    transformer = att["quantization"]["transformer"]
+    assert (transformer["method"], transformer["backend"]) == ("int8", "int8_dynamic")
+    # tiny-flux: 36 Linear layers, the family's list keeps the embedders' and the final layer's 8.
+    assert (transformer["quantized_linears"], transformer["ignored_linears"]) == (28, 8)
+    # Quantized layers on int8 kernels, ignored ones on the stage's backend (exact counts without a cache:
+    # tests/models/test_quantization.py; here skipped steps still run block 0).
+    assert set(att["linear"]) == {"int8_dynamic", "onednn"} and att["linear"]["int8_dynamic"] > 0
+    assert att["quantization"]["text_encoder_2"]["backend"] == "int8_weight_only"
+    assert all(entry["skipped_steps"] > 0 for entry in att["cache"])  # the cache still skips on int8 weights
+    assert set(info["memory_peak_mib"]) == {"encode", "denoise", "decode"}
+    config = httpx.get(cache_server.url + "/v1/config").json()
+    quantization = config["stages"][0]["fields"]["quantization"]
+    assert (quantization["value"], quantization["source"]) == ("int8", "cli")
+    weights = config["weights"]
+    assert weights["transformer"]["quantization"]["quantized_linears"] == 28
+    assert weights["transformer"]["bytes"] < 0.45 * 4 * weights["transformer"]["parameters"]
+    assert weights["vae"]["dtype"] == "float32" and weights["vae"]["device"] == "cpu"
+    ready = next(line for line in cache_server.log().splitlines() if "worker(s) ready" in line)
+    assert "weights: transformer" in ready and "int8 on cpu" in ready and "MiB in all" in ready
 
 
 def test_metrics_count_skipped_and_computed_steps(cache_client) -> None:
