@@ -91,6 +91,17 @@ class VaeConfig:
 
 
 @dataclass(frozen=True)
+class ConditioningCacheConfig:
+    """The exact conditioning cache (docs/engine.md, "Conditioning cache"): a repeated prompt's text-encoder
+    outputs are reused. The default holds 64 prompts at FLUX.1's full 512-token T5 window in bfloat16 (4 MiB
+    each), more at shorter windows: a few percent of a GPU's memory for a text encoder's whole cost."""
+
+    max_bytes: int = opt(256 * 2**20, "most bytes of encoder outputs kept (least recently used go first)",
+                         c.int_normalizer(0), kind="int")
+    max_entries: int = opt(1024, "most texts kept; 0 turns the cache off", c.int_normalizer(0), kind="int")
+
+
+@dataclass(frozen=True)
 class RequestDefaultsConfig:
     """What a request that leaves a field unset gets. The model brings its checkpoints' defaults (source
     ``model``: FLUX 28 steps at guidance 3.5, SD3 28 at CFG 7.0, PixArt-Sigma 20 at 4.5); a deploy file
@@ -170,6 +181,8 @@ class StageConfig:
     cache: CacheConfig = section(CacheConfig, "step cache", "cache_")
     warmup: WarmupConfig = section(WarmupConfig, "warmup run at startup", "warmup_")
     vae: VaeConfig = section(VaeConfig, "VAE decode: tiling", "vae_")
+    conditioning_cache: ConditioningCacheConfig = section(ConditioningCacheConfig, "repeated prompts skip the text "
+                                                          "encoders", "conditioning_cache_")
     request_defaults: RequestDefaultsConfig = section(RequestDefaultsConfig, "values of unset request fields",
                                                       "default_")
     lora_modules: Mapping[str, str] = opt(FrozenDict(), "LoRA adapters registered at start: {name: path} (flags "

@@ -99,4 +99,8 @@ class Attestation(KernelTally, total=False):
     cache: list[CacheEntry]  # one per image
     lora: LoraReport
     quantization: dict[str, QuantizationReport]  # per quantized component (transformer, text encoders)
+    # The exact conditioning cache (native path): "hit" (the text encoders did not run for this request),
+    # "miss" or "off"; and the cache's entries, bytes and evictions so far after the request.
+    conditioning_cache: str
+    conditioning_cache_state: dict[str, int]
     vae_tiled: bool  # the VAE decoded this image in tiles (the stage's vae section; models/vae_tiling.py)

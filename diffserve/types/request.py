@@ -63,6 +63,8 @@ class GenerationRequest:
     request_id: str = field(default_factory=lambda: uuid.uuid4().hex)
     # Warmup requests run through the normal path but are excluded from counters and metrics.
     is_warmup: bool = False
+    # False: this request's texts are encoded afresh and not stored in the conditioning cache.
+    conditioning_cache: bool = True
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "loras", _lora_pairs(self.loras))
@@ -89,6 +91,9 @@ class GenerationRequest:
                 f"num_inference_steps={self.num_inference_steps!r} must be an integer >= 1",
                 param="num_inference_steps",
             )
+        if not isinstance(self.conditioning_cache, bool):
+            raise RequestError(f"conditioning_cache={self.conditioning_cache!r} must be true or false",
+                               param="conditioning_cache")
         if not isinstance(self.n, int) or self.n < 1:
             raise RequestError(f"n={self.n!r} must be an integer >= 1", param="n")
         if self.guidance_scale is not None:

@@ -74,3 +74,25 @@ def test_client_disconnect_aborts_the_request(server) -> None:
         time.sleep(0.05)
     assert value(scrape(server), "diffserve_images_generated_total") == value(
         before, "diffserve_images_generated_total")
+
+
+def test_conditioning_cache_hits_misses_and_bytes(server, client) -> None:
+    """The same prompt twice: a miss then a hit (the same image), each counted; a request may opt out."""
+    prompt = f"a conditioning cache fox {time.time_ns()}"  # never seen by this server before
+    before = scrape(server)
+
+    def generate(**extra):
+        return client.images.generate(prompt=prompt, size="64x64", extra_body={"num_inference_steps": 2,
+                                                                                 "seed": 5, **extra})
+
+    first, second, fresh = generate(), generate(), generate(conditioning_cache=False)
+    after = scrape(server)
+    outcomes = [r.model_extra["diffserve"]["attestation"]["conditioning_cache"] for r in (first, second, fresh)]
+    assert outcomes == ["miss", "hit", "off"]
+    assert first.data[0].b64_json == second.data[0].b64_json == fresh.data[0].b64_json
+    assert value(after, "diffserve_conditioning_cache_hits_total", replica="0") \
+        - value(before, "diffserve_conditioning_cache_hits_total", replica="0") == 1
+    assert value(after, "diffserve_conditioning_cache_misses_total", replica="0") \
+        - value(before, "diffserve_conditioning_cache_misses_total", replica="0") == 1
+    state = second.model_extra["diffserve"]["attestation"]["conditioning_cache_state"]
+    assert value(after, "diffserve_conditioning_cache_bytes", replica="0") == state["bytes"] > 0

@@ -155,6 +155,7 @@ class ImagesHandler:
             else:
                 data.append(ImageData(b64_json=base64.b64encode(blob).decode("ascii")))
         self.metrics.observe_output(timings, len(encoded), output.attestation.get("cache"))
+        self.metrics.observe_conditioning(dict(output.attestation))
         response = ImagesResponse(
             created=int(time.time()), data=data, output_format=body.output_format,
             size=f"{output.width}x{output.height}",

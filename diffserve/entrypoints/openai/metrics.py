@@ -46,6 +46,16 @@ class ServerMetrics:
         self.cache_steps = Counter(
             "diffserve_step_cache_steps", "Denoise steps per image and CFG branch, by step-cache backend and "
             "decision (compute or skip)", ["backend", "decision"], registry=r)
+        self.conditioning = {name: Counter(
+            f"diffserve_conditioning_cache_{name}", f"Requests whose texts were a conditioning-cache {outcome}",
+            ["replica"], registry=r) for name, outcome in (("hits", "hit"), ("misses", "miss"))}
+        self.conditioning_evictions = Counter(
+            "diffserve_conditioning_cache_evictions", "Texts evicted from the conditioning cache (least recently "
+            "used first)", ["replica"], registry=r)
+        self.conditioning_bytes = Gauge(
+            "diffserve_conditioning_cache_bytes", "Bytes of encoder outputs in the conditioning cache, as of the "
+            "replica's last response", ["replica"], registry=r)
+        self._evictions_seen: dict[str, int] = {}
         self.aborted = Counter(
             "diffserve_requests_aborted", "Generation requests aborted because the client went away "
             "(queued, running or being encoded)", registry=r)
@@ -77,6 +87,21 @@ class ServerMetrics:
                 if branch:
                     self.cache_steps.labels(backend=entry["backend"], decision="compute").inc(branch["computed_steps"])
                     self.cache_steps.labels(backend=entry["backend"], decision="skip").inc(branch["skipped_steps"])
+
+    def observe_conditioning(self, attestation: dict[str, Any]) -> None:
+        """Per request: its conditioning-cache outcome, and the cache's size and evictions after it (cumulative
+        per replica: the counter grows by the difference since the replica's last report)."""
+        outcome, state = attestation.get("conditioning_cache"), attestation.get("conditioning_cache_state")
+        replica = str(attestation.get("replica", 0))
+        if outcome in ("hit", "miss"):
+            self.conditioning["hits" if outcome == "hit" else "misses"].labels(replica=replica).inc()
+        if isinstance(state, dict):
+            total = int(state.get("evictions_total", 0))
+            seen = self._evictions_seen.get(replica, 0)
+            if total > seen:
+                self.conditioning_evictions.labels(replica=replica).inc(total - seen)
+            self._evictions_seen[replica] = max(total, seen)
+            self.conditioning_bytes.labels(replica=replica).set(int(state.get("bytes", 0)))
 
     def observe_batch(self, stats: BatchStats) -> None:
         """Per executed batch (an engine stats listener, called on the engine thread; prometheus_client

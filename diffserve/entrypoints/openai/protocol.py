@@ -73,6 +73,8 @@ class ImageGenerationRequest(BaseModel):
     cache_threshold: float | None = Field(default=None, ge=0, le=MAX_CACHE_THRESHOLD)
     # LoRA adapters: [{"name": registered name or path inside lora_dir, "scale": float}]; empty = base model.
     loras: list[LoraChoice] | None = Field(default=None, max_length=16)
+    # false: encode this request's prompts afresh and keep them out of the conditioning cache.
+    conditioning_cache: bool | None = None
     stream: bool = False
 
 
@@ -163,7 +165,8 @@ def to_generation_request(body: ImageGenerationRequest, request_id: str, *, imag
                               "negative_prompt": body.negative_prompt, "seed": body.seed,
                               "request_id": request_id}
     # Unset extensions keep the engine's defaults instead of being overwritten with None.
-    for name in ("num_inference_steps", "guidance_scale", "true_cfg_scale", "max_sequence_length", "cache_threshold"):
+    for name in ("num_inference_steps", "guidance_scale", "true_cfg_scale", "max_sequence_length", "cache_threshold",
+                 "conditioning_cache"):
         value = getattr(body, name)
         if value is not None:
             kwargs[name] = value

@@ -9,13 +9,14 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable, Generator, Mapping, Sequence
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 import torch
 from torch import Tensor
 
-from diffserve.config.schema import CacheConfig, StageConfig, VaeConfig
+from diffserve.config.schema import CacheConfig, ConditioningCacheConfig, StageConfig, VaeConfig
 from diffserve.errors import ConfigError, ModelLoadError
 from diffserve.layers.attestation import KernelCounters
 from diffserve.layers.kernels import build_kernel_set
@@ -25,6 +26,7 @@ from diffserve.logging import get_logger
 from diffserve.models.base import BuildContext, ParallelContext, Pipeline, PipelineCapabilities, run_one
 from diffserve.models.dtype import resolve_dtype
 from diffserve.models.flux import edits
+from diffserve.models.flux.cached_encoding import CachedTextEncoders
 from diffserve.models.flux.conditioning import Conditioning, true_cfg
 from diffserve.models.flux.decode import decode_latents
 from diffserve.models.flux.denoise import Stepper
@@ -75,6 +77,8 @@ class FluxPipeline(Pipeline):
         self.transformer = transformer
         self.stepper = Stepper(transformer, parallel, device)
         self.encoders = encoders
+        # Through the conditioning cache (off until from_stage configures it from the stage).
+        self.text = CachedTextEncoders(encoders, ConditioningCacheConfig(max_entries=0), "")
         self.vae = vae
         self.scheduler_config = dict(scheduler_config)
         self.device = device
@@ -143,6 +147,9 @@ class FluxPipeline(Pipeline):
                        parallel=context.parallel, cache=stage.cache, family=MODEL_FAMILIES[read_class_name(root)],
                        vae_config=stage.vae)
         pipeline.loras = transformer.lora_adapters = LoraAdapters(transformer, transformer.params, stage)
+        pipeline.text = CachedTextEncoders.for_model(encoders, root, stage.conditioning_cache, dict(stage.components),
+                                                     str(dtype), stage.text_encoder_quantization,
+                                                     stage.batch_invariant)
         offload_native(stage.offload, denoiser_blocks=[*transformer.double_blocks, *transformer.single_blocks],
                        components={**encoders.modules(), "vae": vae}, device=device)
         pipeline.weights = {
@@ -274,7 +281,9 @@ class FluxPipeline(Pipeline):
             n = member.request.n
             timings = {"encode": member.encode_ms, "denoise": (start - member.joined) * 1000.0,
                        "decode": decode_ms}
-            attestation = Attestation(cache=entries[offset:offset + n])
+            attestation = Attestation(cache=entries[offset:offset + n],
+                                      conditioning_cache=self.text.result(member.request.request_id),
+                                      conditioning_cache_state=asdict(self.text.state()))
             if member.request.output_type != "latent":
                 attestation["vae_tiled"] = tiled
             if self.loras is not None and member.request.loras:
@@ -327,9 +336,9 @@ class FluxPipeline(Pipeline):
         split = self.parallel.cfg_size > 1 and true_cfg(batch[0])
         if split and self.parallel.cfg_rank == 1:
             # This rank's branch is the negative one: it encodes only the negative prompts.
-            txt, vec = self.encoders.encode([r.negative_prompt or "" for r in batch], length)
+            txt, vec = self.text.encode(batch, [r.negative_prompt or "" for r in batch], length)
         else:
-            txt, vec = self.encoders.encode([r.prompt for r in batch], length)
+            txt, vec = self.text.encode(batch, [r.prompt for r in batch], length)
         noise = get_noise([s for r in batch for s in r.seeds], self.latent_channels, height, width,
                           dtype=self.dtype, device=self.device)
         cond = Conditioning(txt=txt.repeat_interleave(repeats, dim=0), vec=vec.repeat_interleave(repeats, dim=0),
@@ -340,7 +349,7 @@ class FluxPipeline(Pipeline):
             cond.cfg_split, cond.cfg_scale = True, float(first.true_cfg_scale)
         elif true_cfg(first):
             # True CFG: a second, negative-prompt forward per step (every request of the batch has one).
-            neg_txt, neg_vec = self.encoders.encode([r.negative_prompt or "" for r in batch], length)
+            neg_txt, neg_vec = self.text.encode(batch, [r.negative_prompt or "" for r in batch], length)
             cond.neg_txt = neg_txt.repeat_interleave(repeats, dim=0)
             cond.neg_vec = neg_vec.repeat_interleave(repeats, dim=0)
             cond.cfg_scale = float(first.true_cfg_scale)
