@@ -67,6 +67,9 @@ def _ray_overhead(section: Section, settings: Settings, models: dict[str, Path])
     if importlib.util.find_spec("ray") is None:
         section.notes.append("ray overhead: not available (ray is not installed)")
         return
+    if settings.smoke:  # a Ray cluster costs the suite ~10 CPU-s; the ray executor has its own tests (tests/e2e)
+        section.notes.append("ray overhead: measured in full runs only")
+        return
     case = settings.overhead_case
     path = models[case.model]
     engines: list[Any] = []

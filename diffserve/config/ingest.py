@@ -200,7 +200,8 @@ def stage_mapping(ctx: Ctx, body: Mapping, stage_id: int, path: str, skip: tuple
 
 def stage_id_of(value: Any) -> int:
     """A stage id: a non-negative int, or its decimal text (JSON object keys are strings)."""
-    if isinstance(value, str) and value.strip().isdigit():
+    # isascii: str.isdigit() also accepts superscripts and other digits that int() refuses ("²").
+    if isinstance(value, str) and value.strip().isascii() and value.strip().isdigit():
         value = int(value)
     if isinstance(value, int) and not isinstance(value, bool) and 0 <= value < 1000:
         return value

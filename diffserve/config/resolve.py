@@ -36,6 +36,7 @@ from diffserve.config.schema import (
 from diffserve.config.sources import caller_layers, deploy_layers, env_layer, model_layer
 from diffserve.errors import ConfigError, ConfigErrors
 from diffserve.logging import get_logger
+from diffserve.registry.models import MODEL_FAMILIES
 
 logger = get_logger(__name__)
 
@@ -175,10 +176,25 @@ def _build_stage(stage_id: int, role: str, out: Collector, provenance: dict[str,
 def _implementation_errors(stages: tuple[StageConfig, ...], family: Any,
                            provenance: Mapping[str, Source]) -> list[ConfigError]:
     """``implementation: native`` on a family that only the generic path serves (the reverse is allowed:
-    any family can run on diffusers' own pipeline class)."""
+    any family can run on diffusers' own pipeline class); a topology with a stage role the family has no
+    pipeline for (the generic path runs diffusers' pipeline whole: one stage)."""
+    errors = []
+    if family is not None:
+        roles = dict(family.stage_pipelines)
+        for stage in stages:
+            if stage.role == "diffusion":
+                continue
+            generic = any(s.implementation == "generic" for s in stages) or family.implementation == "generic"
+            if stage.role not in roles or generic:
+                errors.append(ConfigError(
+                    f"{family.class_name} on the {'generic' if generic else 'native'} path has no "
+                    f"{stage.role} stage", path="topology", source=provenance["topology"].describe(),
+                    hint="use topology: single" + (f" (a {stage.role} stage runs on: "
+                                                   f"{', '.join(n for n, f in MODEL_FAMILIES.items() if stage.role in dict(f.stage_pipelines))})"
+                                                   if stage.role else "")))
     if family is None or family.implementation == "native":
-        return []
-    return [ConfigError(f"{family.class_name} has no native implementation", path=key,
+        return errors
+    return errors + [ConfigError(f"{family.class_name} has no native implementation", path=key,
                         source=provenance[key].describe(), hint="use implementation: generic (or leave it unset)")
             for key in (f"stages.{s.stage_id}.implementation" for s in stages if s.implementation == "native")]
 

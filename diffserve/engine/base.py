@@ -57,8 +57,13 @@ class EngineBase:
     def weights(self) -> dict[str, ComponentWeights]:
         """Each loaded component's weights on its device (``models/memory.py``), from a live replica's
         first worker (every replica and rank loads the same components)."""
-        workers = self._core.executor.workers
-        return dict(workers[0].weights) if workers else {}
+        weights: dict[str, ComponentWeights] = {}
+        stages = ([self._core.encode.replicas.executor()] if self._core.encode is not None else []) + [
+            self._core.executor]
+        for executor in stages:  # a staged topology: the text encoders live in their own stage's workers
+            if executor.workers:
+                weights.update(executor.workers[0].weights)
+        return weights
 
     @property
     def worker_pids(self) -> list[int]:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING, Any, Protocol
 
+from diffserve.engine.encode_stage import stage_entry
 from diffserve.engine.outcome import Outcome
 from diffserve.engine.outputs import build_output
 from diffserve.engine.stats import BatchStats, kernel_delta
@@ -152,7 +153,12 @@ class BatchRun:
                     finals.append((state, WorkerError(f"the worker returned no output for {state.request_id}")))
                 continue
             queue_ms = ((state.started or self.start) - state.arrival) * 1000.0
-            finals.append((state, build_output(state.request, output, queue_ms, self.core.config.fingerprint)))
+            final = build_output(state.request, output, queue_ms, self.core.config.fingerprint)
+            if state.stages:  # a staged topology: each stage's entry, this one last
+                final.attestation.update(state.carried)  # type: ignore[typeddict-item]
+                final.attestation["stages"] = [*state.stages, stage_entry(self.core.stage, dict(final.attestation))]
+                final.timings.update({k: round(float(v), 3) for k, v in state.stage_timings_ms.items()})
+            finals.append((state, final))
         return finals
 
     def _deliver_ok(self, finals: list[Final]) -> None:

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING
 
 from diffserve.engine.admission import admit
 from diffserve.engine.batch_run import BatchRun, Final
+from diffserve.engine.encode_stage import EncodeStage
 from diffserve.engine.outcome import Outcome
 from diffserve.engine.replicas import Replica, ReplicaSet
 from diffserve.engine.scheduler import RequestState, Scheduler, Sink
@@ -51,8 +52,18 @@ class EngineCore:
         self._shutdown_lock = threading.Lock()
         self._is_shutdown = False
         self.replicas = ReplicaSet(config, self.stage)
+        # topology split_text_encoder: a stage of its own encodes the prompts first (encode_stage.py).
+        encoder = next((s for s in config.stages if s.role == "text_encoder"), None)
+        self.encode = EncodeStage(self, config, encoder) if encoder is not None else None
+        if self.encode is not None:
+            self.encode.start()
         # Builds and warms every replica; a replica dying from here on is taken out (``_take_out``).
-        self.replicas.start(on_dead=self._take_out)
+        try:
+            self.replicas.start(on_dead=self._take_out)
+        except BaseException:
+            if self.encode is not None:
+                self.encode.shutdown("the engine failed to start")
+            raise
         if self._dead is not None:  # every replica died before serving anything
             self.replicas.shutdown()
             raise EngineDeadError(str(self._dead))
@@ -61,6 +72,18 @@ class EngineCore:
                                               name=f"diffserve-engine-replica-{replica.index}")
             replica.thread.start()
         self._ready = True
+
+    @property
+    def stopping(self) -> threading.Event:
+        return self._stopping
+
+    @property
+    def is_shut_down(self) -> bool:
+        return self._is_shutdown
+
+    def die(self, error: EngineDeadError) -> None:
+        """A stage lost its last replica: the engine is dead (``/health`` 503 naming it)."""
+        self._die(error)
 
     @property
     def executor(self) -> Executor:
@@ -78,13 +101,15 @@ class EngineCore:
         stage = self.stage
         state = RequestState(admit(request, self.config.server, self.replicas.capabilities, stage=stage,
                                    model_dir=self.config.model), sink)
-        self.scheduler.add(state)
+        (self.encode.scheduler if self.encode is not None else self.scheduler).add(state)
         return state
 
     def abort(self, request_id: str) -> bool:
         """Abort a queued request (never runs) or a running one (its batch stops at the next step
         once every request in it is aborted). False if the request is unknown or already finished."""
         state, queued = self.scheduler.abort(request_id)
+        if state is None and self.encode is not None:  # still waiting for (or in) the text-encoder stage
+            state, queued = self.encode.abort(request_id)
         if state is None:
             return False
         delivered = state.finish(RequestAbortedError(f"request {request_id} was aborted"))
@@ -202,6 +227,8 @@ class EngineCore:
             logger.error("engine is dead: %s", error)
         for state in self.scheduler.drain():
             state.finish(EngineDeadError(str(error)))
+        if self.encode is not None:
+            self.encode.shutdown(str(error))
 
     def check_health(self) -> None:
         """Raise ``EngineDeadError`` when no replica serves; a degraded engine (some out) is healthy."""
@@ -248,6 +275,8 @@ class EngineCore:
                 return
             self._is_shutdown = True
         self._stopping.set()
+        if self.encode is not None:
+            self.encode.shutdown("the engine was shut down")
         for state in self.scheduler.drain():
             state.finish(EngineDeadError("the engine was shut down"))
         self.replicas.shutdown()

@@ -12,6 +12,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from diffserve.errors import EngineDeadError, EngineOverloadedError, RequestError
 from diffserve.logging import get_logger
@@ -35,6 +36,11 @@ class RequestState:
     started: float | None = None
     aborted: bool = False
     finished: bool = False
+    # Staged topologies: an attestation entry per stage it went through before this one, and what those
+    # stages report at the top level of the final attestation (engine/encode_stage.py).
+    stages: list[dict[str, Any]] = field(default_factory=list)
+    carried: dict[str, Any] = field(default_factory=dict)
+    stage_timings_ms: dict[str, float] = field(default_factory=dict)  # e.g. the text-encoder stage's "encode"
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     @property

@@ -58,6 +58,9 @@ class BuildContext:
     device: str = "cpu"
     parallel: ParallelContext = ParallelContext()
     kernel_observers: tuple[KernelObserver, ...] = ()
+    # Another stage encodes the prompts (topology split_text_encoder): requests arrive with their
+    # conditioning (types/conditioning.py) and this stage loads no text encoder.
+    encoded_elsewhere: bool = False
 
 
 @runtime_checkable

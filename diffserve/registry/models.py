@@ -63,6 +63,13 @@ class ModelFamily:
     # names where a family has both): the embedders, the adaLN modulation and the final layer, as peers keep
     # them (docs/quantization.md).
     quantization_ignored_layers: tuple[str, ...] = ()
+    # The pipelines of the stages other than denoising (role -> "module:Class"), for topologies that split
+    # them off (config.schema.TOPOLOGIES); a topology whose roles a family lacks is refused at resolve.
+    stage_pipelines: tuple[tuple[str, str], ...] = ()
+
+    def load_stage_pipeline(self, role: str) -> Any:
+        """The pipeline class serving ``role`` (``diffusion``: the family's own, see ``load_pipeline_class``)."""
+        return load_target(dict(self.stage_pipelines)[role])
 
     def check_loras(self, loras: tuple[tuple[str, float], ...], stage: Any, model_dir: str) -> tuple[tuple[str, float], ...]:
         """The family's admission check of a request's adapters (``lora_check``), imported on first use."""
@@ -78,6 +85,8 @@ class ModelFamily:
 
 
 GENERIC_PIPELINE = "diffserve.models.generic.pipeline:GenericPipeline"
+# FLUX's text encoders as a stage of their own (topology split_text_encoder).
+FLUX_STAGES = (("text_encoder", "diffserve.models.flux.encode_pipeline:FluxEncodePipeline"),)
 
 # FLUX.1's transformer: native module names (models/flux/transformer.py, BFL's) and diffusers' (generic path).
 FLUX_QUANTIZATION_IGNORED = (
@@ -101,14 +110,14 @@ MODEL_FAMILIES: dict[str, ModelFamily] = {
                     # tokens; the degree must divide the heads, checked at load: models/flux/pipeline.py).
                     max_world_size=16, parallel_dims=("cfg_parallel_size", "ulysses_degree"),
                     edits=("img2img", "inpaint"), lora_check=FLUX_LORA_CHECK,
-                    quantization_ignored_layers=FLUX_QUANTIZATION_IGNORED),
+                    quantization_ignored_layers=FLUX_QUANTIZATION_IGNORED, stage_pipelines=FLUX_STAGES),
         # FLUX.1 Kontext: the native FLUX pipeline, with the reference image's latents as extra tokens.
         ModelFamily("FluxKontextPipeline", "diffserve.models.flux.pipeline:FluxPipeline", "single",
                     attention_roles=("double_block", "single_block"),
                     role_patterns=(("single_transformer_blocks.", "single_block"),
                                    ("transformer_blocks.", "double_block")),
                     edits=("reference",), lora_check=FLUX_LORA_CHECK,
-                    quantization_ignored_layers=FLUX_QUANTIZATION_IGNORED),
+                    quantization_ignored_layers=FLUX_QUANTIZATION_IGNORED, stage_pipelines=FLUX_STAGES),
         # SD3/SD3.5 (MMDiT): every block's joint text+image attention; true CFG in the pipeline itself
         # (guidance_scale is the CFG scale), 28 steps at 7.0 as the pipeline's __call__ defaults.
         ModelFamily("StableDiffusion3Pipeline", GENERIC_PIPELINE, "single", attention_roles=("joint_block",),

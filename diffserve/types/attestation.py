@@ -103,4 +103,7 @@ class Attestation(KernelTally, total=False):
     # "miss" or "off"; and the cache's entries, bytes and evictions so far after the request.
     conditioning_cache: str
     conditioning_cache_state: dict[str, int]
+    # Staged topologies (split_text_encoder): one entry per stage the request went through, in order: stage_id,
+    # role, executor, replica, worker_pid, device, dtype, kernel calls (engine/encode_stage.py).
+    stages: list[dict[str, Any]]
     vae_tiled: bool  # the VAE decoded this image in tiles (the stage's vae section; models/vae_tiling.py)

@@ -8,7 +8,7 @@ attestation, the channel moves it, and the engine materialises it into the user'
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from diffserve.types.attestation import Attestation
 
@@ -45,6 +45,8 @@ class RequestResult:
     timings_ms: dict[str, float] = field(default_factory=dict)
     memory_peak_mib: dict[str, float] = field(default_factory=dict)
     attestation: Attestation = field(default_factory=Attestation)
+    # A text-encoder stage's output for the next stage (types/conditioning.py); None from a denoising stage.
+    conditioning: Any = None
 
 
 @dataclass

@@ -79,9 +79,13 @@ class Worker:
                                           float(self.config.server.batch_deadline_floor_s))
             if not self.stage.enforce_eager:  # before anything compiles in this process
                 use_compile_cache(self.config, self.device)
+            # A staged topology: another stage encodes the prompts for the denoising one.
+            encoded_elsewhere = self.stage.role == "diffusion" and any(
+                s.role == "text_encoder" for s in self.config.stages)
             context = BuildContext(device=self.device, kernel_observers=tuple(self.kernel_observers),
-                                   parallel=self.parallel)
-            pipeline_class = family.load_pipeline_class(self.stage.implementation)
+                                   parallel=self.parallel, encoded_elsewhere=encoded_elsewhere)
+            pipeline_class = (family.load_pipeline_class(self.stage.implementation) if self.stage.role == "diffusion"
+                              else family.load_stage_pipeline(self.stage.role))
             self.pipeline = pipeline_class.from_stage(self.config.model, self.stage, context)
             self.weights_fingerprint = weights_fingerprint(self.config.model, dict(self.stage.components))
         else:

@@ -10,6 +10,7 @@ came from the cache: the encoders did not run for it), ``miss`` or ``off``.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import asdict
 from pathlib import Path
 
 import torch
@@ -18,6 +19,7 @@ from torch import Tensor
 from diffserve.config.schema import ConditioningCacheConfig
 from diffserve.models.conditioning_cache import CacheState, ConditioningCache, encoder_identity
 from diffserve.models.flux.encoders import TextEncoders
+from diffserve.types.attestation import Attestation
 from diffserve.types.request import GenerationRequest
 
 MAX_PENDING_RESULTS = 4096
@@ -58,9 +60,21 @@ class CachedTextEncoders:
         return torch.cat([row[0] for row in rows if row is not None]), \
             torch.cat([row[1] for row in rows if row is not None])
 
+    def positive(self, requests: Sequence[GenerationRequest], max_sequence_length: int) -> tuple[Tensor, Tensor]:
+        """The requests' prompts, encoded (``encode``)."""
+        return self.encode(requests, [r.prompt for r in requests], max_sequence_length)
+
+    def negative(self, requests: Sequence[GenerationRequest], max_sequence_length: int) -> tuple[Tensor, Tensor]:
+        """The requests' negative prompts (empty where unset), encoded."""
+        return self.encode(requests, [r.negative_prompt or "" for r in requests], max_sequence_length)
+
     def result(self, request_id: str) -> str:
         """``hit``, ``miss`` or ``off`` for the request's texts (forgotten once asked)."""
         return self._results.pop(request_id, "off")
+
+    def attest(self, request_id: str) -> Attestation:
+        """The request's attestation entries: ``conditioning_cache`` and ``conditioning_cache_state``."""
+        return Attestation(conditioning_cache=self.result(request_id), conditioning_cache_state=asdict(self.state()))
 
     def state(self) -> CacheState:
         return self.cache.state()

@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable, Generator, Mapping, Sequence
-from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -41,6 +40,7 @@ from diffserve.models.flux.sampling import (
     pack,
     text_ids,
 )
+from diffserve.models.flux.stage_payloads import PayloadText
 from diffserve.models.flux.transformer import FluxTransformer, load_flux_transformer
 from diffserve.models.memory import PhasePeaks, component_weights
 from diffserve.models.offload import offload_native
@@ -65,7 +65,7 @@ FAMILY = MODEL_FAMILIES["FluxPipeline"]
 class FluxPipeline(Pipeline):
     """Native FLUX.1 text-to-image: diffusers-format model directory in, images (and step events) out."""
 
-    def __init__(self, transformer: FluxTransformer, encoders: TextEncoders, vae: Any,
+    def __init__(self, transformer: FluxTransformer, encoders: TextEncoders | None, vae: Any,
                  scheduler_config: Mapping[str, Any], *, device: torch.device, dtype: torch.dtype,
                  parallel: ParallelContext = ParallelContext(), cache: CacheConfig = CacheConfig(),
                  family: ModelFamily = FAMILY, vae_config: VaeConfig = VaeConfig()) -> None:
@@ -77,8 +77,11 @@ class FluxPipeline(Pipeline):
         self.transformer = transformer
         self.stepper = Stepper(transformer, parallel, device)
         self.encoders = encoders
-        # Through the conditioning cache (off until from_stage configures it from the stage).
-        self.text = CachedTextEncoders(encoders, ConditioningCacheConfig(max_entries=0), "")
+        # Through the conditioning cache (off until from_stage configures it from the stage), or from the
+        # payloads of the stage that encodes (no encoders here).
+        self.text: CachedTextEncoders | PayloadText = (
+            CachedTextEncoders(encoders, ConditioningCacheConfig(max_entries=0), "") if encoders is not None
+            else PayloadText(transformer.params, stage_id=0, role="diffusion", device=device, dtype=dtype))
         self.vae = vae
         self.scheduler_config = dict(scheduler_config)
         self.device = device
@@ -98,7 +101,7 @@ class FluxPipeline(Pipeline):
             step_batching=parallel.world_size == 1, lora=family.lora_check is not None,
             edits=family.edits if parallel.world_size == 1 else (),
             # Per-sample transformer calls and per-prompt encoding; the VAE decodes one image at a time.
-            batch_invariant=transformer.kernels.batch_invariant and encoders.per_prompt,
+            batch_invariant=transformer.kernels.batch_invariant and (encoders is None or encoders.per_prompt),
             default_cache_threshold=float(cache.threshold or 0.0))
         self.loras: LoraAdapters | None = None  # set by from_stage
         self.weights: dict[str, ComponentWeights] = {}  # set by from_stage (models/memory.py)
@@ -134,9 +137,10 @@ class FluxPipeline(Pipeline):
             transformer.shard_sequence(context.parallel.ulysses_group, kernels.counters.collectives)
         if not stage.enforce_eager:
             transformer.compile_blocks()
-        encoders = TextEncoders(root, dtype=dtype, device=device, per_prompt=stage.batch_invariant,
-                                weights_files=stage.components)
-        encoders_quantized = encoders.quantize(stage.text_encoder_quantization)
+        encoders = None if context.encoded_elsewhere else TextEncoders(
+            root, dtype=dtype, device=device, per_prompt=stage.batch_invariant, weights_files=stage.components)
+        encoders_quantized = encoders.quantize(stage.text_encoder_quantization) if encoders is not None else {}
+        encoder_modules = encoders.modules() if encoders is not None else {}
         vae = load_vae(root / "vae", dtype=dtype, device=device, weights_file=stage.components.get("vae"))
         try:
             scheduler_config = json.loads((root / "scheduler" / "scheduler_config.json").read_text())
@@ -147,15 +151,16 @@ class FluxPipeline(Pipeline):
                        parallel=context.parallel, cache=stage.cache, family=MODEL_FAMILIES[read_class_name(root)],
                        vae_config=stage.vae)
         pipeline.loras = transformer.lora_adapters = LoraAdapters(transformer, transformer.params, stage)
-        pipeline.text = CachedTextEncoders.for_model(encoders, root, stage.conditioning_cache, dict(stage.components),
-                                                     str(dtype), stage.text_encoder_quantization,
-                                                     stage.batch_invariant)
+        pipeline.text = PayloadText(transformer.params, stage_id=stage.stage_id, role=stage.role, device=device,
+                                    dtype=dtype) if encoders is None else CachedTextEncoders.for_model(
+            encoders, root, stage.conditioning_cache, dict(stage.components), str(dtype),
+            stage.text_encoder_quantization, stage.batch_invariant)
         offload_native(stage.offload, denoiser_blocks=[*transformer.double_blocks, *transformer.single_blocks],
-                       components={**encoders.modules(), "vae": vae}, device=device)
+                       components={**encoder_modules, "vae": vae}, device=device)
         pipeline.weights = {
             "transformer": component_weights("transformer", transformer, quantization=quantized.attested()),
             **{name: component_weights(name, module, quantization=encoders_quantized[name].attested())
-               for name, module in encoders.modules().items()},
+               for name, module in encoder_modules.items()},
             "vae": component_weights("vae", vae)}
         logger.info("weights: %s", describe_weights(pipeline.weights))
         return pipeline
@@ -281,9 +286,8 @@ class FluxPipeline(Pipeline):
             n = member.request.n
             timings = {"encode": member.encode_ms, "denoise": (start - member.joined) * 1000.0,
                        "decode": decode_ms}
-            attestation = Attestation(cache=entries[offset:offset + n],
-                                      conditioning_cache=self.text.result(member.request.request_id),
-                                      conditioning_cache_state=asdict(self.text.state()))
+            attestation = Attestation(cache=entries[offset:offset + n])
+            attestation.update(self.text.attest(member.request.request_id))
             if member.request.output_type != "latent":
                 attestation["vae_tiled"] = tiled
             if self.loras is not None and member.request.loras:
@@ -336,9 +340,9 @@ class FluxPipeline(Pipeline):
         split = self.parallel.cfg_size > 1 and true_cfg(batch[0])
         if split and self.parallel.cfg_rank == 1:
             # This rank's branch is the negative one: it encodes only the negative prompts.
-            txt, vec = self.text.encode(batch, [r.negative_prompt or "" for r in batch], length)
+            txt, vec = self.text.negative(batch, length)
         else:
-            txt, vec = self.text.encode(batch, [r.prompt for r in batch], length)
+            txt, vec = self.text.positive(batch, length)
         noise = get_noise([s for r in batch for s in r.seeds], self.latent_channels, height, width,
                           dtype=self.dtype, device=self.device)
         cond = Conditioning(txt=txt.repeat_interleave(repeats, dim=0), vec=vec.repeat_interleave(repeats, dim=0),
@@ -349,7 +353,7 @@ class FluxPipeline(Pipeline):
             cond.cfg_split, cond.cfg_scale = True, float(first.true_cfg_scale)
         elif true_cfg(first):
             # True CFG: a second, negative-prompt forward per step (every request of the batch has one).
-            neg_txt, neg_vec = self.text.encode(batch, [r.negative_prompt or "" for r in batch], length)
+            neg_txt, neg_vec = self.text.negative(batch, length)
             cond.neg_txt = neg_txt.repeat_interleave(repeats, dim=0)
             cond.neg_vec = neg_vec.repeat_interleave(repeats, dim=0)
             cond.cfg_scale = float(first.true_cfg_scale)
