@@ -46,6 +46,7 @@ IMPLEMENTATION_ALIASES: Mapping[str, str] = {"native": "native", "generic": "gen
 TOPOLOGY_ALIASES: Mapping[str, str] = {
     "single": "single",
     "split_text_encoder": "split_text_encoder",
+    "encode_denoise_decode": "encode_denoise_decode",
 }
 PLATFORM_ALIASES: Mapping[str, str] = {
     "cpu": "cpu", "cuda": "cuda", "rocm": "rocm", "hip": "rocm", "xpu": "xpu", "mps": "mps",

@@ -21,6 +21,7 @@ from diffserve.registry.models import known_attention_roles
 TOPOLOGIES: Mapping[str, tuple[str, ...]] = {
     "single": ("diffusion",),
     "split_text_encoder": ("text_encoder", "diffusion"),
+    "encode_denoise_decode": ("text_encoder", "diffusion", "decoder"),
 }
 PLATFORMS: tuple[str, ...] = c.canonical_values(c.PLATFORM_ALIASES)
 # Attention call sites that may get their own backend: declared by the model families (registry).

@@ -11,9 +11,9 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING, Any, Protocol
 
-from diffserve.engine.encode_stage import stage_entry
 from diffserve.engine.outcome import Outcome
 from diffserve.engine.outputs import build_output
+from diffserve.engine.stage_loop import stage_entry
 from diffserve.engine.stats import BatchStats, kernel_delta
 from diffserve.engine.step_joins import StepJoins
 from diffserve.engine.watchdog import batch_deadline_s
@@ -26,6 +26,7 @@ from diffserve.types.results import RequestResult
 if TYPE_CHECKING:  # pragma: no cover
     from diffserve.config.resolved import ResolvedConfig
     from diffserve.config.schema import StageConfig
+    from diffserve.engine.decode_stage import DecodeStage
     from diffserve.engine.replicas import Replica, ReplicaSet
     from diffserve.engine.scheduler import FinalItem, RequestState, Scheduler
     from diffserve.engine.stats import EngineCounters
@@ -44,6 +45,7 @@ class BatchHost(Protocol):
     scheduler: Scheduler
     replicas: ReplicaSet
     counters: EngineCounters
+    decode: DecodeStage | None  # encode_denoise_decode: where finished latents go
 
     def deliver(self, finals: list[Final]) -> None: ...
 
@@ -153,6 +155,9 @@ class BatchRun:
                     finals.append((state, WorkerError(f"the worker returned no output for {state.request_id}")))
                 continue
             queue_ms = ((state.started or self.start) - state.arrival) * 1000.0
+            if output.handoff is not None and self.core.decode is not None:  # encode_denoise_decode
+                self.core.decode.take(state, output, queue_ms)
+                continue
             final = build_output(state.request, output, queue_ms, self.core.config.fingerprint)
             if state.stages:  # a staged topology: each stage's entry, this one last
                 final.attestation.update(state.carried)  # type: ignore[typeddict-item]

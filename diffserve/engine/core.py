@@ -21,10 +21,12 @@ from typing import TYPE_CHECKING
 
 from diffserve.engine.admission import admit
 from diffserve.engine.batch_run import BatchRun, Final
+from diffserve.engine.decode_stage import DecodeStage
 from diffserve.engine.encode_stage import EncodeStage
 from diffserve.engine.outcome import Outcome
 from diffserve.engine.replicas import Replica, ReplicaSet
 from diffserve.engine.scheduler import RequestState, Scheduler, Sink
+from diffserve.engine.stage_loop import StageLoop
 from diffserve.engine.stats import BatchStats, EngineCounters
 from diffserve.errors import EngineDeadError, EngineNotReadyError, RequestAbortedError, WorkerError
 from diffserve.executor.base import Executor
@@ -53,16 +55,18 @@ class EngineCore:
         self._is_shutdown = False
         self.replicas = ReplicaSet(config, self.stage)
         # topology split_text_encoder: a stage of its own encodes the prompts first (encode_stage.py).
-        encoder = next((s for s in config.stages if s.role == "text_encoder"), None)
-        self.encode = EncodeStage(self, config, encoder) if encoder is not None else None
-        if self.encode is not None:
-            self.encode.start()
-        # Builds and warms every replica; a replica dying from here on is taken out (``_take_out``).
+        # and encode_denoise_decode a stage of its own decodes last (decode_stage.py).
+        roles = {s.role: s for s in config.stages}
+        self.encode = EncodeStage(self, config, roles["text_encoder"]) if "text_encoder" in roles else None
+        self.decode = DecodeStage(self, config, roles["decoder"]) if "decoder" in roles else None
         try:
+            for extra in self.extra_stages:
+                extra.start()
+            # Builds and warms every replica; a replica dying from here on is taken out (``_take_out``).
             self.replicas.start(on_dead=self._take_out)
         except BaseException:
-            if self.encode is not None:
-                self.encode.shutdown("the engine failed to start")
+            for extra in self.extra_stages:
+                extra.shutdown("the engine failed to start")
             raise
         if self._dead is not None:  # every replica died before serving anything
             self.replicas.shutdown()
@@ -72,6 +76,11 @@ class EngineCore:
                                               name=f"diffserve-engine-replica-{replica.index}")
             replica.thread.start()
         self._ready = True
+
+    @property
+    def extra_stages(self) -> list[StageLoop]:
+        """The stages besides the denoising one, in stage order."""
+        return [s for s in (self.encode, self.decode) if s is not None]
 
     @property
     def stopping(self) -> threading.Event:
@@ -108,8 +117,9 @@ class EngineCore:
         """Abort a queued request (never runs) or a running one (its batch stops at the next step
         once every request in it is aborted). False if the request is unknown or already finished."""
         state, queued = self.scheduler.abort(request_id)
-        if state is None and self.encode is not None:  # still waiting for (or in) the text-encoder stage
-            state, queued = self.encode.abort(request_id)
+        for extra in self.extra_stages:  # waiting for (or in) another stage
+            if state is None:
+                state, queued = extra.abort(request_id)
         if state is None:
             return False
         delivered = state.finish(RequestAbortedError(f"request {request_id} was aborted"))
@@ -227,8 +237,8 @@ class EngineCore:
             logger.error("engine is dead: %s", error)
         for state in self.scheduler.drain():
             state.finish(EngineDeadError(str(error)))
-        if self.encode is not None:
-            self.encode.shutdown(str(error))
+        for extra in self.extra_stages:
+            extra.shutdown(str(error))
 
     def check_health(self) -> None:
         """Raise ``EngineDeadError`` when no replica serves; a degraded engine (some out) is healthy."""
@@ -275,8 +285,8 @@ class EngineCore:
                 return
             self._is_shutdown = True
         self._stopping.set()
-        if self.encode is not None:
-            self.encode.shutdown("the engine was shut down")
+        for extra in self.extra_stages:
+            extra.shutdown("the engine was shut down")
         for state in self.scheduler.drain():
             state.finish(EngineDeadError("the engine was shut down"))
         self.replicas.shutdown()

@@ -1,146 +1,43 @@
-"""The text-encoder stage of ``topology: split_text_encoder``: its own replicas (executor, device, dtype,
-kernels), its own queue and one dispatch loop per replica, in front of the denoising stage.
+"""The text-encoder stage of a staged topology (``split_text_encoder``, ``encode_denoise_decode``: stage 0), in
+front of the denoising stage (``stage_loop.py``: its replicas, queue and loops).
 
 An admitted request waits here first; a batch of them runs on a stage-0 worker (``FluxEncodePipeline``),
 which returns one ``ConditioningPayload`` per request. The request then carries it (``GenerationRequest.
-conditioning``) into the denoising stage's queue, where it may batch and join as any request does. So the
-stages pipeline: while the denoising stage runs request k, this stage already encodes k+1.
-
-What ran here is kept per request (``RequestState.stages``) and joins the final attestation's ``stages``
-list. Aborts reach a request waiting here; a batch past its deadline means a hung stage-0 worker (its
-replica is taken out); with no stage-0 replica left the engine is dead, and the error names the stage.
+stage_input``) into the denoising stage's queue, where it may batch and join as any request does. So the
+stages pipeline: while the denoising stage runs request k, this stage already encodes k+1. What ran here is
+kept per request (``RequestState.stages``) and joins the final attestation's ``stages`` list.
 """
 
 from __future__ import annotations
 
-import threading
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any, Protocol
 
-from diffserve.engine.replicas import Replica, ReplicaSet
-from diffserve.engine.scheduler import RequestState, Scheduler
-from diffserve.errors import EngineDeadError, WorkerError
-from diffserve.executor.base import DeadlineExceeded
-from diffserve.logging import get_logger
+from diffserve.engine.scheduler import RequestState
+from diffserve.engine.stage_loop import StageLoop, stage_entry
+from diffserve.errors import WorkerError
 from diffserve.types.results import RequestResult
 
-if TYPE_CHECKING:  # pragma: no cover
-    from diffserve.config.resolved import ResolvedConfig
-    from diffserve.config.schema import StageConfig
-
-logger = get_logger(__name__)
-
-# What a stage entry of the attestation copies from that stage worker's own attestation.
-STAGE_KEYS = ("executor", "replica", "worker_pid", "device", "dtype", "linear", "attention", "batch_size",
-              "batch_ms", "quantization")
+# What the final attestation takes from this stage at its top level.
+CARRIED = ("conditioning_cache", "conditioning_cache_state")
 
 
-def stage_entry(stage: StageConfig, attestation: dict[str, Any]) -> dict[str, Any]:
-    """One ``attestation["stages"]`` entry: the stage's id and role, and where and how it ran."""
-    return {"stage_id": stage.stage_id, "role": stage.role,
-            **{key: attestation[key] for key in STAGE_KEYS if key in attestation}}
-
-
-class StageHost(Protocol):
-    """What the stage needs from its engine (``EngineCore``): the next stage's queue, the stop signal, and
-    where its death goes."""
-
-    scheduler: Scheduler
-
-    @property
-    def stopping(self) -> threading.Event: ...
-
-    @property
-    def is_shut_down(self) -> bool: ...
-
-    def die(self, error: EngineDeadError) -> None: ...
-
-
-class EncodeStage:
-    def __init__(self, core: StageHost, config: ResolvedConfig, stage: StageConfig) -> None:
-        self.core = core
-        self.config = config
-        self.stage = stage
-        self.scheduler = Scheduler(stage.max_batch_size, config.server.max_queue)
-        self.replicas = ReplicaSet(config, stage)
-        self.threads: list[threading.Thread] = []
-
-    def start(self) -> None:
-        """Build (and warm) the stage's replicas, then start one dispatch loop per replica."""
-        self.replicas.start(on_dead=self._take_out)
-        for replica in self.replicas.replicas:
-            thread = threading.Thread(target=self._loop, args=(replica,), daemon=True,
-                                      name=f"diffserve-stage{self.stage.stage_id}-replica-{replica.index}")
-            thread.start()
-            self.threads.append(thread)
-
-    def describe(self) -> str:
-        return f"stage {self.stage.stage_id} ({self.stage.role})"
-
-    def _loop(self, replica: Replica) -> None:
-        while not self.core.stopping.is_set():
-            if not replica.live:
-                self.core.stopping.wait(0.5)
-                continue
-            batch = self.scheduler.next_batch(timeout=0.5)
-            if not batch:
-                continue
-            live = [s for s in batch if not s.aborted and not s.finished]
-            try:
-                outputs = replica.executor.execute([s.request for s in live],
-                                                   timeout=float(self.config.server.batch_deadline_floor_s))
-                self._hand_on(live, outputs)
-            except Exception as exc:  # noqa: BLE001 - every error fails this batch's requests, named by stage
-                self._fail(replica, live, exc)
-            finally:
-                self.scheduler.done(batch)
-
+class EncodeStage(StageLoop):
     def _hand_on(self, live: list[RequestState], outputs: list[RequestResult]) -> None:
         """Each request, with its payload and this stage's entry, into the denoising stage's queue."""
         by_id = {o.request_id: o for o in outputs}
         for state in live:
-            if state.aborted or state.finished:  # aborted while it was being encoded: its error is out already
+            output = self._output_of(state, by_id)
+            if output is None:
                 continue
-            output = by_id.get(state.request_id)
-            if output is None or output.conditioning is None:
+            if output.handoff is None:
                 state.finish(WorkerError(f"{self.describe()} returned no conditioning for {state.request_id}"))
                 continue
-            state.request = replace(state.request, conditioning=output.conditioning)
-            state.stages.append(stage_entry(self.stage, dict(output.attestation)))
+            state.request = replace(state.request, stage_input=output.handoff)
+            attestation = dict(output.attestation)
+            state.stages.append(stage_entry(self.stage, attestation))
             state.stage_timings_ms.update(output.timings_ms)  # "encode": this stage's, not the next one's
-            state.carried.update({k: output.attestation[k] for k in ("conditioning_cache", "conditioning_cache_state")
-                                  if k in output.attestation})
+            state.carried.update({k: attestation[k] for k in CARRIED if k in attestation})
             try:
                 self.core.scheduler.add(state)
             except Exception as exc:  # noqa: BLE001 - a full or closed next queue fails the request, not the loop
                 state.finish(exc)
-
-    def _fail(self, replica: Replica, live: list[RequestState], exc: Exception) -> None:
-        if isinstance(exc, DeadlineExceeded):
-            error = EngineDeadError(f"{self.describe()}: a batch exceeded its deadline; replica {replica.index} "
-                                    "is hung")
-            replica.executor.abandon(str(error))
-            self._take_out(replica, error)
-        else:
-            logger.error("%s failed a batch: %s", self.describe(), exc)
-        for state in live:
-            state.finish(exc if isinstance(exc, EngineDeadError | WorkerError) else
-                         WorkerError(f"{self.describe()}: {exc}"))
-
-    def _take_out(self, replica: Replica, error: EngineDeadError) -> None:
-        if self.core.is_shut_down:
-            return
-        remaining = self.replicas.take_out(replica, error)
-        if remaining == 0:
-            self.core.die(EngineDeadError(f"{self.describe()} has no live replica: {error}"))
-
-    def abort(self, request_id: str) -> tuple[RequestState | None, bool]:
-        return self.scheduler.abort(request_id)
-
-    def shutdown(self, reason: str) -> None:
-        for state in self.scheduler.drain():
-            state.finish(EngineDeadError(reason))
-        self.replicas.shutdown()
-        for thread in self.threads:
-            if thread is not threading.current_thread():
-                thread.join(timeout=10.0)

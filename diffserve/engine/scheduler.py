@@ -41,6 +41,9 @@ class RequestState:
     stages: list[dict[str, Any]] = field(default_factory=list)
     carried: dict[str, Any] = field(default_factory=dict)
     stage_timings_ms: dict[str, float] = field(default_factory=dict)  # e.g. the text-encoder stage's "encode"
+    # encode_denoise_decode: the denoising stage's result while the decoding stage works, and its queue time.
+    handed: Any = None
+    queue_ms: float = 0.0
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     @property

@@ -61,6 +61,9 @@ class BuildContext:
     # Another stage encodes the prompts (topology split_text_encoder): requests arrive with their
     # conditioning (types/conditioning.py) and this stage loads no text encoder.
     encoded_elsewhere: bool = False
+    # Another stage decodes (topology encode_denoise_decode): this stage hands on latents
+    # (types/latents.py) instead of images.
+    decoded_elsewhere: bool = False
 
 
 @runtime_checkable

@@ -86,7 +86,8 @@ class ModelFamily:
 
 GENERIC_PIPELINE = "diffserve.models.generic.pipeline:GenericPipeline"
 # FLUX's text encoders as a stage of their own (topology split_text_encoder).
-FLUX_STAGES = (("text_encoder", "diffserve.models.flux.encode_pipeline:FluxEncodePipeline"),)
+FLUX_STAGES = (("text_encoder", "diffserve.models.flux.encode_pipeline:FluxEncodePipeline"),
+               ("decoder", "diffserve.models.flux.decode_pipeline:FluxDecodePipeline"))
 
 # FLUX.1's transformer: native module names (models/flux/transformer.py, BFL's) and diffusers' (generic path).
 FLUX_QUANTIZATION_IGNORED = (

@@ -65,9 +65,9 @@ class GenerationRequest:
     is_warmup: bool = False
     # False: this request's texts are encoded afresh and not stored in the conditioning cache.
     conditioning_cache: bool = True
-    # Set by the engine between stages (topology split_text_encoder): the text-encoder stage's output
-    # (types/conditioning.py), which the denoising stage uses instead of encoding. Never from a client.
-    conditioning: Any = None
+    # Set by the engine between stages (staged topologies): the previous stage's output for this one (the
+    # denoising stage: the text encoders' ConditioningPayload, types/conditioning.py). Never from a client.
+    stage_input: Any = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "loras", _lora_pairs(self.loras))

@@ -45,8 +45,9 @@ class RequestResult:
     timings_ms: dict[str, float] = field(default_factory=dict)
     memory_peak_mib: dict[str, float] = field(default_factory=dict)
     attestation: Attestation = field(default_factory=Attestation)
-    # A text-encoder stage's output for the next stage (types/conditioning.py); None from a denoising stage.
-    conditioning: Any = None
+    # What the next stage of a staged topology takes from this one (a text-encoder stage: its
+    # types/conditioning.py:ConditioningPayload); None from the last stage.
+    handoff: Any = None
 
 
 @dataclass

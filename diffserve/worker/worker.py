@@ -80,10 +80,11 @@ class Worker:
             if not self.stage.enforce_eager:  # before anything compiles in this process
                 use_compile_cache(self.config, self.device)
             # A staged topology: another stage encodes the prompts for the denoising one.
-            encoded_elsewhere = self.stage.role == "diffusion" and any(
-                s.role == "text_encoder" for s in self.config.stages)
+            roles = {s.role for s in self.config.stages}
+            denoising = self.stage.role == "diffusion"
             context = BuildContext(device=self.device, kernel_observers=tuple(self.kernel_observers),
-                                   parallel=self.parallel, encoded_elsewhere=encoded_elsewhere)
+                                   parallel=self.parallel, encoded_elsewhere=denoising and "text_encoder" in roles,
+                                   decoded_elsewhere=denoising and "decoder" in roles)
             pipeline_class = (family.load_pipeline_class(self.stage.implementation) if self.stage.role == "diffusion"
                               else family.load_stage_pipeline(self.stage.role))
             self.pipeline = pipeline_class.from_stage(self.config.model, self.stage, context)

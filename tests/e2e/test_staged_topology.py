@@ -1,6 +1,7 @@
-"""topology: split_text_encoder: the text encoders run as a stage of their own (its own executor, dtype and
-kernels, attested per stage), their output reaches the denoising stage as a checked payload, a repeated prompt
-skips stage 0 through the conditioning cache, and the images are the single-stage path's, bit for bit."""
+"""Staged topologies: split_text_encoder runs the text encoders as a stage of their own (its own executor,
+dtype and kernels, attested per stage) whose output reaches the denoising stage as a checked payload, a
+repeated prompt skips stage 0 through the conditioning cache; encode_denoise_decode also decodes in a stage of
+its own. The images are the single-stage path's, bit for bit."""
 
 from __future__ import annotations
 
@@ -71,6 +72,18 @@ def test_split_text_encoder_stages_attest_their_kernels_and_match_one_stage(tiny
     assert np.array_equal(pixels(first), pixels(reference)) and np.array_equal(pixels(again), pixels(reference))
     assert np.array_equal(pixels(edited), pixels(reference_edit))  # an edit's image crossed both stages
     assert {"text_encoder", "text_encoder_2", "transformer", "vae"} <= set(weights)
+    # encode_denoise_decode, every stage on worker processes: the VAE decodes in a stage of its own.
+    three = {"topology": "encode_denoise_decode", "dtype": "float32", "distributed_executor_backend": "mp",
+             "linear_backend": "onednn"}
+    with Engine(str(tiny_flux_dir), deploy_config=three, env={}) as staged:
+        out = staged.generate(GenerationRequest(**REQUEST))
+    stages = out.attestation["stages"]
+    assert [(s["stage_id"], s["role"], s["executor"]) for s in stages] == [
+        (0, "text_encoder", "mp"), (1, "diffusion", "mp"), (2, "decoder", "mp")]
+    assert len({s["worker_pid"] for s in stages} | {os.getpid()}) == 4  # three worker processes of their own
+    assert stages[2]["linear"] and out.attestation["vae_tiled"] is False  # the VAE's calls on stage 2's kernels
+    assert set(out.timings) >= {"encode", "denoise", "decode"}
+    assert np.array_equal(pixels(out), pixels(reference))
 
 
 def test_lora_step_cache_and_cfg_parallel_after_a_text_encoder_stage(tiny_flux_dir: Path, tmp_path: Path) -> None:
@@ -103,3 +116,16 @@ def test_the_generic_path_has_no_text_encoder_stage(tiny_sd3_dir: Path) -> None:
     with pytest.raises(ConfigError, match="no text_encoder stage") as info:
         resolve(model=tiny_sd3_dir, overrides={"topology": "split_text_encoder"}, env={})
     assert info.value.path == "topology" and "FluxPipeline" in (info.value.hint or "")
+
+
+def test_ray_runs_the_text_encoder_stage(ray_session: Any, tiny_flux_dir: Path) -> None:
+    """One stage on Ray (its payload through Ray's object transfer), the others in this process."""
+    deploy = {"topology": "split_text_encoder", "dtype": "float32", "linear_backend": "onednn",
+              "stages": [{"stage_id": 0, "distributed_executor_backend": "ray"}]}
+    with Engine(str(tiny_flux_dir), deploy_config=deploy, env={}) as staged:
+        out = staged.generate(GenerationRequest(**REQUEST))
+    with Engine(str(tiny_flux_dir), env={}, dtype="float32", linear_backend="onednn") as single:
+        reference = single.generate(GenerationRequest(**REQUEST))
+    encode, denoise = out.attestation["stages"]
+    assert encode["executor"] == "ray" and encode["node"] and encode["worker_pid"] != os.getpid()
+    assert denoise["executor"] == "uni" and np.array_equal(pixels(out), pixels(reference))

@@ -118,7 +118,7 @@ class FluxEncodePipeline(Pipeline):
             attestation = self.text.attest(request.request_id)
             results.append(RequestResult(request_id=request.request_id, images=torch.empty(0), seeds=request.seeds,
                                          timings_ms={"encode": encode_ms}, attestation=attestation,
-                                         conditioning=payload))
+                                         handoff=payload))
         yield BatchResult(results)
 
     def merge_rank_outputs(self, outputs: list[RequestResult], per_rank: list[list[dict[str, Any]]]) -> None:

@@ -51,6 +51,7 @@ from diffserve.models.vae_tiling import configure_tiling
 from diffserve.registry.models import MODEL_FAMILIES, ModelFamily, read_class_name
 from diffserve.types.attestation import Attestation
 from diffserve.types.batching import BatchPlan, batch_key, plan_of
+from diffserve.types.latents import LatentsPayload
 from diffserve.types.memory import ComponentWeights, describe_weights
 from diffserve.types.request import GenerationRequest
 from diffserve.types.results import BatchResult, RequestResult, StepEvent
@@ -105,6 +106,7 @@ class FluxPipeline(Pipeline):
             default_cache_threshold=float(cache.threshold or 0.0))
         self.loras: LoraAdapters | None = None  # set by from_stage
         self.weights: dict[str, ComponentWeights] = {}  # set by from_stage (models/memory.py)
+        self.stage_id, self.decoded_elsewhere = 0, False  # set by from_stage (staged topologies)
         self.editor: edits.EditPreparer | edits.ReferencePreparer = \
             (edits.ReferencePreparer if self.kontext else edits.EditPreparer)(vae, self.latent_channels, dtype=dtype,
                                                                             device=device)
@@ -151,6 +153,7 @@ class FluxPipeline(Pipeline):
                        parallel=context.parallel, cache=stage.cache, family=MODEL_FAMILIES[read_class_name(root)],
                        vae_config=stage.vae)
         pipeline.loras = transformer.lora_adapters = LoraAdapters(transformer, transformer.params, stage)
+        pipeline.stage_id, pipeline.decoded_elsewhere = stage.stage_id, context.decoded_elsewhere
         pipeline.text = PayloadText(transformer.params, stage_id=stage.stage_id, role=stage.role, device=device,
                                     dtype=dtype) if encoders is None else CachedTextEncoders.for_model(
             encoders, root, stage.conditioning_cache, dict(stage.components), str(dtype),
@@ -274,9 +277,13 @@ class FluxPipeline(Pipeline):
         start = time.perf_counter()
         requests = [m.request for m in done]
         peaks.start("decode")
-        # Every rank holds the same latents; only rank 0's result is returned, so only it decodes.
-        images, tiled = (decode_latents(self.vae, requests, latents, plan.height, plan.width, self.vae_config)
-                         if self.parallel.rank == 0 else ([torch.empty(0) for _ in requests], False))
+        # Every rank holds the same latents; only rank 0's result is returned, so only it decodes (or hands
+        # them to the decoding stage of encode_denoise_decode: types/latents.py).
+        if self.decoded_elsewhere:
+            images, tiled = [rows.cpu().contiguous() for rows in latents.split([r.n for r in requests])], False
+        else:
+            images, tiled = (decode_latents(self.vae, requests, latents, plan.height, plan.width, self.vae_config)
+                             if self.parallel.rank == 0 else ([torch.empty(0) for _ in requests], False))
         decode_ms = _ms_since(start)
         peaks.stop()
         entries = image_entries(settings, plan.steps, rows, *caches,
@@ -288,13 +295,16 @@ class FluxPipeline(Pipeline):
                        "decode": decode_ms}
             attestation = Attestation(cache=entries[offset:offset + n])
             attestation.update(self.text.attest(member.request.request_id))
-            if member.request.output_type != "latent":
+            if member.request.output_type != "latent" and not self.decoded_elsewhere:
                 attestation["vae_tiled"] = tiled
             if self.loras is not None and member.request.loras:
                 attestation["lora"] = self.loras.describe(member.request.loras)
+            handoff = LatentsPayload(self.stage_id, "diffusion", image, plan.height, plan.width) \
+                if self.decoded_elsewhere else None
             results.append(RequestResult(request_id=member.request.request_id, images=image,
                                          seeds=member.request.seeds, timings_ms=timings,
-                                         memory_peak_mib=dict(peaks.peaks), attestation=attestation))
+                                         memory_peak_mib=dict(peaks.peaks), attestation=attestation,
+                                         handoff=handoff))
             offset += n
         keep = live.drop(done)
         for cache in caches:
