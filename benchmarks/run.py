@@ -30,6 +30,7 @@ from benchmarks import (  # noqa: E402
     parallel,
     quantization,
     replicas,
+    stages,
     step_cache,
     step_cache_trained,
     throughput,
@@ -64,6 +65,7 @@ MEASUREMENTS = (
     ("lora", "k. Per-request LoRA: adapter overhead and mixed-adapter throughput", lora.measure),
     ("cache_trained", "l. Step cache on a trained model against a random one", step_cache_trained.measure),
     ("quant", "m. Quantized weights: int8 and float8 through torchao", quantization.measure),
+    ("stages", "n. Stages at runtime: three stages pipelined, and the conditioning cache", stages.measure),
 )
 
 
@@ -74,7 +76,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="markdown report path (default: this CPU kind's, benchmarks/RESULTS[-KIND].md)")
     p.add_argument("--cache-dir", type=Path, default=DEFAULT_CACHE, help="where built models are kept")
     p.add_argument("--only", default="", help="comma-separated measurement keys: e2e,step,overhead,throughput,cold,replicas,parallel,cache,"
-                   "arrivals,generic,lora,cache_trained,quant")
+                   "arrivals,generic,lora,cache_trained,quant,stages")
     p.add_argument("--merge", action="store_true",
                    help="keep the sections of the report at --out that this run does not measure (only when "
                         "it was measured in the same mode on the same CPU capability)")

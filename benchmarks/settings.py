@@ -86,6 +86,9 @@ class Settings:
     # Quantized weights (section m): the case and the methods, unquantized first (the reference).
     quant_case: Case = Case("small-flux", 256, 4)
     quant_methods: tuple[str, ...] = ("none", "int8", "int8_weight_only", "fp8_weight_only")
+    # Stages at runtime (section n): the case and the images per throughput round (over 8 clients).
+    stages_case: Case = Case("small-flux", 256, 4)
+    stages_images: int = 16
 
 
 TINY_E2E = Case("tiny-flux", 128, 2)
@@ -149,4 +152,6 @@ SMOKE = Settings(
     cache_trained_teacache=(),  # smoke: fbcache only (the teacache path is the same code)
     quant_case=Case("tiny-flux", 64, 2),
     quant_methods=("none", "int8"),
+    stages_case=Case("tiny-flux", 64, 2),
+    stages_images=8,
 )
