@@ -3,13 +3,12 @@
 
 from __future__ import annotations
 
-import threading
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import pytest
 import torch
+from background import generate_together
 
 from diffserve import Engine, GenerationRequest
 
@@ -23,13 +22,7 @@ def test_two_replicas_on_cuda(tiny_flux_dir: Path) -> None:
         reference = {seed: np.asarray(single.generate(GenerationRequest(seed=seed, **request)).images[0])
                      for seed in (1, 2)}
     with Engine(str(tiny_flux_dir), num_replicas=2, distributed_executor_backend="mp", **stage) as engine:
-        outs: dict[int, Any] = {}
-        threads = [threading.Thread(target=lambda s=s: outs.__setitem__(
-            s, engine.generate(GenerationRequest(seed=s, **request)))) for s in (1, 2)]
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join(120)
+        outs = generate_together(engine, {s: GenerationRequest(seed=s, **request) for s in (1, 2)})
     expected = {f"cuda:{r % torch.cuda.device_count()}" for r in (0, 1)}
     assert {out.attestation["device"] for out in outs.values()} <= expected
     assert {out.attestation["replica"] for out in outs.values()} == {0, 1}

@@ -5,11 +5,11 @@ parallel layouts are refused (400 ``image``), not run wrong."""
 
 from __future__ import annotations
 
-import threading
 from typing import Any
 
 import numpy as np
 import pytest
+from background import generate_together
 
 from diffserve import Engine, GenerationRequest
 from diffserve.errors import RequestError
@@ -77,13 +77,7 @@ def test_int8_weights_on_two_replicas(tiny_flux_dir) -> None:
         reference = {seed: single.generate(GenerationRequest(seed=seed, **request)).images[0] for seed in (1, 2)}
     with Engine(str(tiny_flux_dir), env={}, dtype="float32", quantization="int8", num_replicas=2,
                 distributed_executor_backend="mp") as replicas:
-        outs: dict[int, Any] = {}
-        threads = [threading.Thread(target=lambda s=s: outs.__setitem__(
-            s, replicas.generate(GenerationRequest(seed=s, **request)))) for s in (1, 2)]
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join(120)
+        outs = generate_together(replicas, {s: GenerationRequest(seed=s, **request) for s in (1, 2)})
     assert {out.attestation["replica"] for out in outs.values()} == {0, 1}
     for seed, out in outs.items():
         assert out.attestation["quantization"]["transformer"]["quantized_linears"] == 28

@@ -15,13 +15,12 @@ import torch
 from diffserve.config.schema import StageConfig
 from diffserve.errors import WorkerError
 from diffserve.layers.attestation import KernelCounters
-from diffserve.layers.kernels import build_kernel_set
 from diffserve.logging import get_logger
 from diffserve.models.base import BuildContext, Pipeline, PipelineCapabilities
-from diffserve.models.dtype import resolve_dtype
 from diffserve.models.flux.decode import decode_latents
 from diffserve.models.generic.kernels import swap_linears
 from diffserve.models.memory import PhasePeaks, component_weights
+from diffserve.models.stage_kernels import stage_kernels
 from diffserve.models.vae_file import load_vae
 from diffserve.models.vae_tiling import configure_tiling
 from diffserve.registry.models import MODEL_FAMILIES, read_class_name
@@ -54,11 +53,7 @@ class FluxDecodePipeline(Pipeline):
     def from_stage(cls, model_dir: str | Path, stage: StageConfig,
                    context: BuildContext = BuildContext()) -> FluxDecodePipeline:
         root = Path(model_dir)
-        device = torch.device(context.device)
-        dtype = resolve_dtype(stage.dtype, device)
-        kernels = build_kernel_set(stage.linear_backend, stage.attention_backend, roles=(), device=device,
-                                   dtype=dtype, observers=context.kernel_observers,
-                                   batch_invariant=stage.batch_invariant)
+        device, dtype, kernels = stage_kernels(stage, context)
         vae = load_vae(root / "vae", dtype=dtype, device=device, weights_file=stage.components.get("vae"))
         swap_linears(vae, kernels)
         configure_tiling(vae, stage.vae)

@@ -19,16 +19,15 @@ import torch
 from diffserve.config.schema import StageConfig
 from diffserve.errors import ModelLoadError
 from diffserve.layers.attestation import KernelCounters
-from diffserve.layers.kernels import build_kernel_set
 from diffserve.layers.linear.quantized import quantize_linears
 from diffserve.logging import get_logger
 from diffserve.models.base import BuildContext, Pipeline, PipelineCapabilities
-from diffserve.models.dtype import resolve_dtype
 from diffserve.models.flux.cached_encoding import CachedTextEncoders
 from diffserve.models.flux.conditioning import true_cfg
 from diffserve.models.flux.encoders import TextEncoders
 from diffserve.models.generic.kernels import swap_linears
 from diffserve.models.memory import component_weights
+from diffserve.models.stage_kernels import stage_kernels
 from diffserve.registry.models import MODEL_FAMILIES, read_class_name
 from diffserve.types.batching import plan_of
 from diffserve.types.conditioning import ConditioningPayload
@@ -60,12 +59,8 @@ class FluxEncodePipeline(Pipeline):
     def from_stage(cls, model_dir: str | Path, stage: StageConfig,
                    context: BuildContext = BuildContext()) -> FluxEncodePipeline:
         root = Path(model_dir)
-        device = torch.device(context.device)
-        dtype = resolve_dtype(stage.dtype, device)
         start = time.perf_counter()
-        kernels = build_kernel_set(stage.linear_backend, stage.attention_backend, roles=(), device=device,
-                                   dtype=dtype, observers=context.kernel_observers,
-                                   batch_invariant=stage.batch_invariant)
+        device, dtype, kernels = stage_kernels(stage, context)
         try:
             encoders = TextEncoders(root, dtype=dtype, device=device, per_prompt=stage.batch_invariant,
                                     weights_files=stage.components)

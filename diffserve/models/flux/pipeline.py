@@ -16,15 +16,13 @@ import torch
 from torch import Tensor
 
 from diffserve.config.schema import CacheConfig, ConditioningCacheConfig, StageConfig, VaeConfig
-from diffserve.errors import ConfigError, ModelLoadError
+from diffserve.errors import ModelLoadError
 from diffserve.layers.attestation import KernelCounters
-from diffserve.layers.kernels import build_kernel_set
-from diffserve.layers.linear.quantized import quantize_linears
 from diffserve.layers.ulysses import image_shard
 from diffserve.logging import get_logger
 from diffserve.models.base import BuildContext, ParallelContext, Pipeline, PipelineCapabilities, run_one
-from diffserve.models.dtype import resolve_dtype
 from diffserve.models.flux import edits
+from diffserve.models.flux.build import build_transformer
 from diffserve.models.flux.cached_encoding import CachedTextEncoders
 from diffserve.models.flux.conditioning import Conditioning, true_cfg
 from diffserve.models.flux.decode import decode_latents
@@ -41,7 +39,7 @@ from diffserve.models.flux.sampling import (
     text_ids,
 )
 from diffserve.models.flux.stage_payloads import PayloadText
-from diffserve.models.flux.transformer import FluxTransformer, load_flux_transformer
+from diffserve.models.flux.transformer import FluxTransformer
 from diffserve.models.memory import PhasePeaks, component_weights
 from diffserve.models.offload import offload_native
 from diffserve.models.stepcache.policy import BranchCache, CacheSettings
@@ -119,26 +117,8 @@ class FluxPipeline(Pipeline):
         root = Path(model_dir)
         if not (root / "transformer").is_dir():
             raise ModelLoadError(f"{root} is not a FLUX model directory (no transformer/ folder)")
-        device = torch.device(context.device)
-        dtype = resolve_dtype(stage.dtype, device)
         start = time.perf_counter()
-        kernels = build_kernel_set(stage.linear_backend, stage.attention_backend, roles=FAMILY.attention_roles,
-                                   device=device, dtype=dtype, observers=context.kernel_observers,
-                                   batch_invariant=stage.batch_invariant)
-        transformer = load_flux_transformer(root / "transformer", kernels, dtype=dtype, device=device,
-                                            weights_file=stage.components.get("transformer"))
-        quantized = quantize_linears(transformer, stage.quantization, stage.quantization_ignored_layers)
-        if context.parallel.ulysses_size > 1:
-            if transformer.params.num_heads % context.parallel.ulysses_size:
-                heads = transformer.params.num_heads
-                allowed = ", ".join(str(u) for u in range(1, heads + 1) if heads % u == 0)
-                raise ConfigError(f"ulysses_degree {context.parallel.ulysses_size} must divide the "
-                                  f"transformer's {heads} attention heads",
-                                  path=f"stages.{stage.stage_id}.parallel.ulysses_degree",
-                                  hint=f"use one of {allowed}")
-            transformer.shard_sequence(context.parallel.ulysses_group, kernels.counters.collectives)
-        if not stage.enforce_eager:
-            transformer.compile_blocks()
+        transformer, quantized, device, dtype = build_transformer(root, stage, context)
         encoders = None if context.encoded_elsewhere else TextEncoders(
             root, dtype=dtype, device=device, per_prompt=stage.batch_invariant, weights_files=stage.components)
         encoders_quantized = encoders.quantize(stage.text_encoder_quantization) if encoders is not None else {}
