@@ -77,6 +77,9 @@ def test_split_text_encoder_stages_attest_their_kernels_and_match_one_stage(tiny
              "linear_backend": "onednn"}
     with Engine(str(tiny_flux_dir), deploy_config=three, env={}) as staged:
         out = staged.generate(GenerationRequest(**REQUEST))
+        health = staged.stage_health  # what /health lists per stage
+    assert health == [{"stage_id": i, "role": role, "replicas_live": 1, "replicas": 1}
+                      for i, role in enumerate(("text_encoder", "diffusion", "decoder"))]
     stages = out.attestation["stages"]
     assert [(s["stage_id"], s["role"], s["executor"]) for s in stages] == [
         (0, "text_encoder", "mp"), (1, "diffusion", "mp"), (2, "decoder", "mp")]

@@ -137,10 +137,17 @@ def create_app(engine: AsyncEngineClient | None = None, *, engine_factory: Engin
         if replicas is None:
             return JSONResponse({"status": "ok"})
         live, configured = replicas
-        if live == 0:
-            return error_response(engine_dead("no replica is live"))
-        return JSONResponse({"status": "degraded" if live < configured else "ok", "replicas_live": live,
-                             "replicas": configured})
+        stages = host.stages() or []
+        empty = next((s for s in stages if s["replicas_live"] == 0), None)
+        if live == 0 or empty is not None:
+            where = f"stage {empty['stage_id']} ({empty['role']})" if empty is not None else "the engine"
+            return error_response(engine_dead(f"no replica of {where} is live"))
+        degraded = live < configured or any(s["replicas_live"] < s["replicas"] for s in stages)
+        body: dict[str, Any] = {"status": "degraded" if degraded else "ok", "replicas_live": live,
+                                "replicas": configured}
+        if len(stages) > 1:  # a staged topology: each stage's replicas
+            body["stages"] = stages
+        return JSONResponse(body)
 
     @app.get("/ready")
     async def ready() -> Response:

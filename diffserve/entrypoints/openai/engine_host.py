@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import Callable
+from typing import Any
 
 from diffserve.engine.client import AsyncEngineClient
 from diffserve.errors import EngineDeadError, EngineNotReadyError
@@ -87,6 +88,10 @@ class EngineHost:
         if self.engine is None:
             return None
         return self.engine.replicas_live, self.engine.num_replicas
+
+    def stages(self) -> list[dict[str, Any]] | None:
+        """Each stage's live and configured replicas (a staged topology), None while loading."""
+        return self.engine.stage_health if self.engine is not None else None
 
     def replicas_live(self) -> float:
         """For the gauge: 0 while loading, after a failed load and once the engine is dead."""
