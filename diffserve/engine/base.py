@@ -68,8 +68,9 @@ class EngineBase:
     @property
     def worker_pids(self) -> list[int]:
         """Every replica's worker pids, replica-major (``[replica 0 rank 0, rank 1..., replica 1 ...]``),
-        replicas taken out included."""
-        return self._core.replicas.worker_pids
+        replicas taken out included: the denoising stage's, then (a staged topology) each other stage's."""
+        return [*self._core.replicas.worker_pids,
+                *(pid for stage in self._core.extra_stages for pid in stage.replicas.worker_pids)]
 
     @property
     def num_replicas(self) -> int:

@@ -78,12 +78,14 @@ def test_split_text_encoder_stages_attest_their_kernels_and_match_one_stage(tiny
     with Engine(str(tiny_flux_dir), deploy_config=three, env={}) as staged:
         out = staged.generate(GenerationRequest(**REQUEST))
         health = staged.stage_health  # what /health lists per stage
+        pids = staged.worker_pids
     assert health == [{"stage_id": i, "role": role, "replicas_live": 1, "replicas": 1}
                       for i, role in enumerate(("text_encoder", "diffusion", "decoder"))]
     stages = out.attestation["stages"]
     assert [(s["stage_id"], s["role"], s["executor"]) for s in stages] == [
         (0, "text_encoder", "mp"), (1, "diffusion", "mp"), (2, "decoder", "mp")]
     assert len({s["worker_pid"] for s in stages} | {os.getpid()}) == 4  # three worker processes of their own
+    assert sorted(pids) == sorted(s["worker_pid"] for s in stages)  # Engine.worker_pids covers every stage
     assert stages[2]["linear"] and out.attestation["vae_tiled"] is False  # the VAE's calls on stage 2's kernels
     assert set(out.timings) >= {"encode", "denoise", "decode"}
     assert np.array_equal(pixels(out), pixels(reference))
