@@ -54,8 +54,8 @@ class EngineCore:
         self._shutdown_lock = threading.Lock()
         self._is_shutdown = False
         self.replicas = ReplicaSet(config, self.stage)
-        # topology split_text_encoder: a stage of its own encodes the prompts first (encode_stage.py).
-        # and encode_denoise_decode a stage of its own decodes last (decode_stage.py).
+        # Staged topologies: a stage of its own encodes the prompts first (split_text_encoder and
+        # encode_denoise_decode: encode_stage.py) and one decodes last (encode_denoise_decode: decode_stage.py).
         roles = {s.role: s for s in config.stages}
         self.encode = EncodeStage(self, config, roles["text_encoder"]) if "text_encoder" in roles else None
         self.decode = DecodeStage(self, config, roles["decoder"]) if "decoder" in roles else None
@@ -237,8 +237,8 @@ class EngineCore:
             logger.error("engine is dead: %s", error)
         for state in self.scheduler.drain():
             state.finish(EngineDeadError(str(error)))
-        for extra in self.extra_stages:
-            extra.shutdown(str(error))
+        for extra in self.extra_stages:  # their workers stop with the engine's shutdown
+            extra.fail_waiting(str(error))
 
     def check_health(self) -> None:
         """Raise ``EngineDeadError`` when no replica serves; a degraded engine (some out) is healthy."""

@@ -131,9 +131,13 @@ class StageLoop:
     def abort(self, request_id: str) -> tuple[RequestState | None, bool]:
         return self.scheduler.abort(request_id)
 
-    def shutdown(self, reason: str) -> None:
+    def fail_waiting(self, reason: str) -> None:
+        """Close this stage's queue and fail what waits in it (or runs in it) with ``reason``."""
         for state in self.scheduler.drain():
             state.finish(EngineDeadError(reason))
+
+    def shutdown(self, reason: str) -> None:
+        self.fail_waiting(reason)
         self.replicas.shutdown()
         for thread in self.threads:
             if thread is not threading.current_thread():

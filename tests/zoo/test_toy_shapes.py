@@ -13,6 +13,7 @@ from diffserve.zoo.toy_shapes.grammar import COLOURS, SHAPES, all_scenes, classi
 
 HELD_OUT = 100
 SEED_BASE = 1_000_000  # generation seeds far from anything training used
+BATCH = 32
 
 
 def held_out_pairs(n: int = HELD_OUT) -> list[tuple[str, int]]:
@@ -22,17 +23,19 @@ def held_out_pairs(n: int = HELD_OUT) -> list[tuple[str, int]]:
 
 
 def generate_all(model: Path, pairs: list[tuple[str, int]], steps: int | None = None, **stage: str) -> list:
-    """Images for ``pairs`` through diffserve's Engine, 8 requests at a time (they batch)."""
+    """Images for ``pairs`` through diffserve's Engine, 32 requests at a time (they batch)."""
     from diffserve import Engine, GenerationRequest
 
-    # A quality check, not an invariance one: whole-batch kernels (per-sample calls cost ~40% more at 64x64).
-    with Engine(str(model), dtype="float32", max_batch_size=8, batch_invariant=False, env={}, **stage) as engine:
+    # A quality check, not an invariance one: whole-batch kernels (per-sample calls cost ~40% more at 64x64),
+    # and batches of 32 (64x64 images are overhead-bound: 100 pairs in 13.9 s against 19.1 s in batches of 8,
+    # the same scores).
+    with Engine(str(model), dtype="float32", max_batch_size=BATCH, batch_invariant=False, env={}, **stage) as engine:
         def one(pair: tuple[str, int]):
             prompt, seed = pair
             request = GenerationRequest(prompt=prompt, height=64, width=64, seed=seed, num_inference_steps=steps)
             return engine.generate(request).images[0]
 
-        with ThreadPoolExecutor(8) as pool:
+        with ThreadPoolExecutor(BATCH) as pool:
             return list(pool.map(one, pairs))
 
 
