@@ -45,13 +45,15 @@ def measure(section: Section, settings: Settings, models: dict[str, Path]) -> No
         with _worker_threads(1):
             engines["CFG=2 x 1 thread (mp)"] = C.load_engine(path, DTYPE, distributed_executor_backend="mp",
                                                              cfg_parallel_size=2)
-        with _worker_threads(1):
-            engines[f"Ulysses={ULYSSES} x 1 thread (mp)"] = C.load_engine(
-                path, DTYPE, distributed_executor_backend="mp", ulysses_degree=ULYSSES)
+        if not settings.smoke:  # smoke: one parallel layout runs the harness (two more workers cost the suite)
+            with _worker_threads(1):
+                engines[f"Ulysses={ULYSSES} x 1 thread (mp)"] = C.load_engine(
+                    path, DTYPE, distributed_executor_backend="mp", ulysses_degree=ULYSSES)
         _compare(section, settings, "true CFG", "cfg", engines[SINGLE], "CFG=2 x 1 thread (mp)",
                  engines["CFG=2 x 1 thread (mp)"], lambda: _request(case, cfg=True))
-        _compare(section, settings, "plain", "ulysses", engines[SINGLE], f"Ulysses={ULYSSES} x 1 thread (mp)",
-                 engines[f"Ulysses={ULYSSES} x 1 thread (mp)"], lambda: _request(case, cfg=False))
+        if not settings.smoke:
+            _compare(section, settings, "plain", "ulysses", engines[SINGLE], f"Ulysses={ULYSSES} x 1 thread (mp)",
+                     engines[f"Ulysses={ULYSSES} x 1 thread (mp)"], lambda: _request(case, cfg=False))
     finally:
         for engine in engines.values():
             C.shutdown(engine)
