@@ -91,16 +91,18 @@ class FluxEncodePipeline(Pipeline):
         """One result per request, carrying its payload; the texts of a batch are encoded together."""
         batch = list(batch)
         start = time.perf_counter()
-        lengths = {plan_of(r, 0).text_length for r in batch}
+        windows = {r.request_id: plan_of(r, 0).text_length for r in batch}
         outputs = []
         with torch.inference_mode():
-            for length in sorted(lengths):  # the batch key shares one window; a library call might not
-                group = [r for r in batch if plan_of(r, 0).text_length == length]
-                txt, vec = self.text.encode(group, [r.prompt for r in group], length)
+            for length in sorted(set(windows.values())):  # the batch key shares one window; a library call might not
+                group = [r for r in batch if windows[r.request_id] == length]
+                txt, vec = self.text.positive(group, length)
                 cfg = [r for r in group if true_cfg(r)]
-                neg = self.text.encode(cfg, [r.negative_prompt or "" for r in cfg], length) if cfg else None
+                neg = self.text.negative(cfg, length) if cfg else None
+                # By id: requests compare as dataclasses, and an edit's image arrays have no truth value.
+                negative_row = {r.request_id: j for j, r in enumerate(cfg)}
                 for i, request in enumerate(group):
-                    j = cfg.index(request) if request in cfg else None
+                    j = negative_row.get(request.request_id)
                     payload = ConditioningPayload(
                         producer_stage=self.stage_id, producer_role=self.role, max_sequence_length=length,
                         prompt_embeds=txt[i:i + 1], pooled_embeds=vec[i:i + 1],
