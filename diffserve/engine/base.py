@@ -84,14 +84,16 @@ class EngineBase:
 
     @property
     def stage_health(self) -> list[dict[str, Any]]:
-        """Per stage, in stage order: ``stage_id``, ``role``, ``replicas_live``, ``replicas`` (one entry on the
-        single topology; a staged one lists its text-encoder and decoder stages too)."""
+        """Per stage, in stage order: ``stage_id``, ``role``, ``replicas_live``, ``replicas`` and ``queue_depth``
+        (requests waiting for that stage) (one entry on the single topology; a staged one lists its text-encoder
+        and decoder stages too)."""
         core = self._core
         dead = self.is_dead
-        sets = sorted([*((s.stage, s.replicas) for s in core.extra_stages), (core.stage, core.replicas)],
-                      key=lambda pair: pair[0].stage_id)
+        sets = sorted([*((s.stage, s.replicas, s.scheduler) for s in core.extra_stages),
+                       (core.stage, core.replicas, core.scheduler)], key=lambda entry: entry[0].stage_id)
         return [{"stage_id": stage.stage_id, "role": stage.role, "replicas_live": 0 if dead else len(replicas.live()),
-                 "replicas": replicas.count} for stage, replicas in sets]
+                 "replicas": replicas.count, "queue_depth": scheduler.queue_depth}
+                for stage, replicas, scheduler in sets]
 
     @property
     def is_ready(self) -> bool:

@@ -79,7 +79,7 @@ def test_split_text_encoder_stages_attest_their_kernels_and_match_one_stage(tiny
         out = staged.generate(GenerationRequest(**REQUEST))
         health = staged.stage_health  # what /health lists per stage
         pids = staged.worker_pids
-    assert health == [{"stage_id": i, "role": role, "replicas_live": 1, "replicas": 1}
+    assert health == [{"stage_id": i, "role": role, "replicas_live": 1, "replicas": 1, "queue_depth": 0}
                       for i, role in enumerate(("text_encoder", "diffusion", "decoder"))]
     stages = out.attestation["stages"]
     assert [(s["stage_id"], s["role"], s["executor"]) for s in stages] == [

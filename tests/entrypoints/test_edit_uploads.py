@@ -216,7 +216,7 @@ class FakeEngine:
     config = None
     is_ready, is_dead, queue_depth, replicas_live, num_replicas = True, False, 0, 1, 1
     loop_state, heartbeat_age_s = "idle", 0.0
-    stage_health = [{"stage_id": 0, "role": "diffusion", "replicas_live": 1, "replicas": 1}]
+    stage_health = [{"stage_id": 0, "role": "diffusion", "replicas_live": 1, "replicas": 1, "queue_depth": 0}]
 
     def __init__(self) -> None:
         self.requests: list = []

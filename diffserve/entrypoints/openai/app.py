@@ -68,7 +68,7 @@ def create_app(engine: AsyncEngineClient | None = None, *, engine_factory: Engin
 
     host = EngineHost(engine=engine, factory=engine_factory, on_loaded=on_loaded)
     metrics.bind_engine_state(queue_depth=host.queue_depth, ready=lambda: float(host.is_ready),
-                              replicas_live=host.replicas_live)
+                              replicas_live=host.replicas_live, stages=host.stages)
     server = config.server if config is not None else ServerConfig()
     store = ImageStore(ttl_s=image_ttl_s)
     names = frozenset({served_model_name, *model_aliases})

@@ -66,10 +66,16 @@ class EngineHost:
         return self.engine is not None and self.engine.is_dead
 
     def death_reason(self) -> str:
-        """Why the engine cannot serve, when its load failed (a bad model file names itself here)."""
-        if self.load_error is None:
-            return ""
-        return f"it failed to load: {type(self.load_error).__name__}: {self.load_error}"
+        """Why the engine cannot serve: its load failed (a bad model file names itself here), or its last
+        replica of a stage is gone (the engine's own error names the stage)."""
+        if self.load_error is not None:
+            return f"it failed to load: {type(self.load_error).__name__}: {self.load_error}"
+        if self.engine is not None and self.engine.is_dead:
+            try:
+                self.engine.check_health()
+            except EngineDeadError as exc:
+                return str(exc)
+        return ""
 
     @property
     def is_ready(self) -> bool:
@@ -111,7 +117,8 @@ class EngineHost:
                                   f"{self.load_error}")
         if self.engine is None or not self.is_ready:
             if self.is_dead:
-                raise EngineDeadError("the engine is dead (a worker exited); restart the server")
+                raise EngineDeadError(f"the engine is dead ({self.death_reason() or 'a worker exited'}); "
+                                      "restart the server")
             raise EngineNotReadyError("the model is still loading; poll GET /ready")
         return self.engine
 

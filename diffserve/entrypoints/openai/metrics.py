@@ -10,7 +10,9 @@ from collections.abc import Callable
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
+from prometheus_client.registry import Collector
 
 from diffserve.engine.stats import BatchStats
 from diffserve.types.attestation import CacheEntry
@@ -67,12 +69,15 @@ class ServerMetrics:
                                    "Engine replicas still serving (below num_replicas: degraded)", registry=r)
 
     def bind_engine_state(self, queue_depth: Callable[[], float], ready: Callable[[], float],
-                          replicas_live: Callable[[], float] | None = None) -> None:
-        """Gauges read live from the engine at scrape time."""
+                          replicas_live: Callable[[], float] | None = None,
+                          stages: Callable[[], list[dict[str, Any]] | None] | None = None) -> None:
+        """Gauges read live from the engine at scrape time (``stages``: ``Engine.stage_health``)."""
         self.queue_depth.set_function(queue_depth)
         self.ready.set_function(ready)
         if replicas_live is not None:
             self.replicas_live.set_function(replicas_live)
+        if stages is not None:
+            self.registry.register(StageGauges(stages))
 
     def observe_output(self, timings_ms: dict[str, float], n_images: int,
                        cache: list[CacheEntry] | None = None) -> None:
@@ -115,6 +120,35 @@ class ServerMetrics:
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
+
+
+class StageGauges(Collector):
+    """Per stage of the topology (labels ``stage``, ``role``), read at scrape time: the requests waiting for it
+    and its live and configured replicas, so a router or an autoscaler sees which stage is the bottleneck."""
+
+    def __init__(self, stages: Callable[[], list[dict[str, Any]] | None]) -> None:
+        self.stages = stages
+
+    def describe(self) -> list[GaugeMetricFamily]:
+        return list(self._families().values())
+
+    def collect(self) -> list[GaugeMetricFamily]:
+        families = self._families()
+        for stage in self.stages() or []:
+            labels = [str(stage["stage_id"]), str(stage["role"])]
+            for key, family in families.items():
+                family.add_metric(labels, float(stage[key]))
+        return list(families.values())
+
+    @staticmethod
+    def _families() -> dict[str, GaugeMetricFamily]:
+        labels = ["stage", "role"]
+        return {"queue_depth": GaugeMetricFamily("diffserve_stage_queue_depth",
+                                                 "Requests waiting for this stage's replicas", labels=labels),
+                "replicas_live": GaugeMetricFamily("diffserve_stage_replicas_live",
+                                                   "This stage's replicas still serving", labels=labels),
+                "replicas": GaugeMetricFamily("diffserve_stage_replicas", "This stage's configured replicas",
+                                              labels=labels)}
 
 
 def kernel_calls(attestation: dict[str, Any]) -> list[tuple[str, str, int]]:
