@@ -72,6 +72,30 @@ def _shared_model(name: str, build) -> Path:
 
 
 @pytest.fixture(scope="session")
+def tiny_wan_dir() -> Path:
+    """Wan2.1-shaped text-to-video (one expert), seed 0."""
+    from diffserve.zoo.wan import build_wan_model
+
+    return _shared_model("tiny-wan", lambda target: build_wan_model("tiny-wan", target, seed=0))
+
+
+@pytest.fixture(scope="session")
+def tiny_wan22_dir() -> Path:
+    """Wan2.2-shaped two-expert (MoE) text-to-video, seed 0."""
+    from diffserve.zoo.wan import build_wan_model
+
+    return _shared_model("tiny-wan22", lambda target: build_wan_model("tiny-wan22", target, seed=0))
+
+
+@pytest.fixture(scope="session")
+def tiny_wan22_i2v_dir() -> Path:
+    """Wan2.2-shaped two-expert image-to-video, seed 0."""
+    from diffserve.zoo.wan import build_wan_model
+
+    return _shared_model("tiny-wan22-i2v", lambda target: build_wan_model("tiny-wan22-i2v", target, seed=0))
+
+
+@pytest.fixture(scope="session")
 def tiny_flux_dir() -> Path:
     """A schnell-like (no guidance embedding) random-weight tiny-flux pipeline dir, seed 0."""
     from diffserve.zoo.flux import build_flux_model

@@ -113,6 +113,10 @@ class RequestDefaultsConfig:
     guidance_scale: float | None = opt(None, "guidance_scale of a request that sends none (unset: the model's; "
                                        "the distilled guidance of FLUX, the CFG scale of SD3 and PixArt)",
                                        c.float_normalizer(0.0, 100.0), kind="float")
+    num_frames: int | None = opt(None, "frames of a video request that sends none (video models only; unset: the "
+                                 "model's, e.g. Wan's 81)", c.int_normalizer(1), kind="int")
+    fps: int | None = opt(None, "frame rate of a video request that sends none (video models only; unset: the "
+                          "model's, e.g. Wan's 16)", c.int_normalizer(1), kind="int")
 
 
 @dataclass(frozen=True)

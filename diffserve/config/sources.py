@@ -69,7 +69,10 @@ def model_layer(model: str | os.PathLike | None, out: Collector) -> tuple[str | 
                                                                         f"{class_name}: {family.implementation} path"))
     out.add(rank, None, "quantization_ignored_layers", family.quantization_ignored_layers,
             Source("model", str(index), None, f"{class_name}: layers kept unquantized"))
-    defaults = {"num_inference_steps": family.default_steps, "guidance_scale": family.default_guidance_scale}
+    defaults: dict[str, Any] = {"num_inference_steps": family.default_steps,
+                                "guidance_scale": family.default_guidance_scale}
+    if family.default_num_frames is not None:  # a video family
+        defaults.update(num_frames=family.default_num_frames, fps=family.default_fps)
     marker_defaults, marker_source = _marker_request_defaults(path, out)
     for key, value in defaults.items():
         if key in marker_defaults:
@@ -81,7 +84,8 @@ def model_layer(model: str | os.PathLike | None, out: Collector) -> tuple[str | 
 
 def _marker_request_defaults(path: Path, out: Collector) -> tuple[dict[str, Any], Source]:
     """The model's own ``request_defaults`` from its marker file (``diffserve_model.json``), if it declares
-    any: ``num_inference_steps`` and/or ``guidance_scale``, which replace the family's."""
+    any: ``num_inference_steps``, ``guidance_scale`` (and a video model's ``num_frames``, ``fps``), which replace
+    the family's."""
     marker = path / MODEL_MARKER_FILE
     source = Source("model", str(marker), None, "the model's request_defaults")
     if not marker.is_file():
@@ -98,7 +102,7 @@ def _marker_request_defaults(path: Path, out: Collector) -> tuple[dict[str, Any]
         out.error("request_defaults must be a mapping", path=f"{MODEL_MARKER_FILE}:request_defaults",
                   source=str(marker))
         return {}, source
-    known = {"num_inference_steps", "guidance_scale"}
+    known = {"num_inference_steps", "guidance_scale", "num_frames", "fps"}
     for key in sorted(set(declared) - known):
         out.error(f"unknown request default {key!r}", path=f"{MODEL_MARKER_FILE}:request_defaults.{key}",
                   source=str(marker), hint=f"choose from: {', '.join(sorted(known))}")

@@ -60,9 +60,16 @@ def fill_defaults(request: GenerationRequest, defaults: RequestDefaultsConfig | 
     """Unset ``num_inference_steps``/``guidance_scale`` from the deployment's ``request_defaults`` (the model
     family's own, source ``model``, unless the deployment set others), an unset ``max_sequence_length`` from
     the model's text limit. The only place an engine's requests get their defaults: nothing downstream fills."""
+    video = capabilities.video if capabilities is not None else None
+    extra: dict[str, int | None] = {}
+    if video is not None:  # a video model's size and clip come from the deployment and the model, once, here
+        extra = {"num_frames": defaults.num_frames if defaults is not None else None,
+                 "fps": defaults.fps if defaults is not None else None}
+        if not request.images:  # an image-to-video request takes its image's size (check_edit)
+            extra.update(height=video.default_height, width=video.default_width)
     return request.with_defaults(defaults.num_inference_steps if defaults is not None else None,
                                  defaults.guidance_scale if defaults is not None else None,
-                                 capabilities.max_sequence_length if capabilities is not None else None)
+                                 capabilities.max_sequence_length if capabilities is not None else None, **extra)
 
 
 def check_edit(request: GenerationRequest, capabilities: PipelineCapabilities | None) -> GenerationRequest:
@@ -74,8 +81,8 @@ def check_edit(request: GenerationRequest, capabilities: PipelineCapabilities | 
     if not kinds:
         raise RequestError(f"{capabilities.family} ({capabilities.implementation}) does not edit images on this "
                            "deployment", param="image")
-    if "reference" in kinds and request.mask is not None:
-        raise RequestError(f"{capabilities.family} edits from reference images and takes no mask", param="mask")
+    if ("reference" in kinds or "first_frame" in kinds) and request.mask is not None:
+        raise RequestError(f"{capabilities.family} takes no mask", param="mask")
     if len(request.images) > 1:  # one image to edit, or one reference (FLUX.1 Kontext as diffusers runs it)
         raise RequestError(f"{len(request.images)} images: {capabilities.family} takes one input image",
                            param="image")
@@ -86,7 +93,10 @@ def check_edit(request: GenerationRequest, capabilities: PipelineCapabilities | 
         fill["height"] = max(multiple, h // multiple * multiple)
     if request.width is None:
         fill["width"] = max(multiple, w // multiple * multiple)
-    if request.strength is None and "reference" not in kinds:
+    if request.strength is not None and "first_frame" in kinds:
+        raise RequestError(f"{capabilities.family} animates its image from the first frame and takes no strength",
+                           param="strength")
+    if request.strength is None and "reference" not in kinds and "first_frame" not in kinds:
         fill["strength"] = 0.6
     return replace(request, **fill) if fill else request
 

@@ -17,6 +17,8 @@ def to_images(images: Any, output_type: str) -> list[Any]:
 
 def build_output(request: GenerationRequest, output: RequestResult, queue_ms: float,
                  config_fingerprint: str) -> RequestOutput:
+    if request.num_frames is not None:  # a video model's: [n, frames, H, W, 3]
+        return _video_output(request, output, queue_ms, config_fingerprint)
     images = to_images(output.images, request.output_type)
     # "pil" outputs are [n, H, W, 3]; "pt" is [n, 3, H, W] and "latent" is packed, so trust the request.
     pil = request.output_type == "pil" and output.images.ndim == 4
@@ -39,3 +41,20 @@ def build_output(request: GenerationRequest, output: RequestResult, queue_ms: fl
         guidance_scale=request.guidance_scale,
         prompt=request.prompt,
     )
+
+
+def _video_output(request: GenerationRequest, output: RequestResult, queue_ms: float,
+                  config_fingerprint: str) -> RequestOutput:
+    """One array per video: uint8 ``(frames, H, W, 3)`` numpy for "pil", the tensors as they came otherwise."""
+    videos = output.images
+    pil = request.output_type == "pil"
+    listed = [videos[i].numpy() if pil else videos[i] for i in range(videos.shape[0])]
+    timings = {"queue": round(queue_ms, 3), **{k: round(float(v), 3) for k, v in output.timings_ms.items()}}
+    attestation = output.attestation.copy()
+    attestation["config_fingerprint"] = config_fingerprint
+    return RequestOutput(
+        request_id=request.request_id, images=[], videos=listed, seeds=list(output.seeds), timings=timings,
+        memory_peak_mib=dict(output.memory_peak_mib), attestation=attestation,
+        config_fingerprint=config_fingerprint, width=int(request.width or 0), height=int(request.height or 0),
+        num_inference_steps=request.num_inference_steps or 0, guidance_scale=request.guidance_scale,
+        prompt=request.prompt, num_frames=int(request.num_frames or 0), fps=int(request.fps or 0))

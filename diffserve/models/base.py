@@ -104,8 +104,17 @@ def library_admit(pipeline: Pipeline, request: GenerationRequest) -> GenerationR
 
     capabilities = pipeline.capabilities
     family = MODEL_FAMILIES[capabilities.family]
+    video: dict[str, int | None] = {}
+    if capabilities.video is not None:
+        video = {"num_frames": family.default_num_frames, "fps": family.default_fps}
+        if not request.images:
+            video.update(height=capabilities.video.default_height, width=capabilities.video.default_width)
+        elif request.height is None or request.width is None:
+            multiple = capabilities.size_multiple
+            h, w = request.images[0].shape[:2]
+            video.update(height=max(multiple, h // multiple * multiple), width=max(multiple, w // multiple * multiple))
     request = request.with_defaults(family.default_steps, family.default_guidance_scale, family.max_sequence_length,
-                                    capabilities.default_cache_threshold or None)
+                                    capabilities.default_cache_threshold or None, **video)
     capabilities.check(request)
     return request
 

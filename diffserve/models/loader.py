@@ -6,6 +6,7 @@ Only safetensors: there is deliberately no pickle (``torch.load``) path, see doc
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -67,9 +68,11 @@ def read_safetensors(component_dir: str | Path, stem: str = "diffusion_pytorch_m
 
 
 def load_strict(module: nn.Module, state_dict: dict[str, torch.Tensor], *, dtype: torch.dtype,
-                device: torch.device | str, source: str = "") -> None:
+                device: torch.device | str, source: str = "",
+                keep_float32: Callable[[str], bool] | None = None) -> None:
     """Load (by assignment, so a meta-device module gets real tensors) and fail on any key or shape mismatch,
-    naming ``source`` (the file or folder the weights came from) and the first offending keys."""
+    naming ``source`` (the file or folder the weights came from) and the first offending keys. Keys for which
+    ``keep_float32`` is true load as float32 whatever ``dtype`` is (a family's precision-critical parameters)."""
     where = f"{source}: " if source else ""
     expected = module.state_dict()
     missing, unexpected = sorted(expected.keys() - state_dict.keys()), sorted(state_dict.keys() - expected.keys())
@@ -88,7 +91,8 @@ def load_strict(module: nn.Module, state_dict: dict[str, torch.Tensor], *, dtype
         raise ModelLoadError(f"{where}{len(wrong)} tensors have the wrong shape for the model's config.json: "
                              f"{', '.join(wrong[:5])} (a checkpoint of another model size?)")
     for key in list(state_dict):  # in place, so an uncast copy is freed as soon as its cast exists
-        state_dict[key] = state_dict[key].to(device=device, dtype=dtype)
+        wanted = torch.float32 if keep_float32 is not None and keep_float32(key) else dtype
+        state_dict[key] = state_dict[key].to(device=device, dtype=wanted)
     module.load_state_dict(state_dict, strict=True, assign=True)
 
 

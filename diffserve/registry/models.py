@@ -66,6 +66,12 @@ class ModelFamily:
     # The pipelines of the stages other than denoising (role -> "module:Class"), for topologies that split
     # them off (config.schema.TOPOLOGIES); a topology whose roles a family lacks is refused at resolve.
     stage_pipelines: tuple[tuple[str, str], ...] = ()
+    # Video families: a request's frames and frame rate when it names none (request_defaults, source ``model``)
+    # and its size (diffusers' __call__ defaults); None: an image family.
+    default_num_frames: int | None = None
+    default_fps: int | None = None
+    default_height: int = 0
+    default_width: int = 0
 
     def load_stage_pipeline(self, role: str) -> Any:
         """The pipeline class serving ``role`` (``diffusion``: the family's own, see ``load_pipeline_class``)."""
@@ -98,6 +104,9 @@ FLUX_QUANTIZATION_IGNORED = (
 # bytes on small-flux instead of 0.50x, for 65 instead of 55 dB; docs/quantization.md).
 FLUX_MODULATION = ("*.img_mod", "*.txt_mod", "*.modulation", "*.norm1", "*.norm1_context",
                    "single_transformer_blocks.*.norm")
+
+WAN_PIPELINE = "diffserve.models.wan.pipeline:WanVideoPipeline"
+WAN_QUANTIZATION_IGNORED = ("patch_embedding", "condition_embedder", "proj_out")
 
 MODEL_FAMILIES: dict[str, ModelFamily] = {
     family.class_name: family
@@ -134,6 +143,14 @@ MODEL_FAMILIES: dict[str, ModelFamily] = {
                     role_patterns=((".attn1", "self_attention"), (".attn2", "cross_attention")),
                     masked_roles=("cross_attention",), max_sequence_length=300,
                     quantization_ignored_layers=("pos_embed", "adaln_single", "caption_projection", "proj_out")),
+        # Wan2.1 / Wan2.2 text-to-video (Wan2.2's two experts: transformer + transformer_2 by boundary_ratio) and
+        # Wan2.2 image-to-video: self-attention over the video tokens, cross-attention to UMT5's; real CFG at
+        # 5.0 over 50 steps, 81 frames of 480x832 at 16 fps, as diffusers' __call__ and the Wan repos.
+        *(ModelFamily(name, WAN_PIPELINE, "single", attention_roles=("self_attention", "cross_attention"),
+                      default_steps=50, default_guidance_scale=5.0, max_sequence_length=512,
+                      default_num_frames=81, default_fps=16, default_height=480, default_width=832,
+                      quantization_ignored_layers=WAN_QUANTIZATION_IGNORED)
+          for name in ("WanPipeline", "WanImageToVideoPipeline")),
     )
 }
 

@@ -107,3 +107,5 @@ class Attestation(KernelTally, total=False):
     # role, executor, replica, worker_pid, device, dtype, kernel calls (engine/encode_stage.py).
     stages: list[dict[str, Any]]
     vae_tiled: bool  # the VAE decoded this image in tiles (the stage's vae section; models/vae_tiling.py)
+    # Wan (models/wan/experts.py): the expert that ran each denoise step and each expert's forward calls.
+    experts: dict[str, Any]

@@ -27,6 +27,7 @@ class BatchKey(NamedTuple):
     loras: tuple[tuple[str, float], ...] = ()  # one adapter set per batch: every row gets the same deltas
     # Edits: the input images' sizes, whether a mask is given, the strength (one edit kind per batch).
     edit: tuple[tuple[tuple[int, ...], ...], bool, float | None] | None = None
+    num_frames: int | None = None  # video models: one clip length per batch
 
 
 def batch_key(request: GenerationRequest) -> BatchKey:
@@ -35,7 +36,7 @@ def batch_key(request: GenerationRequest) -> BatchKey:
                     float(request.true_cfg_scale), request.negative_prompt is not None,
                     request.max_sequence_length, request.output_type, request.is_warmup,
                     None if request.cache_threshold is None else float(request.cache_threshold), request.loras,
-                    _edit_key(request))
+                    _edit_key(request), request.num_frames)
 
 
 @dataclass(frozen=True)

@@ -13,6 +13,16 @@ if TYPE_CHECKING:  # pragma: no cover
 
 
 @dataclass(frozen=True)
+class VideoCapabilities:
+    """What a video model adds: ``num_frames`` must be ``k * temporal_factor + 1`` (the VAE's temporal
+    compression times the transformer's temporal patch), and the size of a request that names none."""
+
+    temporal_factor: int
+    default_height: int
+    default_width: int
+
+
+@dataclass(frozen=True)
 class PipelineCapabilities:
     """What a loaded pipeline can serve; the engine validates every request against it at admission."""
 
@@ -35,6 +45,8 @@ class PipelineCapabilities:
     batch_invariant: bool = False
     # The step-cache threshold of a request that names none: the stage's ``cache.threshold`` (0: uncached).
     default_cache_threshold: float = 0.0
+    # A video model (its outputs are videos: ``RequestOutput.videos``); None: an image model.
+    video: VideoCapabilities | None = None
 
     def check(self, request: GenerationRequest) -> None:
         """Refuse (``RequestError``, HTTP 400) what this model cannot make: a size off its multiple, a text
@@ -52,3 +64,22 @@ class PipelineCapabilities:
         if request.true_cfg_scale > 1 and request.negative_prompt is not None and not self.true_cfg:
             raise RequestError(f"{self.family} does not run true CFG; leave true_cfg_scale at 1",
                                param="true_cfg_scale")
+        if request.images and not self.edits:  # engine admission says so first (check_edit); a library call here
+            raise RequestError(f"{self.family} ({self.implementation}) does not edit images on this deployment",
+                               param="image")
+        self._check_video(request)
+
+    def _check_video(self, request: GenerationRequest) -> None:
+        video = self.video
+        if video is None:
+            for name in ("num_frames", "fps"):
+                if getattr(request, name) is not None:
+                    raise RequestError(f"{self.family} makes images; {name} is for video models", param=name)
+            return
+        frames, factor = request.num_frames, video.temporal_factor
+        if frames is not None and (frames - 1) % factor:
+            fix = max(1, (frames - 1) // factor * factor + 1)
+            raise RequestError(f"num_frames={frames} must be {factor}k+1 for this model (e.g. {fix})",
+                               param="num_frames")
+        if "first_frame" in self.edits and not request.images:
+            raise RequestError(f"{self.family} animates an image: send one (the first frame)", param="image")

@@ -22,6 +22,8 @@ MAX_SEED = 2**63 - 1
 MAX_GUIDANCE_SCALE = 100.0
 MAX_TRUE_CFG_SCALE = 100.0
 MAX_CACHE_THRESHOLD = 100.0  # the config's bound too; a deployment sets a tighter cache.max_threshold
+MAX_FRAMES = 10_000  # a sanity bound; a deployment's server.max_frames is the real limit
+MAX_FPS = 240
 
 
 @dataclass(frozen=True)
@@ -65,6 +67,10 @@ class GenerationRequest:
     is_warmup: bool = False
     # False: this request's texts are encoded afresh and not stored in the conditioning cache.
     conditioning_cache: bool = True
+    # Video models: frames per video (the model's ``k * temporal_factor + 1``; None: the deployment's default)
+    # and the frame rate written into the video (None: the deployment's default). Image models refuse both.
+    num_frames: int | None = None
+    fps: int | None = None
     # Set by the engine between stages (staged topologies): the previous stage's output for this one (the
     # denoising stage: the text encoders' ConditioningPayload, types/conditioning.py). Never from a client.
     stage_input: Any = None
@@ -94,6 +100,13 @@ class GenerationRequest:
                 f"num_inference_steps={self.num_inference_steps!r} must be an integer >= 1",
                 param="num_inference_steps",
             )
+        if self.num_frames is not None and (not isinstance(self.num_frames, int) or isinstance(self.num_frames, bool)
+                                            or not 1 <= self.num_frames <= MAX_FRAMES):
+            raise RequestError(f"num_frames={self.num_frames!r} must be an integer in [1, {MAX_FRAMES}]",
+                               param="num_frames")
+        if self.fps is not None and (not isinstance(self.fps, int) or isinstance(self.fps, bool)
+                                     or not 1 <= self.fps <= MAX_FPS):
+            raise RequestError(f"fps={self.fps!r} must be an integer in [1, {MAX_FPS}]", param="fps")
         if not isinstance(self.conditioning_cache, bool):
             raise RequestError(f"conditioning_cache={self.conditioning_cache!r} must be true or false",
                                param="conditioning_cache")
@@ -121,12 +134,14 @@ class GenerationRequest:
                                param="output_type")
 
     def with_defaults(self, num_inference_steps: int | None = None, guidance_scale: float | None = None,
-                      max_sequence_length: int | None = None, cache_threshold: float | None = None) -> GenerationRequest:
-        """This request with its unset steps, guidance, text length and step-cache threshold filled from the
-        given values (``None``: no default known, left unset). Admission passes the deployment's defaults and
-        the model's text limit; a library call (``models.base.library_admit``) the model family's."""
+                      max_sequence_length: int | None = None, cache_threshold: float | None = None,
+                      **video: int | None) -> GenerationRequest:
+        """This request with its unset steps, guidance, text length, step-cache threshold (and, for a video
+        model, ``num_frames``, ``fps``, ``height``, ``width`` in ``video``) filled from the given values
+        (``None``: no default known, left unset). Admission passes the deployment's defaults and the model's
+        limits; a library call (``models.base.library_admit``) the model family's."""
         given = {"num_inference_steps": num_inference_steps, "guidance_scale": guidance_scale,
-                 "max_sequence_length": max_sequence_length, "cache_threshold": cache_threshold}
+                 "max_sequence_length": max_sequence_length, "cache_threshold": cache_threshold, **video}
         fill: dict[str, Any] = {name: value for name, value in given.items()
                                 if value is not None and getattr(self, name) is None}
         return replace(self, **fill) if fill else self
@@ -228,6 +243,11 @@ class RequestOutput:
     prompt: str = ""
     finished: bool = True
     memory_peak_mib: dict[str, float] = field(default_factory=dict)
+    # A video model's outputs: one uint8 array per video, (frames, height, width, 3) ("pil" output), with
+    # ``images`` empty; ``num_frames`` and ``fps`` as run.
+    videos: list[Any] = field(default_factory=list)
+    num_frames: int = 0
+    fps: int = 0
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,8 @@
 """Deploy settings proven at runtime: the YAML's backends reach a worker that really serves requests.
 
-For native FLUX on each executor (uni, mp, ray), and for tiny SD3 on the generic path (diffusers'
-StableDiffusion3Pipeline with its denoiser on our kernels) on uni and mp, the deploy YAML is the only source of dtype, linear_backend, attention_backend,
+For native FLUX on each executor (uni, mp, ray), for tiny SD3 on the generic path (diffusers'
+StableDiffusion3Pipeline with its denoiser on our kernels) on uni and mp, and for native Wan (two experts,
+video) on uni and mp, the deploy YAML is the only source of dtype, linear_backend, attention_backend,
 enforce_eager, the executor and the worker extension. ``BackendProbe`` (below) runs inside the
 worker: in ``before_load`` it installs itself as a kernel observer (``worker.observe_kernels``), so every
 backend object the model is built with is recorded and its kernel method counted at call time
@@ -54,23 +55,26 @@ class BackendProbe(WorkerExtension):
         from diffserve.layers.attention.module import Attention
         from diffserve.layers.linear.module import Linear
 
-        # The native pipeline's transformer, or the diffusers denoiser of the generic path.
-        transformer = getattr(worker.pipeline, "denoiser", None) or worker.pipeline.transformer
+        # The native pipeline's transformer (Wan: each expert), or the diffusers denoiser of the generic path.
+        experts = getattr(worker.pipeline, "experts", None)
+        transformers = list(experts.transformers.values()) if experts is not None else \
+            [getattr(worker.pipeline, "denoiser", None) or worker.pipeline.transformer]
         wrapped = {id(b) for kind in self.backends for b in self.backends[kind]}
         self.modules = Counter()
-        for module in transformer.modules():
+        for module in (m for transformer in transformers for m in transformer.modules()):
             if isinstance(module, (Linear, Attention)):
                 kind = "linear" if isinstance(module, Linear) else "attention"
                 self.modules[f"{kind}_{'wrapped' if id(module.backend) in wrapped else 'unwrapped'}"] += 1
             elif isinstance(module, torch.nn.Linear):
                 self.modules["plain_nn_linear"] += 1  # a linear that bypasses the backend registry
-        self.dtype = str(next(transformer.parameters()).dtype)
+        self.dtype = str(next(transformers[0].parameters()).dtype)
 
         def record(_module: Any, _inputs: Any, output: Any) -> None:
             out = output[0] if isinstance(output, (tuple, list)) else output
             self.forwards.append((list(out.shape), bool(torch.isfinite(out).all())))
 
-        transformer.register_forward_hook(record)
+        for transformer in transformers:
+            transformer.register_forward_hook(record)
 
     # -- RPC verbs ----------------------------------------------------------------------------------
 
@@ -109,14 +113,24 @@ def deploy_yaml(tmp_path: Any, executor: str, **extra: Any) -> str:
 
 REQUEST = dict(prompt="a fox", height=128, width=128, num_inference_steps=2, guidance_scale=0.0, seed=42,
                n=1, max_sequence_length=64)
+# Wan (tiny-wan22, two experts): 9 frames; of the 2 steps, the first is the high-noise expert's, the second the
+# low-noise one's (boundary 875; the schedule's timesteps 999 and 750).
+VIDEO = dict(num_frames=9)
 
 
 # Per model: the fixture that builds it and the denoiser output of one step at 128x128 (batch 1).
-MODELS = {"flux": ("tiny_flux_dir", [1, 64, 64]), "sd3": ("tiny_sd3_dir", [1, 16, 16, 16])}
+MODELS = {"flux": ("tiny_flux_dir", [1, 64, 64]), "sd3": ("tiny_sd3_dir", [1, 16, 16, 16]),
+          "wan": ("tiny_wan22_dir", [1, 16, 3, 16, 16])}
+FAMILIES = {"flux": "FluxPipeline", "sd3": "StableDiffusion3Pipeline", "wan": "WanPipeline"}
+
+
+def request_for(model: str) -> GenerationRequest:
+    return GenerationRequest(**REQUEST, **(VIDEO if model == "wan" else {}))
 
 
 @pytest.fixture(scope="module", params=[("flux", "uni"), ("flux", "mp"), ("flux", "ray"), ("sd3", "uni"),
-                                        ("sd3", "mp")], ids=lambda p: f"{p[0]}-{p[1]}")
+                                        ("sd3", "mp"), ("wan", "uni"), ("wan", "mp")],
+                ids=lambda p: f"{p[0]}-{p[1]}")
 def engine(request: Any, tmp_path_factory: Any) -> Any:
     model, executor = request.param
     if executor == "ray":  # the session's local Ray, started only when a ray test is selected
@@ -132,8 +146,9 @@ def engine(request: Any, tmp_path_factory: Any) -> Any:
 
 def run_and_check(engine: Engine) -> tuple[Any, dict[str, Any]]:
     """One request with counters reset through RPC first; asserts everything the issue demands."""
+    model = engine.test_model  # type: ignore[attr-defined]
     assert engine.collective_rpc("reset") == [None]
-    out = engine.generate(GenerationRequest(**REQUEST))
+    out = engine.generate(request_for(model))
     report = engine.collective_rpc("report")[0]
     assert set(report["linear"]) == {"torch"} and report["linear"]["torch"] > 0, report["linear"]
     assert set(report["attention"]) == {"sdpa"} and report["attention"]["sdpa"] > 0, report["attention"]
@@ -143,11 +158,14 @@ def run_and_check(engine: Engine) -> tuple[Any, dict[str, Any]]:
     assert out.attestation["transformer_forwards"] == 2
     assert len(report["forwards"]) == 2
     for shape, finite in report["forwards"]:
-        assert shape == MODELS[engine.test_model][1] and finite  # type: ignore[attr-defined]
-    family = {"flux": "FluxPipeline", "sd3": "StableDiffusion3Pipeline"}[engine.test_model]  # type: ignore[attr-defined]
-    assert out.attestation["model_family"] == family
-    assert out.attestation["implementation"] == ("native" if family == "FluxPipeline" else "generic")
-    assert len(out.images) == 1 and out.images[0].size == (128, 128)
+        assert shape == MODELS[model][1] and finite
+    assert out.attestation["model_family"] == FAMILIES[model]
+    assert out.attestation["implementation"] == ("generic" if model == "sd3" else "native")
+    if model == "wan":
+        assert [v.shape for v in out.videos] == [(9, 128, 128, 3)] and not out.images
+        assert out.attestation["experts"]["steps"] == ["transformer", "transformer_2"]
+    else:
+        assert len(out.images) == 1 and out.images[0].size == (128, 128)
     assert out.seeds == [42]
     assert set(out.timings) >= {"queue", "encode", "denoise", "decode"}
     return out, report
@@ -198,12 +216,15 @@ _IMAGES: dict[tuple[str, str], bytes] = {}
 
 def test_same_seed_same_bytes_on_every_executor(engine: Engine, tmp_path: Any) -> None:
     model = engine.test_model  # type: ignore[attr-defined]
-    out = engine.generate(GenerationRequest(**REQUEST))
-    _IMAGES[model, engine.executor_name] = out.images[0].tobytes()
+
+    def pixels(out: Any) -> bytes:
+        return out.videos[0].tobytes() if model == "wan" else out.images[0].tobytes()
+
+    _IMAGES[model, engine.executor_name] = pixels(engine.generate(request_for(model)))
     if (model, "uni") not in _IMAGES:
         # Only this parameter was selected (-k): make the uni image here so the comparison still runs.
         with Engine(str(engine.test_model_dir), deploy_config=deploy_yaml(tmp_path, "uni"),  # type: ignore[attr-defined]
                     env={}) as uni:
-            _IMAGES[model, "uni"] = uni.generate(GenerationRequest(**REQUEST)).images[0].tobytes()
+            _IMAGES[model, "uni"] = pixels(uni.generate(request_for(model)))
     assert _IMAGES[model, engine.executor_name] == _IMAGES[model, "uni"]
-    assert len(_IMAGES[model, "uni"]) == 128 * 128 * 3
+    assert len(_IMAGES[model, "uni"]) == 128 * 128 * 3 * (9 if model == "wan" else 1)

@@ -213,10 +213,12 @@ def test_small_flux_transformer_size() -> None:
 
 
 def test_cli_choices_match_specs() -> None:
-    from diffserve.entrypoints.commands.make_model import FLUX_KINDS, GENERIC_KINDS, MODEL_KINDS
+    from diffserve.entrypoints.commands.make_model import FLUX_KINDS, GENERIC_KINDS, MODEL_KINDS, WAN_KINDS
     from diffserve.zoo.flux_specs import SPECS
     from diffserve.zoo.generic_specs import GENERIC_SPECS
+    from diffserve.zoo.wan_specs import WAN_SPECS
 
     assert tuple(SPECS) == FLUX_KINDS
     assert tuple(GENERIC_SPECS) == GENERIC_KINDS
-    assert MODEL_KINDS == FLUX_KINDS + GENERIC_KINDS
+    assert tuple(WAN_SPECS) == WAN_KINDS
+    assert MODEL_KINDS == FLUX_KINDS + GENERIC_KINDS + WAN_KINDS

@@ -1,7 +1,8 @@
 """``diffserve generate [MODEL] PROMPT -o out.png``: one request, no server, with a progress bar.
 
 Images are written with the same encoder as the server (PNGs carry prompt, seed, steps and config
-fingerprint); the seed of every image is printed so any of them can be regenerated alone.
+fingerprint); the seed of every image is printed so any of them can be regenerated alone. A video model's
+output is an H.264 MP4 (``-o out.mp4``, the same metadata in its tags) or one PNG per frame (``-o DIR/``).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from diffserve.logging import get_logger
 logger = get_logger(__name__)
 
 FORMATS = {".png": "png", ".jpg": "jpeg", ".jpeg": "jpeg", ".webp": "webp"}
+VIDEO_FORMATS = {".mp4": "mp4"}
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -22,13 +24,18 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
     parser = subparsers.add_parser(
         "generate", help="generate images from a prompt (no server)",
-        usage="diffserve generate [MODEL] PROMPT [-o out.png] [--seed N] [--steps N] [--size WxH] [-n N] "
-              "[--image in.png [--image ref.png] [--mask m.png] [--strength S]] [config flags]",
+        usage="diffserve generate [MODEL] PROMPT [-o out.png|out.mp4|DIR/] [--seed N] [--steps N] [--size WxH] "
+              "[-n N] [--num-frames N] [--fps F] [--image in.png [--image ref.png] [--mask m.png] [--strength S]] "
+              "[config flags]",
         description="Generate images locally. MODEL is optional (default: the toy-shapes demo model, a tiny trained FLUX).")
     parser.add_argument("words", nargs="+", metavar="[MODEL] PROMPT",
                         help="an optional model directory, then the prompt (quote it)")
-    parser.add_argument("-o", "--output", default="out.png",
-                        help="output file (.png, .jpg, .webp); with -n > 1, out-0.png, out-1.png, ...")
+    parser.add_argument("-o", "--output", default=None,
+                        help="output file (.png, .jpg, .webp; a video model's: .mp4, or DIR/ for one PNG per frame); "
+                             "with -n > 1, out-0.png, out-1.png, ... (default out.png, or out.mp4 for a video model)")
+    parser.add_argument("--num-frames", type=int, default=None,
+                        help="video models: frames, 4k+1 for Wan (default: the model's, e.g. 81)")
+    parser.add_argument("--fps", type=int, default=None, help="video models: frames per second (default: the model's)")
     parser.add_argument("--seed", type=int, default=None, help="seed of the first image (default: random)")
     parser.add_argument("--steps", type=int, default=None, help="denoise steps (default: the engine's)")
     parser.add_argument("--size", default=None, help="WIDTHxHEIGHT, multiples of 16 (default: the model's)")
@@ -64,14 +71,21 @@ def run(args: argparse.Namespace) -> int:
         raise RequestError(f"expected [MODEL] PROMPT, got {len(args.words)} words; quote the prompt",
                            param="prompt")
     model, prompt = (None, args.words[0]) if len(args.words) == 1 else args.words
-    output = Path(args.output)
-    fmt = FORMATS.get(output.suffix.lower())
-    if fmt is None:
-        raise RequestError(f"output {output} must end in one of {', '.join(FORMATS)}", param="output")
-    return asyncio.run(_generate(args, model, prompt, output, fmt))
+    fmt = None
+    if args.output is not None:
+        output = Path(args.output)
+        if args.output.endswith(("/", "\\")) or output.is_dir():
+            fmt = "frames"
+        else:
+            fmt = FORMATS.get(output.suffix.lower()) or VIDEO_FORMATS.get(output.suffix.lower())
+        if fmt is None:
+            raise RequestError(f"output {output} must end in one of {', '.join([*FORMATS, *VIDEO_FORMATS])} (or "
+                               "be a directory, DIR/, for a video's frames)", param="output")
+    return asyncio.run(_generate(args, model, prompt, args.output, fmt))
 
 
-async def _generate(args: argparse.Namespace, model: str | None, prompt: str, output: Path, fmt: str) -> int:
+async def _generate(args: argparse.Namespace, model: str | None, prompt: str, output_arg: str | None,
+                    fmt: str | None) -> int:
     import asyncio
 
     from tqdm import tqdm
@@ -82,6 +96,7 @@ async def _generate(args: argparse.Namespace, model: str | None, prompt: str, ou
     from diffserve.engine.client import AsyncEngineClient
     from diffserve.entrypoints.openai.encoding import encode_all
     from diffserve.entrypoints.openai.sizes import parse_size
+    from diffserve.errors import RequestError
     from diffserve.types.request import GenerationRequest, ProgressEvent, RequestOutput
 
     width, height = parse_size(args.size)
@@ -93,6 +108,9 @@ async def _generate(args: argparse.Namespace, model: str | None, prompt: str, ou
         kwargs["guidance_scale"] = args.guidance_scale
     if args.max_sequence_length is not None:
         kwargs["max_sequence_length"] = args.max_sequence_length
+    for name in ("num_frames", "fps"):
+        if getattr(args, name) is not None:
+            kwargs[name] = getattr(args, name)
     if args.config_cache_threshold is not None:
         # One request: the config flag --cache-threshold is also this request's cache_threshold, so it is
         # checked like an HTTP request's (bounded by cache.max_threshold, refused without a cache backend).
@@ -116,6 +134,12 @@ async def _generate(args: argparse.Namespace, model: str | None, prompt: str, ou
         config = resolve(model=model, **config_kwargs)
     for warning in config.warnings:
         logger.warning("config: %s", warning)
+    video = is_video_model(config.model)
+    fmt = fmt or ("mp4" if video else "png")
+    output = Path(output_arg or ("out.mp4" if video else "out.png"))
+    if video != (fmt in ("mp4", "frames")):
+        wanted = "a video model writes .mp4 or DIR/" if video else "an image model writes " + ", ".join(FORMATS)
+        raise RequestError(f"output {output}: {wanted}", param="output")
     # Construction loads the model (and warms up): blocking work, kept off the event loop.
     engine: AsyncEngineClient = await asyncio.to_thread(AsyncEngine.from_config, config)
     try:
@@ -136,6 +160,9 @@ async def _generate(args: argparse.Namespace, model: str | None, prompt: str, ou
                 "guidance_scale": str(output_obj.guidance_scale),
                 "config_fingerprint": output_obj.config_fingerprint,
                 "size": f"{output_obj.width}x{output_obj.height}"}
+    if output_obj.videos:
+        await asyncio.to_thread(_write_videos, output_obj, output, fmt, {**metadata, "model": str(config.model)})
+        return 0
     blobs = await asyncio.to_thread(encode_all, output_obj.images, output_obj.seeds, fmt, None, metadata)
     paths = output_paths(output, len(blobs))
     for path, blob, seed in zip(paths, blobs, output_obj.seeds, strict=True):
@@ -201,3 +228,33 @@ def _lora_choices(values: list[str], kwargs: dict[str, Any]) -> list[str]:
     if loras:
         kwargs["loras"] = tuple(loras)
     return files
+
+
+def is_video_model(model: str | None) -> bool:
+    """Whether the (local) model directory is a video family's (its registry entry has frames)."""
+    from diffserve.registry.models import MODEL_FAMILIES, read_class_name
+
+    try:
+        family = MODEL_FAMILIES.get(read_class_name(model)) if model else None
+    except (OSError, ValueError, KeyError):
+        return False
+    return family is not None and family.default_num_frames is not None
+
+
+def _write_videos(output_obj: Any, output: Path, fmt: str, metadata: dict[str, str]) -> None:
+    """Each video as an MP4 (``out.mp4``; ``out-0.mp4``... for several) or its frames as PNGs (``DIR/``;
+    ``DIR/0/``... for several), with the seed, frames and fps beside the request's metadata."""
+    from diffserve.entrypoints.openai.video_encoding import encode_mp4, write_frames
+
+    n = len(output_obj.videos)
+    for index, (video, seed) in enumerate(zip(output_obj.videos, output_obj.seeds, strict=True)):
+        tags = {**metadata, "seed": str(seed), "num_frames": str(output_obj.num_frames), "fps": str(output_obj.fps)}
+        if fmt == "frames":
+            target = output / str(index) if n > 1 else output
+            write_frames(target, video, tags)
+        else:
+            target = output_paths(output, n)[index]
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_bytes(encode_mp4(video, output_obj.fps, tags))
+        print(f"wrote {target} ({output_obj.num_frames} frames of {output_obj.width}x{output_obj.height} at "
+              f"{output_obj.fps} fps, seed {seed})")

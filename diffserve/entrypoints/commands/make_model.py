@@ -9,7 +9,8 @@ from pathlib import Path
 # checks it); listed here so that building the parser stays import-light.
 FLUX_KINDS = ("tiny-flux", "tiny-flux-kontext", "small-flux")
 GENERIC_KINDS = ("tiny-sd3", "small-sd3", "tiny-pixart-sigma")
-MODEL_KINDS = FLUX_KINDS + GENERIC_KINDS
+WAN_KINDS = ("tiny-wan", "tiny-wan22", "tiny-wan22-i2v", "small-wan")  # diffserve.zoo.wan_specs.WAN_SPECS
+MODEL_KINDS = FLUX_KINDS + GENERIC_KINDS + WAN_KINDS
 LORA_KINDS = ("tiny-flux-lora",)  # an adapter for a FLUX model (--base), not a model
 # Trained on CPU by diffserve.zoo.toy_shapes: copied from the package, or retrained with --train.
 TRAINED_KINDS = ("toy-shapes",)  # the demo model
@@ -19,12 +20,14 @@ TRAINED_LORA_KINDS = ("toy-shapes-stars",)  # its circles-to-stars adapter
 def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
         "make-model",
-        help="write a random-weight FLUX.1, SD3 or PixArt-Sigma pipeline directory (no download)",
+        help="write a random-weight FLUX.1, SD3, PixArt-Sigma or Wan pipeline directory (no download)",
         description=(
             "Write a pipeline directory in diffusers layout with random weights from a seeded generator. "
             "FLUX.1 kinds (FluxPipeline): tiny-flux for tests and demos, small-flux (~150M parameters) for "
             "benchmarks; tiny-flux-kontext is FLUX.1 Kontext (FluxKontextPipeline, edits from a reference image). Generic diffusers DiT pipelines: tiny-sd3 and small-sd3 (~123M-parameter "
-            "transformer) are StableDiffusion3Pipeline, tiny-pixart-sigma is PixArtSigmaPipeline. "
+            "transformer) are StableDiffusion3Pipeline, tiny-pixart-sigma is PixArtSigmaPipeline. Video (Wan): tiny-wan "
+            "(Wan2.1 text-to-video, WanPipeline), tiny-wan22 (Wan2.2's two experts), tiny-wan22-i2v (Wan2.2 "
+            "image-to-video, WanImageToVideoPipeline), small-wan (~90M parameters, benchmarks). "
             "The same seed gives byte-identical files. toy-shapes is the trained demo model (draws 'a red circle "
             "on a blue background'): copied from the package, or trained from scratch on this CPU with --train; "
             "toy-shapes-stars is its circles-to-stars LoRA (draws a star where the prompt says circle), copied "
@@ -33,6 +36,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     parser.add_argument("kind", choices=MODEL_KINDS + TRAINED_KINDS + LORA_KINDS + TRAINED_LORA_KINDS, metavar="KIND",
                         help=f"FLUX: {', '.join(FLUX_KINDS)}; generic diffusers DiT: {', '.join(GENERIC_KINDS)}; "
+                             f"Wan video: {', '.join(WAN_KINDS)}; "
                              "tiny-flux-lora: a random LoRA (diffusers/PEFT layout) for the FLUX model at --base; "
                              "toy-shapes: the trained demo model; toy-shapes-stars: its circles-to-stars LoRA")
     parser.add_argument("dir", type=Path, metavar="DIR", help="output directory (created; must be empty)")
@@ -74,10 +78,10 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError(f"applies to toy-shapes and toy-shapes-stars only, not to {args.kind}", path="--train",
                           hint="random-weight kinds are built, not trained: drop --train")
     generic = args.kind in GENERIC_KINDS
-    if generic and args.guidance_embeds:
+    if args.kind not in FLUX_KINDS and args.guidance_embeds:
         raise ConfigError(
-            f"applies to FLUX kinds only ({', '.join(FLUX_KINDS)}), not to {args.kind}, a generic diffusers "
-            "DiT pipeline", path="--guidance-embeds", hint="drop --guidance-embeds or choose a FLUX kind",
+            f"applies to FLUX kinds only ({', '.join(FLUX_KINDS)}), not to {args.kind}",
+            path="--guidance-embeds", hint="drop --guidance-embeds or choose a FLUX kind",
         )
     # Fail on a bad DIR before paying for the torch/diffusers imports of the build.
     check_target(Path(args.dir).expanduser().absolute(), force=args.force)
@@ -85,6 +89,10 @@ def run(args: argparse.Namespace) -> int:
         from diffserve.zoo.generic import build_generic_model
 
         out = build_generic_model(args.kind, args.dir, seed=args.seed, force=args.force)
+    elif args.kind in WAN_KINDS:
+        from diffserve.zoo.wan import build_wan_model
+
+        out = build_wan_model(args.kind, args.dir, seed=args.seed, force=args.force)
     else:
         out = build_flux_model(args.kind, args.dir, seed=args.seed, guidance_embeds=args.guidance_embeds,
                                force=args.force)

@@ -1,0 +1,117 @@
+"""The native Wan pipeline against plain diffusers on the same tiny directories, prompts and seeds: Wan2.1
+text-to-video, Wan2.2's two-expert MoE (the expert of every step is diffusers' own switch) and Wan2.2
+image-to-video; float32 bit for bit (and >= 60 dB), bfloat16 >= 40 dB. Requests are checked against the model's
+frames and sizes before any work."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+
+from diffserve.config.resolve import resolve
+from diffserve.errors import ConfigError, ModelLoadError, RequestError
+from diffserve.models.base import BuildContext, library_admit, run_one
+from diffserve.models.wan.pipeline import WanVideoPipeline
+from diffserve.types.request import GenerationRequest
+
+REQUEST = dict(prompt="a red ball rolling to the left", negative_prompt="blurry", height=64, width=64, num_frames=9,
+               num_inference_steps=2, guidance_scale=5.0, seed=7)
+FIRST_FRAME = np.zeros((64, 64, 3), np.uint8)
+FIRST_FRAME[16:48, 8:40] = (220, 40, 30)
+
+
+def psnr(ours: np.ndarray, theirs: np.ndarray) -> float:
+    mse = float(np.mean((ours.astype(np.float64) - theirs.astype(np.float64)) ** 2))
+    return math.inf if mse == 0 else 10 * math.log10(255.0**2 / mse)
+
+
+def ours(model_dir: Path, dtype: str, **request: Any) -> tuple[np.ndarray, dict[str, Any]]:
+    config = resolve(model=model_dir, overrides={"dtype": dtype, "linear_backend": "torch", "enforce_eager": True},
+                     env={})
+    pipeline = WanVideoPipeline.from_stage(model_dir, config.stage_for_role("diffusion"), BuildContext())
+    out = run_one(pipeline, GenerationRequest(**{**REQUEST, **request}))
+    return out.images[0].numpy(), out.attestation
+
+
+def diffusers_video(model_dir: Path, dtype: str, image: np.ndarray | None) -> tuple[np.ndarray, list[str]]:
+    """diffusers' frames (as uint8, rounded as ours are) and the expert it ran at each step."""
+    import diffusers
+    from PIL import Image
+
+    cls = diffusers.WanImageToVideoPipeline if image is not None else diffusers.WanPipeline
+    pipe = cls.from_pretrained(model_dir, torch_dtype=getattr(torch, dtype))
+    pipe.set_progress_bar_config(disable=True)
+    ran: list[str] = []
+    for name in ("transformer", "transformer_2"):
+        module = getattr(pipe, name, None)
+        if module is not None:  # once per step: the conditional forward (the unconditional one follows)
+            module.register_forward_pre_hook(lambda _m, _a, name=name: ran.append(name))
+    kwargs = {k: REQUEST[k] for k in ("prompt", "negative_prompt", "height", "width", "num_frames",
+                                      "num_inference_steps", "guidance_scale")}
+    if image is not None:
+        kwargs["image"] = Image.fromarray(image)
+    frames = pipe(**kwargs, generator=torch.Generator().manual_seed(REQUEST["seed"]), output_type="np").frames[0]
+    return (torch.from_numpy(frames) * 255).round().clamp(0, 255).to(torch.uint8).numpy(), ran[::2]
+
+
+@pytest.mark.parametrize("model", ["tiny_wan_dir", "tiny_wan22_dir", "tiny_wan22_i2v_dir"])
+def test_matches_diffusers_in_float32_and_bfloat16(model: str, request: pytest.FixtureRequest) -> None:
+    model_dir = request.getfixturevalue(model)
+    image = FIRST_FRAME if "i2v" in model else None
+    extra = {"images": (image,)} if image is not None else {}
+    for dtype, floor in (("float32", 60.0), ("bfloat16", 40.0)):
+        video, attestation = ours(model_dir, dtype, **extra)
+        reference, their_experts = diffusers_video(model_dir, dtype, image)
+        assert video.shape == reference.shape == (9, 64, 64, 3)
+        assert psnr(video, reference) >= floor, (model, dtype, psnr(video, reference))
+        if dtype == "float32":
+            assert np.array_equal(video, reference)  # the same ops in the same order: bit for bit
+        experts = attestation["experts"]
+        assert experts["steps"] == their_experts  # diffusers' switch, step for step
+        two = model != "tiny_wan_dir"
+        assert set(experts["forwards"]) == ({"transformer", "transformer_2"} if two else {"transformer"})
+        assert sum(experts["forwards"].values()) == 2 * REQUEST["num_inference_steps"]  # CFG: two per step
+        if two:  # boundary 0.875 / 0.9 of 1000; the two steps' timesteps are 999 and 750: both experts run
+            assert experts["forwards"]["transformer"] > 0 and experts["forwards"]["transformer_2"] > 0
+
+
+def test_requests_are_checked_against_the_model(tiny_wan22_i2v_dir: Path, tiny_wan_dir: Path) -> None:
+    config = resolve(model=tiny_wan_dir, overrides={"dtype": "float32", "enforce_eager": True}, env={})
+    t2v = WanVideoPipeline.from_stage(tiny_wan_dir, config.stage_for_role("diffusion"), BuildContext())
+    with pytest.raises(RequestError, match=r"num_frames=8 must be 4k\+1 for this model \(e.g. 5\)") as info:
+        library_admit(t2v, GenerationRequest(**{**REQUEST, "num_frames": 8}))
+    assert info.value.param == "num_frames"
+    with pytest.raises(RequestError, match="multiple of 16"):
+        library_admit(t2v, GenerationRequest(**{**REQUEST, "height": 72}))
+    with pytest.raises(RequestError, match="does not edit"):
+        library_admit(t2v, GenerationRequest(**REQUEST, images=(FIRST_FRAME,)))
+    admitted = library_admit(t2v, GenerationRequest(prompt="a ball"))  # the family's defaults
+    assert (admitted.num_frames, admitted.fps, admitted.height, admitted.width) == (81, 16, 480, 832)
+    assert (admitted.num_inference_steps, admitted.guidance_scale) == (50, 5.0)
+    config = resolve(model=tiny_wan22_i2v_dir, overrides={"dtype": "float32", "enforce_eager": True}, env={})
+    i2v = WanVideoPipeline.from_stage(tiny_wan22_i2v_dir, config.stage_for_role("diffusion"), BuildContext())
+    with pytest.raises(RequestError, match="send one") as info:
+        library_admit(i2v, GenerationRequest(**REQUEST))
+    assert info.value.param == "image"
+    sized = library_admit(i2v, GenerationRequest(prompt="a ball", images=(np.zeros((70, 100, 3), np.uint8),)))
+    assert (sized.height, sized.width) == (64, 96)  # the image's size, rounded down to the model's multiple
+
+
+def test_image_models_refuse_video_fields_and_wan_what_it_does_not_run(tiny_flux_dir: Path, tiny_wan_dir: Path) -> None:
+    from diffserve.models.flux.pipeline import FluxPipeline
+    from diffserve.models.wan.params import WanParams
+
+    flux = FluxPipeline.from_pretrained(tiny_flux_dir)
+    with pytest.raises(RequestError, match="makes images; num_frames is for video models"):
+        library_admit(flux, GenerationRequest(prompt="a fox", num_frames=9))
+    with pytest.raises(ConfigError, match="cache.backend='fbcache' is not supported on Wan yet") as error:
+        wan = resolve(model=tiny_wan_dir, overrides={"cache": {"backend": "fbcache"}}, env={})
+        WanVideoPipeline.from_stage(tiny_wan_dir, wan.stage_for_role("diffusion"), BuildContext())
+    assert error.value.path == "stages.0.cache.backend"
+    with pytest.raises(ModelLoadError, match="image_dim=1280"):
+        WanParams.from_diffusers_config({"image_dim": 1280, "num_attention_heads": 2}, "wan21-i2v")
