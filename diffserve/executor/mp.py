@@ -169,7 +169,8 @@ class MultiprocExecutor(Executor):
 
 # What every worker imports before its model loads (the heavy part of a worker's start).
 FORKSERVER_PRELOAD = ["torch", "diffusers", "transformers", "diffserve.worker.process",
-                      "diffserve.models.flux.pipeline", "diffserve.models.generic.pipeline"]
+                      "diffserve.models.flux.pipeline", "diffserve.models.generic.pipeline",
+                      "diffserve.models.wan.pipeline"]
 
 
 def worker_context() -> Any:

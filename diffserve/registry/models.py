@@ -164,3 +164,12 @@ def read_class_name(model_dir: str | Path) -> str:
     """``_class_name`` of ``model_dir/model_index.json`` (OSError/ValueError/KeyError propagate)."""
     index = Path(model_dir) / "model_index.json"
     return str(json.loads(index.read_text(encoding="utf-8"))["_class_name"])
+
+
+def makes_videos(model_dir: str | Path | None) -> bool:
+    """Whether the (local) model directory is a video family's (its registry entry has frames)."""
+    try:
+        family = MODEL_FAMILIES.get(read_class_name(model_dir)) if model_dir else None
+    except (OSError, ValueError, KeyError):
+        return False
+    return family is not None and family.default_num_frames is not None

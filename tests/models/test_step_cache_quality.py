@@ -93,7 +93,8 @@ def toy_pairs() -> list[tuple[str, int]]:
 
 
 def _toy_batch(pipe: FluxPipeline, **kw) -> tuple[list[np.ndarray], list[dict]]:
-    """Every pair in one batch: each image row decides alone, so a row is the image it would be alone."""
+    """Every pair in one batch: each image row decides alone. A quality gate, not an invariance one: whole-batch
+    kernels (``batch_invariant=False``; per-sample calls cost ~40% more at 64x64), the same 12 rows both ways."""
     requests = [library_admit(pipe, GenerationRequest(prompt=prompt, height=64, width=64,
                                                       num_inference_steps=TOY_STEPS, guidance_scale=0.0,
                                                       seed=seed, **kw)) for prompt, seed in toy_pairs()]
@@ -114,14 +115,14 @@ def _agreement(images: list[np.ndarray]) -> int:
 def toy_uncached() -> list[np.ndarray]:
     from diffserve.zoo.flux import toy_model_dir
 
-    return _toy_batch(FluxPipeline.from_pretrained(toy_model_dir()))[0]
+    return _toy_batch(FluxPipeline.from_pretrained(toy_model_dir(), batch_invariant=False))[0]
 
 
 @pytest.mark.parametrize("backend", sorted(TOY_GATES))
 def test_cached_images_of_the_trained_model_stay_close_and_still_draw_the_prompt(toy_uncached, backend) -> None:
     from diffserve.zoo.flux import toy_model_dir
 
-    pipe = FluxPipeline.from_pretrained(toy_model_dir(), cache={"backend": backend})
+    pipe = FluxPipeline.from_pretrained(toy_model_dir(), cache={"backend": backend}, batch_invariant=False)
     uncached_agreement = _agreement(toy_uncached)
     measured = {"uncached agreement": uncached_agreement}
     for threshold, least_skipped, psnr_floor, ssim_floor in TOY_GATES[backend]:

@@ -97,6 +97,7 @@ async def _generate(args: argparse.Namespace, model: str | None, prompt: str, ou
     from diffserve.entrypoints.openai.encoding import encode_all
     from diffserve.entrypoints.openai.sizes import parse_size
     from diffserve.errors import RequestError
+    from diffserve.registry.models import makes_videos
     from diffserve.types.request import GenerationRequest, ProgressEvent, RequestOutput
 
     width, height = parse_size(args.size)
@@ -134,7 +135,7 @@ async def _generate(args: argparse.Namespace, model: str | None, prompt: str, ou
         config = resolve(model=model, **config_kwargs)
     for warning in config.warnings:
         logger.warning("config: %s", warning)
-    video = is_video_model(config.model)
+    video = makes_videos(config.model)
     fmt = fmt or ("mp4" if video else "png")
     output = Path(output_arg or ("out.mp4" if video else "out.png"))
     if video != (fmt in ("mp4", "frames")):
@@ -228,17 +229,6 @@ def _lora_choices(values: list[str], kwargs: dict[str, Any]) -> list[str]:
     if loras:
         kwargs["loras"] = tuple(loras)
     return files
-
-
-def is_video_model(model: str | None) -> bool:
-    """Whether the (local) model directory is a video family's (its registry entry has frames)."""
-    from diffserve.registry.models import MODEL_FAMILIES, read_class_name
-
-    try:
-        family = MODEL_FAMILIES.get(read_class_name(model)) if model else None
-    except (OSError, ValueError, KeyError):
-        return False
-    return family is not None and family.default_num_frames is not None
 
 
 def _write_videos(output_obj: Any, output: Path, fmt: str, metadata: dict[str, str]) -> None:

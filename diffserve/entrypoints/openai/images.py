@@ -36,6 +36,7 @@ from diffserve.entrypoints.openai.protocol import (
 )
 from diffserve.errors import RequestAbortedError
 from diffserve.logging import get_logger
+from diffserve.registry.models import makes_videos
 from diffserve.types.request import GenerationRequest, ProgressEvent, RequestOutput
 
 logger = get_logger(__name__)
@@ -75,6 +76,9 @@ class ImagesHandler:
         """Run ``gen`` on the engine and answer: JSON, or SSE with ``body.stream``; a client that goes away
         aborts it. Shared by generations and edits (``received``: when the body arrived, for ``total``)."""
         engine = self.host.require()
+        if engine.config is not None and makes_videos(engine.config.model):
+            raise APIError(400, f"model {body.model or 'served here'!s} makes videos, not images; the video API "
+                                "(POST /v1/videos) serves it", param="model", code="model_makes_videos")
         if body.user:
             logger.debug("request %s from user %r", gen.request_id, body.user)
         events = aiter_events(engine, gen)
@@ -266,3 +270,4 @@ def sse(obj: dict[str, Any]) -> str:
 def jsonable(value: Any) -> Any:
     """Attestation values come from workers; make sure they serialise (tuples, numpy ints, ...)."""
     return json.loads(json.dumps(value, default=str))
+

@@ -1,0 +1,24 @@
+"""A video model behind the images API: refused with a 400 that names the video API, before any work, and the
+server keeps serving (the real engine, in process)."""
+
+from __future__ import annotations
+
+from fastapi.testclient import TestClient
+
+from diffserve.engine.async_engine import AsyncEngine
+from diffserve.entrypoints.openai.app import create_app
+
+
+def test_the_images_api_refuses_a_video_model(tiny_wan_dir) -> None:
+    engine = AsyncEngine(str(tiny_wan_dir), env={}, dtype="float32", enforce_eager=True)
+    try:
+        with TestClient(create_app(engine, served_model_name="tiny-wan")) as http:
+            response = http.post("/v1/images/generations", json={"prompt": "a ball", "size": "64x64"})
+            assert response.status_code == 400, response.text
+            error = response.json()["error"]
+            assert (error["code"], error["param"]) == ("model_makes_videos", "model")
+            assert "/v1/videos" in error["message"]
+            assert http.get("/health").status_code == 200
+            assert engine.stats()["requests_ok"] == 0  # refused before the engine saw it
+    finally:
+        engine.shutdown()
