@@ -35,6 +35,7 @@ from benchmarks import (  # noqa: E402
     step_cache_trained,
     throughput,
     transformer_step,
+    video,
 )
 from benchmarks.common import machine, pin_threads  # noqa: E402
 from benchmarks.models import DEFAULT_CACHE, ensure_model, model_facts  # noqa: E402
@@ -66,6 +67,7 @@ MEASUREMENTS = (
     ("cache_trained", "l. Step cache on a trained model against a random one", step_cache_trained.measure),
     ("quant", "m. Quantized weights: int8 and float8 through torchao", quantization.measure),
     ("stages", "n. Stages at runtime: three stages pipelined, and the conditioning cache", stages.measure),
+    ("video", "o. Video: native Wan vs diffusers' WanPipeline, step vs matmul peak, CFG-parallel", video.measure),
 )
 
 
@@ -76,7 +78,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="markdown report path (default: this CPU kind's, benchmarks/RESULTS[-KIND].md)")
     p.add_argument("--cache-dir", type=Path, default=DEFAULT_CACHE, help="where built models are kept")
     p.add_argument("--only", default="", help="comma-separated measurement keys: e2e,step,overhead,throughput,cold,replicas,parallel,cache,"
-                   "arrivals,generic,lora,cache_trained,quant,stages")
+                   "arrivals,generic,lora,cache_trained,quant,stages,video")
     p.add_argument("--merge", action="store_true",
                    help="keep the sections of the report at --out that this run does not measure (only when "
                         "it was measured in the same mode on the same CPU capability)")

@@ -89,6 +89,9 @@ class Settings:
     # Stages at runtime (section n): the case and the images per throughput round (over 8 clients).
     stages_case: Case = Case("small-flux", 256, 4)
     stages_images: int = 16
+    # Video (section o): native Wan vs diffusers' WanPipeline (CFG 5.0) at these frame counts (4k+1).
+    video_case: Case = Case("small-wan", 256, 4)
+    video_frames: tuple[int, ...] = (9, 17)
 
 
 TINY_E2E = Case("tiny-flux", 128, 2)
@@ -154,4 +157,6 @@ SMOKE = Settings(
     quant_methods=("none", "int8"),
     stages_case=Case("tiny-flux", 64, 2),
     stages_images=8,
+    video_case=Case("tiny-wan", 64, 2),
+    video_frames=(9,),
 )

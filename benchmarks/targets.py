@@ -12,6 +12,7 @@ from typing import Any
 
 from benchmarks.section import Section
 from benchmarks.settings import Settings
+from benchmarks.video_targets import video_targets
 
 MIN_PSNR_DB = 40.0
 
@@ -62,6 +63,7 @@ def evaluate(sections: list[Section], settings: Settings, cpu_kind: str = "") ->
     out.append(_arrivals(m, settings))
     out += _generic(m, settings)
     out += _quantization(m, settings)
+    out += video_targets(m, settings)
     notes = {**NOTES, **NOTES_BY_KIND.get(cpu_kind, {})}
     for t in out:
         if t.status == "missed" and t.name in notes:

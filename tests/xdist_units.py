@@ -21,8 +21,15 @@ COMPILE_TESTS = ("tests/models/test_flux_compile.py::",
 # The longest units go first, so no worker is left with one of them at the end (CPU seconds, measured serially
 # on 2 cores: the Ray tests ~115 together, the benchmark smoke ~100, the step cache quality gates ~75, the
 # shared server's modules ~55, the toy-shapes checks ~40 and ~26).
+# The next ones by wall time under `make test` (25-100 s each) follow, so the run ends on short units and the
+# three workers finish together (measured: the last worker used to idle ~30 s behind a late long module).
 LONG_FIRST = ("tests/benchmarks/test_bench_smoke.py", RAY_GROUP, COMPILE_GROUP, "tests/models/test_step_cache_quality.py",
-              SHARED_SERVER_GROUP, "tests/zoo/test_toy_shapes.py", "tests/zoo/test_toy_shapes_lora.py")
+              SHARED_SERVER_GROUP, "tests/zoo/test_toy_shapes.py", "tests/zoo/test_toy_shapes_lora.py",
+              "tests/e2e/test_replicas.py", "tests/adversarial/test_lifecycle.py", "tests/e2e/test_one_compute_thread.py",
+              "tests/zoo/test_toy_shapes_edits.py", "tests/e2e/test_parallel_cfg.py", "tests/models/test_wan.py",
+              "tests/e2e/test_parallel_parity.py",
+              "tests/e2e/test_wan_parallel.py", "tests/executor/test_executor_semantics.py",
+              "tests/models/test_vae_tiling.py", "tests/adversarial/test_worker_faults.py")
 # A test of a Ray-using module runs on Ray when its name or parameter id says so: test_ray_..., ..._ray_...,
 # [ray], [flux-ray]. The module's other tests stay a unit of their own.
 RAY_TEST = re.compile(r"(^|[_\[-])ray([_\]-]|$)")

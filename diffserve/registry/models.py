@@ -147,7 +147,9 @@ MODEL_FAMILIES: dict[str, ModelFamily] = {
         # Wan2.2 image-to-video: self-attention over the video tokens, cross-attention to UMT5's; real CFG at
         # 5.0 over 50 steps, 81 frames of 480x832 at 16 fps, as diffusers' __call__ and the Wan repos.
         *(ModelFamily(name, WAN_PIPELINE, "single", attention_roles=("self_attention", "cross_attention"),
-                      default_steps=50, default_guidance_scale=5.0, max_sequence_length=512,
+                      # CFG-parallel (Wan runs real CFG: the two branches on two ranks) times Ulysses over the
+                      # video tokens (the degree must divide the heads; models/wan/transformer.py).
+                      max_world_size=16, parallel_dims=("cfg_parallel_size", "ulysses_degree"), default_steps=50, default_guidance_scale=5.0, max_sequence_length=512,
                       default_num_frames=81, default_fps=16, default_height=480, default_width=832,
                       quantization_ignored_layers=WAN_QUANTIZATION_IGNORED)
           for name in ("WanPipeline", "WanImageToVideoPipeline")),

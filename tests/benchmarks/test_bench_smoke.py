@@ -17,7 +17,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 SECTION_KEYS = ("e2e", "step", "overhead", "throughput", "cold", "replicas", "parallel", "cache", "arrivals",
-                "generic", "lora", "cache_trained", "quant", "stages")
+                "generic", "lora", "cache_trained", "quant", "stages", "video")
 
 
 @pytest.mark.e2e
@@ -37,8 +37,9 @@ def test_smoke_benchmark_writes_every_section(tmp_path: Path) -> None:
     for key, section in sections.items():
         assert section["status"] == "ok", f"{key}: {section['status']}: {section['reason']} {section['notes']}"
         assert section["rows"], key
-    # 19 fixed targets (the default-dtype row included) + one generic-path parity row per smoke case and dtype.
-    assert len(data["targets"]) == 20
+    # 21 fixed targets (the default-dtype row and section o's two included) + one generic-path parity row per
+    # smoke case and dtype.
+    assert len(data["targets"]) == 22
     assert any(t["name"].startswith("small-flux 256x256/4 eager in the machine's default dtype")
                for t in data["targets"])
 

@@ -14,6 +14,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from diffserve.layers.kernels import KernelSet
+from diffserve.layers.ulysses import UlyssesAttention
 from diffserve.models.wan.embeddings import rotate
 
 
@@ -67,7 +68,10 @@ class WanAttention(nn.Module):
         v = self.to_v(source).unflatten(2, (self.num_heads, -1))
         if rope is not None:
             q, k = rotate(q, *rope), rotate(k, *rope)
-        out = self.attn(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2))
+        q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+        # Under Ulysses (WanTransformer.shard_sequence) self-attention exchanges heads for this rank's video
+        # tokens (no text in its sequence); cross-attention needs no exchange: the text is on every rank.
+        out = self.attn(q, k, v, 0) if isinstance(self.attn, UlyssesAttention) else self.attn(q, k, v)
         return self.to_out[0](out.type_as(q))
 
 

@@ -22,6 +22,7 @@ from torch import Tensor
 from diffserve.config.schema import StageConfig
 from diffserve.errors import ConfigError, ModelLoadError
 from diffserve.layers.attestation import KernelCounters
+from diffserve.layers.collectives import all_gather_into
 from diffserve.logging import get_logger
 from diffserve.models.base import BuildContext, ParallelContext, Pipeline, PipelineCapabilities
 from diffserve.models.memory import PhasePeaks, component_weights
@@ -59,7 +60,9 @@ class WanVideoPipeline(Pipeline):
         params = experts.params
         spec = MODEL_FAMILIES[family]
         self.capabilities = PipelineCapabilities(
-            family=family, default_size=spec.default_height, size_multiple=vae.spatial * params.patch_size[1],
+            # Ulysses splits the tokens frame-major: a height of a multiple of 16 * degree splits every frame evenly.
+            family=family, default_size=spec.default_height,
+            size_multiple=vae.spatial * params.patch_size[1] * parallel.ulysses_size,
             max_sequence_length=spec.max_sequence_length, true_cfg=False, attention_roles=spec.attention_roles,
             edits=("first_frame",) if image_to_video else (), batch_invariant=batch_invariant,
             video=VideoCapabilities(temporal_factor=vae.temporal * params.patch_size[0],
@@ -82,6 +85,16 @@ class WanVideoPipeline(Pipeline):
         names = ["transformer", *(["transformer_2"] if (index.get("transformer_2") or [None])[0] else [])]
         transformers = {name: load_wan_transformer(root / name, kernels, dtype=dtype, device=device)
                         for name in names}
+        parallel = context.parallel
+        if parallel.ulysses_size > 1:
+            heads = next(iter(transformers.values())).params.num_heads
+            if heads % parallel.ulysses_size:
+                allowed = ", ".join(str(u) for u in range(1, heads + 1) if heads % u == 0)
+                raise ConfigError(f"ulysses_degree {parallel.ulysses_size} must divide the transformer's {heads} "
+                                  "attention heads", path=f"stages.{stage.stage_id}.parallel.ulysses_degree",
+                                  hint=f"use one of {allowed}")
+            for transformer in transformers.values():
+                transformer.shard_sequence(parallel.ulysses_group, parallel.ulysses_rank, parallel.ulysses_size)
         experts = Experts(transformers, index.get("boundary_ratio"))
         text = UMT5Text(root, dtype=dtype, device=device, per_prompt=stage.batch_invariant)
         try:
@@ -120,14 +133,26 @@ class WanVideoPipeline(Pipeline):
         if frames is None or height is None or width is None or steps is None or guidance is None or length is None:
             raise ValueError(f"request {first.request_id} was not admitted (frames, size, steps, guidance and "
                              "max_sequence_length must be set)")
+        cfg = guidance > 1.0
+        split = cfg and self.parallel.cfg_size > 1  # CFG-parallel: this rank runs one branch
+        if self.parallel.cfg_rank != 0 and not cfg:
+            # One branch: the cfg_rank 0 ranks run it; this rank keeps step pace without forwards or collectives.
+            for i in range(steps):
+                yield StepEvent(step=i + 1, total_steps=steps)
+            yield BatchResult([RequestResult(request_id=r.request_id, images=torch.empty(0), seeds=r.seeds)
+                               for r in requests])
+            return
         peaks = PhasePeaks(self.device)
         start = time.perf_counter()
         peaks.start("encode")
-        cfg = guidance > 1.0
         repeats = torch.tensor([r.n for r in requests], device=self.device)
-        text = self.text.encode([r.prompt for r in requests], length).repeat_interleave(repeats, dim=0)
-        negative = self.text.encode([r.negative_prompt or "" for r in requests], length) \
-            .repeat_interleave(repeats, dim=0) if cfg else None
+        negatives = [r.negative_prompt or "" for r in requests]
+        if split and self.parallel.cfg_rank == 1:  # this rank's branch is the negative prompts'
+            text, negative = self.text.encode(negatives, length).repeat_interleave(repeats, dim=0), None
+        else:
+            text = self.text.encode([r.prompt for r in requests], length).repeat_interleave(repeats, dim=0)
+            negative = self.text.encode(negatives, length).repeat_interleave(repeats, dim=0) \
+                if cfg and not split else None
         seeds = [s for r in requests for s in r.seeds]
         latents = self.vae.noise(seeds, frames, height, width, self.device)
         condition = self._first_frames(requests, frames, height, width) if self.image_to_video else None
@@ -143,7 +168,11 @@ class WanVideoPipeline(Pipeline):
             model_input = model_input.to(self.dtype)
             timestep = t.expand(latents.shape[0])
             pred = expert(model_input, timestep, text, rope)
-            if negative is not None:
+            if split:  # one exchange per step; every rank combines the same two tensors in the same order
+                pred, uncond = all_gather_into(pred, self.parallel.cfg_group, self.experts.counters.collectives) \
+                    .unbind(0)
+                pred = uncond + scale * (pred - uncond)
+            elif negative is not None:
                 uncond = expert(model_input, timestep, negative, rope)
                 pred = uncond + scale * (pred - uncond)
             latents = scheduler.step(pred, t, latents, return_dict=False)[0]
@@ -152,13 +181,17 @@ class WanVideoPipeline(Pipeline):
         denoise_ms = (time.perf_counter() - denoise_start) * 1000.0
         decode_start = time.perf_counter()
         peaks.start("decode")
-        videos = latents if first.output_type == "latent" else self.vae.decode(latents, first.output_type)
+        # Every rank holds the same latents; only rank 0's result is returned, so only it decodes.
+        if self.parallel.rank != 0:
+            videos = torch.empty(len(seeds), 0)
+        else:
+            videos = latents if first.output_type == "latent" else self.vae.decode(latents, first.output_type)
         peaks.stop()
         timings = {"encode": encode_ms, "denoise": denoise_ms, "decode": (time.perf_counter() - decode_start) * 1000}
         outputs, row = [], 0
         for request in requests:
             attestation = Attestation()
-            attestation["experts"] = self.experts.report(cfg=negative is not None)
+            attestation["experts"] = self.experts.report(cfg=cfg)
             outputs.append(RequestResult(request_id=request.request_id, images=videos[row:row + request.n].cpu(),
                                          seeds=request.seeds, timings_ms=dict(timings),
                                          memory_peak_mib=dict(peaks.peaks), attestation=attestation))

@@ -4,11 +4,14 @@ timestep and text embedders, ``num_layers`` blocks, a modulated output projectio
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch import Tensor, nn
 
+from diffserve.layers.collectives import all_gather_into
 from diffserve.layers.kernels import KernelSet
+from diffserve.layers.ulysses import UlyssesAttention
 from diffserve.logging import get_logger
 from diffserve.models.loader import load_strict, read_config, read_safetensors
 from diffserve.models.wan.blocks import LayerNorm32, WanBlock
@@ -84,6 +87,7 @@ class WanTransformer(nn.Module):
                                             * params.patch_size[2])
         self.scale_shift_table = nn.Parameter(torch.randn(1, 2, dim) / dim**0.5)
         self.rotary = RotaryTable(params.head_dim, params.rope_max_seq_len)
+        self.ulysses: tuple[Any, int, int] | None = None  # (group, rank, degree): set by shard_sequence
 
     def token_grid(self, latents: Tensor) -> tuple[int, int, int]:
         p_t, p_h, p_w = self.params.patch_size
@@ -91,24 +95,49 @@ class WanTransformer(nn.Module):
         return frames // p_t, height // p_h, width // p_w
 
     def rope(self, latents: Tensor) -> tuple[Tensor, Tensor]:
-        """The rotary tables of ``latents``' token grid (the same for every step of a request: compute once)."""
-        return self.rotary.table(*self.token_grid(latents), device=latents.device)
+        """The rotary tables of ``latents``' token grid (the same for every step of a request: compute once);
+        under Ulysses, this rank's rows."""
+        cos, sin = self.rotary.table(*self.token_grid(latents), device=latents.device)
+        if self.ulysses is not None:
+            _, rank, degree = self.ulysses
+            cos, sin = cos.chunk(degree, dim=1)[rank].contiguous(), sin.chunk(degree, dim=1)[rank].contiguous()
+        return cos, sin
+
+    def shard_sequence(self, group: Any, rank: int, degree: int) -> None:
+        """Ulysses sequence parallelism over ``group``: from now on every rank runs the blocks on its contiguous
+        ``1/degree`` of the video tokens, self-attention exchanging heads for tokens (``layers/ulysses.py``), and
+        the output tokens are gathered before the unpatchify, so ``forward`` keeps its full-video contract."""
+        if self.params.num_heads % degree:
+            raise ValueError(f"ulysses degree {degree} must divide the {self.params.num_heads} attention heads")
+        for block in self.blocks:
+            block.attn1.attn = UlyssesAttention(block.attn1.attn, group, self.counters.collectives)
+        self.ulysses = (group, rank, degree)
 
     def forward(self, latents: Tensor, timesteps: Tensor, text: Tensor,
                 rope: tuple[Tensor, Tensor] | None = None) -> Tensor:
         self.counters.count_forward()
         grid = self.token_grid(latents)
         rope = rope if rope is not None else self.rope(latents)
-        x = self.patch_embedding(latents).flatten(2).transpose(1, 2).contiguous()
+        x = self.patch_embedding(latents).flatten(2).transpose(1, 2)
+        if self.ulysses is not None:
+            _, rank, degree = self.ulysses
+            if x.shape[1] % degree:
+                raise ValueError(f"{x.shape[1]} video tokens do not split over ulysses degree {degree}")
+            x = x.chunk(degree, dim=1)[rank]
+        x = x.contiguous()
         temb, modulation, context = self.condition_embedder(timesteps, text)
         for block in self.blocks:
             x = block(x, context, modulation, rope)
         return self.head(x, temb, grid)
 
     def head(self, x: Tensor, temb: Tensor, grid: tuple[int, int, int]) -> Tensor:
-        """The modulated output projection, unpatchified to ``[B, C, F, H, W]``."""
+        """The modulated output projection (under Ulysses: every rank's tokens gathered, in rank order, which is
+        token order), unpatchified to ``[B, C, F, H, W]``."""
         shift, scale = (self.scale_shift_table + temb.unsqueeze(1)).chunk(2, dim=1)
         x = self.proj_out((self.norm_out(x) * (1 + scale) + shift).type_as(x))
+        if self.ulysses is not None:
+            group = self.ulysses[0]
+            x = torch.cat(all_gather_into(x, group, self.counters.collectives).unbind(0), dim=1)
         p_t, p_h, p_w = self.params.patch_size
         frames, height, width = grid
         x = x.reshape(x.shape[0], frames, height, width, p_t, p_h, p_w, -1).permute(0, 7, 1, 4, 2, 5, 3, 6)
