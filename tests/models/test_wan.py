@@ -109,9 +109,37 @@ def test_image_models_refuse_video_fields_and_wan_what_it_does_not_run(tiny_flux
     flux = FluxPipeline.from_pretrained(tiny_flux_dir)
     with pytest.raises(RequestError, match="makes images; num_frames is for video models"):
         library_admit(flux, GenerationRequest(prompt="a fox", num_frames=9))
-    with pytest.raises(ConfigError, match="cache.backend='fbcache' is not supported on Wan yet") as error:
-        wan = resolve(model=tiny_wan_dir, overrides={"cache": {"backend": "fbcache"}}, env={})
-        WanVideoPipeline.from_stage(tiny_wan_dir, wan.stage_for_role("diffusion"), BuildContext())
-    assert error.value.path == "stages.0.cache.backend"
+    for overrides, message, path in (
+            ({"cache": {"backend": "teacache"}}, "no published coefficients for this Wan model", "cache.backend"),
+            ({"quantization": "int8"}, "quantization='int8' is not supported on Wan yet", "quantization")):
+        with pytest.raises(ConfigError, match=message) as error:
+            wan = resolve(model=tiny_wan_dir, overrides=overrides, env={})
+            WanVideoPipeline.from_stage(tiny_wan_dir, wan.stage_for_role("diffusion"), BuildContext())
+        assert error.value.path == f"stages.0.{path}"
     with pytest.raises(ModelLoadError, match="image_dim=1280"):
         WanParams.from_diffusers_config({"image_dim": 1280, "num_attention_heads": 2}, "wan21-i2v")
+
+
+def test_first_block_cache_skips_per_video_and_computes_at_the_expert_switch(tiny_wan22_dir: Path) -> None:
+    """fbcache on the two-expert model: at threshold 0 the video is the uncached one bit for bit; at a high one
+    steps are skipped, each video of a request has its entry (both CFG branches), and the first step of the
+    low-noise expert computes (its blocks never reuse the other expert's residual)."""
+    config = resolve(model=tiny_wan22_dir, overrides={"dtype": "float32", "enforce_eager": True,
+                                                      "cache": {"backend": "fbcache"}}, env={})
+    pipeline = WanVideoPipeline.from_stage(tiny_wan22_dir, config.stage_for_role("diffusion"), BuildContext())
+    base = {**REQUEST, "num_inference_steps": 8, "n": 2}
+    uncached = run_one(pipeline, GenerationRequest(**base, cache_threshold=0.0))
+    cached = run_one(pipeline, GenerationRequest(**base, cache_threshold=50.0))
+    assert [e["skipped_steps"] for e in uncached.attestation["cache"]] == [0, 0]
+    entries = cached.attestation["cache"]
+    assert len(entries) == 2 and all(e["backend"] == "fbcache" and e["skipped_steps"] > 0 for e in entries)
+    assert all(e["negative"]["skipped_steps"] > 0 for e in entries)  # the CFG branch decides alone
+    switch = cached.attestation["experts"]["steps"].index("transformer_2")  # 0-based step of the switch
+    for entry in entries:
+        for branch in (entry, entry["negative"]):
+            assert branch["trace"][switch][2] == "compute", branch["trace"]
+    # A threshold no signal falls under: the cached path computes every step, op for op the fused forward.
+    every = run_one(pipeline, GenerationRequest(**base, cache_threshold=1e-12))
+    assert every.attestation["cache"][0]["skipped_steps"] == 0
+    assert np.array_equal(every.images.numpy(), uncached.images.numpy())
+    assert not np.array_equal(cached.images.numpy(), uncached.images.numpy())

@@ -75,6 +75,12 @@ class BranchCache:
         """Keep these rows (old indices, in order): the others' requests left the batch."""
         self.rows = [self.rows[i] for i in keep]
 
+    def forget(self) -> None:
+        """Drop every row's reference and cached residual (their history stays): the next step computes. For a
+        switch of denoiser mid-schedule (Wan2.2's experts), whose residuals must not cross it."""
+        for state in self.rows:
+            state.reference, state.residual, state.accumulated = None, None, 0.0
+
     # -- decisions ----------------------------------------------------------------------------------
 
     def decide(self, steps: list[int], probe: Tensor) -> list[bool]:

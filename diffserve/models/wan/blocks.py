@@ -13,6 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from diffserve.layers.attention.module import Attention
 from diffserve.layers.kernels import KernelSet
 from diffserve.layers.ulysses import UlyssesAttention
 from diffserve.models.wan.embeddings import rotate
@@ -58,7 +59,7 @@ class WanAttention(nn.Module):
         self.to_out = nn.ModuleList([kernels.make_linear(dim, dim)])
         self.norm_q = RMSNorm(dim, eps)
         self.norm_k = RMSNorm(dim, eps)
-        self.attn = kernels.make_attention(role)
+        self.attn: Attention | UlyssesAttention = kernels.make_attention(role)
 
     def forward(self, x: Tensor, context: Tensor | None = None,
                 rope: tuple[Tensor, Tensor] | None = None) -> Tensor:

@@ -29,6 +29,7 @@ class Experts:
         self.boundary_ratio = None if len(transformers) == 1 else float(boundary_ratio or 0.0)
         self.steps: list[str] = []
         self.boundary_timestep: float | None = None
+        self.switched = False  # the last pick changed expert (Wan2.2's boundary)
 
     @property
     def params(self) -> WanParams:
@@ -50,6 +51,7 @@ class Experts:
         """The expert of timestep ``t`` (recorded for the attestation)."""
         boundary = self.boundary_timestep
         name = "transformer" if boundary is None or t >= boundary else "transformer_2"
+        self.switched = bool(self.steps) and self.steps[-1] != name
         self.steps.append(name)
         return self.transformers[name]
 

@@ -19,7 +19,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from diffserve.config.schema import StageConfig
+from diffserve.config.schema import CacheConfig, StageConfig
 from diffserve.errors import ConfigError, ModelLoadError
 from diffserve.layers.attestation import KernelCounters
 from diffserve.layers.collectives import all_gather_into
@@ -27,9 +27,12 @@ from diffserve.logging import get_logger
 from diffserve.models.base import BuildContext, ParallelContext, Pipeline, PipelineCapabilities
 from diffserve.models.memory import PhasePeaks, component_weights
 from diffserve.models.stage_kernels import stage_kernels
+from diffserve.models.stepcache.policy import BranchCache, CacheSettings
+from diffserve.models.stepcache.report import attach_negative, image_entries
 from diffserve.models.wan.experts import Experts
+from diffserve.models.wan.step_cache import cached_forward
 from diffserve.models.wan.text import UMT5Text
-from diffserve.models.wan.transformer import load_wan_transformer
+from diffserve.models.wan.transformer import WanTransformer, load_wan_transformer
 from diffserve.models.wan.video import WanVae
 from diffserve.registry.models import MODEL_FAMILIES, read_class_name
 from diffserve.types.attestation import Attestation
@@ -49,7 +52,8 @@ class WanVideoPipeline(Pipeline):
 
     def __init__(self, experts: Experts, text: UMT5Text, vae: WanVae, scheduler_config: dict[str, Any], *,
                  family: str, device: torch.device, dtype: torch.dtype, image_to_video: bool,
-                 parallel: ParallelContext = ParallelContext(), batch_invariant: bool = True) -> None:
+                 parallel: ParallelContext = ParallelContext(), batch_invariant: bool = True,
+                 cache: CacheConfig = CacheConfig()) -> None:
         self.experts = experts
         self.text = text
         self.vae = vae
@@ -57,6 +61,7 @@ class WanVideoPipeline(Pipeline):
         self.device, self.dtype = device, dtype
         self.parallel = parallel
         self.image_to_video = image_to_video
+        self.cache = cache
         params = experts.params
         spec = MODEL_FAMILIES[family]
         self.capabilities = PipelineCapabilities(
@@ -65,6 +70,7 @@ class WanVideoPipeline(Pipeline):
             size_multiple=vae.spatial * params.patch_size[1] * parallel.ulysses_size,
             max_sequence_length=spec.max_sequence_length, true_cfg=False, attention_roles=spec.attention_roles,
             edits=("first_frame",) if image_to_video else (), batch_invariant=batch_invariant,
+            default_cache_threshold=float(cache.threshold or 0.0),
             video=VideoCapabilities(temporal_factor=vae.temporal * params.patch_size[0],
                                     default_height=spec.default_height, default_width=spec.default_width))
         self.weights: dict[str, ComponentWeights] = {}
@@ -107,7 +113,8 @@ class WanVideoPipeline(Pipeline):
             raise ModelLoadError(f"{root}: a {family} whose transformer takes {experts.params.in_channels} channels "
                                  "(text-to-video takes 16, Wan2.2 image-to-video 36)")
         pipeline = cls(experts, text, WanVae(vae), scheduler_config, family=family, device=device, dtype=dtype,
-                       image_to_video=image_to_video, parallel=context.parallel, batch_invariant=stage.batch_invariant)
+                       image_to_video=image_to_video, parallel=context.parallel, batch_invariant=stage.batch_invariant,
+                       cache=stage.cache)
         pipeline.weights = {**{name: component_weights(name, module) for name, module in transformers.items()},
                             "text_encoder": component_weights("text_encoder", text.encoder),
                             "vae": component_weights("vae", vae)}
@@ -120,7 +127,14 @@ class WanVideoPipeline(Pipeline):
         return self.experts.counters
 
     def merge_rank_outputs(self, outputs: list[RequestResult], per_rank: list[list[dict[str, Any]]]) -> None:
-        return None  # one rank
+        """CFG-parallel: the negative branch's step-cache decisions were taken on the first rank of CFG group 1
+        (ranks are CFG-major); attach them to rank 0's entries. Ulysses ranks decide alike."""
+        if self.parallel.cfg_size == 1:
+            return
+        for output, theirs in zip(outputs, per_rank[self.parallel.ulysses_size], strict=True):
+            cache, negative = output.attestation.get("cache"), theirs.get("cache")
+            if cache is not None and negative is not None:
+                output.attestation["cache"] = attach_negative(cache, negative)
 
     def run(self, batch: Sequence[GenerationRequest],
             joins: Callable[[], list[GenerationRequest]] | None = None) -> Generator[StepEvent | BatchResult, None, None]:
@@ -161,19 +175,26 @@ class WanVideoPipeline(Pipeline):
         scheduler = self._scheduler(steps)
         denoise_start = time.perf_counter()
         rope = self.experts.rope(latents)
+        settings = CacheSettings(self.cache.backend, float(first.cache_threshold or 0.0), self.cache.warmup_steps,
+                                 self.cache.max_consecutive_skips)
+        caches = self._branch_caches(settings, steps, latents.shape[0], negative is not None)
         peaks.start("denoise")
         for i, t in enumerate(scheduler.timesteps):
             expert, scale = self.experts.pick(t, scheduler.config.num_train_timesteps), guidance
+            if self.experts.switched:  # a residual of one expert's blocks must not stand in for the other's
+                for cache in caches:
+                    if cache is not None:
+                        cache.forget()
             model_input = latents if condition is None else torch.cat([latents, condition], dim=1)
             model_input = model_input.to(self.dtype)
             timestep = t.expand(latents.shape[0])
-            pred = expert(model_input, timestep, text, rope)
+            pred = self._forward(expert, caches[0], i, model_input, timestep, text, rope)
             if split:  # one exchange per step; every rank combines the same two tensors in the same order
                 pred, uncond = all_gather_into(pred, self.parallel.cfg_group, self.experts.counters.collectives) \
                     .unbind(0)
                 pred = uncond + scale * (pred - uncond)
             elif negative is not None:
-                uncond = expert(model_input, timestep, negative, rope)
+                uncond = self._forward(expert, caches[1], i, model_input, timestep, negative, rope)
                 pred = uncond + scale * (pred - uncond)
             latents = scheduler.step(pred, t, latents, return_dict=False)[0]
             yield StepEvent(step=i + 1, total_steps=steps)
@@ -188,15 +209,36 @@ class WanVideoPipeline(Pipeline):
             videos = latents if first.output_type == "latent" else self.vae.decode(latents, first.output_type)
         peaks.stop()
         timings = {"encode": encode_ms, "denoise": denoise_ms, "decode": (time.perf_counter() - decode_start) * 1000}
+        entries = image_entries(settings, steps, list(range(len(seeds))), *caches, cfg=cfg)
         outputs, row = [], 0
         for request in requests:
-            attestation = Attestation()
+            attestation = Attestation(cache=entries[row:row + request.n])
             attestation["experts"] = self.experts.report(cfg=cfg)
             outputs.append(RequestResult(request_id=request.request_id, images=videos[row:row + request.n].cpu(),
                                          seeds=request.seeds, timings_ms=dict(timings),
                                          memory_peak_mib=dict(peaks.peaks), attestation=attestation))
             row += request.n
         yield BatchResult(outputs)
+
+    def _branch_caches(self, settings: CacheSettings, steps: int, rows: int,
+                       negative: bool) -> tuple[BranchCache | None, BranchCache | None]:
+        """One First-Block Cache per CFG branch this rank runs (each branch decides alone); none uncached."""
+        if not settings.enabled:
+            return None, None
+
+        def branch() -> BranchCache:
+            cache = BranchCache(settings, steps, group=self.parallel.ulysses_group, counters=self.experts.counters)
+            cache.add_rows(rows)
+            return cache
+
+        return branch(), branch() if negative else None
+
+    @staticmethod
+    def _forward(expert: WanTransformer, cache: BranchCache | None, step: int, latents: Tensor, timesteps: Tensor,
+                 text: Tensor, rope: tuple[Tensor, Tensor]) -> Tensor:
+        if cache is None:
+            return expert(latents, timesteps, text, rope)
+        return cached_forward(expert, cache, [step] * latents.shape[0], latents, timesteps, text, rope)
 
     def _scheduler(self, steps: int) -> Any:
         """A fresh scheduler of the model's own class and config for this batch (multistep schedulers keep
@@ -217,15 +259,17 @@ class WanVideoPipeline(Pipeline):
 
 
 # Stage keys the Wan pipeline does not run yet, with the value that does: refused at load, never ignored.
-UNSUPPORTED = (("cache.backend", "none"), ("quantization", "none"), ("text_encoder_quantization", "none"),
-               ("offload", "none"))
+UNSUPPORTED = (("quantization", "none"), ("text_encoder_quantization", "none"), ("offload", "none"))
 
 
 def refuse_unsupported(stage: StageConfig) -> None:
     for key, supported in UNSUPPORTED:
-        value: Any = stage
-        for part in key.split("."):
-            value = getattr(value, part)
+        value: Any = getattr(stage, key)
         if value != supported:
             raise ConfigError(f"{key}={value!r} is not supported on Wan yet", path=f"stages.{stage.stage_id}.{key}",
-                              hint=f"set {key}: {supported} (the step caches, quantization and offload run on FLUX)")
+                              hint=f"set {key}: {supported} (quantization and offload run on FLUX)")
+    if stage.cache.backend == "teacache":
+        # TeaCache4Wan2.1's polynomials are fitted per checkpoint size on another probe (models/wan/step_cache.py).
+        raise ConfigError("cache.backend='teacache' has no published coefficients for this Wan model",
+                          path=f"stages.{stage.stage_id}.cache.backend",
+                          hint="use cache.backend: fbcache (First-Block Cache), or none")

@@ -110,25 +110,37 @@ class WanTransformer(nn.Module):
         if self.params.num_heads % degree:
             raise ValueError(f"ulysses degree {degree} must divide the {self.params.num_heads} attention heads")
         for block in self.blocks:
-            block.attn1.attn = UlyssesAttention(block.attn1.attn, group, self.counters.collectives)
+            assert isinstance(block, WanBlock)
+            attention = block.attn1
+            attention.attn = UlyssesAttention(attention.attn, group, self.counters.collectives)
         self.ulysses = (group, rank, degree)
 
     def forward(self, latents: Tensor, timesteps: Tensor, text: Tensor,
                 rope: tuple[Tensor, Tensor] | None = None) -> Tensor:
         self.counters.count_forward()
-        grid = self.token_grid(latents)
         rope = rope if rope is not None else self.rope(latents)
+        x, temb, modulation, context = self.embed(latents, timesteps, text)
+        return self.head(self.run_blocks(x, context, modulation, rope), temb, self.token_grid(latents))
+
+    # The pieces of ``forward``, in its order: the step cache (models/wan/step_cache.py) runs them apart and must
+    # stay bit-identical to the fused call when it computes every block.
+    def embed(self, latents: Tensor, timesteps: Tensor, text: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+        """``(tokens [B, L, dim] (this rank's under Ulysses), temb, modulation [B, 6, dim], context)``."""
         x = self.patch_embedding(latents).flatten(2).transpose(1, 2)
         if self.ulysses is not None:
             _, rank, degree = self.ulysses
             if x.shape[1] % degree:
                 raise ValueError(f"{x.shape[1]} video tokens do not split over ulysses degree {degree}")
             x = x.chunk(degree, dim=1)[rank]
-        x = x.contiguous()
         temb, modulation, context = self.condition_embedder(timesteps, text)
-        for block in self.blocks:
+        return x.contiguous(), temb, modulation, context
+
+    def run_blocks(self, x: Tensor, context: Tensor, modulation: Tensor, rope: tuple[Tensor, Tensor],
+                   start: int = 0) -> Tensor:
+        """Blocks ``start`` .. last (First-Block Cache runs block 0 alone first)."""
+        for block in self.blocks[start:]:
             x = block(x, context, modulation, rope)
-        return self.head(x, temb, grid)
+        return x
 
     def head(self, x: Tensor, temb: Tensor, grid: tuple[int, int, int]) -> Tensor:
         """The modulated output projection (under Ulysses: every rank's tokens gathered, in rank order, which is
