@@ -16,6 +16,7 @@ SHARED_SERVER_GROUP = "uni_server"
 # of the same ops are the same C++; measured on 2 cores: 54 s in a row against ~82 s apart).
 COMPILE_GROUP = "compile"
 COMPILE_TESTS = ("tests/models/test_flux_compile.py::",
+                 "tests/models/test_flux_onednn.py::test_compiled_blocks_match_eager_and_still_count",
                  "tests/models/test_generic_pipeline.py::test_compiled_denoiser_counts_and_matches_eager",
                  "tests/models/test_lora.py::test_compiled_engine_does_not_recompile_per_adapter")
 # The longest units go first, so no worker is left with one of them at the end (CPU seconds, measured serially

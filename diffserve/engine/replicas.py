@@ -59,9 +59,17 @@ class Replica:
 def warm_up(executor: Executor, stage: StageConfig) -> None:
     """Run the warmup request once on ``executor`` (every replica compiles and allocates its own)."""
     warm = stage.warmup
+    capabilities = executor.capabilities
+    video: dict[str, Any] = {}
+    if capabilities is not None and capabilities.video is not None:
+        video["num_frames"] = 1  # the shortest clip runs every kernel at the least cost
+        if "first_frame" in capabilities.edits:  # image-to-video: a black first frame
+            import numpy as np
+
+            video["images"] = (np.zeros((warm.height, warm.width, 3), np.uint8),)
     request = GenerationRequest(prompt="warmup", height=warm.height, width=warm.width,
                                 num_inference_steps=warm.steps, seed=0, max_sequence_length=64,
-                                request_id=f"warmup-{executor.replica}", is_warmup=True)
+                                request_id=f"warmup-{executor.replica}", is_warmup=True, **video)
     request = fill_defaults(request, stage.request_defaults, executor.capabilities)
     start = time.monotonic()
     # Checked against the model (not the request limits: the operator chose it), then straight to the

@@ -29,16 +29,16 @@ def batch_deadline_s(batch: Iterable[GenerationRequest], server: ServerConfig,
     """Seconds a batch may run before its worker counts as hung.
 
     ``floor + per_mpix_step * steps * megapixels * images``: the work grows with steps, pixels and
-    images, so a fixed timeout would either kill honest large batches or wait far too long for small
-    ones. A batch shares one ``BatchKey`` (same size and steps), but the sum keeps this correct for any
-    batch.
+    images (a video's pixels are every frame's), so a fixed timeout would either kill honest large batches
+    or wait far too long for small ones. A batch shares one ``BatchKey`` (same size and steps), but the sum
+    keeps this correct for any batch.
     """
     size = default_size or _FALLBACK_SIZE
     work = 0.0
     for request in batch:
         height = request.height or size
         width = request.width or size
-        work += (request.num_inference_steps or 0) * (height * width / 1e6) * request.n
+        work += (request.num_inference_steps or 0) * (height * width / 1e6) * request.n * (request.num_frames or 1)
     return float(server.batch_deadline_floor_s) + server.batch_deadline_s_per_mpix_step * work
 
 

@@ -225,6 +225,9 @@ def test_batch_deadline_grows_with_steps_pixels_and_images() -> None:
     assert batch_deadline_s([default, default], server, 512) == pytest.approx(10 + 30.0 * 2 * 0.262144 * 2)
     assert batch_deadline_s([one], ServerConfig(batch_deadline_floor_s=2,
                                                  batch_deadline_s_per_mpix_step=0.0), 512) == 2.0
+    # A video's pixels are every frame's: 17 frames get 17 times the time of one.
+    video = GenerationRequest(prompt="x", height=512, width=512, num_inference_steps=4, num_frames=17)
+    assert batch_deadline_s([video], server, 256) == pytest.approx(10 + 30.0 * 4 * 0.262144 * 17)
 
 
 def test_failure_streak_counts_in_a_row_and_resets_on_success() -> None:
