@@ -71,28 +71,28 @@ def _shared_model(name: str, build) -> Path:
     return target
 
 
+def _wan(kind: str) -> Path:
+    from diffserve.zoo.wan import build_wan_model
+
+    return _shared_model(kind, lambda target: build_wan_model(kind, target, seed=0))
+
+
 @pytest.fixture(scope="session")
 def tiny_wan_dir() -> Path:
     """Wan2.1-shaped text-to-video (one expert), seed 0."""
-    from diffserve.zoo.wan import build_wan_model
-
-    return _shared_model("tiny-wan", lambda target: build_wan_model("tiny-wan", target, seed=0))
+    return _wan("tiny-wan")
 
 
 @pytest.fixture(scope="session")
 def tiny_wan22_dir() -> Path:
     """Wan2.2-shaped two-expert (MoE) text-to-video, seed 0."""
-    from diffserve.zoo.wan import build_wan_model
-
-    return _shared_model("tiny-wan22", lambda target: build_wan_model("tiny-wan22", target, seed=0))
+    return _wan("tiny-wan22")
 
 
 @pytest.fixture(scope="session")
 def tiny_wan22_i2v_dir() -> Path:
     """Wan2.2-shaped two-expert image-to-video, seed 0."""
-    from diffserve.zoo.wan import build_wan_model
-
-    return _shared_model("tiny-wan22-i2v", lambda target: build_wan_model("tiny-wan22-i2v", target, seed=0))
+    return _wan("tiny-wan22-i2v")
 
 
 @pytest.fixture(scope="session")

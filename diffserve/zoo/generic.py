@@ -15,15 +15,12 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from diffserve.errors import ConfigError
-from diffserve.logging import get_logger
 from diffserve.zoo.components import MARKER_FILE, save_components, write_json
 from diffserve.zoo.generic_specs import GENERIC_SPECS, GenericSpec, TextEncoder, get_generic_spec
-from diffserve.zoo.publish import build_into
+from diffserve.zoo.publish import build_seeded
 
 __all__ = ["BUILDER_VERSION", "GENERIC_SPECS", "build_generic_model"]
 
-logger = get_logger(__name__)
 
 # Bump when the files a build writes change (recorded in the marker file).
 BUILDER_VERSION = 1
@@ -37,11 +34,8 @@ def build_generic_model(kind: str, out_dir: Path | str, *, seed: int = 0, force:
     every bad argument.
     """
     spec = get_generic_spec(kind)
-    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
-        raise ConfigError(f"seed must be a non-negative integer, got {seed!r}", path="seed")
-    target = Path(out_dir).expanduser().absolute()
-    logger.info("building %s (seed %d) in %s", kind, seed, target)
-    return build_into(target, lambda staging: _write_pipeline(spec, staging, seed=seed), force=force)
+    return build_seeded(kind, out_dir, seed, lambda staging, seed: _write_pipeline(spec, staging, seed=seed),
+                        force=force)
 
 
 def _write_pipeline(spec: GenericSpec, out: Path, *, seed: int) -> None:

@@ -11,6 +11,9 @@ from collections.abc import Callable
 from pathlib import Path
 
 from diffserve.errors import ConfigError
+from diffserve.logging import get_logger
+
+logger = get_logger(__name__)
 
 
 def build_into(target: Path, write: Callable[[Path], None], *, force: bool, marker: str = "model_index.json") -> Path:
@@ -124,3 +127,14 @@ def _remove_empty(dirs: list[Path]) -> None:
 def _unwritable(target: Path, exc: OSError) -> ConfigError:
     reason = exc.strerror or str(exc)
     return ConfigError(f"cannot write {target}: {reason}", path="DIR", hint="choose a writable directory")
+
+
+def build_seeded(kind: str, out_dir: Path | str, seed: int, write: Callable[[Path, int], None], *,
+                 force: bool) -> Path:
+    """A seeded builder's common part: check ``seed``, then ``write(staging, seed)`` published atomically as
+    ``out_dir`` (``build_into``). Raises ConfigError for a bad seed or target."""
+    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
+        raise ConfigError(f"seed must be a non-negative integer, got {seed!r}", path="seed")
+    target = Path(out_dir).expanduser().absolute()
+    logger.info("building %s (seed %d) in %s", kind, seed, target)
+    return build_into(target, lambda staging: write(staging, seed), force=force)

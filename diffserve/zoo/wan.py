@@ -12,15 +12,12 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from diffserve.errors import ConfigError
-from diffserve.logging import get_logger
 from diffserve.zoo.components import MARKER_FILE, save_components, write_json
-from diffserve.zoo.publish import build_into
+from diffserve.zoo.publish import build_seeded
 from diffserve.zoo.wan_specs import WAN_SPECS, WanSpec, get_wan_spec
 
 __all__ = ["BUILDER_VERSION", "WAN_SPECS", "build_wan_model"]
 
-logger = get_logger(__name__)
 
 BUILDER_VERSION = 1
 
@@ -28,11 +25,8 @@ BUILDER_VERSION = 1
 def build_wan_model(kind: str, out_dir: Path | str, *, seed: int = 0, force: bool = False) -> Path:
     """Write a random-weight Wan pipeline of ``kind`` (one of WAN_SPECS) to ``out_dir``; return its path."""
     spec = get_wan_spec(kind)
-    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
-        raise ConfigError(f"seed must be a non-negative integer, got {seed!r}", path="seed")
-    target = Path(out_dir).expanduser().absolute()
-    logger.info("building %s (seed %d) in %s", kind, seed, target)
-    return build_into(target, lambda staging: _write_pipeline(spec, staging, seed=seed), force=force)
+    return build_seeded(kind, out_dir, seed, lambda staging, seed: _write_pipeline(spec, staging, seed=seed),
+                        force=force)
 
 
 def _write_pipeline(spec: WanSpec, out: Path, *, seed: int) -> None:

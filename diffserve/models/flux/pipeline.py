@@ -43,7 +43,7 @@ from diffserve.models.flux.transformer import FluxTransformer
 from diffserve.models.memory import PhasePeaks, component_weights
 from diffserve.models.offload import offload_native
 from diffserve.models.stepcache.policy import BranchCache, CacheSettings
-from diffserve.models.stepcache.report import attach_negative, image_entries
+from diffserve.models.stepcache.report import image_entries, merge_negative_entries
 from diffserve.models.vae_file import load_vae
 from diffserve.models.vae_tiling import configure_tiling
 from diffserve.registry.models import MODEL_FAMILIES, ModelFamily, read_class_name
@@ -225,14 +225,8 @@ class FluxPipeline(Pipeline):
                 self.loras.deactivate()
 
     def merge_rank_outputs(self, outputs: list[RequestResult], per_rank: list[list[dict[str, Any]]]) -> None:
-        """CFG-parallel: the negative branch's step-cache decisions were taken on the first rank of CFG
-        group 1 (ranks are CFG-major); attach them to rank 0's entries. Ulysses ranks decide alike."""
-        if self.parallel.cfg_size == 1:
-            return
-        for output, theirs in zip(outputs, per_rank[self.parallel.ulysses_size], strict=True):
-            cache, negative = output.attestation.get("cache"), theirs.get("cache")
-            if cache is not None and negative is not None:
-                output.attestation["cache"] = attach_negative(cache, negative)
+        """CFG-parallel: the negative branch's step-cache decisions, from its CFG rank, onto rank 0's entries."""
+        merge_negative_entries(outputs, per_rank, self.parallel.cfg_size, self.parallel.ulysses_size)
 
     def _check_key(self, batch: list[GenerationRequest]) -> Any:
         if len({batch_key(r) for r in batch}) != 1:

@@ -8,6 +8,8 @@ that rank's entries with ``attach_negative``.
 
 from __future__ import annotations
 
+from typing import Any
+
 from diffserve.models.stepcache.policy import COMPUTE, BranchCache, CacheSettings
 from diffserve.types.attestation import BranchCacheReport, CacheEntry
 
@@ -42,3 +44,16 @@ def attach_negative(entries: list[CacheEntry], negative: list[CacheEntry]) -> li
                                               skipped_steps=other["skipped_steps"], trace=other["trace"])
         out.append(entry)
     return out
+
+
+def merge_negative_entries(outputs: list[Any], per_rank: list[list[dict[str, Any]]], cfg_size: int,
+                           ulysses_size: int) -> None:
+    """CFG-parallel: the negative branch's step-cache decisions were taken on the first rank of CFG group 1
+    (ranks are CFG-major); attach them to rank 0's entries (``outputs``: rank 0's ``RequestResult``s), in place.
+    Ulysses ranks decide alike."""
+    if cfg_size == 1:
+        return
+    for output, theirs in zip(outputs, per_rank[ulysses_size], strict=True):
+        cache, negative = output.attestation.get("cache"), theirs.get("cache")
+        if cache is not None and negative is not None:
+            output.attestation["cache"] = attach_negative(cache, negative)

@@ -28,7 +28,7 @@ from diffserve.models.base import BuildContext, ParallelContext, Pipeline, Pipel
 from diffserve.models.memory import PhasePeaks, component_weights
 from diffserve.models.stage_kernels import stage_kernels
 from diffserve.models.stepcache.policy import BranchCache, CacheSettings
-from diffserve.models.stepcache.report import attach_negative, image_entries
+from diffserve.models.stepcache.report import image_entries, merge_negative_entries
 from diffserve.models.wan.experts import Experts
 from diffserve.models.wan.step_cache import cached_forward
 from diffserve.models.wan.text import UMT5Text
@@ -127,14 +127,8 @@ class WanVideoPipeline(Pipeline):
         return self.experts.counters
 
     def merge_rank_outputs(self, outputs: list[RequestResult], per_rank: list[list[dict[str, Any]]]) -> None:
-        """CFG-parallel: the negative branch's step-cache decisions were taken on the first rank of CFG group 1
-        (ranks are CFG-major); attach them to rank 0's entries. Ulysses ranks decide alike."""
-        if self.parallel.cfg_size == 1:
-            return
-        for output, theirs in zip(outputs, per_rank[self.parallel.ulysses_size], strict=True):
-            cache, negative = output.attestation.get("cache"), theirs.get("cache")
-            if cache is not None and negative is not None:
-                output.attestation["cache"] = attach_negative(cache, negative)
+        """CFG-parallel: the negative branch's step-cache decisions, from its CFG rank, onto rank 0's entries."""
+        merge_negative_entries(outputs, per_rank, self.parallel.cfg_size, self.parallel.ulysses_size)
 
     def run(self, batch: Sequence[GenerationRequest],
             joins: Callable[[], list[GenerationRequest]] | None = None) -> Generator[StepEvent | BatchResult, None, None]:
