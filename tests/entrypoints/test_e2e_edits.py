@@ -18,6 +18,7 @@ import httpx
 import openai
 import pytest
 from PIL import Image
+from test_e2e_generate_cli import run_in_process
 
 pytestmark = pytest.mark.e2e
 
@@ -177,15 +178,15 @@ def run_cli(*args: object, timeout: float = 300) -> subprocess.CompletedProcess:
                           text=True, timeout=timeout, env=env)
 
 
-def test_generate_cli_edits_with_a_grayscale_mask(tiny_flux_dir, tmp_path) -> None:
+def test_generate_cli_edits_with_a_grayscale_mask(tiny_flux_dir, tmp_path, capsys) -> None:
     (tmp_path / "in.png").write_bytes(png(photo(70, 50)))
     mask = Image.new("L", (70, 50), 0)
     mask.paste(255, (10, 10, 40, 30))  # no alpha channel: white = repaint (diffusers' convention)
     mask.save(tmp_path / "m.png")
     out = tmp_path / "out.png"
-    proc = run_cli("generate", tiny_flux_dir, "a fox", "-o", out, "--image", tmp_path / "in.png", "--mask",
-                   tmp_path / "m.png", "--strength", 0.6, "--seed", 9, "--steps", 2, "--enforce-eager",
-                   "--no-progress")
+    proc = run_in_process(capsys, "generate", tiny_flux_dir, "a fox", "-o", out, "--image", tmp_path / "in.png",
+                          "--mask", tmp_path / "m.png", "--strength", 0.6, "--seed", 9, "--steps", 2, "--enforce-eager",
+                          "--no-progress")
     assert proc.returncode == 0, proc.stderr
     assert Image.open(out).size == (64, 48) and "seed 9" in proc.stdout
 

@@ -19,6 +19,16 @@ def run_cli(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
     return subprocess.run([*CLI, *map(str, args)], capture_output=True, text=True, timeout=timeout, env=env)
 
 
+def run_in_process(capsys: pytest.CaptureFixture[str], *args: object) -> subprocess.CompletedProcess:
+    """The CLI's ``main`` in this process, as ``run_cli`` reports it: for a flag's behaviour, where a real
+    process adds only its start-up (the real process is this module's own tests)."""
+    from diffserve.entrypoints.cli import main
+
+    code = main([str(a) for a in args])
+    captured = capsys.readouterr()
+    return subprocess.CompletedProcess(list(args), code, captured.out, captured.err)
+
+
 def test_generate_writes_images_with_metadata(tiny_flux_dir, tmp_path) -> None:
     out = tmp_path / "fox.png"
     proc = run_cli("generate", tiny_flux_dir, "a red fox", "-o", out, "--seed", 7, "--steps", 2,

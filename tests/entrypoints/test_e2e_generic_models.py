@@ -10,7 +10,7 @@ import io
 import openai
 import pytest
 from PIL import Image
-from test_e2e_generate_cli import run_cli
+from test_e2e_generate_cli import run_cli, run_in_process
 
 pytestmark = pytest.mark.e2e
 
@@ -50,10 +50,10 @@ def test_models_lists_the_generic_model(sd3_client) -> None:
     assert [m.id for m in sd3_client.models.list()] == ["tiny-sd3"]
 
 
-def test_generate_cli_on_pixart(tiny_pixart_dir, tmp_path) -> None:
+def test_generate_cli_on_pixart(tiny_pixart_dir, tmp_path, capsys) -> None:
     out = tmp_path / "pixart.png"
-    done = run_cli("generate", str(tiny_pixart_dir), "a blue square", "--size", "32x32", "--steps", "2",
-                   "--seed", "4", "--output", str(out), "--no-progress", "--dtype", "float32")
+    done = run_in_process(capsys, "generate", str(tiny_pixart_dir), "a blue square", "--size", "32x32", "--steps", "2",
+                          "--seed", "4", "--output", str(out), "--no-progress", "--dtype", "float32")
     assert done.returncode == 0, done.stderr
     image = Image.open(out)
     assert image.size == (32, 32)

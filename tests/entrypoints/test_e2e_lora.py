@@ -7,7 +7,7 @@ from __future__ import annotations
 import openai
 import pytest
 from PIL import Image
-from test_e2e_generate_cli import run_cli
+from test_e2e_generate_cli import run_in_process
 
 from diffserve.zoo.lora import build_flux_lora
 
@@ -54,11 +54,11 @@ def test_bad_adapter_choices_are_400_naming_loras(lora_client, loras) -> None:
     assert generate(lora_client).data  # the server keeps serving
 
 
-def test_generate_cli_applies_a_lora_file(tiny_flux_dir, lora_file, tmp_path) -> None:
+def test_generate_cli_applies_a_lora_file(tiny_flux_dir, lora_file, tmp_path, capsys) -> None:
     plain, styled = tmp_path / "plain.png", tmp_path / "styled.png"
     common = [str(tiny_flux_dir), "a red fox", "--size", "64x64", "--steps", "2", "--seed", "4", "--no-progress",
               "--enforce-eager", "--max-sequence-length", "32"]
     for out, extra in ((plain, []), (styled, ["--lora", f"{lora_file}:0.9"])):
-        done = run_cli("generate", *common, "--output", str(out), *extra)
+        done = run_in_process(capsys, "generate", *common, "--output", str(out), *extra)
         assert done.returncode == 0, done.stderr
     assert Image.open(plain).tobytes() != Image.open(styled).tobytes()

@@ -10,7 +10,7 @@ from __future__ import annotations
 import httpx
 import openai
 import pytest
-from test_e2e_generate_cli import run_cli
+from test_e2e_generate_cli import run_in_process
 
 pytestmark = pytest.mark.e2e
 
@@ -108,13 +108,13 @@ def test_a_threshold_without_a_cache_backend_is_a_400(client) -> None:
     assert info.value.body["param"] == "cache_threshold" and "cache.backend: none" in info.value.body["message"]
 
 
-def test_generate_cli_cache_threshold(tiny_flux_dir, tmp_path) -> None:
-    proc = run_cli("generate", tiny_flux_dir, "a red fox", "-o", tmp_path / "fox.png", "--seed", 1, "--steps",
+def test_generate_cli_cache_threshold(tiny_flux_dir, tmp_path, capsys) -> None:
+    proc = run_in_process(capsys, "generate", tiny_flux_dir, "a red fox", "-o", tmp_path / "fox.png", "--seed", 1, "--steps",
                    STEPS, "--size", "64x64", "--enforce-eager", "--cache-backend", "fbcache", "--cache-threshold",
                    "0.5", "--no-progress")
     assert proc.returncode == 0, proc.stderr
     assert "step cache image 0: fbcache threshold 0.5, skipped" in proc.stdout
     assert f"of {STEPS} steps" in proc.stdout
-    refused = run_cli("generate", tiny_flux_dir, "a red fox", "-o", tmp_path / "x.png", "--cache-threshold", "0.5",
-                      timeout=120)
+    refused = run_in_process(capsys, "generate", tiny_flux_dir, "a red fox", "-o", tmp_path / "x.png",
+                             "--cache-threshold", "0.5")
     assert refused.returncode != 0 and "cache.backend is none" in refused.stderr
