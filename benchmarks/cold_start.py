@@ -103,7 +103,10 @@ def measure(section: Section, settings: Settings, models: dict[str, Path]) -> No
                 f"Compiled second start / eager start: {section.metrics['cold.compile_second.vs_eager']:.2f} "
                 f"(first start {section.metrics['cold.compile_first.s']:.1f} s). A restart still re-traces the "
                 "two block classes with dynamo; their graphs and kernels come from the compile cache.")
-        _serve(section, settings, path, base_s, Path(tmp))
+        if settings.smoke:  # a server start costs the suite ~10 s; section c starts one through the same harness
+            section.notes.append("diffserve serve: measured in full runs only")
+        else:
+            _serve(section, settings, path, base_s, Path(tmp))
 
 
 def _serve(section: Section, settings: Settings, path: Path, base_s: float, tmp: Path) -> None:
