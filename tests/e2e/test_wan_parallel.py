@@ -26,11 +26,17 @@ def psnr(a: np.ndarray, b: np.ndarray) -> float:
     return float("inf") if mse == 0 else 10 * np.log10(255.0 ** 2 / mse)
 
 
-@pytest.mark.parametrize("layout", [{"cfg_parallel_size": 2}, {"ulysses_degree": 2}], ids=["cfg2", "ulysses2"])
-def test_parallel_ranks_match_one_rank(tiny_wan22_dir: Any, layout: dict[str, int]) -> None:
+@pytest.fixture(scope="module")
+def one_rank(tiny_wan22_dir: Any) -> tuple[Any, Any]:
+    """The one-rank videos both layouts are held to: guided, and without CFG."""
     with Engine(str(tiny_wan22_dir), distributed_executor_backend="uni", **COMMON) as single:
-        reference = single.generate(request())
-        unguided = single.generate(request(guidance=1.0))
+        return single.generate(request()), single.generate(request(guidance=1.0))
+
+
+@pytest.mark.parametrize("layout", [{"cfg_parallel_size": 2}, {"ulysses_degree": 2}], ids=["cfg2", "ulysses2"])
+def test_parallel_ranks_match_one_rank(tiny_wan22_dir: Any, one_rank: tuple[Any, Any],
+                                       layout: dict[str, int]) -> None:
+    reference, unguided = one_rank
     with Engine(str(tiny_wan22_dir), distributed_executor_backend="mp", **layout, **COMMON) as parallel:
         out = parallel.generate(request())
         alone = parallel.generate(request(guidance=1.0))  # one branch: no CFG exchange
