@@ -11,6 +11,7 @@ entry here (its attention roles by module name, its defaults) plus a builder for
 
 from __future__ import annotations
 
+import functools
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -168,8 +169,10 @@ def read_class_name(model_dir: str | Path) -> str:
     return str(json.loads(index.read_text(encoding="utf-8"))["_class_name"])
 
 
+@functools.lru_cache(maxsize=64)
 def makes_videos(model_dir: str | Path | None) -> bool:
-    """Whether the (local) model directory is a video family's (its registry entry has frames)."""
+    """Whether the (local) model directory is a video family's (its registry entry has frames). Cached: the
+    images API asks on every request, and a served directory's model_index.json does not change under it."""
     try:
         family = MODEL_FAMILIES.get(read_class_name(model_dir)) if model_dir else None
     except (OSError, ValueError, KeyError):
