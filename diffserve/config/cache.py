@@ -1,6 +1,7 @@
 """The step cache's backend-dependent rules, applied to one stage's picked values before it is built.
 
-``cache.threshold`` left unset takes the chosen backend's published default (``registry/caches.py``),
+``cache.threshold`` left unset takes the chosen backend's published default (``registry/caches.py``; TeaCache's is
+the one published with its polynomial, ``registry/teacache.py``),
 recorded as a ``default`` with the reason, so it never poses as an explicit choice. A threshold on a
 stage without a cache backend, or above the stage's ``cache.max_threshold``, is a ConfigError.
 """
@@ -11,6 +12,7 @@ from typing import Any
 
 from diffserve.config.provenance import Collector, Source
 from diffserve.registry.caches import CACHE_BACKENDS
+from diffserve.registry.teacache import TEACACHE_POLYNOMIALS
 
 
 def settle_cache(stage_id: int, values: dict[str, Any], sources: dict[str, Source], out: Collector) -> None:
@@ -26,7 +28,12 @@ def settle_cache(stage_id: int, values: dict[str, Any], sources: dict[str, Sourc
         values["cache.threshold"] = 0.0
         sources["cache.threshold"] = Source("default", detail="cache.backend none: no step cache")
         return
-    if threshold is None:
+    polynomial = TEACACHE_POLYNOMIALS.get(values["cache.teacache_coefficients"]) if backend == "teacache" else None
+    if threshold is None and polynomial is not None:  # TeaCache's thresholds are per fitted polynomial
+        values["cache.threshold"] = threshold = polynomial.default_threshold
+        sources["cache.threshold"] = Source("default", detail=f"teacache default for {polynomial.name}, from "
+                                                              f"{polynomial.provenance}")
+    elif threshold is None:
         spec = CACHE_BACKENDS[backend]
         values["cache.threshold"] = threshold = spec.default_threshold
         sources["cache.threshold"] = Source("default", detail=f"{backend} default, from {spec.provenance}")

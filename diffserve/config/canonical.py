@@ -21,6 +21,7 @@ from diffserve.registry.backends import ATTENTION_BACKENDS, LINEAR_BACKENDS
 from diffserve.registry.caches import cache_spellings
 from diffserve.registry.executors import executor_spellings
 from diffserve.registry.quantization import offload_spellings, quantization_spellings
+from diffserve.registry.teacache import teacache_spellings
 
 Normalizer = Callable[[Any], Any]
 
@@ -36,6 +37,7 @@ LINEAR_BACKEND_ALIASES: Mapping[str, str] = LINEAR_BACKENDS.spellings()
 ATTENTION_BACKEND_ALIASES: Mapping[str, str] = ATTENTION_BACKENDS.spellings()
 EXECUTOR_ALIASES: Mapping[str, str] = executor_spellings()
 CACHE_BACKEND_ALIASES: Mapping[str, str] = cache_spellings()
+TEACACHE_ALIASES: Mapping[str, str] = teacache_spellings()
 QUANTIZATION_ALIASES: Mapping[str, str] = quantization_spellings()
 OFFLOAD_ALIASES: Mapping[str, str] = offload_spellings()
 BATCHING_ALIASES: Mapping[str, str] = {"step": "step", "step_level": "step", "continuous": "step",
@@ -100,6 +102,7 @@ normalize_linear_backend = enum_normalizer("linear backend", LINEAR_BACKEND_ALIA
 normalize_attention_backend = enum_normalizer("attention backend", ATTENTION_BACKEND_ALIASES)
 normalize_executor = enum_normalizer("executor backend", EXECUTOR_ALIASES)
 normalize_cache_backend = enum_normalizer("cache backend", CACHE_BACKEND_ALIASES)
+normalize_teacache_polynomial = enum_normalizer("TeaCache polynomial", TEACACHE_ALIASES)
 normalize_topology = enum_normalizer("topology", TOPOLOGY_ALIASES)
 normalize_batching = enum_normalizer("batching mode", BATCHING_ALIASES)
 normalize_implementation = enum_normalizer("implementation", IMPLEMENTATION_ALIASES)

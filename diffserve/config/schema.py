@@ -67,6 +67,9 @@ class CacheConfig:
                             c.int_normalizer(1), kind="int")
     max_consecutive_skips: int = opt(0, "most steps skipped in a row before one is computed; 0 = no limit",
                                      c.int_normalizer(0), kind="int")
+    teacache_coefficients: str = opt("auto", "TeaCache's published rescaling polynomial: auto (the model's own fit; "
+                                     "a model without one refuses teacache) or a name to apply it anyway",
+                                     c.normalize_teacache_polynomial, choices=c.canonical_values(c.TEACACHE_ALIASES))
 
 
 @dataclass(frozen=True)

@@ -22,6 +22,7 @@ from diffserve.config.yaml_lines import key_line, load_yaml_file
 from diffserve.errors import ConfigError
 from diffserve.logging import get_logger
 from diffserve.registry.models import MODEL_FAMILIES, MODEL_MARKER_FILE, ModelFamily, read_class_name
+from diffserve.registry.teacache import polynomial_for
 
 logger = get_logger(__name__)
 
@@ -69,6 +70,7 @@ def model_layer(model: str | os.PathLike | None, out: Collector) -> tuple[str | 
                                                                         f"{class_name}: {family.implementation} path"))
     out.add(rank, None, "quantization_ignored_layers", family.quantization_ignored_layers,
             Source("model", str(index), None, f"{class_name}: layers kept unquantized"))
+    _model_teacache_polynomial(path, class_name, out)
     defaults: dict[str, Any] = {"num_inference_steps": family.default_steps,
                                 "guidance_scale": family.default_guidance_scale}
     if family.default_num_frames is not None:  # a video family
@@ -80,6 +82,22 @@ def model_layer(model: str | os.PathLike | None, out: Collector) -> tuple[str | 
         else:
             out.add(rank, None, f"request_defaults.{key}", value, source)
     return str(path.resolve()), family
+
+
+def _model_teacache_polynomial(path: Path, class_name: str, out: Collector) -> None:
+    """``cache.teacache_coefficients`` from the model: the published TeaCache polynomial fitted on its shape, if
+    any (``registry/teacache.py``); read from its JSON configs only."""
+    try:
+        index = json.loads((path / "model_index.json").read_text(encoding="utf-8"))
+        config_file = path / "transformer" / "config.json"
+        config = json.loads(config_file.read_text(encoding="utf-8")) if config_file.is_file() else {}
+    except (OSError, ValueError):
+        return  # an unreadable config is the loader's error to report, with its own context
+    experts = 2 if (index.get("transformer_2") or [None])[0] else 1
+    fit = polynomial_for(class_name, config if isinstance(config, dict) else {}, experts)
+    if fit is not None:
+        out.add(LAYER_RANK["model"], None, "cache.teacache_coefficients", fit[0],
+                Source("model", str(path / "model_index.json"), None, fit[1]))
 
 
 def _marker_request_defaults(path: Path, out: Collector) -> tuple[dict[str, Any], Source]:

@@ -32,6 +32,7 @@ class CacheEntry(BranchCacheReport, total=False):
 
     backend: str
     threshold: float
+    coefficients: str  # teacache: the published polynomial (registry/teacache.py)
     negative: BranchCacheReport  # the negative-prompt branch under true CFG
 
 

@@ -110,7 +110,11 @@ def test_image_models_refuse_video_fields_and_wan_what_it_does_not_run(tiny_flux
     with pytest.raises(RequestError, match="makes images; num_frames is for video models"):
         library_admit(flux, GenerationRequest(prompt="a fox", num_frames=9))
     for overrides, message, path in (
-            ({"cache": {"backend": "teacache"}}, "no published coefficients for this Wan model", "cache.backend"),
+            ({"cache": {"backend": "teacache"}}, "no published polynomial fitted on this model",
+             "cache.teacache_coefficients"),
+            ({"cache": {"backend": "teacache", "teacache_coefficients": "flux.1-dev"}},
+             "fitted on FLUX.1-dev's modulated_input, which the wan denoiser does not have",
+             "cache.teacache_coefficients"),
             ({"quantization": "int8"}, "quantization='int8' is not supported on Wan yet", "quantization")):
         with pytest.raises(ConfigError, match=message) as error:
             wan = resolve(model=tiny_wan_dir, overrides=overrides, env={})
@@ -139,6 +143,30 @@ def test_first_block_cache_skips_per_video_and_computes_at_the_expert_switch(tin
         for branch in (entry, entry["negative"]):
             assert branch["trace"][switch][2] == "compute", branch["trace"]
     # A threshold no signal falls under: the cached path computes every step, op for op the fused forward.
+    every = run_one(pipeline, GenerationRequest(**base, cache_threshold=1e-12))
+    assert every.attestation["cache"][0]["skipped_steps"] == 0
+    assert np.array_equal(every.images.numpy(), uncached.images.numpy())
+    assert not np.array_equal(cached.images.numpy(), uncached.images.numpy())
+
+
+def test_teacache_skips_per_video_on_a_named_fit(tiny_wan_dir: Path) -> None:
+    """TeaCache4Wan2.1 on a model without its own fit, the deploy naming the 1.3B one: steps are skipped per video
+    and branch, attested with the polynomial's name; a threshold nothing falls under is the uncached video bit for
+    bit. (The random tiny model's timestep MLP moves far more per step than the fitted checkpoint's, so its rescaled
+    signals are large, hence the threshold; the 14B fit is negative there and computes every step:
+    tests/config/test_teacache_polynomials.py.)"""
+    config = resolve(model=tiny_wan_dir, overrides={
+        "dtype": "float32", "enforce_eager": True,
+        "cache": {"backend": "teacache", "teacache_coefficients": "wan2.1-t2v-1.3b", "max_threshold": 100}}, env={})
+    pipeline = WanVideoPipeline.from_stage(tiny_wan_dir, config.stage_for_role("diffusion"), BuildContext())
+    base = {**REQUEST, "num_inference_steps": 20}
+    uncached = run_one(pipeline, GenerationRequest(**base, cache_threshold=0.0))
+    cached = run_one(pipeline, GenerationRequest(**base, cache_threshold=100.0))
+    (entry,) = cached.attestation["cache"]
+    assert entry["backend"] == "teacache" and entry["coefficients"] == "wan2.1-t2v-1.3b"
+    for branch in (entry, entry["negative"]):
+        assert branch["skipped_steps"] > 0, branch["trace"]
+        assert branch["trace"][0][2] == branch["trace"][-1][2] == "compute"
     every = run_one(pipeline, GenerationRequest(**base, cache_threshold=1e-12))
     assert every.attestation["cache"][0]["skipped_steps"] == 0
     assert np.array_equal(every.images.numpy(), uncached.images.numpy())

@@ -44,6 +44,7 @@ from diffserve.models.memory import PhasePeaks, component_weights
 from diffserve.models.offload import offload_native
 from diffserve.models.stepcache.policy import BranchCache, CacheSettings
 from diffserve.models.stepcache.report import image_entries, merge_negative_entries
+from diffserve.models.stepcache.teacache import stage_polynomial
 from diffserve.models.vae_file import load_vae
 from diffserve.models.vae_tiling import configure_tiling
 from diffserve.registry.models import MODEL_FAMILIES, ModelFamily, read_class_name
@@ -61,6 +62,9 @@ __all__ = ["FluxPipeline"]
 FAMILY = MODEL_FAMILIES["FluxPipeline"]
 
 
+FLUX_FIT = "flux.1-dev"  # TeaCache's only FLUX polynomial (registry/teacache.py), for every FLUX checkpoint
+
+
 class FluxPipeline(Pipeline):
     """Native FLUX.1 text-to-image: diffusers-format model directory in, images (and step events) out."""
 
@@ -73,6 +77,7 @@ class FluxPipeline(Pipeline):
         self.vae_config = vae_config
         self.parallel = parallel
         self.cache = cache
+        self.teacache = stage_polynomial(cache, "flux", 0, FLUX_FIT)
         self.transformer = transformer
         self.stepper = Stepper(transformer, parallel, device)
         self.encoders = encoders
@@ -117,6 +122,7 @@ class FluxPipeline(Pipeline):
         root = Path(model_dir)
         if not (root / "transformer").is_dir():
             raise ModelLoadError(f"{root} is not a FLUX model directory (no transformer/ folder)")
+        stage_polynomial(stage.cache, "flux", stage.stage_id, FLUX_FIT)  # refused before anything loads
         start = time.perf_counter()
         transformer, quantized, device, dtype = build_transformer(root, stage, context)
         encoders = None if context.encoded_elsewhere else TextEncoders(
@@ -289,8 +295,7 @@ class FluxPipeline(Pipeline):
     def _cache_settings(self, request: GenerationRequest) -> CacheSettings:
         """The stage's cache rules with this batch's threshold: the request's, which admission filled with the
         stage's when it named none (unset: uncached)."""
-        return CacheSettings(self.cache.backend, float(request.cache_threshold or 0.0), self.cache.warmup_steps,
-                             self.cache.max_consecutive_skips)
+        return CacheSettings.for_batch(self.cache, float(request.cache_threshold or 0.0), self.teacache)
 
     def _branch_caches(self, settings: CacheSettings, caches: tuple[BranchCache | None, BranchCache | None],
                        new_rows: int, steps: int,

@@ -7,7 +7,9 @@ image it would be alone. The rules, for both backends (higher threshold = more s
 - fbcache: skip while ``signal < threshold``; the signal is the relative mean absolute difference of
   block 0's residual from the one of the last COMPUTED step (ParaAttention);
 - teacache: ``acc += rescale(signal)``, skip while ``acc < threshold``, reset ``acc`` on every computed
-  step; the signal compares block 0's modulated input with the PREVIOUS step's (TeaCache4FLUX).
+  step, and compute where ``rescale(signal) < 0`` (outside the polynomial's fitted range); the signal
+  compares the model's probe (FLUX: block 0's modulated input; Wan: the timestep embedding or modulation)
+  with the PREVIOUS step's, rescaled by the published polynomial.
 """
 
 from __future__ import annotations
@@ -19,8 +21,10 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from diffserve.config.schema import CacheConfig
 from diffserve.layers.collectives import all_reduce_sum
-from diffserve.models.stepcache.teacache import rescale
+from diffserve.models.stepcache.teacache import FLUX_COEFFICIENTS, rescale
+from diffserve.registry.teacache import TeaCachePolynomial
 from diffserve.types.attestation import BranchCacheReport
 
 COMPUTE, SKIP = "compute", "skip"
@@ -34,10 +38,23 @@ class CacheSettings:
     threshold: float = 0.0
     warmup_steps: int = 1
     max_consecutive_skips: int = 0
+    # teacache: the published polynomial's name and coefficients (registry/teacache.py)
+    polynomial: str = "flux.1-dev"
+    coefficients: tuple[float, ...] = FLUX_COEFFICIENTS
 
     @property
     def enabled(self) -> bool:
         return self.backend != "none" and self.threshold > 0
+
+    @classmethod
+    def for_batch(cls, cache: CacheConfig, threshold: float,
+                  polynomial: TeaCachePolynomial | None = None) -> CacheSettings:
+        """A stage's rules with one batch's threshold; TeaCache keeps its recipe's retention steps (Wan2.1-14B's
+        computes its first five) when the stage's ``warmup_steps`` asks for fewer."""
+        if polynomial is None:
+            return cls(cache.backend, threshold, cache.warmup_steps, cache.max_consecutive_skips)
+        return cls(cache.backend, threshold, max(cache.warmup_steps, polynomial.retention_steps),
+                   cache.max_consecutive_skips, polynomial.name, polynomial.coefficients)
 
 
 @dataclass
@@ -88,10 +105,14 @@ class BranchCache:
         signals = self._signals(probe)
         compute = []
         for state, step, signal in zip(self.rows, steps, signals, strict=True):
-            value = signal
+            value, outside_fit = signal, False
             if signal is not None and self.settings.backend == "teacache":
-                value = state.accumulated + rescale(signal)
-            skip = not self._forced(step, state, signal) and value is not None and value < self.settings.threshold
+                rescaled = rescale(signal, self.settings.coefficients)
+                # A negative rescaled distance means the probe moved outside the range the polynomial was fitted
+                # on (Wan2.1-14B's turns negative past a 0.082 change and would then skip every step): compute.
+                value, outside_fit = state.accumulated + rescaled, rescaled < 0
+            skip = (not self._forced(step, state, signal) and not outside_fit and value is not None
+                    and value < self.settings.threshold)
             if self.settings.backend == "teacache":
                 state.accumulated = value if skip and value is not None else 0.0
             state.run_of_skips = state.run_of_skips + 1 if skip else 0

@@ -1,6 +1,7 @@
 """``attestation["cache"]``: one entry per image, saying which steps its transformer skipped and why.
 
-An entry is ``{backend, threshold, computed_steps, skipped_steps, trace}`` for the image's prompt branch;
+An entry is ``{backend, threshold, computed_steps, skipped_steps, trace}`` for the image's prompt branch (and
+TeaCache's ``coefficients``: the published polynomial's name);
 an image with true CFG adds ``negative`` (the same three counts for its negative-prompt branch, which
 decides on its own). Under CFG-parallel the negative branch ran on another rank: the worker attaches
 that rank's entries with ``attach_negative``.
@@ -22,6 +23,8 @@ def image_entries(settings: CacheSettings, steps: int, rows: list[int], positive
     for row in rows:
         threshold = settings.threshold if positive is not None else 0.0
         entry = CacheEntry(backend=settings.backend, threshold=threshold, **_branch(positive, row, steps))
+        if settings.backend == "teacache":
+            entry["coefficients"] = settings.polynomial
         if cfg:
             entry["negative"] = _branch(negative, row, steps)
         entries.append(entry)

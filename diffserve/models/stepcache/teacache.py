@@ -1,16 +1,17 @@
-"""TeaCache's rescaling of the raw relative-L1 change of block 0's modulated input, for FLUX.
+"""TeaCache's rescaling of a probe's raw relative-L1 change: the published polynomial evaluated at it.
 
-Provenance: ali-vilab/TeaCache, ``TeaCache4FLUX/teacache_flux.py`` (``teacache_forward``), where
-``np.poly1d([4.98651651e+02, -2.83781631e+02, 5.58554382e+01, -3.82021401e+00, 2.64230861e-01])`` is
-applied to ``mean|m_t - m_prev| / mean|m_prev|`` and accumulated until it reaches ``rel_l1_thresh``.
-The polynomial was fitted on FLUX.1-dev; highest power first, as ``np.poly1d`` takes it. A transcription
-slip here once made a peer's cache never fire: ``tests/models/test_step_cache.py`` recomputes a value by
-hand, so a changed digit fails a test.
+The polynomials and their provenance live in ``registry/teacache.py``; FLUX.1-dev's is the default, as
+``np.poly1d([4.98651651e+02, -2.83781631e+02, 5.58554382e+01, -3.82021401e+00, 2.64230861e-01])`` in
+ali-vilab/TeaCache's ``TeaCache4FLUX/teacache_flux.py``.
 """
 
 from __future__ import annotations
 
-FLUX_COEFFICIENTS: tuple[float, ...] = (4.98651651e02, -2.83781631e02, 5.58554382e01, -3.82021401e00, 2.64230861e-01)
+from diffserve.config.schema import CacheConfig
+from diffserve.errors import ConfigError
+from diffserve.registry.teacache import AUTO, TEACACHE_POLYNOMIALS, TeaCachePolynomial
+
+FLUX_COEFFICIENTS: tuple[float, ...] = TEACACHE_POLYNOMIALS["flux.1-dev"].coefficients
 
 
 def rescale(relative_l1: float, coefficients: tuple[float, ...] = FLUX_COEFFICIENTS) -> float:
@@ -19,3 +20,25 @@ def rescale(relative_l1: float, coefficients: tuple[float, ...] = FLUX_COEFFICIE
     for coefficient in coefficients:
         value = value * relative_l1 + coefficient
     return value
+
+
+def stage_polynomial(cache: CacheConfig, implementation: str, stage_id: int,
+                     model_fit: str | None) -> TeaCachePolynomial | None:
+    """The polynomial a stage's TeaCache runs (``None`` for another backend): the one the config names, or with
+    ``auto`` the model's own fit ``model_fit``. Refused, with the choices, when the model has no fit or the named
+    one was fitted on another denoiser's probe."""
+    if cache.backend != "teacache":
+        return None
+    path = f"stages.{stage_id}.cache.teacache_coefficients"
+    usable = [p.name for p in TEACACHE_POLYNOMIALS.values() if p.implementation == implementation]
+    name = model_fit if cache.teacache_coefficients == AUTO else cache.teacache_coefficients
+    if name is None:
+        raise ConfigError("cache.backend='teacache' has no published polynomial fitted on this model",
+                          path=path, hint="use cache.backend: fbcache (First-Block Cache); or, for a fine-tune of a "
+                                          f"fitted checkpoint, set cache.teacache_coefficients to one of {usable}")
+    polynomial = TEACACHE_POLYNOMIALS[name]
+    if polynomial.implementation != implementation:
+        raise ConfigError(f"cache.teacache_coefficients={name!r} was fitted on {polynomial.fitted_on}'s "
+                          f"{polynomial.probe}, which the {implementation} denoiser does not have", path=path,
+                          hint=f"use auto or one of {usable}")
+    return polynomial

@@ -25,16 +25,19 @@ from diffserve.layers.attestation import KernelCounters
 from diffserve.layers.collectives import all_gather_into
 from diffserve.logging import get_logger
 from diffserve.models.base import BuildContext, ParallelContext, Pipeline, PipelineCapabilities
+from diffserve.models.loader import read_config
 from diffserve.models.memory import PhasePeaks, component_weights
 from diffserve.models.stage_kernels import stage_kernels
 from diffserve.models.stepcache.policy import BranchCache, CacheSettings
 from diffserve.models.stepcache.report import image_entries, merge_negative_entries
+from diffserve.models.stepcache.teacache import stage_polynomial
 from diffserve.models.wan.experts import Experts
 from diffserve.models.wan.step_cache import cached_forward
 from diffserve.models.wan.text import UMT5Text
 from diffserve.models.wan.transformer import WanTransformer, load_wan_transformer
 from diffserve.models.wan.video import WanVae
 from diffserve.registry.models import MODEL_FAMILIES, read_class_name
+from diffserve.registry.teacache import TeaCachePolynomial, polynomial_for
 from diffserve.types.attestation import Attestation
 from diffserve.types.batching import batch_key
 from diffserve.types.capabilities import VideoCapabilities
@@ -53,7 +56,7 @@ class WanVideoPipeline(Pipeline):
     def __init__(self, experts: Experts, text: UMT5Text, vae: WanVae, scheduler_config: dict[str, Any], *,
                  family: str, device: torch.device, dtype: torch.dtype, image_to_video: bool,
                  parallel: ParallelContext = ParallelContext(), batch_invariant: bool = True,
-                 cache: CacheConfig = CacheConfig()) -> None:
+                 cache: CacheConfig = CacheConfig(), teacache: TeaCachePolynomial | None = None) -> None:
         self.experts = experts
         self.text = text
         self.vae = vae
@@ -61,7 +64,7 @@ class WanVideoPipeline(Pipeline):
         self.device, self.dtype = device, dtype
         self.parallel = parallel
         self.image_to_video = image_to_video
-        self.cache = cache
+        self.cache, self.teacache = cache, teacache
         params = experts.params
         spec = MODEL_FAMILIES[family]
         self.capabilities = PipelineCapabilities(
@@ -85,10 +88,12 @@ class WanVideoPipeline(Pipeline):
         root = Path(model_dir)
         family = read_class_name(root)
         refuse_unsupported(stage)
-        start = time.perf_counter()
-        device, dtype, kernels = stage_kernels(stage, context, MODEL_FAMILIES[family].attention_roles)
         index = json.loads((root / "model_index.json").read_text())
         names = ["transformer", *(["transformer_2"] if (index.get("transformer_2") or [None])[0] else [])]
+        fit = polynomial_for(family, read_config(root / "transformer"), len(names))
+        teacache = stage_polynomial(stage.cache, "wan", stage.stage_id, fit[0] if fit else None)
+        start = time.perf_counter()
+        device, dtype, kernels = stage_kernels(stage, context, MODEL_FAMILIES[family].attention_roles)
         transformers = {name: load_wan_transformer(root / name, kernels, dtype=dtype, device=device)
                         for name in names}
         parallel = context.parallel
@@ -114,7 +119,7 @@ class WanVideoPipeline(Pipeline):
                                  "(text-to-video takes 16, Wan2.2 image-to-video 36)")
         pipeline = cls(experts, text, WanVae(vae), scheduler_config, family=family, device=device, dtype=dtype,
                        image_to_video=image_to_video, parallel=context.parallel, batch_invariant=stage.batch_invariant,
-                       cache=stage.cache)
+                       cache=stage.cache, teacache=teacache)
         pipeline.weights = {**{name: component_weights(name, module) for name, module in transformers.items()},
                             "text_encoder": component_weights("text_encoder", text.encoder),
                             "vae": component_weights("vae", vae)}
@@ -169,8 +174,7 @@ class WanVideoPipeline(Pipeline):
         scheduler = self._scheduler(steps)
         denoise_start = time.perf_counter()
         rope = self.experts.rope(latents)
-        settings = CacheSettings(self.cache.backend, float(first.cache_threshold or 0.0), self.cache.warmup_steps,
-                                 self.cache.max_consecutive_skips)
+        settings = CacheSettings.for_batch(self.cache, float(first.cache_threshold or 0.0), self.teacache)
         caches = self._branch_caches(settings, steps, latents.shape[0], negative is not None)
         peaks.start("denoise")
         for i, t in enumerate(scheduler.timesteps):
@@ -216,7 +220,7 @@ class WanVideoPipeline(Pipeline):
 
     def _branch_caches(self, settings: CacheSettings, steps: int, rows: int,
                        negative: bool) -> tuple[BranchCache | None, BranchCache | None]:
-        """One First-Block Cache per CFG branch this rank runs (each branch decides alone); none uncached."""
+        """One step cache per CFG branch this rank runs (each branch decides alone); none uncached."""
         if not settings.enabled:
             return None, None
 
@@ -227,12 +231,12 @@ class WanVideoPipeline(Pipeline):
 
         return branch(), branch() if negative else None
 
-    @staticmethod
-    def _forward(expert: WanTransformer, cache: BranchCache | None, step: int, latents: Tensor, timesteps: Tensor,
-                 text: Tensor, rope: tuple[Tensor, Tensor]) -> Tensor:
+    def _forward(self, expert: WanTransformer, cache: BranchCache | None, step: int, latents: Tensor,
+                 timesteps: Tensor, text: Tensor, rope: tuple[Tensor, Tensor]) -> Tensor:
         if cache is None:
             return expert(latents, timesteps, text, rope)
-        return cached_forward(expert, cache, [step] * latents.shape[0], latents, timesteps, text, rope)
+        probe = self.teacache.probe if self.teacache is not None else None
+        return cached_forward(expert, cache, [step] * latents.shape[0], latents, timesteps, text, rope, probe)
 
     def _scheduler(self, steps: int) -> Any:
         """A fresh scheduler of the model's own class and config for this batch (multistep schedulers keep
@@ -262,8 +266,3 @@ def refuse_unsupported(stage: StageConfig) -> None:
         if value != supported:
             raise ConfigError(f"{key}={value!r} is not supported on Wan yet", path=f"stages.{stage.stage_id}.{key}",
                               hint=f"set {key}: {supported} (quantization and offload run on FLUX)")
-    if stage.cache.backend == "teacache":
-        # TeaCache4Wan2.1's polynomials are fitted per checkpoint size on another probe (models/wan/step_cache.py).
-        raise ConfigError("cache.backend='teacache' has no published coefficients for this Wan model",
-                          path=f"stages.{stage.stage_id}.cache.backend",
-                          hint="use cache.backend: fbcache (First-Block Cache), or none")
