@@ -4,7 +4,6 @@ keeps serving; the last one going kills the engine; /health and /metrics show th
 
 from __future__ import annotations
 
-import importlib.util
 import multiprocessing
 import os
 import re
@@ -23,13 +22,13 @@ from server_process import ServerProcess
 
 from diffserve import Engine, GenerationRequest
 from diffserve.errors import EngineDeadError
-from diffserve.registry.executors import EXECUTORS as REGISTERED
 from diffserve.worker.extension import WorkerExtension
 
 pytestmark = pytest.mark.e2e
 
-# Ray joins once its executor is registered (it is being built alongside this feature).
-EXECUTORS = ["uni", "mp"] + (["ray"] if importlib.util.find_spec("ray") and "ray" in REGISTERED else [])
+# Replicas are the engine's (engine/replicas.py) whatever the executor: uni and mp here; two replicas on Ray serve
+# Wan videos in tests/e2e/test_wan_parallel.py::test_ray_replicas_share_the_videos (one Ray engine start saved).
+EXECUTORS = ["uni", "mp"]
 
 # Released at teardown: a uni worker thread hung in a step cannot be killed.
 RELEASE = threading.Event()
@@ -77,14 +76,6 @@ def deploy(executor: str, replicas: int, extension: type | None = None, **extra:
     return config
 
 
-def needs_backend(request: pytest.FixtureRequest, executor: str) -> None:
-    if executor == "ray":  # a Ray session is the other executor's fixture; skip until it exists
-        try:
-            request.getfixturevalue("ray_session")
-        except pytest.FixtureLookupError:
-            pytest.skip("the ray_session fixture is not available")
-
-
 def in_thread(engine: Engine, req: GenerationRequest, started: threading.Event | None = None,
               ) -> tuple[threading.Thread, dict[str, Any]]:
     return generate_in_background(engine, req, timeout=120, started=started)
@@ -112,9 +103,7 @@ def one_replica_images(tiny_flux_dir: Path) -> dict[int, bytes]:
 
 @pytest.mark.parametrize("executor", EXECUTORS)
 def test_two_replicas_share_the_work_bit_identically(executor: str, tiny_flux_dir: Path,
-                                                     one_replica_images: dict[int, bytes],
-                                                     request: pytest.FixtureRequest) -> None:
-    needs_backend(request, executor)
+                                                     one_replica_images: dict[int, bytes]) -> None:
     seeds, reference = SEEDS, one_replica_images
     with Engine(str(tiny_flux_dir), deploy_config=deploy(executor, 2, max_batch_size=2,
                                                          warmup={"enabled": True, "steps": 1}),
@@ -147,9 +136,7 @@ def test_two_replicas_share_the_work_bit_identically(executor: str, tiny_flux_di
 # mp only: taking a replica out is the engine's (engine/replicas.py), whatever executor lost its worker; a Ray
 # actor's death reaching the engine is tests/e2e/test_ray.py's and test_parallel_cfg.py's (~30 s of Ray saved).
 @pytest.mark.parametrize("executor", ["mp"])
-def test_killed_replica_is_taken_out_and_the_last_one_kills_the_engine(executor: str, tiny_flux_dir: Path,
-                                                                       request: pytest.FixtureRequest) -> None:
-    needs_backend(request, executor)
+def test_killed_replica_is_taken_out_and_the_last_one_kills_the_engine(executor: str, tiny_flux_dir: Path) -> None:
     engine = Engine(str(tiny_flux_dir), deploy_config=deploy(executor, 2, SlowStepExtension), env={})
     pids = list(engine.worker_pids)
     try:
