@@ -114,9 +114,11 @@ class WanBlock(nn.Module):
         """``x`` ``[B, L, dim]``, ``context`` ``[B, L_text, dim]``, ``modulation`` ``[B, 6, dim]`` (the
         transformer's timestep projection), ``rope`` the cos/sin tables of ``x``'s tokens."""
         shift, scale, gate, c_shift, c_scale, c_gate = (self.scale_shift_table + modulation.float()).chunk(6, dim=1)
+        # The residual adds run in float32 by type promotion (``gate`` is float32): the values of diffusers'
+        # explicit ``x.float() + ...``, without writing a float32 copy of ``x`` first.
         h = (self.norm1(x) * (1 + scale) + shift).type_as(x)
-        x = (x.float() + self.attn1(h, None, rope) * gate).type_as(x)
-        h = (self.norm2(x) if self.norm2 is not None else x.float()).type_as(x)
+        x = (x + self.attn1(h, None, rope) * gate).type_as(x)
+        h = self.norm2(x).type_as(x) if self.norm2 is not None else x
         x = x + self.attn2(h, context)
         h = (self.norm3(x) * (1 + c_scale) + c_shift).type_as(x)
-        return (x.float() + self.ffn(h).float() * c_gate).type_as(x)
+        return (x + self.ffn(h) * c_gate).type_as(x)

@@ -9,6 +9,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from diffserve.models.conv_layout import channels_last_convs
+
 
 class WanVae:
     """The Wan VAE (``AutoencoderKLWan``) with its latent statistics and frame processor."""
@@ -16,6 +18,9 @@ class WanVae:
     def __init__(self, vae: Any) -> None:
         from diffusers.video_processor import VideoProcessor
 
+        weight = next(vae.parameters())
+        if weight.device.type == "cpu" and weight.dtype != torch.float32:
+            channels_last_convs(vae)  # ~5x faster in bfloat16 (models/conv_layout.py)
         self.vae = vae
         config = vae.config
         self.temporal = int(getattr(config, "scale_factor_temporal", 4) or 4)
