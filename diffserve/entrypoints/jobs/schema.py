@@ -1,0 +1,57 @@
+"""The job store's one schema, versioned: ``video_jobs`` (one row per job) and ``diffserve_schema`` (the applied
+migration). Each migration is applied once, in order, inside one transaction, on SQLite and PostgreSQL alike."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from sqlalchemy import Column, Float, Index, Integer, MetaData, String, Table, Text, select
+
+metadata = MetaData()
+
+jobs = Table(
+    "video_jobs", metadata,
+    Column("id", String(64), primary_key=True),  # "video_" + 128 random bits in hex
+    Column("model", String(512), nullable=False),
+    Column("prompt", Text, nullable=False),
+    Column("status", String(16), nullable=False),  # queued | in_progress | completed | failed
+    Column("progress", Integer, nullable=False),  # 0-100
+    Column("request", Text, nullable=False),  # JSON: the request's fields as admitted
+    Column("created_at", Float, nullable=False),  # unix seconds
+    Column("completed_at", Float),
+    Column("expires_at", Float),
+    Column("error_code", String(64)),
+    Column("error_message", Text),
+    Column("result", Text),  # JSON: seed, steps, frames, fps, attestation
+    Column("idempotency_key", String(256), unique=True),
+    Column("request_hash", String(64)),  # sha256 of the canonical request body, for Idempotency-Key checks
+    Column("owner", String(128)),  # the instance that holds the job's lease
+    Column("lease_until", Float),
+)
+Index("video_jobs_created", jobs.c.created_at, jobs.c.id)
+Index("video_jobs_status", jobs.c.status)
+
+schema_version = Table("diffserve_schema", metadata, Column("version", Integer, nullable=False))
+
+
+def _create_v1(connection: Any) -> None:
+    metadata.create_all(connection, tables=[jobs])
+
+
+# Append only: a released migration never changes (stores in the field have applied it).
+MIGRATIONS: tuple[Callable[[Any], None], ...] = (_create_v1,)
+
+
+def migrate(engine: Any) -> int:
+    """Bring the database to the latest schema version; the version it is at afterwards."""
+    with engine.begin() as connection:
+        metadata.create_all(connection, tables=[schema_version])
+        current = connection.execute(select(schema_version.c.version)).scalar()
+        if current is None:
+            connection.execute(schema_version.insert().values(version=0))
+            current = 0
+        for version, step in enumerate(MIGRATIONS[current:], start=current + 1):
+            step(connection)
+            connection.execute(schema_version.update().values(version=version))
+        return len(MIGRATIONS)
