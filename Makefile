@@ -10,7 +10,7 @@ TEST_WORKERS ?= 3
 export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 
-.PHONY: venv install install-test browser demo test gpu-check lint bench bench-smoke clean
+.PHONY: venv install install-test browser postgres demo test gpu-check lint bench bench-smoke clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -26,7 +26,7 @@ $(VENV)/.installed: pyproject.toml $(VENV)/.torch
 	touch $@
 
 $(VENV)/.installed-test: pyproject.toml $(VENV)/.installed
-	$(PY) -m pip install --quiet -e ".[server,test,ray,bench,gguf,quant,video]"
+	$(PY) -m pip install --quiet -e ".[server,test,ray,bench,gguf,quant,video,postgres]"
 	touch $@
 
 install: $(VENV)/.installed
@@ -47,6 +47,20 @@ browser:
 	    --no-install-recommends $(BROWSER_PACKAGES) >/dev/null; } \
 	  || echo "browser: apt-get install failed; the playground browser test will skip"
 
+# The job store's tests (tests/entrypoints/jobs) run on SQLite and on a throwaway PostgreSQL server
+# (tests/pg_server.py) from Debian's postgresql, installed the same way as the browser; without it they skip.
+POSTGRES_PACKAGES := postgresql
+postgres:
+	@if command -v initdb >/dev/null 2>&1 || ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1; then exit 0; fi; \
+	if [ "$$(id -u)" = 0 ]; then SUDO=; \
+	elif command -v sudo >/dev/null 2>&1 && sudo -n true 2>/dev/null; then SUDO="sudo -n"; \
+	else echo "postgres: not root and no passwordless sudo; the PostgreSQL job store tests will skip"; exit 0; fi; \
+	if ! command -v apt-get >/dev/null 2>&1; then echo "postgres: no apt-get; the PostgreSQL tests will skip"; exit 0; fi; \
+	echo "postgres: apt-get install $(POSTGRES_PACKAGES)"; \
+	{ $$SUDO apt-get update -qq && $$SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
+	    --no-install-recommends $(POSTGRES_PACKAGES) >/dev/null; } \
+	  || echo "postgres: apt-get install failed; the PostgreSQL job store tests will skip"
+
 # Eager on purpose: torch.compile on a 2-core CPU costs over a minute before the first image.
 # The toy-shapes model (no MODEL) with its circles-to-stars LoRA registered as "stars".
 DEMO_LORA := diffserve/assets/toy-shapes-stars/pytorch_lora_weights.safetensors
@@ -61,7 +75,7 @@ gpu-check: install-test
 	$(PY) -m pytest -q -m gpu -p no:cacheprovider tests
 	$(PY) -m benchmarks.gpu
 
-test: install-test browser
+test: install-test browser postgres
 	$(VENV)/bin/ruff check diffserve tests benchmarks
 	$(VENV)/bin/mypy
 	$(PY) -m pytest -q -n $(TEST_WORKERS)

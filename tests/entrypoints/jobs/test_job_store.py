@@ -1,4 +1,4 @@
-"""The video job store on a real SQLite file (WAL): migrations applied once, pages in creation order, the
+"""The video job store on a real SQLite file (WAL) and a real PostgreSQL server: migrations applied once, pages in creation order, the
 Idempotency-Key rules, leases that only one instance wins (threads racing on two store objects over one file),
 restart and lease-expiry recovery, and atomic artifacts whose paths come from job ids only."""
 
@@ -6,9 +6,13 @@ from __future__ import annotations
 
 import sqlite3
 import threading
+import uuid
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from pg_server import postgres_bin, postgres_server
+from sqlalchemy import text
 
 from diffserve.entrypoints.jobs.artifacts import ArtifactDir
 from diffserve.entrypoints.jobs.store import (
@@ -23,13 +27,30 @@ from diffserve.entrypoints.jobs.store import (
 REQUEST = {"num_frames": 9, "size": "64x64", "seed": 3}
 
 
-@pytest.fixture
-def url(tmp_path: Path) -> str:
-    return f"sqlite:///{tmp_path / 'jobs.sqlite3'}"
+@pytest.fixture(scope="module")
+def postgres() -> Iterator[str]:
+    if postgres_bin() is None:
+        pytest.skip("PostgreSQL is not installed here (make postgres installs it)")
+    with postgres_server() as base:
+        yield base
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """A fresh database per test, on each store."""
+    if request.param == "sqlite":
+        return f"sqlite:///{tmp_path / 'jobs.sqlite3'}"
+    import psycopg
+
+    base = request.getfixturevalue("postgres")
+    name = f"jobs_{uuid.uuid4().hex[:12]}"
+    with psycopg.connect(base.replace("postgresql+psycopg", "postgresql") + "/postgres", autocommit=True) as admin:
+        admin.execute(f'CREATE DATABASE "{name}"')  # a name this test made: no request data
+    return f"{base}/{name}"
 
 
 @pytest.fixture
-def store(url: str) -> JobStore:
+def store(url: str) -> Iterator[JobStore]:
     opened = JobStore(url)
     yield opened
     opened.close()
@@ -47,7 +68,11 @@ def test_the_schema_is_migrated_once_and_sqlite_runs_in_wal(url: str, tmp_path: 
     first.close()
     again = JobStore(url)  # reopening applies nothing twice and keeps the rows
     assert again.version == 1 and again.get(job_id) is not None
+    with again.engine.connect() as connection:
+        assert connection.execute(text("SELECT version FROM diffserve_schema")).all() == [(1,)]
     again.close()
+    if not url.startswith("sqlite"):
+        return
     with sqlite3.connect(tmp_path / "jobs.sqlite3") as raw:
         assert raw.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
         assert raw.execute("SELECT version FROM diffserve_schema").fetchall() == [(1,)]
