@@ -32,34 +32,29 @@ $(VENV)/.installed-test: pyproject.toml $(VENV)/.installed
 install: $(VENV)/.installed
 install-test: $(VENV)/.installed-test
 
-# The playground's browser test (tests/entrypoints/test_e2e_playground.py) drives Debian's chromium through
-# chromium-driver (selenium, no browser download). Installed when missing and this user can (root or
-# passwordless sudo, apt-get); never fatal: without a browser that test skips and says why.
-BROWSER_PACKAGES := chromium chromium-driver
-browser:
-	@if command -v chromium >/dev/null 2>&1 && command -v chromedriver >/dev/null 2>&1; then exit 0; fi; \
+# Debian packages $(1) for $(2), installed when missing (the shell test $(3) fails) and this user can (root or
+# passwordless sudo, apt-get); never fatal: without them those tests skip and say why.
+define apt_install
+	@if $(3); then exit 0; fi; \
 	if [ "$$(id -u)" = 0 ]; then SUDO=; \
 	elif command -v sudo >/dev/null 2>&1 && sudo -n true 2>/dev/null; then SUDO="sudo -n"; \
-	else echo "browser: not root and no passwordless sudo; the playground browser test will skip"; exit 0; fi; \
-	if ! command -v apt-get >/dev/null 2>&1; then echo "browser: no apt-get; the playground browser test will skip"; exit 0; fi; \
-	echo "browser: apt-get install $(BROWSER_PACKAGES)"; \
+	else echo "$@: not root and no passwordless sudo; $(2) will skip"; exit 0; fi; \
+	if ! command -v apt-get >/dev/null 2>&1; then echo "$@: no apt-get; $(2) will skip"; exit 0; fi; \
+	echo "$@: apt-get install $(1)"; \
 	{ $$SUDO apt-get update -qq && $$SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
-	    --no-install-recommends $(BROWSER_PACKAGES) >/dev/null; } \
-	  || echo "browser: apt-get install failed; the playground browser test will skip"
+	    --no-install-recommends $(1) >/dev/null; } \
+	  || echo "$@: apt-get install failed; $(2) will skip"
+endef
+
+# The playground's browser test (tests/entrypoints/test_e2e_playground.py) drives Debian's chromium through
+# chromium-driver (selenium, no browser download).
+browser:
+	$(call apt_install,chromium chromium-driver,the playground browser test,command -v chromium >/dev/null 2>&1 && command -v chromedriver >/dev/null 2>&1)
 
 # The job store's tests (tests/entrypoints/jobs) run on SQLite and on a throwaway PostgreSQL server
-# (tests/pg_server.py) from Debian's postgresql, installed the same way as the browser; without it they skip.
-POSTGRES_PACKAGES := postgresql
+# (tests/pg_server.py) from Debian's postgresql.
 postgres:
-	@if command -v initdb >/dev/null 2>&1 || ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1; then exit 0; fi; \
-	if [ "$$(id -u)" = 0 ]; then SUDO=; \
-	elif command -v sudo >/dev/null 2>&1 && sudo -n true 2>/dev/null; then SUDO="sudo -n"; \
-	else echo "postgres: not root and no passwordless sudo; the PostgreSQL job store tests will skip"; exit 0; fi; \
-	if ! command -v apt-get >/dev/null 2>&1; then echo "postgres: no apt-get; the PostgreSQL tests will skip"; exit 0; fi; \
-	echo "postgres: apt-get install $(POSTGRES_PACKAGES)"; \
-	{ $$SUDO apt-get update -qq && $$SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
-	    --no-install-recommends $(POSTGRES_PACKAGES) >/dev/null; } \
-	  || echo "postgres: apt-get install failed; the PostgreSQL job store tests will skip"
+	$(call apt_install,postgresql,the PostgreSQL job store tests,command -v initdb >/dev/null 2>&1 || ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1)
 
 # Eager on purpose: torch.compile on a 2-core CPU costs over a minute before the first image.
 # The toy-shapes model (no MODEL) with its circles-to-stars LoRA registered as "stars".
