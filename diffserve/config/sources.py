@@ -21,7 +21,13 @@ from diffserve.config.schema import PLATFORMS
 from diffserve.config.yaml_lines import key_line, load_yaml_file
 from diffserve.errors import ConfigError
 from diffserve.logging import get_logger
-from diffserve.registry.models import MODEL_FAMILIES, MODEL_MARKER_FILE, ModelFamily, read_class_name
+from diffserve.registry.models import (
+    MODEL_FAMILIES,
+    MODEL_MARKER_FILE,
+    ModelFamily,
+    denoiser_components,
+    read_class_name,
+)
 from diffserve.registry.teacache import polynomial_for
 
 logger = get_logger(__name__)
@@ -93,7 +99,7 @@ def _model_teacache_polynomial(path: Path, class_name: str, out: Collector) -> N
         config = json.loads(config_file.read_text(encoding="utf-8")) if config_file.is_file() else {}
     except (OSError, ValueError):
         return  # an unreadable config is the loader's error to report, with its own context
-    experts = 2 if (index.get("transformer_2") or [None])[0] else 1
+    experts = len(denoiser_components(index))
     fit = polynomial_for(class_name, config if isinstance(config, dict) else {}, experts)
     if fit is not None:
         out.add(LAYER_RANK["model"], None, "cache.teacache_coefficients", fit[0],

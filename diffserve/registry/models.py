@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import functools
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -178,3 +179,9 @@ def makes_videos(model_dir: str | Path | None) -> bool:
     except (OSError, ValueError, KeyError):
         return False
     return family is not None and family.default_num_frames is not None
+
+
+def denoiser_components(index: Mapping[str, Any]) -> list[str]:
+    """The denoiser components a ``model_index.json`` declares: ``transformer``, and Wan2.2's low-noise expert
+    ``transformer_2`` when set (diffusers writes ``[null, null]`` for an absent one)."""
+    return ["transformer", *(["transformer_2"] if (index.get("transformer_2") or [None])[0] else [])]

@@ -36,7 +36,7 @@ from diffserve.models.wan.step_cache import cached_forward
 from diffserve.models.wan.text import UMT5Text
 from diffserve.models.wan.transformer import WanTransformer, load_wan_transformer
 from diffserve.models.wan.video import WanVae
-from diffserve.registry.models import MODEL_FAMILIES, read_class_name
+from diffserve.registry.models import MODEL_FAMILIES, denoiser_components, read_class_name
 from diffserve.registry.teacache import TeaCachePolynomial, polynomial_for
 from diffserve.types.attestation import Attestation
 from diffserve.types.batching import batch_key
@@ -89,7 +89,7 @@ class WanVideoPipeline(Pipeline):
         family = read_class_name(root)
         refuse_unsupported(stage)
         index = json.loads((root / "model_index.json").read_text())
-        names = ["transformer", *(["transformer_2"] if (index.get("transformer_2") or [None])[0] else [])]
+        names = denoiser_components(index)
         fit = polynomial_for(family, read_config(root / "transformer"), len(names))
         teacache = stage_polynomial(stage.cache, "wan", stage.stage_id, fit[0] if fit else None)
         start = time.perf_counter()
