@@ -25,15 +25,16 @@ def free_port() -> int:
 class ServerProcess:
     """A running ``diffserve serve``; ``url`` is its base URL, ``log`` its combined output."""
 
-    def __init__(self, args: list[str], log_path: Path, env: dict[str, str] | None = None) -> None:
-        self.port = free_port()
+    def __init__(self, args: list[str], log_path: Path, env: dict[str, str] | None = None,
+                 port: int | None = None) -> None:
+        self.port = port or free_port()  # a restarted server keeps its port (and so its instance name)
         self.url = f"http://127.0.0.1:{self.port}"
         self.log_path = log_path
         # Offline unless the test says otherwise (``env``: the hub-download tests point HF_ENDPOINT at a local hub).
         env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "PYTHONUNBUFFERED": "1", **(env or {})}
         cmd = [sys.executable, "-m", "diffserve.entrypoints.cli", "serve", *args,
                "--host", "127.0.0.1", "--port", str(self.port)]
-        self._log = open(log_path, "wb")  # noqa: SIM115 - closed in stop()
+        self._log = open(log_path, "ab")  # noqa: SIM115 - closed in stop(); a restart appends
         self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, env=env)
 
     def log(self) -> str:
@@ -49,6 +50,12 @@ class ServerProcess:
                     return
             time.sleep(0.05)
         raise TimeoutError(f"{path} did not answer {status} within {timeout}s:\n{self.log()}")
+
+    def kill(self) -> None:
+        """SIGKILL: no shutdown runs (a crash)."""
+        self.proc.kill()
+        self.proc.wait(timeout=30)
+        self._log.close()
 
     def stop(self) -> None:
         if self.proc.poll() is None:

@@ -303,3 +303,29 @@ def normalize_optional_dir(value: Any) -> str:
     if not isinstance(value, str):
         raise ConfigError(f"{value!r} is not a directory path", hint="give a directory, or leave it empty")
     return os.path.abspath(os.path.expanduser(value.strip()))
+
+
+_JOB_STORE_SCHEMES = {"sqlite": "sqlite", "postgresql": "postgresql+psycopg", "postgres": "postgresql+psycopg",
+                      "postgresql+psycopg": "postgresql+psycopg"}
+
+
+def normalize_job_store_url(value: Any) -> str:
+    """The video job store's database URL: empty (SQLite in ``server.state_dir``), ``sqlite:///PATH`` or
+    ``postgresql://user@host:port/db`` (canonical: ``postgresql+psycopg://``, the driver diffserve installs)."""
+    if value is None or value == "":
+        return ""
+    if not isinstance(value, str) or "://" not in value:
+        raise ConfigError(f"{value!r} is not a database URL",
+                          hint="write sqlite:///PATH or postgresql://USER@HOST:PORT/DB (or leave it empty for "
+                               "SQLite in server.state_dir)")
+    scheme, rest = value.strip().split("://", 1)
+    canonical = _JOB_STORE_SCHEMES.get(scheme.lower())
+    if canonical is None:
+        raise ConfigError(f"database scheme {scheme!r} is not supported",
+                          hint="use sqlite:///PATH or postgresql://USER@HOST:PORT/DB")
+    if canonical == "sqlite":
+        path = rest[1:] if rest.startswith("/") else ""
+        if not path:
+            raise ConfigError(f"{value!r} names no file", hint="write sqlite:///PATH (an absolute or relative path)")
+        return "sqlite:///" + os.path.abspath(os.path.expanduser(path))
+    return f"{canonical}://{rest}"

@@ -246,6 +246,24 @@ class ServerConfig:
                                          "any); against DNS rebinding", c.normalize_host_list, kind="list")
     expose_config: bool = opt(False, "/v1/config shows absolute paths and extras values (off: redacted)",
                               c.normalize_bool, kind="bool")
+    # The video job API (docs/api.md#videos): where jobs and their files live, and how long.
+    state_dir: str = opt("", "directory of the server's own state: the embedded SQLite job store and, unless "
+                         "artifact_dir is set, the video files (empty: $XDG_STATE_HOME/diffserve, else "
+                         "~/.local/state/diffserve)", c.normalize_optional_dir)
+    job_store: str = opt("", "database of video jobs: sqlite:///PATH or postgresql://USER@HOST:PORT/DB, shared by "
+                         "every instance that serves the same jobs (empty: SQLite in state_dir)",
+                         c.normalize_job_store_url)
+    artifact_dir: str = opt("", "directory of finished videos (MP4, thumbnail, sprite sheet), shared by every "
+                            "instance of one job store (empty: state_dir/videos)", c.normalize_optional_dir)
+    video_ttl_s: int = opt(86400, "seconds a finished video job and its files are kept (0: forever)",
+                           c.int_normalizer(0), kind="int")
+    job_lease_s: int = opt(30, "seconds a video job's lease lasts without a heartbeat; a job whose instance "
+                           "died is failed or requeued after it", c.int_normalizer(2), kind="int")
+    job_deadline_s: int = opt(3600, "seconds a video job may run (queue wait on its instance included) before it "
+                              "fails with deadline_exceeded", c.int_normalizer(1), kind="int")
+    requeue_interrupted: bool = opt(False, "run a video job interrupted by a restart or a dead instance again "
+                                    "from the start (off: it fails with server_restart)", c.normalize_bool,
+                                    kind="bool")
 
 
 # Stage fields that are identity, never settable from a source.

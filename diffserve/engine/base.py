@@ -13,7 +13,9 @@ from diffserve.logging import get_logger
 if TYPE_CHECKING:  # pragma: no cover
     from diffserve.config.resolve import ResolvedConfig
     from diffserve.engine.stats import BatchStats
+    from diffserve.types.capabilities import PipelineCapabilities
     from diffserve.types.memory import ComponentWeights
+    from diffserve.types.request import GenerationRequest
 
 logger = get_logger(__name__)
 
@@ -52,6 +54,14 @@ class EngineBase:
     @property
     def executor_name(self) -> str:
         return self._core.executor.name
+
+    @property
+    def capabilities(self) -> PipelineCapabilities | None:
+        return self._core.replicas.capabilities
+
+    def admit(self, request: GenerationRequest) -> GenerationRequest:
+        """The request as admission makes it (defaults, limits, capabilities, seed), nothing queued."""
+        return self._core.admit(request)
 
     @property
     def weights(self) -> dict[str, ComponentWeights]:

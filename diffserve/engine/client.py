@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 if TYPE_CHECKING:  # pragma: no cover
     from diffserve.config.resolved import ResolvedConfig
     from diffserve.engine.stats import BatchStats
+    from diffserve.types.capabilities import PipelineCapabilities
     from diffserve.types.memory import ComponentWeights
     from diffserve.types.request import GenerationRequest, ProgressEvent, RequestOutput
 
@@ -67,6 +68,15 @@ class EngineClient(Protocol):
     def queue_depth(self) -> int: ...
 
     def check_health(self) -> None: ...
+
+    def admit(self, request: GenerationRequest) -> GenerationRequest:
+        """The request as admission makes it (defaults, seed), or its 400/422 error; nothing runs."""
+        ...
+
+    @property
+    def capabilities(self) -> PipelineCapabilities | None:
+        """What the loaded pipeline serves (None while loading)."""
+        ...
 
     def stats(self) -> dict[str, Any]: ...
 

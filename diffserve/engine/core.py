@@ -101,15 +101,18 @@ class EngineCore:
 
     # -- admission ----------------------------------------------------------------------------------
 
-    def submit(self, request: GenerationRequest, sink: Sink) -> RequestState:
-        """Admit (defaults, limits, capabilities, seed: ``admission.py``) and queue; raises instead of
-        queueing a request that cannot run."""
+    def admit(self, request: GenerationRequest) -> GenerationRequest:
+        """Admission alone (defaults, limits, capabilities, seed: ``admission.py``), nothing queued: what a
+        request becomes here, or the error it gets (the video job API checks a job when it is created)."""
         self.check_health()
         if not self._ready:
             raise EngineNotReadyError("the engine is still loading or warming up")
-        stage = self.stage
-        state = RequestState(admit(request, self.config.server, self.replicas.capabilities, stage=stage,
-                                   model_dir=self.config.model), sink)
+        return admit(request, self.config.server, self.replicas.capabilities, stage=self.stage,
+                     model_dir=self.config.model)
+
+    def submit(self, request: GenerationRequest, sink: Sink) -> RequestState:
+        """Admit and queue; raises instead of queueing a request that cannot run."""
+        state = RequestState(self.admit(request), sink)
         (self.encode.scheduler if self.encode is not None else self.scheduler).add(state)
         return state
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import socket
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -84,7 +85,8 @@ def run(args: argparse.Namespace) -> int:
         return AsyncEngine.from_config(config)
 
     app = create_app(engine_factory=build_engine, config=config, served_model_name=name,
-                     model_aliases=aliases, api_key=api_key, image_ttl_s=args.image_url_ttl)
+                     model_aliases=aliases, api_key=api_key, image_ttl_s=args.image_url_ttl,
+                     instance_name=f"{socket.gethostname()}:{args.port}")
     logger.info("serving model %r at http://%s:%d (GET /ready turns 200 once the model is warmed)",
                 name, args.host, args.port)
     # limit_concurrency: connections beyond server.max_connections get uvicorn's plain 503 and are

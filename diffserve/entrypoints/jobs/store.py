@@ -160,15 +160,17 @@ class JobStore:
                             expires_at=expires_at, result=json.dumps(result, sort_keys=True), owner=None,
                             lease_until=None)
 
-    def fail(self, job_id: str, code: str, message: str, *, now: float, owner: str | None = None) -> bool:
+    def fail(self, job_id: str, code: str, message: str, *, now: float, owner: str | None = None,
+             expires_at: float | None = None) -> bool:
         """``failed`` with an error, unless already finished (by ``owner`` only, when given)."""
         where = and_(jobs.c.id == job_id, jobs.c.status.not_in(FINISHED))
         if owner is not None:
             where = and_(where, jobs.c.owner == owner)
         return self._update(where, status=FAILED, error_code=code, error_message=message, completed_at=now,
-                            owner=None, lease_until=None)
+                            expires_at=expires_at, owner=None, lease_until=None)
 
-    def recover(self, *, now: float, requeue: bool, owner: str | None = None) -> list[str]:
+    def recover(self, *, now: float, requeue: bool, owner: str | None = None,
+                expires_at: float | None = None) -> list[str]:
         """Jobs whose holder is gone: ``owner``'s own (at its restart) or, without ``owner``, every job whose
         lease expired (a dead instance's). Each is failed with ``server_restart`` or, with ``requeue``,
         queued again from the start. The ids handled."""
@@ -185,18 +187,28 @@ class JobStore:
             else:
                 changed = self._update(still, status=FAILED, error_code="server_restart", completed_at=now,
                                        error_message="the server running this job stopped before it finished",
-                                       owner=None, lease_until=None)
+                                       expires_at=expires_at, owner=None, lease_until=None)
             if changed:
                 done.append(job_id)
         return done
 
-    def claimable(self, *, now: float, limit: int = 100) -> list[Job]:
-        """Queued jobs no live lease holds, oldest first: what an instance with a free engine may claim."""
-        free = or_(jobs.c.owner.is_(None), jobs.c.lease_until < now)
+    def claimable(self, *, now: float, limit: int = 100, models: tuple[str, ...] | None = None) -> list[Job]:
+        """Queued jobs no live lease holds, oldest first (of ``models`` only, when given): what an instance
+        with a free engine may claim."""
+        where = and_(jobs.c.status == QUEUED, or_(jobs.c.owner.is_(None), jobs.c.lease_until < now))
+        if models is not None:
+            where = and_(where, jobs.c.model.in_(models))
         with self.engine.connect() as connection:
-            rows = connection.execute(select(jobs).where(and_(jobs.c.status == QUEUED, free))
-                                      .order_by(jobs.c.created_at, jobs.c.id).limit(limit)).all()
+            rows = connection.execute(select(jobs).where(where).order_by(jobs.c.created_at, jobs.c.id)
+                                      .limit(limit)).all()
         return [Job.from_row(r) for r in rows]
+
+    def existing(self, job_ids: list[str]) -> set[str]:
+        """Which of ``job_ids`` have a row (the artifact directory's orphan sweep)."""
+        if not job_ids:
+            return set()
+        with self.engine.connect() as connection:
+            return {row.id for row in connection.execute(select(jobs.c.id).where(jobs.c.id.in_(job_ids)))}
 
     # -- ending ---------------------------------------------------------------------------------------
 

@@ -40,6 +40,7 @@ from diffserve.entrypoints.openai.middleware import (
     RouteGuardMiddleware,
 )
 from diffserve.entrypoints.openai.playground import PlaygroundMiddleware
+from diffserve.entrypoints.openai.video_routes import VIDEOS_PATH, add_video_routes, video_jobs
 from diffserve.logging import get_logger
 
 logger = get_logger(__name__)
@@ -52,7 +53,7 @@ def error_response(error: APIError) -> JSONResponse:
 def create_app(engine: AsyncEngineClient | None = None, *, engine_factory: EngineFactory | None = None,
                config: ResolvedConfig | None = None, served_model_name: str = "diffserve",
                model_aliases: tuple[str, ...] = (), api_key: str | None = None,
-               image_ttl_s: float = 600.0) -> FastAPI:
+               image_ttl_s: float = 600.0, instance_name: str | None = None) -> FastAPI:
     """Build the app around a ready engine, or around a factory that builds one after startup.
 
     ``config`` is the ``ResolvedConfig`` the engine is built from (``server.max_body_bytes`` and
@@ -76,13 +77,18 @@ def create_app(engine: AsyncEngineClient | None = None, *, engine_factory: Engin
     edits = EditsHandler(handler, max_pixels=server.max_pixels,
                          max_field_bytes=max(65536, 4 * server.max_prompt_chars + 1024))
     created = int(time.time())
+    videos = video_jobs(host, config, served_model_name, names, instance_name)
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         await host.start()
+        if videos is not None:
+            await videos.runner.start()
         try:
             yield
         finally:
+            if videos is not None:
+                await videos.runner.stop()
             await host.shutdown()
 
     app = FastAPI(title="diffserve", version=__version__, lifespan=lifespan, docs_url=None, redoc_url=None,
@@ -117,6 +123,9 @@ def create_app(engine: AsyncEngineClient | None = None, *, engine_factory: Engin
             return await edits.create(request)
         except Exception as exc:  # noqa: BLE001 - every failure becomes an OpenAI-shaped error
             return error_response(to_api_error(exc, request_id_from(request.headers.get("x-request-id"))))
+
+    if videos is not None:
+        add_video_routes(app, videos)
 
     @app.get("/v1/images/{name}", name="get_image")
     async def get_image(name: str) -> Response:
@@ -185,7 +194,8 @@ def create_app(engine: AsyncEngineClient | None = None, *, engine_factory: Engin
     # Added last = runs first: metrics see every response; then Host, the key (so an unknown path
     # without the key is 401, not 404), the route table (404/405), and only then is a body read.
     app.add_middleware(BodyLimitMiddleware, max_bytes=server.max_body_bytes, timeout_s=server.body_timeout_s,
-                       uploads={EDITS_PATH: server.max_upload_bytes})
+                       uploads={EDITS_PATH: server.max_upload_bytes, VIDEOS_PATH: server.max_upload_bytes},
+                       json_uploads=frozenset({VIDEOS_PATH}))
     app.add_middleware(RouteGuardMiddleware, routes=app.router.routes)
     if api_key:
         app.add_middleware(APIKeyMiddleware, api_key=api_key)

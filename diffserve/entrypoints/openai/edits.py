@@ -48,7 +48,7 @@ BOOL_FIELDS = frozenset({"stream", "conditioning_cache"})
 # ``loras`` as JSON text, or as the SDK flattens ``extra_body={"loras": [{"name", "scale"}]}``.
 LORA_NAME, LORA_SCALE = "loras[][name]", "loras[][scale]"
 MAX_TEXT_FIELDS = 64
-_INT = re.compile(r"[+-]?\d{1,20}")
+FORM_INT = re.compile(r"[+-]?\d{1,20}")
 _FLOAT = re.compile(r"[+-]?(\d+(\.\d*)?|\.\d+)([eE][+-]?\d+)?")
 
 
@@ -141,25 +141,25 @@ def _typed(name: str, text: str) -> Any:
     if not text:
         return None
     if name in INT_FIELDS:
-        if not _INT.fullmatch(text):
+        if not FORM_INT.fullmatch(text):
             raise RequestError(f"{name}={text[:50]!r} must be an integer", param=name)
         return int(text)
     if name in FLOAT_FIELDS:
-        return _number(text, name, name)
+        return form_number(text, name, name)
     if name in BOOL_FIELDS:
         if text.lower() not in ("true", "false"):
             raise RequestError(f"{name}={text[:50]!r} must be true or false", param=name)
         return text.lower() == "true"
-    return _json_loras(text)
+    return form_loras(text)
 
 
-def _number(text: str, name: str, param: str) -> float:
+def form_number(text: str, name: str, param: str) -> float:
     if not _FLOAT.fullmatch(text):
         raise RequestError(f"{name}={text[:50]!r} must be a number", param=param)
     return float(text)  # 1e400 is inf here: refused by the model (allow_inf_nan=False), as in JSON
 
 
-def _json_loras(text: str) -> Any:
+def form_loras(text: str) -> Any:
     raw = text.encode()
     if nesting_exceeds(raw, MAX_JSON_DEPTH):
         raise RequestError(f"loras nests deeper than {MAX_JSON_DEPTH} levels", param="loras")
@@ -180,5 +180,5 @@ def _bracket_loras(parts: list[tuple[str, str]]) -> list[dict[str, Any]]:
         elif not loras or "scale" in loras[-1]:
             raise RequestError("loras[][scale] must follow its loras[][name]", param="loras")
         else:
-            loras[-1]["scale"] = _number(value.strip(), LORA_SCALE, "loras")
+            loras[-1]["scale"] = form_number(value.strip(), LORA_SCALE, "loras")
     return loras

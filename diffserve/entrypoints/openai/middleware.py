@@ -190,11 +190,13 @@ class BodyLimitMiddleware:
     ``multipart/form-data`` instead of JSON, up to their own limit (``server.max_upload_bytes``)."""
 
     def __init__(self, app: ASGIApp, max_bytes: int, timeout_s: float = 10.0,
-                 uploads: dict[str, int] | None = None) -> None:
+                 uploads: dict[str, int] | None = None, json_uploads: frozenset[str] = frozenset()) -> None:
         self.app = app
         self.max_bytes = max_bytes
         self.timeout_s = timeout_s
         self.uploads = dict(uploads or {})
+        # Upload paths that take a JSON body too (POST /v1/videos: an input_reference as a data URL).
+        self.json_uploads = json_uploads
 
     @staticmethod
     def _too_large(limit: int) -> APIError:
@@ -202,8 +204,9 @@ class BodyLimitMiddleware:
                         code="body_too_large", headers={"Connection": "close"})
 
     @staticmethod
-    def _wrong_type(upload: bool) -> APIError:
-        expected = "multipart/form-data" if upload else "application/json"
+    def _wrong_type(upload: bool, either: bool = False) -> APIError:
+        expected = ("multipart/form-data or application/json" if either else "multipart/form-data" if upload
+                    else "application/json")
         return APIError(415, f"Content-Type must be {expected}", param="Content-Type",
                         code="unsupported_media_type", headers={"Connection": "close"})
 
@@ -214,7 +217,9 @@ class BodyLimitMiddleware:
         upload = scope["path"] in self.uploads
         limit = self.uploads[scope["path"]] if upload else self.max_bytes
         content_type = header(scope, b"content-type")
-        accepted = is_multipart_media_type(content_type) if upload else is_json_media_type(content_type)
+        either = scope["path"] in self.json_uploads
+        accepted = (is_multipart_media_type(content_type) if upload else False) or (
+            (not upload or either) and is_json_media_type(content_type))
         declared = header(scope, b"content-length")
         if declared is not None:
             try:
@@ -227,7 +232,7 @@ class BodyLimitMiddleware:
                 await send_error(send, self._too_large(limit))
                 return
             if not accepted:  # known size: refuse before reading; chunked: after (413 wins there)
-                await send_error(send, self._wrong_type(upload))
+                await send_error(send, self._wrong_type(upload, either))
                 return
         try:
             # The deadline bounds how long a slow (or stalled) client holds a connection and a buffer.
@@ -243,7 +248,7 @@ class BodyLimitMiddleware:
         if chunks is None:
             return  # the client went away while sending
         if not accepted:
-            await send_error(send, self._wrong_type(upload))
+            await send_error(send, self._wrong_type(upload, either))
             return
         pending = list(reversed(chunks))  # replayed as received: an upload is not copied into one buffer
 

@@ -185,6 +185,7 @@ def test_artifacts_publish_whole_files_from_job_ids_only(tmp_path: Path) -> None
     published = artifacts.publish(job_id, "video", lambda path: path.write_bytes(b"mp4"))
     assert published.read_bytes() == b"mp4" and artifacts.exists(job_id)
     (artifacts.root / f"{job_id}.webp.partial").write_bytes(b"crashed")
-    assert artifacts.sweep_temporary() == 1
-    artifacts.remove(job_id)
-    assert not artifacts.exists(job_id) and list(artifacts.root.iterdir()) == []
+    (artifacts.root / "notes.txt").write_bytes(b"not ours")
+    assert artifacts.outputs() == [job_id]  # what the orphan sweep compares with the store's rows
+    artifacts.remove(job_id)  # every file of the job, a crash's temporary one included
+    assert not artifacts.exists(job_id) and [p.name for p in artifacts.root.iterdir()] == ["notes.txt"]
