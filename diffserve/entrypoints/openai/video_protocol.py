@@ -164,6 +164,8 @@ def video_object(job: Job) -> dict[str, Any]:
     info: dict[str, Any] = {"seed": request.get("seed"), "num_inference_steps": request.get("num_inference_steps"),
                             "num_frames": request.get("num_frames"), "fps": request.get("fps"),
                             "guidance_scale": request.get("guidance_scale")}
+    # The instance that runs it (its lease holder) or ran it: with several instances on one store, which one.
+    info["instance"] = result.get("instance") if job.status == COMPLETED else job.owner
     if job.status == COMPLETED:
         info.update({k: result[k] for k in ("attestation", "config_fingerprint", "timings_ms") if k in result})
     return {"id": job.id, "object": "video", "model": job.model, "prompt": job.prompt, "status": job.status,
