@@ -16,6 +16,7 @@ from diffserve.engine.outputs import build_output
 from diffserve.engine.stage_loop import stage_entry
 from diffserve.engine.stats import BatchStats, kernel_delta
 from diffserve.engine.step_joins import StepJoins
+from diffserve.engine.step_watch import StepWatch, work_units
 from diffserve.engine.watchdog import batch_deadline_s
 from diffserve.errors import EngineDeadError, RequestAbortedError, RequestError, WorkerError
 from diffserve.executor.base import DeadlineExceeded
@@ -51,7 +52,7 @@ class BatchHost(Protocol):
 
     def publish(self, stats: BatchStats) -> None: ...
 
-    def replica_hung(self, replica: Replica, live: list[RequestState], deadline: float) -> None: ...
+    def replica_hung(self, replica: Replica, live: list[RequestState], deadline: float, why: str = "") -> None: ...
 
     def replica_lost(self, replica: Replica, live: list[RequestState], error: EngineDeadError) -> None: ...
 
@@ -67,6 +68,7 @@ class BatchRun:
         # Kernel counts in an attestation are cumulative over a step-level run: what earlier groups of
         # finished requests already reported (only the difference is reported again).
         self.counted: dict[str, Any] = {}
+        self.watch: StepWatch | None = None
 
     def run(self) -> tuple[Outcome, BaseException | None]:
         if not self.live:
@@ -81,18 +83,24 @@ class BatchRun:
                       and capabilities is not None and capabilities.step_batching)
         joins = StepJoins(self.replica, core.replicas, core.scheduler, core.stage, core.config.server, live,
                           default_size) if step_level else None
+        size = default_size or 1024
+        self.watch = StepWatch(self.replica.pace,
+                               lambda: work_units([s.request for s in live if not s.finished], size),
+                               compiled=not core.stage.enforce_eager)
         try:
             outputs = executor.execute(
                 requests, self._on_step, should_cancel=lambda: all(s.aborted for s in live if not s.finished),
-                timeout=deadline, joiner=joins, on_partial=self._on_partial if step_level else None)
+                timeout=deadline, joiner=joins, on_partial=self._on_partial if step_level else None,
+                stalled=self.watch.stalled)
+            self.watch.finished()
         except RequestAbortedError:
             # Stats first, then the final items: whoever sees a result also sees its batch counted.
             self._emit(live, Outcome.ABORTED, None)
             core.deliver([(s, RequestAbortedError(f"request {s.request_id} was aborted")) for s in live
                           if not s.finished])
             return Outcome.ABORTED, None
-        except DeadlineExceeded:
-            core.replica_hung(self.replica, live, deadline)
+        except DeadlineExceeded as exc:
+            core.replica_hung(self.replica, live, deadline, str(exc))
             return Outcome.DEAD, None
         except EngineDeadError as exc:
             core.replica_lost(self.replica, live, exc)
@@ -109,6 +117,8 @@ class BatchRun:
         return Outcome.OK, None
 
     def _on_step(self, step: int, total: int, progress: tuple = ()) -> None:
+        if self.watch is not None:
+            self.watch.stepped(step, total)
         steps = dict(progress)
         for state in list(self.live):
             # A request sent to join is not in the worker's progress until its first step.

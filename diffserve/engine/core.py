@@ -167,15 +167,17 @@ class EngineCore:
 
     # -- what a batch run reports back ---------------------------------------------------------------
 
-    def replica_hung(self, replica: Replica, live: list[RequestState], deadline: float) -> None:
-        """The batch ran past its deadline: its worker is hung. The executor kills what it can (mp:
-        SIGKILL) and the replica is taken out; its batch fails (the whole engine dies, failing every
-        waiting request too, if it was the last replica)."""
+    def replica_hung(self, replica: Replica, live: list[RequestState], deadline: float, why: str = "") -> None:
+        """The batch ran past its deadline, or its worker stopped reporting steps (``why``, from the step
+        heartbeat, ``step_watch.py``): its worker is hung. The executor kills what it can (mp: SIGKILL) and the
+        replica is taken out; its batch fails (the whole engine dies, failing every waiting request too, if it
+        was the last replica)."""
         ids = [s.request_id for s in live]
-        logger.error("batch %s exceeded its deadline of %.1fs: the worker of replica %d is hung", ids,
-                     deadline, replica.index)
-        error = EngineDeadError(f"a batch ({', '.join(ids)}) exceeded its deadline of {deadline:.1f}s: "
-                                f"the {replica.executor.name} worker of replica {replica.index} is hung")
+        stalled = "no progress" in why
+        what = why.split(": ", 1)[-1] if stalled else f"exceeded its deadline of {deadline:.1f}s"
+        logger.error("batch %s %s: the worker of replica %d is hung", ids, what, replica.index)
+        error = EngineDeadError(f"a batch ({', '.join(ids)}) {what}: the {replica.executor.name} worker of "
+                                f"replica {replica.index} is hung")
         replica.executor.abandon(str(error))
         self.replica_lost(replica, live, error)
 

@@ -18,6 +18,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from diffserve.engine.admission import fill_defaults
+from diffserve.engine.step_watch import StepPace
 from diffserve.engine.watchdog import FailureStreak, Heartbeat
 from diffserve.errors import EngineDeadError
 from diffserve.executor.factory import make_executor
@@ -44,6 +45,7 @@ class Replica:
         self.index = index
         self.executor = executor
         self.heartbeat = Heartbeat()
+        self.pace = StepPace()  # how long its phases take per unit of work (the step heartbeat's measure)
         self.failures = FailureStreak(max_consecutive_failures)
         # Why it was taken out (None while it serves).
         self.out: EngineDeadError | None = None

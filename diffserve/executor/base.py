@@ -136,8 +136,10 @@ class Executor(ABC):
 
     def execute(self, batch: list[GenerationRequest], on_step: StepCallback | None = None,
                 should_cancel: Callable[[], bool] | None = None, timeout: float | None = None,
-                joiner: Joiner | None = None, on_partial: PartialCallback | None = None) -> list[RequestResult]:
-        """Run one batch on every rank (SPMD) and return rank 0's outputs.
+                joiner: Joiner | None = None, on_partial: PartialCallback | None = None,
+                stalled: Callable[[], str | None] | None = None) -> list[RequestResult]:
+        """Run one batch on every rank (SPMD) and return rank 0's outputs. ``stalled()`` (the step heartbeat)
+        is polled too: a reason from it ends the batch like its deadline.
 
         Step-level batching (``joiner`` given): while the batch runs, ``joiner()`` is polled for requests
         to add at the next step boundary (and the seconds they add to the deadline); ``on_partial`` gets
@@ -148,7 +150,7 @@ class Executor(ABC):
                                on_step, on_partial)
         try:
             try:
-                self._wait(call, timeout, should_cancel, joiner)
+                self._wait(call, timeout, should_cancel, joiner, stalled)
             except TimeoutError as exc:
                 raise DeadlineExceeded(str(exc)) from exc
             values = call.values()
@@ -214,8 +216,8 @@ class Executor(ABC):
             raise
         return call
 
-    def _wait(self, call: PendingCall, timeout: float | None,
-              should_cancel: Callable[[], bool] | None, joiner: Joiner | None = None) -> None:
+    def _wait(self, call: PendingCall, timeout: float | None, should_cancel: Callable[[], bool] | None,
+              joiner: Joiner | None = None, stalled: Callable[[], str | None] | None = None) -> None:
         deadline = None if timeout is None else time.monotonic() + timeout
         cancel_sent = False
         while True:
@@ -237,6 +239,11 @@ class Executor(ABC):
                 if not cancel_sent:
                     self._cancel(call)
                 raise TimeoutError(f"{self.name} executor: no reply within {timeout:.1f}s")
+            why = stalled() if stalled is not None else None
+            if why is not None:
+                if not cancel_sent:
+                    self._cancel(call)
+                raise TimeoutError(f"{self.name} executor: {why}")
 
     def _cancel(self, call: PendingCall) -> None:
         self._send_all(Command("cancel", call_id=call.call_id))

@@ -22,6 +22,7 @@ from server_process import ServerProcess
 from diffserve import Engine, GenerationRequest
 from diffserve.config.resolve import resolve
 from diffserve.config.schema import ServerConfig
+from diffserve.engine.step_watch import STALL_FLOOR_S
 from diffserve.engine.watchdog import FailureStreak, batch_deadline_s
 from diffserve.errors import EngineDeadError, WorkerError
 from diffserve.executor.factory import make_executor
@@ -61,12 +62,13 @@ def _post_in_thread(url: str) -> tuple[threading.Thread, dict[str, Any]]:
 
 
 def _assert_dead_over_http(server: ServerProcess, sent_at: float, thread: threading.Thread,
-                           box: dict[str, Any]) -> None:
-    """/health turns 503 within the deadline plus slack, the in-flight request gets a 503, a new one
-    gets a 503 at once."""
+                           box: dict[str, Any], within_s: float = DEADLINE_S,
+                           why: str = f"exceeded its deadline of {DEADLINE_S:.1f}s") -> None:
+    """/health turns 503 within ``within_s`` plus slack, the in-flight request gets a 503, a new one
+    gets a 503 at once, and the log says ``why``."""
     assert wait_until(lambda: httpx.get(server.url + "/health", timeout=5).status_code == 503,
-                      DEADLINE_S + SLACK_S, interval=0.1), "the hung worker was never noticed"
-    assert time.monotonic() - sent_at < DEADLINE_S + SLACK_S
+                      within_s + SLACK_S, interval=0.1), "the hung worker was never noticed"
+    assert time.monotonic() - sent_at < within_s + SLACK_S
     thread.join(SLACK_S)
     assert not thread.is_alive(), "the in-flight request hangs"
     assert "response" in box, box
@@ -74,22 +76,28 @@ def _assert_dead_over_http(server: ServerProcess, sent_at: float, thread: thread
     start = time.monotonic()
     later = httpx.post(server.url + "/v1/images/generations", json=BODY, timeout=10)
     assert later.status_code == 503 and time.monotonic() - start < 2.0
-    assert f"exceeded its deadline of {DEADLINE_S:.1f}s" in server.log()
+    assert why in server.log()
 
 
-def test_sigstopped_mp_worker_is_killed_and_gives_503(tiny_flux_dir: Path, tmp_path: Path,
-                                                       server_env: None) -> None:
-    path = deploy(tmp_path, "mp", None, **FAST_DEADLINE)
+def test_sigstopped_mp_worker_is_found_by_its_step_heartbeat(tiny_flux_dir: Path, tmp_path: Path,
+                                                             server_env: None) -> None:
+    """The deployment's default deadlines (a 120 s floor): a worker that stops reporting steps is found by the
+    step heartbeat within max(10 s, 5 x its measured pace), from two one-step 128x128 images it served."""
+    path = deploy(tmp_path, "mp", None)
     server = ServerProcess([str(tiny_flux_dir), "--deploy-config", str(path)], tmp_path / "server.log")
     workers: list[int] = []
     try:
         server.wait_for("/ready")
         workers = worker_children(server.proc.pid)
         assert len(workers) == 1, workers
+        for _ in range(2):  # the pace it learns
+            served = httpx.post(server.url + "/v1/images/generations", timeout=60,
+                                json={**BODY, "size": "128x128", "num_inference_steps": 1})
+            assert served.status_code == 200, served.text
         os.kill(workers[0], signal.SIGSTOP)
         sent_at = time.monotonic()
         thread, box = _post_in_thread(server.url)
-        _assert_dead_over_http(server, sent_at, thread, box)
+        _assert_dead_over_http(server, sent_at, thread, box, within_s=STALL_FLOOR_S, why="no progress for")
         # SIGKILLed and reaped by the server: no stopped process is left behind.
         assert wait_gone(workers, 5.0) == []
     finally:

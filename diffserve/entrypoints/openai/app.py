@@ -78,6 +78,7 @@ def create_app(engine: AsyncEngineClient | None = None, *, engine_factory: Engin
                          max_field_bytes=max(65536, 4 * server.max_prompt_chars + 1024))
     created = int(time.time())
     videos = video_jobs(host, config, served_model_name, names, instance_name)
+    makes = "videos" if videos is not None else "images"
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
@@ -169,13 +170,13 @@ def create_app(engine: AsyncEngineClient | None = None, *, engine_factory: Engin
 
     @app.get("/v1/models")
     async def models() -> dict[str, Any]:
-        return {"object": "list", "data": [_model_card(served_model_name, created)]}
+        return {"object": "list", "data": [_model_card(served_model_name, created, makes)]}
 
     @app.get("/v1/models/{model_id:path}")
     async def model(model_id: str) -> dict[str, Any]:
         if model_id not in names:
             raise APIError(404, f"model {model_id!r} is not served here", param="model", code="model_not_found")
-        return _model_card(served_model_name, created)
+        return _model_card(served_model_name, created, makes)
 
     @app.get("/v1/config")
     async def resolved_config() -> dict[str, Any]:
@@ -206,5 +207,6 @@ def create_app(engine: AsyncEngineClient | None = None, *, engine_factory: Engin
     return app
 
 
-def _model_card(name: str, created: int) -> dict[str, Any]:
-    return {"id": name, "object": "model", "created": created, "owned_by": "diffserve"}
+def _model_card(name: str, created: int, makes: str) -> dict[str, Any]:
+    # ``diffserve.makes``: what the model's requests produce, and so which API serves it (the playground's tabs).
+    return {"id": name, "object": "model", "created": created, "owned_by": "diffserve", "diffserve": {"makes": makes}}

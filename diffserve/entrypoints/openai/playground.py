@@ -4,8 +4,8 @@ The page (``static/playground.{html,css,js}``) uses only the public HTTP API, fr
 plain ASGI middleware placed in front of the API-key check, so the page itself loads without the key
 (it asks for it, and sends it on every API call); the Host allow-list and the metrics still apply. It
 answers only the paths of ``FILES``, an in-package allow-list (no path from the request reaches the
-file system), under a Content-Security-Policy that allows only this origin, plus ``blob:`` images: the
-results are shown from the response's base64 bytes.
+file system), under a Content-Security-Policy that allows only this origin, plus ``blob:`` images and media: the
+results are shown from the response's bytes (a video's MP4 is fetched with the key, then played).
 """
 
 from __future__ import annotations
@@ -26,9 +26,11 @@ FILES = {
     "/": ("playground.html", "text/html; charset=utf-8"),
     "/static/playground.css": ("playground.css", "text/css; charset=utf-8"),
     "/static/playground.js": ("playground.js", "text/javascript; charset=utf-8"),
+    "/static/playground-video.js": ("playground-video.js", "text/javascript; charset=utf-8"),
     "/static/favicon.svg": ("favicon.svg", "image/svg+xml"),
 }
-CSP = ("default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' blob:; connect-src 'self'; "
+CSP = ("default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' blob:; media-src blob:; "
+       "connect-src 'self'; "
        "object-src 'none'; base-uri 'none'; form-action 'none'; frame-ancestors 'none'")
 SECURITY_HEADERS = (
     (b"content-security-policy", CSP.encode()),

@@ -139,3 +139,51 @@ def test_every_videos_route_needs_the_key(server) -> None:
     missing = httpx.get(server.url + "/v1/videos/video_" + "0" * 32, timeout=10,
                         headers={"Authorization": f"Bearer {API_KEY}"})
     assert missing.status_code == 404 and missing.json()["error"]["code"] == "video_not_found"
+
+
+def test_the_playground_video_tab_polls_and_plays_the_mp4(server, tmp_path) -> None:
+    """The playground in headless Chromium: on a video model's server the Video tab replaces the image form; a
+    job's progress comes from polling, and the finished MP4 plays in the page at the requested size."""
+    from chromium_session import find_browser, start_chromium
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    found = find_browser()
+    if isinstance(found, str):
+        pytest.skip(f"no browser for the playground test: {found}")
+    driver = start_chromium(*found, profile_dir=tmp_path / "profile", log_path=tmp_path / "chromedriver.log")
+
+    def wait_for(condition, message: str = "", timeout: float = 120.0):
+        return WebDriverWait(driver, timeout, poll_frequency=0.05).until(condition, message)
+
+    def text(element_id: str) -> str:
+        return driver.find_element("id", element_id).text
+
+    try:
+        driver.get(server.url + "/")
+        wait_for(lambda d: d.find_element("id", "key-panel").is_displayed())
+        driver.find_element("id", "api-key").send_keys(API_KEY + "\n")
+        wait_for(lambda d: d.find_element("id", "video-panel").is_displayed(), "no video tab")
+        assert not driver.find_element("id", "generate-panel").is_displayed()
+        for element_id, value in {"video-prompt": "a red ball rolling left", "video-width": "64",
+                                  "video-height": "48", "video-frames": "9", "video-fps": "8",
+                                  "video-steps": "12", "video-seed": "5"}.items():
+            field = driver.find_element("id", element_id)
+            field.clear()
+            field.send_keys(value)
+        driver.execute_script("""window.seen = []; new MutationObserver(() => window.seen.push(
+            document.getElementById('video-progress-text').textContent)).observe(
+            document.getElementById('video-progress-text'), {childList: true, characterData: true, subtree: true});""")
+        driver.find_element("id", "video-generate").click()
+        wait_for(lambda _: text("video-status").startswith("Done"), text("video-error") or text("video-status"))
+        assert "9 frames at 8 fps, seed 5" in text("video-status")
+        seen = driver.execute_script("return window.seen")
+        assert any(s.startswith("in_progress") for s in seen) and seen[-1] == "completed · 100%", seen
+        size = wait_for(lambda d: d.execute_script(
+            "const v = document.getElementById('video-result'); "
+            "return v.readyState >= 1 && v.videoWidth ? [v.videoWidth, v.videoHeight, v.duration] : null"),
+            "the MP4 did not load in the page")
+        assert size[:2] == [64, 48] and size[2] == pytest.approx(9 / 8, abs=0.2), size
+        severe = [e for e in driver.get_log("browser") if e["level"] == "SEVERE" and "401" not in e["message"]]
+        assert not severe, severe
+    finally:
+        driver.quit()

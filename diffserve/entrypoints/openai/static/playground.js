@@ -37,6 +37,9 @@
     return resp;
   }
 
+  // The video tab (playground-video.js) calls the API through the same key handling.
+  window.diffservePlayground = { api, errorMessage, AuthRequired };
+
   // --- API key -------------------------------------------------------------------------------------
   function askForKey(message) {
     $("key-panel").hidden = false;
@@ -68,9 +71,11 @@
     try {
       const models = await api("/v1/models");
       if (!models.ok) throw new Error(await errorMessage(models));
-      const ids = (await models.json()).data.map((m) => m.id);
+      const cards = (await models.json()).data;
+      const ids = cards.map((m) => m.id);
       $("server-line").textContent = `Model: ${ids.join(", ")}`;
       $("forget-key").hidden = !apiKey();
+      document.dispatchEvent(new CustomEvent("diffserve:connected", { detail: cards }));
       await loadConfig();
     } catch (err) {
       if (!(err instanceof AuthRequired)) $("server-line").textContent = `Server unreachable: ${err.message}`;
