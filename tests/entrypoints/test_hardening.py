@@ -55,6 +55,15 @@ def test_v1_config_redacts_paths_and_extras(tiny_flux_dir, tmp_path) -> None:
         "deploy.yaml:2")
     assert doc["stages"][0]["fields"]["extras.token"]["value"] == REDACTED
     assert str(tmp_path) in str(config_view(cfg, expose=True))  # server.expose_config: true
+    # A job store's password never leaves, even exposed; a bad store URL is a config error naming the fix.
+    stored = resolve(model=str(tiny_flux_dir), overrides={"job_store": "postgresql://bob:p@ss@db:5432/jobs"})
+    assert stored.server.job_store == "postgresql+psycopg://bob:p@ss@db:5432/jobs"
+    for expose in (False, True):
+        assert "p@ss" not in str(config_view(stored, expose=expose))
+    assert config_view(stored, expose=True)["pipeline"]["server.job_store"]["value"] == \
+        f"postgresql+psycopg://bob:{REDACTED}@db:5432/jobs"
+    with pytest.raises(ConfigError, match="mysql"):
+        resolve(model=str(tiny_flux_dir), overrides={"job_store": "mysql://db/jobs"})
 
 
 def test_api_key_sources(tmp_path) -> None:

@@ -2,7 +2,8 @@
 
 Unless ``server.expose_config`` is on, what would tell a client about the host is redacted: absolute
 paths (the model directory, deploy files, provenance locations, paths inside warnings) keep only their
-last component, and ``extras`` values (free-form, possibly secrets) are replaced by a marker.
+last component, and ``extras`` values (free-form, possibly secrets) are replaced by a marker. A password in
+``server.job_store``'s URL is replaced by the marker always.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from typing import Any
 
 REDACTED = "<redacted>"
 # An absolute POSIX path, a home-relative one, or a Windows drive path; up to a quote, space or comma.
+_URL_PASSWORD = re.compile(r"(://[^:/@\s]+:)\S*@")
 _PATH = re.compile(r"(?:(?<![\w.])~|\b[A-Za-z]:)?(?:[/\\][^\s'\",;()\[\]{}]+)+")
 
 
@@ -22,6 +24,9 @@ def config_view(cfg: Any, *, expose: bool = False) -> dict[str, Any]:
     from diffserve.config.explain import explain_dict
 
     doc = explain_dict(cfg)
+    store = doc.get("pipeline", {}).get("server.job_store")
+    if store and isinstance(store.get("value"), str):  # a database password never leaves, exposed or not
+        store["value"] = _URL_PASSWORD.sub(r"\1" + REDACTED + "@", store["value"])
     if expose:
         return doc
     doc["model"] = _basename(doc.get("model"))
