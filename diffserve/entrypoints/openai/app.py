@@ -170,13 +170,13 @@ def create_app(engine: AsyncEngineClient | None = None, *, engine_factory: Engin
 
     @app.get("/v1/models")
     async def models() -> dict[str, Any]:
-        return {"object": "list", "data": [_model_card(served_model_name, created, makes)]}
+        return {"object": "list", "data": [_model_card(served_model_name, created, makes, host.engine)]}
 
     @app.get("/v1/models/{model_id:path}")
     async def model(model_id: str) -> dict[str, Any]:
         if model_id not in names:
             raise APIError(404, f"model {model_id!r} is not served here", param="model", code="model_not_found")
-        return _model_card(served_model_name, created, makes)
+        return _model_card(served_model_name, created, makes, host.engine)
 
     @app.get("/v1/config")
     async def resolved_config() -> dict[str, Any]:
@@ -207,6 +207,32 @@ def create_app(engine: AsyncEngineClient | None = None, *, engine_factory: Engin
     return app
 
 
-def _model_card(name: str, created: int, makes: str) -> dict[str, Any]:
-    # ``diffserve.makes``: what the model's requests produce, and so which API serves it (the playground's tabs).
-    return {"id": name, "object": "model", "created": created, "owned_by": "diffserve", "diffserve": {"makes": makes}}
+def _model_card(name: str, created: int, makes: str, engine: AsyncEngineClient | None) -> dict[str, Any]:
+    # ``diffserve.makes``: what the model's requests produce, and so which API serves it (the playground's tabs);
+    # ``diffserve.defaults``: what a request that names nothing gets, once the model is loaded (its form's values).
+    info: dict[str, Any] = {"makes": makes}
+    defaults = request_defaults(engine) if engine is not None and engine.is_ready else None
+    if defaults is not None:
+        info["defaults"] = defaults
+    return {"id": name, "object": "model", "created": created, "owned_by": "diffserve", "diffserve": info}
+
+
+def request_defaults(engine: AsyncEngineClient) -> dict[str, Any] | None:
+    """The size, steps, guidance (and a video's frames and fps) admission gives a request that sets none: the
+    model's own defaults unless the deployment set others. None if the engine cannot say (it refuses such a
+    request, e.g. a default size above ``server.max_pixels``)."""
+    from diffserve.types.request import GenerationRequest
+
+    capabilities = engine.capabilities
+    try:
+        filled = engine.admit(GenerationRequest(prompt="defaults", seed=0))
+    except Exception:  # noqa: BLE001 - no defaults to show; requests still get the engine's own answer
+        return None
+    size = capabilities.default_size if capabilities is not None else None
+    width, height = filled.width or size, filled.height or size
+    defaults: dict[str, Any] = {"size": f"{width}x{height}" if width and height else None,
+                                "num_inference_steps": filled.num_inference_steps,
+                                "guidance_scale": filled.guidance_scale}
+    if filled.num_frames is not None:
+        defaults.update(num_frames=filled.num_frames, fps=filled.fps)
+    return defaults
