@@ -21,9 +21,6 @@ os.environ["DIFFSERVE_CPU_BF16"] = "0"
 # which kernels oneDNN picks, and the suite's numerics should be the serial run's. Set before torch loads.
 if os.environ.get("PYTEST_XDIST_WORKER"):
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-    # Inductor compiles C++ in-process instead of in a pool of subprocesses that each import torch first
-    # (measured on 2 cores: the compile tests' CPU 128 s -> 117 s; the same kernels, compiled in the same order).
-    os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")
 
 
 # --- caches: the suite neither reads nor writes the user's ---------------------------------------------

@@ -50,7 +50,8 @@ OTHER = {"dtype": "float16", "linear_backend": "torch", "attention_backend": "ma
          "lora_modules": "style=/loras/style.safetensors", "lora_dir": "/loras", "batch_invariant": False,
          "components": f"transformer={__file__}", "vae_tiling": "off",  # resolve checks that the file exists
          "quantization": "int8", "quantization_ignored_layers": "final_layer", "text_encoder_quantization": "int8",
-         "offload": "model"}
+         "offload": "model", "state_dir": "/srv/diffserve", "job_store": "sqlite:////srv/jobs.sqlite3",
+         "artifact_dir": "/srv/videos", "requeue_interrupted": True}
 # Settings that only exist next to another one: both fingerprints are taken with these set.
 CONTEXT = {"cache_threshold": {"cache_backend": "fbcache"}}
 # Settings only an accelerator takes (on cpu they are an error): resolved for this platform.

@@ -178,7 +178,10 @@ def test_compiled_engine_does_not_recompile_per_adapter(tiny_flux_dir: Path, ada
     def one_step(loras: Any) -> Any:
         return eng.generate(GenerationRequest(**{**REQUEST, "num_inference_steps": 1}, loras=loras))
 
-    with Engine(str(tiny_flux_dir), dtype="float32", enforce_eager=False, lora_modules=modules, env={}) as eng:
+    # The first request compiles inside its batch: on a loaded 2-core machine that can outlast the default
+    # two-minute batch deadline floor, which is for hung workers, not for this.
+    with Engine(str(tiny_flux_dir), dtype="float32", enforce_eager=False, lora_modules=modules, env={},
+                deploy_config={"server": {"batch_deadline_floor_s": 900}}) as eng:
         # Graphs for one adapter (the combined rank is a shape: a two-adapter request compiles once more).
         one_step([("a", 1.0)])
         before = counters["stats"]["unique_graphs"]

@@ -26,7 +26,8 @@ def video_jobs(host: EngineHost, config: ResolvedConfig | None, served_model_nam
     """The videos API of a video model's server (None for an image model). ``instance_name``: this instance's
     name in the store's leases, stable across its restarts (``diffserve serve``: host and port), so a restarted
     instance recognises the jobs its previous run left unfinished."""
-    if config is None or config.model is None or not makes_videos(config.model):
+    model = getattr(config, "model", None)  # a test's stand-in config may carry only ``server``
+    if config is None or model is None or not makes_videos(model):
         return None
     server = config.server
     store = open_job_store(server)
