@@ -12,8 +12,6 @@ disconnect, metadata and attestation.
 from __future__ import annotations
 
 import asyncio
-import json
-import re
 import time
 import uuid
 from typing import Any
@@ -25,12 +23,11 @@ from starlette.datastructures import UploadFile
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from diffserve.entrypoints.openai.errors import APIError
+from diffserve.entrypoints.openai.form_fields import FieldTypes, form_number, typed_field
 from diffserve.entrypoints.openai.images import ImagesHandler
 from diffserve.entrypoints.openai.protocol import (
-    MAX_JSON_DEPTH,
     UNSUPPORTED_OPENAI_PARAMS,
     ImageEditRequest,
-    nesting_exceeds,
     request_error,
     to_generation_request,
 )
@@ -45,11 +42,10 @@ UNSUPPORTED_EDIT_PARAMS = UNSUPPORTED_OPENAI_PARAMS | {"input_fidelity", "markup
 INT_FIELDS = frozenset({"n", "output_compression", "num_inference_steps", "seed", "max_sequence_length"})
 FLOAT_FIELDS = frozenset({"guidance_scale", "true_cfg_scale", "cache_threshold", "strength"})
 BOOL_FIELDS = frozenset({"stream", "conditioning_cache"})
+TYPES = FieldTypes(ints=INT_FIELDS, floats=FLOAT_FIELDS, bools=BOOL_FIELDS)
 # ``loras`` as JSON text, or as the SDK flattens ``extra_body={"loras": [{"name", "scale"}]}``.
 LORA_NAME, LORA_SCALE = "loras[][name]", "loras[][scale]"
 MAX_TEXT_FIELDS = 64
-FORM_INT = re.compile(r"[+-]?\d{1,20}")
-_FLOAT = re.compile(r"[+-]?(\d+(\.\d*)?|\.\d+)([eE][+-]?\d+)?")
 
 
 class EditsHandler:
@@ -119,8 +115,8 @@ def parse_form(items: list[tuple[str, Any]]) -> tuple[ImageEditRequest, list[Upl
                            param="image", code="missing_parameter")
     data: dict[str, Any] = {}
     for name, text in texts.items():
-        typed = _typed(name, text)
-        if typed is not None or name not in INT_FIELDS | FLOAT_FIELDS | BOOL_FIELDS | {"loras"}:
+        typed = typed_field(name, text, TYPES)
+        if typed is not None or not TYPES.typed(name):
             data[name] = typed
     if lora_parts:
         if "loras" in data:
@@ -130,44 +126,6 @@ def parse_form(items: list[tuple[str, Any]]) -> tuple[ImageEditRequest, list[Upl
         return ImageEditRequest.model_validate(data), images, mask
     except ValidationError as exc:
         raise request_error(exc) from exc
-
-
-def _typed(name: str, text: str) -> Any:
-    """A form field's text as the type its name has in the body; ``""`` (how the SDK sends ``None``) is
-    unset for the typed fields."""
-    if name not in INT_FIELDS | FLOAT_FIELDS | BOOL_FIELDS | {"loras"}:
-        return text
-    text = text.strip()
-    if not text:
-        return None
-    if name in INT_FIELDS:
-        if not FORM_INT.fullmatch(text):
-            raise RequestError(f"{name}={text[:50]!r} must be an integer", param=name)
-        return int(text)
-    if name in FLOAT_FIELDS:
-        return form_number(text, name, name)
-    if name in BOOL_FIELDS:
-        if text.lower() not in ("true", "false"):
-            raise RequestError(f"{name}={text[:50]!r} must be true or false", param=name)
-        return text.lower() == "true"
-    return form_loras(text)
-
-
-def form_number(text: str, name: str, param: str) -> float:
-    if not _FLOAT.fullmatch(text):
-        raise RequestError(f"{name}={text[:50]!r} must be a number", param=param)
-    return float(text)  # 1e400 is inf here: refused by the model (allow_inf_nan=False), as in JSON
-
-
-def form_loras(text: str) -> Any:
-    raw = text.encode()
-    if nesting_exceeds(raw, MAX_JSON_DEPTH):
-        raise RequestError(f"loras nests deeper than {MAX_JSON_DEPTH} levels", param="loras")
-    try:
-        return json.loads(raw)
-    except (ValueError, RecursionError) as exc:
-        raise RequestError(f"loras must be JSON text like '[{{\"name\": \"style\", \"scale\": 0.8}}]': "
-                           f"{type(exc).__name__}", param="loras") from None
 
 
 def _bracket_loras(parts: list[tuple[str, str]]) -> list[dict[str, Any]]:

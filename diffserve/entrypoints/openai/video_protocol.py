@@ -20,14 +20,14 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from starlette.datastructures import UploadFile
 
 from diffserve.entrypoints.jobs.store import COMPLETED, FAILED, Job
-from diffserve.entrypoints.openai.edits import FORM_INT, form_loras, form_number
+from diffserve.entrypoints.openai.form_fields import FieldTypes, typed_field
 from diffserve.entrypoints.openai.protocol import MAX_JSON_DEPTH, LoraChoice, nesting_exceeds, request_error
 from diffserve.errors import RequestError
 from diffserve.types.request import MAX_CACHE_THRESHOLD, MAX_GUIDANCE_SCALE, MAX_SEED
 
 MAX_SECONDS = 600.0
-INT_FIELDS = frozenset({"seed", "num_inference_steps", "fps", "num_frames"})
-FLOAT_FIELDS = frozenset({"guidance_scale", "cache_threshold"})
+TYPES = FieldTypes(ints=frozenset({"seed", "num_inference_steps", "fps", "num_frames"}),
+                   floats=frozenset({"guidance_scale", "cache_threshold"}))
 MAX_TEXT_FIELDS = 32
 
 
@@ -105,24 +105,8 @@ def parse_form(items: list[tuple[str, Any]]) -> tuple[VideoCreateRequest, Upload
             raise RequestError(f"{name} must be a text field, not a file", param=name)
         if name in texts:
             raise RequestError(f"{name} given twice", param=name)
-        texts[name] = _form_value(name, value)
+        texts[name] = typed_field(name, value, TYPES)
     return _validate({k: v for k, v in texts.items() if v is not None}), reference
-
-
-def _form_value(name: str, text: str) -> Any:
-    """A form field's text as its body type; ``""`` (how the SDK sends ``None``) is unset for typed fields."""
-    if name not in INT_FIELDS | FLOAT_FIELDS | {"loras"}:
-        return text
-    text = text.strip()
-    if not text:
-        return None
-    if name in INT_FIELDS:
-        if not FORM_INT.fullmatch(text):
-            raise RequestError(f"{name}={text[:50]!r} must be an integer", param=name)
-        return int(text)
-    if name in FLOAT_FIELDS:
-        return form_number(text, name, name)
-    return form_loras(text)
 
 
 def _validate(data: dict[str, Any]) -> VideoCreateRequest:
