@@ -16,8 +16,8 @@ from diffserve.engine.outputs import build_output
 from diffserve.engine.stage_loop import stage_entry
 from diffserve.engine.stats import BatchStats, kernel_delta
 from diffserve.engine.step_joins import StepJoins
-from diffserve.engine.step_watch import StepWatch, work_units
-from diffserve.engine.watchdog import batch_deadline_s
+from diffserve.engine.step_watch import StepWatch
+from diffserve.engine.watchdog import batch_deadline_s, work_units
 from diffserve.errors import EngineDeadError, RequestAbortedError, RequestError, WorkerError
 from diffserve.executor.base import DeadlineExceeded
 from diffserve.logging import get_logger
@@ -52,7 +52,8 @@ class BatchHost(Protocol):
 
     def publish(self, stats: BatchStats) -> None: ...
 
-    def replica_hung(self, replica: Replica, live: list[RequestState], deadline: float, why: str = "") -> None: ...
+    def replica_hung(self, replica: Replica, live: list[RequestState], deadline: float,
+                     stalled: str | None = None) -> None: ...
 
     def replica_lost(self, replica: Replica, live: list[RequestState], error: EngineDeadError) -> None: ...
 
@@ -83,9 +84,8 @@ class BatchRun:
                       and capabilities is not None and capabilities.step_batching)
         joins = StepJoins(self.replica, core.replicas, core.scheduler, core.stage, core.config.server, live,
                           default_size) if step_level else None
-        size = default_size or 1024
         self.watch = StepWatch(self.replica.pace,
-                               lambda: work_units([s.request for s in live if not s.finished], size),
+                               lambda: work_units([s.request for s in live if not s.finished], default_size),
                                compiled=not core.stage.enforce_eager)
         try:
             outputs = executor.execute(
@@ -99,8 +99,8 @@ class BatchRun:
             core.deliver([(s, RequestAbortedError(f"request {s.request_id} was aborted")) for s in live
                           if not s.finished])
             return Outcome.ABORTED, None
-        except DeadlineExceeded as exc:
-            core.replica_hung(self.replica, live, deadline, str(exc))
+        except DeadlineExceeded:
+            core.replica_hung(self.replica, live, deadline, self.watch.reason)
             return Outcome.DEAD, None
         except EngineDeadError as exc:
             core.replica_lost(self.replica, live, exc)

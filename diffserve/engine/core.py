@@ -167,14 +167,14 @@ class EngineCore:
 
     # -- what a batch run reports back ---------------------------------------------------------------
 
-    def replica_hung(self, replica: Replica, live: list[RequestState], deadline: float, why: str = "") -> None:
-        """The batch ran past its deadline, or its worker stopped reporting steps (``why``, from the step
-        heartbeat, ``step_watch.py``): its worker is hung. The executor kills what it can (mp: SIGKILL) and the
-        replica is taken out; its batch fails (the whole engine dies, failing every waiting request too, if it
-        was the last replica)."""
+    def replica_hung(self, replica: Replica, live: list[RequestState], deadline: float,
+                     stalled: str | None = None) -> None:
+        """The batch ran past its deadline, or its worker stopped reporting steps (``stalled``: how, from the
+        step heartbeat, ``step_watch.py``): its worker is hung. The executor kills what it can (mp: SIGKILL) and
+        the replica is taken out; its batch fails (the whole engine dies, failing every waiting request too, if
+        it was the last replica)."""
         ids = [s.request_id for s in live]
-        stalled = "no progress" in why
-        what = why.split(": ", 1)[-1] if stalled else f"exceeded its deadline of {deadline:.1f}s"
+        what = stalled or f"exceeded its deadline of {deadline:.1f}s"
         logger.error("batch %s %s: the worker of replica %d is hung", ids, what, replica.index)
         error = EngineDeadError(f"a batch ({', '.join(ids)}) {what}: the {replica.executor.name} worker of "
                                 f"replica {replica.index} is hung")

@@ -4,7 +4,7 @@ replica has been taking for that much work ``)``, instead of at the batch deadli
 A running batch reports progress at every denoise step. Between two reports the replica does one phase: ``lead``
 (the call's start to its first step: text encoding and the first step), ``step`` (one denoise step) or ``tail``
 (the last step to the result: decoding). ``StepPace`` learns, per replica and phase, the seconds each phase takes
-per unit of work (megapixels x images x frames of the live requests), as a running average; ``StepWatch`` turns
+per unit of work (``watchdog.work_units``: megapixels x images x frames of the live requests), as a running average; ``StepWatch`` turns
 that into a limit for the gap the batch is in now. A phase with no history yet has no limit (the batch deadline
 still bounds it), and neither has ``lead`` on a compiled replica: a new shape may compile there, for minutes.
 """
@@ -13,23 +13,12 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Iterable
-
-from diffserve.types.request import GenerationRequest
+from collections.abc import Callable
 
 STALL_FLOOR_S = 10.0
 STALL_FACTOR = 5.0
 _SMOOTHING = 0.3  # weight of the newest gap in the running average
 PHASES = ("lead", "step", "tail")
-
-
-def work_units(requests: Iterable[GenerationRequest], default_size: int) -> float:
-    """Megapixels x images x frames: what one step of these requests computes, relatively."""
-    total = 0.0
-    for request in requests:
-        height, width = request.height or default_size, request.width or default_size
-        total += height * width / 1e6 * request.n * (request.num_frames or 1)
-    return max(total, 1e-6)
 
 
 class StepPace:
@@ -41,7 +30,7 @@ class StepPace:
 
     def observe(self, phase: str, seconds: float, work: float) -> None:
         with self._lock:
-            value = seconds / work
+            value = seconds / max(work, 1e-6)
             previous = self._per_unit.get(phase)
             self._per_unit[phase] = value if previous is None else (1 - _SMOOTHING) * previous + _SMOOTHING * value
 
@@ -61,6 +50,7 @@ class StepWatch:
         self._lock = threading.Lock()
         self._phase = "lead"
         self._since = time.monotonic()
+        self.reason: str | None = None  # why ``stalled`` last said the worker is hung
 
     def stepped(self, step: int, total: int) -> None:
         """A step was reported: the gap that ended is learned; the next is ``step`` or, after the last, ``tail``."""
@@ -88,5 +78,6 @@ class StepWatch:
         limit = max(STALL_FLOOR_S, STALL_FACTOR * expected)
         if waited <= limit:
             return None
-        return (f"no progress for {waited:.1f}s in its {phase} phase (limit max({STALL_FLOOR_S:g}s, {STALL_FACTOR:g} x "
-                f"{expected:.2f}s, the time this replica has been taking for it))")
+        self.reason = (f"made no progress for {waited:.1f}s in its {phase} phase (limit max({STALL_FLOOR_S:g}s, "
+                       f"{STALL_FACTOR:g} x {expected:.2f}s, the time this replica has been taking for it))")
+        return self.reason

@@ -33,13 +33,16 @@ def batch_deadline_s(batch: Iterable[GenerationRequest], server: ServerConfig,
     or wait far too long for small ones. A batch shares one ``BatchKey`` (same size and steps), but the sum
     keeps this correct for any batch.
     """
-    size = default_size or _FALLBACK_SIZE
-    work = 0.0
-    for request in batch:
-        height = request.height or size
-        width = request.width or size
-        work += (request.num_inference_steps or 0) * (height * width / 1e6) * request.n * (request.num_frames or 1)
+    work = sum((request.num_inference_steps or 0) * work_units([request], default_size) for request in batch)
     return float(server.batch_deadline_floor_s) + server.batch_deadline_s_per_mpix_step * work
+
+
+def work_units(requests: Iterable[GenerationRequest], default_size: int | None) -> float:
+    """What one denoise step of these requests computes, relatively: megapixels x images x frames (a size the
+    requests leave unset is the model's ``default_size``). The batch deadline and the step heartbeat scale by it."""
+    size = default_size or _FALLBACK_SIZE
+    return sum((request.height or size) * (request.width or size) / 1e6 * request.n * (request.num_frames or 1)
+               for request in requests)
 
 
 class Heartbeat:

@@ -97,7 +97,7 @@ def test_sigstopped_mp_worker_is_found_by_its_step_heartbeat(tiny_flux_dir: Path
         os.kill(workers[0], signal.SIGSTOP)
         sent_at = time.monotonic()
         thread, box = _post_in_thread(server.url)
-        _assert_dead_over_http(server, sent_at, thread, box, within_s=STALL_FLOOR_S, why="no progress for")
+        _assert_dead_over_http(server, sent_at, thread, box, within_s=STALL_FLOOR_S, why="made no progress for")
         # SIGKILLed and reaped by the server: no stopped process is left behind.
         assert wait_gone(workers, 5.0) == []
     finally:

@@ -7,7 +7,8 @@ from __future__ import annotations
 import pytest
 
 from diffserve.engine import step_watch
-from diffserve.engine.step_watch import STALL_FLOOR_S, StepPace, StepWatch, work_units
+from diffserve.engine.step_watch import STALL_FLOOR_S, StepPace, StepWatch
+from diffserve.engine.watchdog import work_units
 from diffserve.types.request import GenerationRequest
 
 
@@ -48,7 +49,7 @@ def test_a_stall_is_found_after_five_times_the_learned_pace_and_never_before_the
     clock.now += 19.9
     assert second.stalled() is None  # 5 x 4 s
     clock.now += 0.2
-    assert "no progress for 20.1s in its step phase" in second.stalled()
+    assert "made no progress for 20.1s in its step phase" in second.stalled()
 
     joined = StepWatch(pace, lambda: work[0], compiled=False)
     joined.stepped(1, 3)
