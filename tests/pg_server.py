@@ -56,15 +56,17 @@ def postgres_server() -> Iterator[str]:
         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     try:
         deadline = time.monotonic() + 60
+        # An open port is not a ready server: during recovery it accepts and refuses with "the database system
+        # is starting up". pg_isready answers 0 only once the server accepts sessions.
         while True:
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            ready = subprocess.run([str(bin_dir / "pg_isready"), "-h", "127.0.0.1", "-p", str(port), "-t", "1"],
+                                   capture_output=True, timeout=10)
+            if ready.returncode == 0:
                 break
-            except OSError:
-                if server.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError(f"postgres did not start: {server.stderr.read().decode()[-2000:]}"
-                                       if server.stderr else "postgres did not start") from None
-                time.sleep(0.1)
+            if server.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"postgres did not start: {server.stderr.read().decode()[-2000:]}"
+                                   if server.stderr else "postgres did not start")
+            time.sleep(0.1)
         yield f"postgresql+psycopg://diffserve@127.0.0.1:{port}"
     finally:
         server.terminate()
