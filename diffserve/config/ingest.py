@@ -8,8 +8,10 @@ with its source. Errors are collected, not raised, so ``config validate`` can re
 from __future__ import annotations
 
 import datetime
+import os
 from collections.abc import Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from diffserve.config.fields import (
@@ -76,7 +78,16 @@ def _unknown(ctx: Ctx, key: str, path: str, source: Source, valid: tuple[str, ..
     ctx.out.error(f"unknown key {key!r}", path=_join(path, key), source=source, hint=hint)
 
 
+# Leaves whose values are {name: file path}: a relative path in a deploy file is relative to that file, as
+# ``model:`` and ``base_config`` are (elsewhere, to the working directory).
+_FILE_MAPPINGS = frozenset({"lora_modules", "components"})
+
+
 def _leaf(ctx: Ctx, leaf: Leaf, value: Any, stage_id: int | None, path: str, source: Source) -> None:
+    if leaf.key in _FILE_MAPPINGS and ctx.file is not None and ctx.file != "<dict>" and isinstance(value, Mapping):
+        folder = Path(ctx.file).parent
+        value = {k: str(folder / os.path.expanduser(v)) if isinstance(v, str) and v.strip()
+                 and not os.path.isabs(os.path.expanduser(v)) else v for k, v in value.items()}
     try:
         canonical = leaf.normalize(value)
     except ConfigError as exc:

@@ -120,6 +120,10 @@ class RequestDefaultsConfig:
                                  "model's, e.g. Wan's 81)", c.int_normalizer(1), kind="int")
     fps: int | None = opt(None, "frame rate of a video request that sends none (video models only; unset: the "
                           "model's, e.g. Wan's 16)", c.int_normalizer(1), kind="int")
+    height: int | None = opt(None, "height of a request that sends no size (unset: the model's, e.g. the VAE's "
+                             "sample size for FLUX, Wan's 480)", c.int_normalizer(1), kind="int")
+    width: int | None = opt(None, "width of a request that sends no size (unset: the model's, e.g. Wan's 832)",
+                            c.int_normalizer(1), kind="int")
 
 
 @dataclass(frozen=True)

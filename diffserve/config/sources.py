@@ -108,8 +108,8 @@ def _model_teacache_polynomial(path: Path, class_name: str, out: Collector) -> N
 
 def _marker_request_defaults(path: Path, out: Collector) -> tuple[dict[str, Any], Source]:
     """The model's own ``request_defaults`` from its marker file (``diffserve_model.json``), if it declares
-    any: ``num_inference_steps``, ``guidance_scale`` (and a video model's ``num_frames``, ``fps``), which replace
-    the family's."""
+    any: ``num_inference_steps``, ``guidance_scale``, ``height``, ``width`` (and a video model's ``num_frames``,
+    ``fps``), which replace the family's."""
     marker = path / MODEL_MARKER_FILE
     source = Source("model", str(marker), None, "the model's request_defaults")
     if not marker.is_file():
@@ -126,7 +126,7 @@ def _marker_request_defaults(path: Path, out: Collector) -> tuple[dict[str, Any]
         out.error("request_defaults must be a mapping", path=f"{MODEL_MARKER_FILE}:request_defaults",
                   source=str(marker))
         return {}, source
-    known = {"num_inference_steps", "guidance_scale", "num_frames", "fps"}
+    known = {"num_inference_steps", "guidance_scale", "num_frames", "fps", "height", "width"}
     for key in sorted(set(declared) - known):
         out.error(f"unknown request default {key!r}", path=f"{MODEL_MARKER_FILE}:request_defaults.{key}",
                   source=str(marker), hint=f"choose from: {', '.join(sorted(known))}")
@@ -137,8 +137,9 @@ def _load_chain(deploy_config: str | os.PathLike | Mapping, out: Collector) -> l
     """The deploy file and its base_config ancestors, root ancestor first."""
     chain: list[tuple[str, Mapping]] = []
     seen: list[Path] = []
-    if isinstance(deploy_config, Mapping):
-        name, doc, base_dir = "<dict>", deploy_config, Path.cwd()
+    if isinstance(deploy_config, Mapping):  # a models: entry (model_list.DeployEntry) cites its file
+        name = getattr(deploy_config, "source_name", "<dict>")
+        doc, base_dir = deploy_config, getattr(deploy_config, "base_dir", Path.cwd())
     else:
         path = Path(deploy_config).expanduser().resolve()
         name, doc, base_dir = str(path), load_yaml_file(path), path.parent
@@ -191,6 +192,12 @@ def deploy_layers(deploy_config: str | os.PathLike | Mapping | None, platform: s
         return []
     for position, (name, doc) in enumerate(chain):
         ctx = Ctx(out, LAYER_RANK["yaml"] + position, "yaml", name)
+        if "models" in doc:  # a server's list of models (config/model_list.py): one config each
+            out.error("this file lists several models (models:), each its own deploy config", path="models",
+                      source=ctx.src(doc, "models"),
+                      hint="diffserve serve --deploy-config FILE serves them; to explain or validate one, give "
+                           "its entry a file of its own")
+            continue
         pipeline_doc(ctx, doc, "", reserved=_DECK_KEYS)
         if "model" in doc:
             folder = Path.cwd() if name == "<dict>" else Path(name).parent

@@ -57,16 +57,20 @@ def check_cache(request: GenerationRequest, cache: CacheConfig) -> GenerationReq
 
 def fill_defaults(request: GenerationRequest, defaults: RequestDefaultsConfig | None,
                   capabilities: PipelineCapabilities | None = None) -> GenerationRequest:
-    """Unset ``num_inference_steps``/``guidance_scale`` from the deployment's ``request_defaults`` (the model
-    family's own, source ``model``, unless the deployment set others), an unset ``max_sequence_length`` from
+    """Unset ``num_inference_steps``/``guidance_scale`` (and a request's size, unless it edits an image) from the
+    deployment's ``request_defaults`` (the model's own, source ``model``, unless the deployment set others); a
+    video model's unset frames, fps and size likewise (its size else the family's); an unset ``max_sequence_length`` from
     the model's text limit. The only place an engine's requests get their defaults: nothing downstream fills."""
     video = capabilities.video if capabilities is not None else None
     extra: dict[str, int | None] = {}
+    if not request.images:  # an edit (and image-to-video) takes its image's size (check_edit)
+        extra.update(height=defaults.height if defaults is not None else None,
+                     width=defaults.width if defaults is not None else None)
     if video is not None:  # a video model's size and clip come from the deployment and the model, once, here
-        extra = {"num_frames": defaults.num_frames if defaults is not None else None,
-                 "fps": defaults.fps if defaults is not None else None}
-        if not request.images:  # an image-to-video request takes its image's size (check_edit)
-            extra.update(height=video.default_height, width=video.default_width)
+        extra.update(num_frames=defaults.num_frames if defaults is not None else None,
+                     fps=defaults.fps if defaults is not None else None)
+        if not request.images:
+            extra.update(height=extra["height"] or video.default_height, width=extra["width"] or video.default_width)
     return request.with_defaults(defaults.num_inference_steps if defaults is not None else None,
                                  defaults.guidance_scale if defaults is not None else None,
                                  capabilities.max_sequence_length if capabilities is not None else None, **extra)
