@@ -31,7 +31,9 @@ class ServerProcess:
         self.url = f"http://127.0.0.1:{self.port}"
         self.log_path = log_path
         # Offline unless the test says otherwise (``env``: the hub-download tests point HF_ENDPOINT at a local hub).
-        env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "PYTHONUNBUFFERED": "1", **(env or {})}
+        # Video jobs go to the server's own state directory (beside its log, so a restart finds them), never ~/.local.
+        env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "PYTHONUNBUFFERED": "1",
+               "XDG_STATE_HOME": str(log_path.parent / "state"), **(env or {})}
         cmd = [sys.executable, "-m", "diffserve.entrypoints.cli", "serve", *args,
                "--host", "127.0.0.1", "--port", str(self.port)]
         self._log = open(log_path, "ab")  # noqa: SIM115 - closed in stop(); a restart appends

@@ -21,6 +21,7 @@ pytestmark = pytest.mark.e2e
 GEN = "/v1/images/generations"
 ASSETS = {"/": "text/html", "/static/playground.css": "text/css", "/static/playground.js": "text/javascript",
           "/static/playground-video.js": "text/javascript", "/static/playground-defaults.js": "text/javascript",
+          "/static/playground-models.js": "text/javascript",
           "/static/favicon.svg": "image/svg+xml"}
 
 # WCAG contrast of each visible text element against the first opaque background behind it.

@@ -1,7 +1,9 @@
-"""``diffserve serve [MODEL]``: the OpenAI-compatible HTTP server.
+"""``diffserve serve [MODEL ...]``: the OpenAI-compatible HTTP server.
 
-MODEL is a diffusers directory or a hub id (``org/name[@revision]``, config/hub.py); without it, the deploy
-file's ``model:``, else the shipped toy-shapes demo model. Config flags are the shared ones from ``diffserve.config.cli_args``.
+MODEL is a diffusers directory or a hub id (``org/name[@revision]``, config/hub.py); several are served each by
+its own engine (``config/model_list.py``; a deploy file's ``models:`` list likewise). Without MODEL: the deploy
+file's ``model:``, else the shipped toy-shapes demo model. Config flags are the shared ones from
+``diffserve.config.cli_args``; they apply to every model.
 """
 
 from __future__ import annotations
@@ -10,13 +12,15 @@ import argparse
 import os
 import socket
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from diffserve.logging import get_logger
 
 if TYPE_CHECKING:  # pragma: no cover
+    from diffserve.config.model_list import ModelEntry
     from diffserve.config.resolved import ResolvedConfig
     from diffserve.engine.client import AsyncEngineClient
+    from diffserve.entrypoints.openai.served import ModelServing
 
 logger = get_logger(__name__)
 
@@ -28,9 +32,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         description="Serve a FLUX model directory (or, without MODEL, the toy-shapes demo model) "
                     "over an OpenAI-compatible HTTP API: POST /v1/images/generations, GET /v1/models, "
                     "/health, /ready, /metrics, /v1/config.")
-    parser.add_argument("model", nargs="?", default=None, metavar="MODEL",
+    parser.add_argument("model", nargs="*", default=[], metavar="MODEL",
                         help="model directory (diffusers layout) or hub id org/name[@revision] from the Hugging "
-                             "Face cache; default: the deploy file's model:, else the built-in toy-shapes model")
+                             "Face cache; several: each served by its own engine, the first the default of requests "
+                             "that name none; default: the deploy file's model: (or models: list), else the "
+                             "built-in toy-shapes model")
     add_config_arguments(parser)
     server = parser.add_argument_group("server")
     server.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
@@ -60,9 +66,10 @@ def run(args: argparse.Namespace) -> int:
     import uvicorn
 
     from diffserve.config.cli_args import config_kwargs_from_args
-    from diffserve.config.resolve import resolve
+    from diffserve.config.model_list import model_entries
     from diffserve.entrypoints.api_key import resolve_api_key
     from diffserve.entrypoints.openai.app import create_app
+    from diffserve.errors import ConfigError
 
     # Before the model is built: a key given twice (or an unreadable key file) fails at once.
     api_key = resolve_api_key(args.api_key, args.api_key_file, os.environ)
@@ -71,24 +78,18 @@ def run(args: argparse.Namespace) -> int:
         overrides = kwargs.setdefault("overrides", {}) or {}
         overrides["lora_modules"] = ",".join(filter(None, [overrides.get("lora_modules", ""), *args.lora]))
         kwargs["overrides"] = overrides
-    config = resolve(model=args.model, **kwargs)
-    if config.model is None:  # neither MODEL nor the deploy file's model:
-        config = resolve(model=_demo_model(), **kwargs)
-    name, aliases = _names(config, args.served_model_name)
-    for warning in config.warnings:
-        logger.warning("config: %s", warning)
-    logger.info("config fingerprint %s", config.fingerprint)
-
-    def build_engine() -> AsyncEngineClient:
-        from diffserve.engine.async_engine import AsyncEngine
-
-        return AsyncEngine.from_config(config)
-
-    app = create_app(engine_factory=build_engine, config=config, served_model_name=name,
-                     model_aliases=aliases, api_key=api_key, image_ttl_s=args.image_url_ttl,
+    entries = model_entries(args.model, kwargs.pop("deploy_config", None))
+    if args.served_model_name is not None and len(entries) > 1:
+        raise ConfigError(f"--served-model-name names one model, and {len(entries)} are served",
+                          path="--served-model-name", hint="name each in a deploy file's models: entry (name:)")
+    models = [_serving(entry, kwargs, args.served_model_name) for entry in entries]
+    _check_distinct(models)
+    config = models[0].config
+    assert config is not None
+    app = create_app(models=models, api_key=api_key, image_ttl_s=args.image_url_ttl,
                      instance_name=f"{socket.gethostname()}:{args.port}")
-    logger.info("serving model %r at http://%s:%d (GET /ready turns 200 once the model is warmed)",
-                name, args.host, args.port)
+    logger.info("serving %s at http://%s:%d (GET /ready turns 200 once every model is warmed)",
+                ", ".join(repr(m.name) for m in models), args.host, args.port)
     # limit_concurrency: connections beyond server.max_connections get uvicorn's plain 503 and are
     # closed. An idle keep-alive connection is dropped after 5 s, and headers larger than 16 KiB are
     # refused, so neither idle nor header-stuffing clients pile up; body_timeout_s bounds the body.
@@ -96,6 +97,39 @@ def run(args: argparse.Namespace) -> int:
                 timeout_graceful_shutdown=10, limit_concurrency=config.server.max_connections,
                 timeout_keep_alive=5, http="h11", h11_max_incomplete_event_size=16 * 1024)
     return 0
+
+
+def _serving(entry: ModelEntry, kwargs: dict[str, Any], served_model_name: str | None) -> ModelServing:
+    """One model's resolved config, the engine factory built from it and its names."""
+    from diffserve.config.resolve import resolve
+    from diffserve.entrypoints.openai.served import ModelServing
+
+    config = resolve(model=entry.model, deploy_config=entry.deploy_config, **kwargs)
+    if config.model is None:  # neither MODEL nor the deploy file's model:
+        config = resolve(model=_demo_model(), deploy_config=entry.deploy_config, **kwargs)
+    name, aliases = _names(config, entry.name or served_model_name)
+    for warning in config.warnings:
+        logger.warning("config of %s: %s", name, warning)
+    logger.info("config fingerprint of %s: %s", name, config.fingerprint)
+
+    def build_engine() -> AsyncEngineClient:
+        from diffserve.engine.async_engine import AsyncEngine
+
+        return AsyncEngine.from_config(config)
+
+    return ModelServing(name, factory=build_engine, config=config, aliases=aliases)
+
+
+def _check_distinct(models: list[ModelServing]) -> None:
+    from diffserve.errors import ConfigError
+
+    owner: dict[str, int] = {}
+    for index, model in enumerate(models):
+        for name in {model.name, *model.aliases}:
+            if owner.setdefault(name, index) != index:
+                raise ConfigError(f"two models answer to {name!r}", path="models",
+                                  hint="give each a name: serve them from a deploy file's models: list with name: "
+                                       "per entry")
 
 
 def _demo_model() -> str:

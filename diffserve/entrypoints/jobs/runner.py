@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -47,7 +48,6 @@ class ArtifactWriteError(Exception):
 @dataclass(frozen=True)
 class RunnerSettings:
     owner: str  # this instance's name in the store's leases (stable across its restarts)
-    models: tuple[str, ...]  # the model ids whose jobs this instance runs
     lease_s: float
     deadline_s: float
     ttl_s: float  # 0: finished jobs are kept
@@ -56,12 +56,15 @@ class RunnerSettings:
 
 
 class JobRunner:
-    def __init__(self, store: JobStore, artifacts: ArtifactDir, host: EngineHost, settings: RunnerSettings) -> None:
+    def __init__(self, store: JobStore, artifacts: ArtifactDir, hosts: Mapping[str, EngineHost],
+                 settings: RunnerSettings) -> None:
+        """``hosts``: the engine of each model (by the id jobs are stored under) whose jobs this instance runs."""
         self.store = store
         self.artifacts = artifacts
-        self.host = host
+        self.hosts = dict(hosts)
         self.settings = settings
         self._running: dict[str, asyncio.Task[None]] = {}
+        self._models: dict[str, str] = {}  # running job id -> its model
         self._wake = asyncio.Event()
         self._loop_task: asyncio.Task[None] | None = None
         self._last_sweep = 0.0
@@ -122,21 +125,25 @@ class JobRunner:
                 logger.error("video job loop: %s: %s", type(exc).__name__, exc)
 
     async def _claim(self) -> None:
-        engine = self.host.engine
-        if engine is None or not self.host.is_ready:
-            return
-        free = max(1, engine.num_replicas) - len(self._running)
+        for model, host in self.hosts.items():
+            engine = host.engine
+            if engine is not None and host.is_ready:
+                running = sum(1 for job_model in self._models.values() if job_model == model)
+                await self._claim_for(model, max(1, engine.num_replicas) - running)
+
+    async def _claim_for(self, model: str, free: int) -> None:
+        """Claim up to ``free`` queued jobs of ``model`` (one per free replica) and start them."""
         if free <= 0:
             return
         now = time.time()
-        for job in await asyncio.to_thread(self.store.claimable, now=now, limit=free * 4,
-                                           models=self.settings.models):
+        for job in await asyncio.to_thread(self.store.claimable, now=now, limit=free * 4, models=(model,)):
             if free <= 0:
                 break
             won = await asyncio.to_thread(self.store.claim, job.id, self.settings.owner, now=time.time(),
                                           lease_s=self.settings.lease_s)
             if won:
                 free -= 1
+                self._models[job.id] = model
                 self._running[job.id] = asyncio.create_task(self._run(job), name=f"diffserve-{job.id}")
 
     async def _sweep(self) -> None:
@@ -180,7 +187,7 @@ class JobRunner:
                             f"the job took longer than server.job_deadline_s={self.settings.deadline_s:g} s")
         except (LeaseLost, asyncio.CancelledError):
             # Deleted (here or on another instance), taken over, or this server is stopping: nothing of it stays.
-            await self._abort(request_id)
+            await self._abort(job, request_id)
             await asyncio.to_thread(self.artifacts.remove, job.id)
         except Exception as exc:  # noqa: BLE001 - the engine's, the encoder's, the disk's or the store's failure
             error = to_api_error(exc, request_id)
@@ -188,10 +195,11 @@ class JobRunner:
         finally:
             heartbeat.cancel()
             self._running.pop(job.id, None)
+            self._models.pop(job.id, None)
             self._wake.set()  # a slot is free
 
     async def _generate(self, job: Job, request_id: str, progress: list[int]) -> RequestOutput:
-        engine = self.host.require()
+        engine = self.hosts[job.model].require()
         image = None
         if job.request.get("has_input"):
             image = await asyncio.to_thread(_read_input, self.artifacts, job.id)
@@ -246,7 +254,7 @@ class JobRunner:
 
     async def _end(self, job: Job, request_id: str, code: str, message: str) -> None:
         logger.warning("video job %s failed (%s): %s", job.id, code, message)
-        await self._abort(request_id)
+        await self._abort(job, request_id)
         with contextlib.suppress(Exception):
             await asyncio.to_thread(self.artifacts.remove, job.id)
         try:
@@ -255,8 +263,9 @@ class JobRunner:
         except Exception as exc:  # noqa: BLE001 - the lease expires and the sweep fails it then
             logger.error("job %s: could not record its failure: %s: %s", job.id, type(exc).__name__, exc)
 
-    async def _abort(self, request_id: str) -> None:
-        engine = self.host.engine
+    async def _abort(self, job: Job, request_id: str) -> None:
+        host = self.hosts.get(job.model)
+        engine = host.engine if host is not None else None
         if engine is not None:
             with contextlib.suppress(Exception):
                 await engine.abort(request_id)

@@ -7,9 +7,8 @@ metrics and config endpoints, and the pre-parsing middleware (metrics, API key, 
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
-from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
@@ -19,16 +18,9 @@ from diffserve import __version__
 from diffserve.config.resolved import ResolvedConfig
 from diffserve.config.schema import ServerConfig
 from diffserve.engine.client import AsyncEngineClient
-from diffserve.entrypoints.openai.config_view import config_view
 from diffserve.entrypoints.openai.edits import EDITS_PATH, EditsHandler
 from diffserve.entrypoints.openai.engine_host import EngineFactory, EngineHost
-from diffserve.entrypoints.openai.errors import (
-    APIError,
-    engine_dead,
-    not_ready,
-    request_id_from,
-    to_api_error,
-)
+from diffserve.entrypoints.openai.errors import APIError, request_id_from, to_api_error
 from diffserve.entrypoints.openai.image_store import ImageStore
 from diffserve.entrypoints.openai.images import ImagesHandler
 from diffserve.entrypoints.openai.metrics import CONTENT_TYPE, ServerMetrics
@@ -39,7 +31,9 @@ from diffserve.entrypoints.openai.middleware import (
     MetricsMiddleware,
     RouteGuardMiddleware,
 )
+from diffserve.entrypoints.openai.model_routes import add_model_routes
 from diffserve.entrypoints.openai.playground import PlaygroundMiddleware
+from diffserve.entrypoints.openai.served import ModelServing, ServedModel, ServedModels, makes_of
 from diffserve.entrypoints.openai.video_routes import VIDEOS_PATH, add_video_routes, video_jobs
 from diffserve.logging import get_logger
 
@@ -52,37 +46,39 @@ def error_response(error: APIError) -> JSONResponse:
 
 def create_app(engine: AsyncEngineClient | None = None, *, engine_factory: EngineFactory | None = None,
                config: ResolvedConfig | None = None, served_model_name: str = "diffserve",
-               model_aliases: tuple[str, ...] = (), api_key: str | None = None,
-               image_ttl_s: float = 600.0, instance_name: str | None = None) -> FastAPI:
-    """Build the app around a ready engine, or around a factory that builds one after startup.
+               model_aliases: tuple[str, ...] = (), models: Sequence[ModelServing] | None = None,
+               api_key: str | None = None, image_ttl_s: float = 600.0, instance_name: str | None = None) -> FastAPI:
+    """Build the app around one model (a ready ``engine`` or an ``engine_factory`` that builds one after startup,
+    named ``served_model_name``) or several (``models``, each its own engine; the first is the default).
 
-    ``config`` is the ``ResolvedConfig`` the engine is built from (``server.max_body_bytes`` and
-    ``/v1/config``); given an engine, its own ``.config`` is the default. The request limits
-    (``server.max_n`` ...) are the engine's to check, at admission, which also fills unset fields.
+    ``config`` is the ``ResolvedConfig`` the engine is built from; given an engine, its own ``.config`` is the
+    default. The server-wide settings (``server.*``: body limits, API key paths, the job store) are the first
+    model's. The request limits (``server.max_n`` ...) are each engine's to check, at admission, which also
+    fills unset fields.
     """
-    if config is None and engine is not None:
-        config = engine.config
+    if models is None:
+        if config is None and engine is not None:
+            config = engine.config
+        models = [ModelServing(served_model_name, engine, engine_factory, config, model_aliases)]
+    elif engine is not None or engine_factory is not None or config is not None:
+        raise ValueError("give models or one engine (or factory), not both")
     metrics = ServerMetrics()
-
-    def on_loaded(loaded: AsyncEngineClient) -> None:
-        loaded.add_stats_listener(metrics.observe_batch)
-
-    host = EngineHost(engine=engine, factory=engine_factory, on_loaded=on_loaded)
-    metrics.bind_engine_state(queue_depth=host.queue_depth, ready=lambda: float(host.is_ready),
-                              replicas_live=host.replicas_live, stages=host.stages)
-    server = config.server if config is not None else ServerConfig()
+    served = ServedModels([_served(model, metrics) for model in models])
+    metrics.bind_models(served)
+    first_config = served.first.config
+    server = first_config.server if first_config is not None else ServerConfig()
     store = ImageStore(ttl_s=image_ttl_s)
-    names = frozenset({served_model_name, *model_aliases})
-    handler = ImagesHandler(host, store, metrics, names, max_user_chars=server.max_prompt_chars)
+    handler = ImagesHandler(served, store, metrics, max_user_chars=server.max_prompt_chars)
     edits = EditsHandler(handler, max_pixels=server.max_pixels,
                          max_field_bytes=max(65536, 4 * server.max_prompt_chars + 1024))
-    created = int(time.time())
-    videos = video_jobs(host, config, served_model_name, names, instance_name)
-    makes = "videos" if videos is not None else "images"
+    videos = video_jobs(served, server, instance_name)
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
-        await host.start()
+        previous = None
+        for model in served:
+            await model.host.start(after=previous)
+            previous = model.host
         if videos is not None:
             await videos.runner.start()
         try:
@@ -90,11 +86,13 @@ def create_app(engine: AsyncEngineClient | None = None, *, engine_factory: Engin
         finally:
             if videos is not None:
                 await videos.runner.stop()
-            await host.shutdown()
+            for model in served:
+                await model.host.shutdown()
 
     app = FastAPI(title="diffserve", version=__version__, lifespan=lifespan, docs_url=None, redoc_url=None,
                   openapi_url=None)
-    app.state.host = host
+    app.state.models = served
+    app.state.host = served.first.host
     app.state.metrics = metrics
 
     @app.exception_handler(APIError)
@@ -137,56 +135,7 @@ def create_app(engine: AsyncEngineClient | None = None, *, engine_factory: Engin
         return Response(item.data, media_type=item.media_type,
                         headers={"Cache-Control": f"private, max-age={int(store.ttl_s)}"})
 
-    @app.get("/health")
-    async def health() -> Response:
-        # Liveness: the process answers; a dead engine fails it so orchestrators restart the server.
-        # Replicas taken out leave it 200 ("degraded"): the others still serve, a restart would stop them.
-        if host.is_dead:
-            return error_response(engine_dead(host.death_reason()))
-        replicas = host.replicas()
-        if replicas is None:
-            return JSONResponse({"status": "ok"})
-        live, configured = replicas
-        stages = host.stages() or []
-        empty = next((s for s in stages if s["replicas_live"] == 0), None)
-        if live == 0 or empty is not None:
-            where = f"stage {empty['stage_id']} ({empty['role']})" if empty is not None else "the engine"
-            return error_response(engine_dead(f"no replica of {where} is live"))
-        degraded = live < configured or any(s["replicas_live"] < s["replicas"] for s in stages)
-        body: dict[str, Any] = {"status": "degraded" if degraded else "ok", "replicas_live": live,
-                                "replicas": configured}
-        if len(stages) > 1:  # a staged topology: each stage's replicas
-            body["stages"] = stages
-        return JSONResponse(body)
-
-    @app.get("/ready")
-    async def ready() -> Response:
-        if host.is_dead:
-            return error_response(engine_dead(host.death_reason()))
-        if not host.is_ready:
-            return error_response(not_ready())
-        # The engine loop's heartbeat: a wedged loop shows as a growing age while "idle".
-        return JSONResponse({"status": "ready", "model": served_model_name, "loop": host.loop_status()})
-
-    @app.get("/v1/models")
-    async def models() -> dict[str, Any]:
-        return {"object": "list", "data": [_model_card(served_model_name, created, makes, host.engine)]}
-
-    @app.get("/v1/models/{model_id:path}")
-    async def model(model_id: str) -> dict[str, Any]:
-        if model_id not in names:
-            raise APIError(404, f"model {model_id!r} is not served here", param="model", code="model_not_found")
-        return _model_card(served_model_name, created, makes, host.engine)
-
-    @app.get("/v1/config")
-    async def resolved_config() -> dict[str, Any]:
-        cfg = config if config is not None else host.engine.config if host.engine is not None else None
-        if cfg is None:
-            raise not_ready()
-        view = config_view(cfg, expose=server.expose_config)
-        if host.engine is not None:  # what the loaded weights take, per component (docs/quantization.md)
-            view["weights"] = {name: w.as_dict() for name, w in host.engine.weights.items()}
-        return view
+    add_model_routes(app, served, int(time.time()), expose_config=server.expose_config)
 
     @app.get("/metrics")
     async def prometheus() -> Response:
@@ -207,32 +156,10 @@ def create_app(engine: AsyncEngineClient | None = None, *, engine_factory: Engin
     return app
 
 
-def _model_card(name: str, created: int, makes: str, engine: AsyncEngineClient | None) -> dict[str, Any]:
-    # ``diffserve.makes``: what the model's requests produce, and so which API serves it (the playground's tabs);
-    # ``diffserve.defaults``: what a request that names nothing gets, once the model is loaded (its form's values).
-    info: dict[str, Any] = {"makes": makes}
-    defaults = request_defaults(engine) if engine is not None and engine.is_ready else None
-    if defaults is not None:
-        info["defaults"] = defaults
-    return {"id": name, "object": "model", "created": created, "owned_by": "diffserve", "diffserve": info}
+def _served(model: ModelServing, metrics: ServerMetrics) -> ServedModel:
+    def on_loaded(loaded: AsyncEngineClient) -> None:
+        loaded.add_stats_listener(metrics.observe_batch)
 
-
-def request_defaults(engine: AsyncEngineClient) -> dict[str, Any] | None:
-    """The size, steps, guidance (and a video's frames and fps) admission gives a request that sets none: the
-    model's own defaults unless the deployment set others. None if the engine cannot say (it refuses such a
-    request, e.g. a default size above ``server.max_pixels``)."""
-    from diffserve.types.request import GenerationRequest
-
-    capabilities = engine.capabilities
-    try:
-        filled = engine.admit(GenerationRequest(prompt="defaults", seed=0))
-    except Exception:  # noqa: BLE001 - no defaults to show; requests still get the engine's own answer
-        return None
-    size = capabilities.default_size if capabilities is not None else None
-    width, height = filled.width or size, filled.height or size
-    defaults: dict[str, Any] = {"size": f"{width}x{height}" if width and height else None,
-                                "num_inference_steps": filled.num_inference_steps,
-                                "guidance_scale": filled.guidance_scale}
-    if filled.num_frames is not None:
-        defaults.update(num_frames=filled.num_frames, fps=filled.fps)
-    return defaults
+    host = EngineHost(engine=model.engine, factory=model.factory, on_loaded=on_loaded)
+    config = model.config if model.config is not None else getattr(model.engine, "config", None)
+    return ServedModel(model.name, frozenset({model.name, *model.aliases}), host, config, makes_of(config))

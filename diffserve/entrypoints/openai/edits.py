@@ -61,8 +61,8 @@ class EditsHandler:
             async with request.form(max_files=MAX_INPUT_IMAGES + 2, max_fields=MAX_TEXT_FIELDS,
                                     max_part_size=self.max_field_bytes) as form:
                 body, files, mask = parse_form(form.multi_items())
-                self.images.check_body(body)
-                self.images.host.require()  # not ready or dead: 503 before any decoding
+                served = self.images.check_body(body)
+                served.host.require()  # not ready or dead: 503 before any decoding
                 blobs = [await upload.read() for upload in files]
                 mask_blob = await mask.read() if mask is not None else None
         except StarletteHTTPException as exc:  # a malformed multipart body (Starlette's parser)
@@ -73,7 +73,7 @@ class EditsHandler:
         images, mask_array = await asyncio.to_thread(decode_edit_inputs, blobs, mask_blob,
                                                      max_pixels=self.max_input_pixels)
         gen = to_generation_request(body, f"img-{uuid.uuid4().hex}", images=images, mask=mask_array)
-        return await self.images.serve(request, body, gen, received)
+        return await self.images.serve(request, body, gen, received, served)
 
 
 def parse_form(items: list[tuple[str, Any]]) -> tuple[ImageEditRequest, list[UploadFile], UploadFile | None]:

@@ -33,15 +33,20 @@ class EngineHost:
         self._load_task: asyncio.Task[None] | None = None
         self.load_error: BaseException | None = None
 
-    async def start(self) -> None:
-        """Begin loading (non-blocking). Called from the app's lifespan."""
+    async def start(self, after: EngineHost | None = None) -> None:
+        """Begin loading (non-blocking). Called from the app's lifespan. ``after``: load once that host's load
+        has ended, well or not (a server of several models loads them one at a time: peak memory is one load's,
+        and the first model serves while the next loads)."""
         if self.engine is not None and self._on_loaded is not None:
             self._on_loaded(self.engine)
         if self._factory is not None and self._load_task is None:
-            self._load_task = asyncio.create_task(self._load(), name="diffserve-engine-load")
+            before = after._load_task if after is not None else None
+            self._load_task = asyncio.create_task(self._load(before), name="diffserve-engine-load")
 
-    async def _load(self) -> None:
+    async def _load(self, before: asyncio.Task[None] | None = None) -> None:
         assert self._factory is not None
+        if before is not None:
+            await asyncio.gather(asyncio.shield(before), return_exceptions=True)
         try:
             # Loading weights and warming up is blocking CPU/GPU work: keep the event loop free.
             engine = await asyncio.to_thread(self._factory)

@@ -22,7 +22,6 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from diffserve import __version__
 from diffserve.engine.client import AsyncEngineClient
 from diffserve.entrypoints.openai.encoding import MIME_TYPES, encode_all
-from diffserve.entrypoints.openai.engine_host import EngineHost
 from diffserve.entrypoints.openai.errors import APIError, request_id_from, to_api_error
 from diffserve.entrypoints.openai.image_store import ImageStore
 from diffserve.entrypoints.openai.metrics import ServerMetrics
@@ -34,9 +33,9 @@ from diffserve.entrypoints.openai.protocol import (
     parse_body,
     to_generation_request,
 )
+from diffserve.entrypoints.openai.served import ServedModel, ServedModels
 from diffserve.errors import RequestAbortedError
 from diffserve.logging import get_logger
-from diffserve.registry.models import makes_videos
 from diffserve.types.request import GenerationRequest, ProgressEvent, RequestOutput
 
 logger = get_logger(__name__)
@@ -46,39 +45,38 @@ Events = AsyncIterator[ProgressEvent | RequestOutput]
 
 
 class ImagesHandler:
-    def __init__(self, host: EngineHost, store: ImageStore, metrics: ServerMetrics, model_names: frozenset[str],
-                 *, max_user_chars: int | None = None) -> None:
-        self.host = host
+    def __init__(self, models: ServedModels, store: ImageStore, metrics: ServerMetrics, *,
+                 max_user_chars: int | None = None) -> None:
+        self.models = models
         self.max_user_chars = max_user_chars
         self.store = store
         self.metrics = metrics
-        self.model_names = model_names
 
     async def create(self, request: Request) -> Response:
         received = time.perf_counter()
         body = parse_body(await request.body())
-        self.check_body(body)
+        served = self.check_body(body)
         gen = to_generation_request(body, f"img-{uuid.uuid4().hex}")
-        return await self.serve(request, body, gen, received)
+        return await self.serve(request, body, gen, received, served)
 
-    def check_body(self, body: ImageGenerationRequest) -> None:
-        """The checks of a parsed body that need this server: the model name (404), ``user``'s length (422)."""
-        if body.model is not None and body.model not in self.model_names:
-            raise APIError(404, f"model {body.model!r} is not served here; GET /v1/models lists "
-                                f"{sorted(self.model_names)}", param="model", code="model_not_found")
+    def check_body(self, body: ImageGenerationRequest) -> ServedModel:
+        """The checks of a parsed body that need this server: the model it names (404; 400 for a video model),
+        ``user``'s length (422). Returns the model that serves it."""
+        served = self.models.pick(body.model, default_makes="images")
+        if served.makes == "videos":
+            raise APIError(400, f"model {served.name!r} makes videos, not images; the video API (POST /v1/videos) "
+                                "serves it", param="model", code="model_makes_videos")
         if body.user is not None and self.max_user_chars is not None and len(body.user) > self.max_user_chars:
             # `user` only reaches a debug log line, but an unbounded one would still be logged whole.
             raise APIError(422, f"user has {len(body.user)} characters, above this server's limit of "
                                 f"{self.max_user_chars}", param="user", code="limit_exceeded")
+        return served
 
     async def serve(self, request: Request, body: ImageGenerationRequest, gen: GenerationRequest,
-                    received: float) -> Response:
-        """Run ``gen`` on the engine and answer: JSON, or SSE with ``body.stream``; a client that goes away
-        aborts it. Shared by generations and edits (``received``: when the body arrived, for ``total``)."""
-        engine = self.host.require()
-        if engine.config is not None and makes_videos(engine.config.model):
-            raise APIError(400, f"model {body.model or 'served here'!s} makes videos, not images; the video API "
-                                "(POST /v1/videos) serves it", param="model", code="model_makes_videos")
+                    received: float, served: ServedModel) -> Response:
+        """Run ``gen`` on ``served``'s engine and answer: JSON, or SSE with ``body.stream``; a client that goes
+        away aborts it. Shared by generations and edits (``received``: when the body arrived, for ``total``)."""
+        engine = served.host.require()
         if body.user:
             logger.debug("request %s from user %r", gen.request_id, body.user)
         events = aiter_events(engine, gen)

@@ -6,8 +6,8 @@ per-phase timings and kernel attestation reported in each output, the queue dept
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any, Protocol
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import GaugeMetricFamily
@@ -16,6 +16,9 @@ from prometheus_client.registry import Collector
 
 from diffserve.engine.stats import BatchStats
 from diffserve.types.attestation import CacheEntry
+
+if TYPE_CHECKING:  # pragma: no cover
+    from diffserve.entrypoints.openai.engine_host import EngineHost
 
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64)
@@ -68,16 +71,14 @@ class ServerMetrics:
         self.replicas_live = Gauge("diffserve_replicas_live",
                                    "Engine replicas still serving (below num_replicas: degraded)", registry=r)
 
-    def bind_engine_state(self, queue_depth: Callable[[], float], ready: Callable[[], float],
-                          replicas_live: Callable[[], float] | None = None,
-                          stages: Callable[[], list[dict[str, Any]] | None] | None = None) -> None:
-        """Gauges read live from the engine at scrape time (``stages``: ``Engine.stage_health``)."""
-        self.queue_depth.set_function(queue_depth)
-        self.ready.set_function(ready)
-        if replicas_live is not None:
-            self.replicas_live.set_function(replicas_live)
-        if stages is not None:
-            self.registry.register(StageGauges(stages))
+    def bind_models(self, models: Iterable[ModelState]) -> None:
+        """Gauges read live from the engines at scrape time: the server's totals (queue depth and live replicas
+        summed, ready when every model is) and each model's own (label ``model``), with its stages'."""
+        models = list(models)
+        self.queue_depth.set_function(lambda: sum(m.host.queue_depth() for m in models))
+        self.ready.set_function(lambda: float(all(m.host.is_ready for m in models)))
+        self.replicas_live.set_function(lambda: sum(m.host.replicas_live() for m in models))
+        self.registry.register(ModelGauges(models))
 
     def observe_output(self, timings_ms: dict[str, float], n_images: int,
                        cache: list[CacheEntry] | None = None) -> None:
@@ -122,27 +123,54 @@ class ServerMetrics:
         return generate_latest(self.registry)
 
 
-class StageGauges(Collector):
-    """Per stage of the topology (labels ``stage``, ``role``), read at scrape time: the requests waiting for it
-    and its live and configured replicas, so a router or an autoscaler sees which stage is the bottleneck."""
+class ModelState(Protocol):
+    """What the gauges read of a served model (``served.ServedModel``)."""
 
-    def __init__(self, stages: Callable[[], list[dict[str, Any]] | None]) -> None:
-        self.stages = stages
+    name: str
+    host: EngineHost
+
+
+class ModelGauges(Collector):
+    """Per model (label ``model``), read at scrape time: whether it is ready, the requests waiting for it and
+    its live and configured replicas; per stage of its topology (labels ``model``, ``stage``, ``role``) the same,
+    so a router or an autoscaler sees which model, and which of its stages, is the bottleneck."""
+
+    def __init__(self, models: list[ModelState]) -> None:
+        self.models = models
 
     def describe(self) -> list[GaugeMetricFamily]:
-        return list(self._families().values())
+        return [*self._model_families().values(), *self._stage_families().values()]
 
     def collect(self) -> list[GaugeMetricFamily]:
-        families = self._families()
-        for stage in self.stages() or []:
-            labels = [str(stage["stage_id"]), str(stage["role"])]
-            for key, family in families.items():
-                family.add_metric(labels, float(stage[key]))
-        return list(families.values())
+        per_model, per_stage = self._model_families(), self._stage_families()
+        for model in self.models:
+            host = model.host
+            replicas = host.replicas()
+            values = {"ready": float(host.is_ready), "queue_depth": host.queue_depth(),
+                      "replicas_live": host.replicas_live(), "replicas": float(replicas[1]) if replicas else 0.0}
+            for key, family in per_model.items():
+                family.add_metric([model.name], values[key])
+            for stage in host.stages() or []:
+                labels = [model.name, str(stage["stage_id"]), str(stage["role"])]
+                for key, family in per_stage.items():
+                    family.add_metric(labels, float(stage[key]))
+        return [*per_model.values(), *per_stage.values()]
 
     @staticmethod
-    def _families() -> dict[str, GaugeMetricFamily]:
-        labels = ["stage", "role"]
+    def _model_families() -> dict[str, GaugeMetricFamily]:
+        labels = ["model"]
+        return {"ready": GaugeMetricFamily("diffserve_model_ready", "1 when this model is loaded and warmed",
+                                           labels=labels),
+                "queue_depth": GaugeMetricFamily("diffserve_model_queue_depth", "Requests waiting for this model",
+                                                 labels=labels),
+                "replicas_live": GaugeMetricFamily("diffserve_model_replicas_live", "This model's replicas still "
+                                                   "serving", labels=labels),
+                "replicas": GaugeMetricFamily("diffserve_model_replicas", "This model's configured replicas",
+                                              labels=labels)}
+
+    @staticmethod
+    def _stage_families() -> dict[str, GaugeMetricFamily]:
+        labels = ["model", "stage", "role"]
         return {"queue_depth": GaugeMetricFamily("diffserve_stage_queue_depth",
                                                  "Requests waiting for this stage's replicas", labels=labels),
                 "replicas_live": GaugeMetricFamily("diffserve_stage_replicas_live",

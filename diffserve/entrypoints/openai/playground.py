@@ -28,6 +28,7 @@ FILES = {
     "/static/playground.js": ("playground.js", "text/javascript; charset=utf-8"),
     "/static/playground-video.js": ("playground-video.js", "text/javascript; charset=utf-8"),
     "/static/playground-defaults.js": ("playground-defaults.js", "text/javascript; charset=utf-8"),
+    "/static/playground-models.js": ("playground-models.js", "text/javascript; charset=utf-8"),
     "/static/favicon.svg": ("favicon.svg", "image/svg+xml"),
 }
 CSP = ("default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' blob:; media-src blob:; "

@@ -1,4 +1,4 @@
-"""The ``/v1/videos`` routes of a server whose model makes videos, and the job store, artifact directory and
+"""The ``/v1/videos`` routes of a server with a video model, and the job store, artifact directory and
 runner behind them (``entrypoints/jobs``), built from the deployment's ``server.*`` settings."""
 
 from __future__ import annotations
@@ -10,35 +10,32 @@ from collections.abc import Awaitable, Callable
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
-from diffserve.config.resolved import ResolvedConfig
+from diffserve.config.schema import ServerConfig
 from diffserve.entrypoints.jobs.runner import JobRunner, RunnerSettings
 from diffserve.entrypoints.jobs.setup import open_artifacts, open_job_store
-from diffserve.entrypoints.openai.engine_host import EngineHost
 from diffserve.entrypoints.openai.errors import request_id_from, to_api_error
+from diffserve.entrypoints.openai.served import ServedModels
 from diffserve.entrypoints.openai.videos import VIDEOS_PATH, VideosHandler
-from diffserve.registry.models import makes_videos
 
 __all__ = ["VIDEOS_PATH", "add_video_routes", "video_jobs"]
 
 
-def video_jobs(host: EngineHost, config: ResolvedConfig | None, served_model_name: str, names: frozenset[str],
-               instance_name: str | None) -> VideosHandler | None:
-    """The videos API of a video model's server (None for an image model). ``instance_name``: this instance's
-    name in the store's leases, stable across its restarts (``diffserve serve``: host and port), so a restarted
-    instance recognises the jobs its previous run left unfinished."""
-    model = getattr(config, "model", None)  # a test's stand-in config may carry only ``server``
-    if config is None or model is None or not makes_videos(model):
+def video_jobs(models: ServedModels, server: ServerConfig, instance_name: str | None) -> VideosHandler | None:
+    """The videos API of a server with a video model (None when every model makes images), one job store and
+    runner for all its video models. ``instance_name``: this instance's name in the store's leases, stable across
+    its restarts (``diffserve serve``: host and port), so a restarted instance recognises the jobs its previous
+    run left unfinished."""
+    hosts = {model.name: model.host for model in models if model.makes == "videos"}
+    if not hosts:
         return None
-    server = config.server
     store = open_job_store(server)
     artifacts = open_artifacts(server)
     settings = RunnerSettings(owner=instance_name or f"{socket.gethostname()}:{os.getpid()}",
-                              models=(served_model_name,), lease_s=float(server.job_lease_s),
-                              deadline_s=float(server.job_deadline_s), ttl_s=float(server.video_ttl_s),
-                              requeue=server.requeue_interrupted)
-    runner = JobRunner(store, artifacts, host, settings)
-    return VideosHandler(host, store, artifacts, runner, served_model_name=served_model_name, model_names=names,
-                         max_pixels=server.max_pixels, max_field_bytes=max(65536, 4 * server.max_prompt_chars + 1024))
+                              lease_s=float(server.job_lease_s), deadline_s=float(server.job_deadline_s),
+                              ttl_s=float(server.video_ttl_s), requeue=server.requeue_interrupted)
+    runner = JobRunner(store, artifacts, hosts, settings)
+    return VideosHandler(models, store, artifacts, runner, max_pixels=server.max_pixels,
+                         max_field_bytes=max(65536, 4 * server.max_prompt_chars + 1024))
 
 
 def add_video_routes(app: FastAPI, videos: VideosHandler) -> None:

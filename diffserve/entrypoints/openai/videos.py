@@ -23,8 +23,8 @@ from diffserve.entrypoints.jobs.artifacts import INPUT, JOB_ID, VARIANTS, Artifa
 from diffserve.entrypoints.jobs.job_request import to_row
 from diffserve.entrypoints.jobs.runner import JobRunner
 from diffserve.entrypoints.jobs.store import COMPLETED, IdempotencyConflict, JobStore
-from diffserve.entrypoints.openai.engine_host import EngineHost
 from diffserve.entrypoints.openai.errors import APIError
+from diffserve.entrypoints.openai.served import ServedModels
 from diffserve.entrypoints.openai.sizes import parse_size
 from diffserve.entrypoints.openai.uploads import input_pixel_limit, open_image, to_rgb_array
 from diffserve.entrypoints.openai.video_protocol import (
@@ -37,7 +37,6 @@ from diffserve.entrypoints.openai.video_protocol import (
     video_object,
 )
 from diffserve.errors import RequestError
-from diffserve.registry.models import makes_videos
 from diffserve.types.request import GenerationRequest
 
 VIDEOS_PATH = "/v1/videos"
@@ -46,15 +45,12 @@ _IDEMPOTENCY_KEY = re.compile(r"[\x21-\x7e]{1,256}")
 
 
 class VideosHandler:
-    def __init__(self, host: EngineHost, store: JobStore, artifacts: ArtifactDir, runner: JobRunner, *,
-                 served_model_name: str, model_names: frozenset[str], max_pixels: int,
-                 max_field_bytes: int) -> None:
-        self.host = host
+    def __init__(self, models: ServedModels, store: JobStore, artifacts: ArtifactDir, runner: JobRunner, *,
+                 max_pixels: int, max_field_bytes: int) -> None:
+        self.models = models
         self.store = store
         self.artifacts = artifacts
         self.runner = runner
-        self.served_model_name = served_model_name
-        self.model_names = model_names
         self.max_input_pixels = input_pixel_limit(max_pixels)
         self.max_field_bytes = max_field_bytes
 
@@ -66,13 +62,11 @@ class VideosHandler:
             raise APIError(400, "Idempotency-Key must be 1-256 printable ASCII characters", param="Idempotency-Key",
                            code="invalid_value")
         body, image_bytes = await self._read_body(request)
-        if body.model is not None and body.model not in self.model_names:
-            raise APIError(404, f"model {body.model!r} is not served here; GET /v1/models lists "
-                                f"{sorted(self.model_names)}", param="model", code="model_not_found")
-        engine = self.host.require()
-        if not makes_videos(engine.config.model):
-            raise APIError(400, f"model {self.served_model_name!r} makes images; POST /v1/images/generations "
-                                "serves it", param="model", code="model_makes_images")
+        served = self.models.pick(body.model, default_makes="videos")
+        if served.makes != "videos":
+            raise APIError(400, f"model {served.name!r} makes images; POST /v1/images/generations serves it",
+                           param="model", code="model_makes_images")
+        engine = served.host.require()
         image = None
         if image_bytes is not None:
             image = await asyncio.to_thread(self._decode_reference, image_bytes)
@@ -82,7 +76,7 @@ class VideosHandler:
         fields = to_row(admitted, seconds=seconds, has_input=image is not None)
         try:
             job, created = await asyncio.to_thread(
-                self.store.create, model=self.served_model_name, prompt=body.prompt, request=fields,
+                self.store.create, model=served.name, prompt=body.prompt, request=fields,
                 now=time.time(), idempotency_key=key, request_hash=request_hash(body, image_bytes))
         except IdempotencyConflict as exc:
             raise APIError(409, str(exc), param="Idempotency-Key", code="idempotency_conflict") from None

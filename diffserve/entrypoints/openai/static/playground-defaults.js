@@ -1,30 +1,40 @@
-// diffserve playground: the forms start from the model's own request defaults (its /v1/models card carries them
-// once the model is loaded), so the first click draws what the model was made for (toy-shapes: 64x64), not a
-// size written into the page.
+// diffserve playground: the forms start from the picked model's own request defaults (its /v1/models card carries
+// them once the model is loaded), so the first click draws what the model was made for (toy-shapes: 64x64), not a
+// size written into the page. Picking another model refills the forms from its defaults.
 "use strict";
 
 (() => {
   const $ = (id) => document.getElementById(id);
   const defaultsOf = (card) => (card && card.diffserve ? card.diffserve.defaults : undefined);
+  let wanted = null; // the model whose defaults the forms should show
+  let filledOnce = false;
 
-  async function fill(cards) {
-    let defaults = defaultsOf(cards[0]);
-    for (let tries = 0; !defaults && tries < 600; tries += 1) { // still loading: ask again each second
+  async function defaultsFor(card) {
+    let defaults = defaultsOf(card);
+    for (let tries = 0; !defaults && tries < 600 && wanted === card.id; tries += 1) { // loading: ask each second
       await new Promise((resolve) => { setTimeout(resolve, 1000); });
       const resp = await window.diffservePlayground.api("/v1/models");
-      if (resp.ok) defaults = defaultsOf((await resp.json()).data[0]);
+      if (resp.ok) defaults = defaultsOf((await resp.json()).data.find((c) => c.id === card.id));
     }
-    if (!defaults) return;
+    return defaults;
+  }
+
+  async function fill(card) {
+    wanted = card.id;
+    delete document.body.dataset.defaults;
+    const defaults = await defaultsFor(card);
+    if (!defaults || wanted !== card.id) return; // another model was picked meanwhile
     const [width, height] = (defaults.size || "x").split("x");
     const values = { width, height, steps: defaults.num_inference_steps, guidance: defaults.guidance_scale,
       "video-width": width, "video-height": height, "video-frames": defaults.num_frames,
       "video-fps": defaults.fps, "video-steps": defaults.num_inference_steps };
     for (const [id, value] of Object.entries(values)) {
-      // A field the user already typed into keeps its value.
-      if (value !== undefined && value !== null && value !== "" && $(id).value === "") $(id).value = String(value);
+      // The first fill keeps what the user already typed; a model switch takes the new model's values.
+      if (filledOnce || $(id).value === "") $(id).value = value === undefined || value === null ? "" : String(value);
     }
+    filledOnce = true;
     document.body.dataset.defaults = "filled";
   }
 
-  document.addEventListener("diffserve:connected", (event) => { fill(event.detail || []).catch(() => {}); });
+  document.addEventListener("diffserve:model", (event) => { if (event.detail) fill(event.detail).catch(() => {}); });
 })();

@@ -19,9 +19,9 @@
     $("video-progress-text").textContent = text;
   }
 
-  // A video model's server (its /v1/models card says it makes videos) gets this tab instead of the image form.
-  function detect(cards) {
-    const videos = cards.some((card) => card.diffserve && card.diffserve.makes === "videos");
+  // A video model (its /v1/models card says it makes videos) gets this tab instead of the image form.
+  function detect(card) {
+    const videos = Boolean(card && card.diffserve && card.diffserve.makes === "videos");
     $("video-panel").hidden = !videos;
     $("generate-panel").hidden = videos;
   }
@@ -29,6 +29,7 @@
   function form() {
     const body = new FormData();
     body.append("prompt", $("video-prompt").value);
+    if (lib().model) body.append("model", lib().model);
     const width = $("video-width").value.trim();
     const height = $("video-height").value.trim();
     if (width || height) body.append("size", `${width}x${height}`);
@@ -96,5 +97,5 @@
   document.addEventListener("DOMContentLoaded", () => {
     $("video-form").addEventListener("submit", generate);
   });
-  document.addEventListener("diffserve:connected", (event) => detect(event.detail || []));
+  document.addEventListener("diffserve:model", (event) => detect(event.detail));
 })();

@@ -137,6 +137,7 @@
   // integers a JS number holds exactly. Anything else typed there is sent as a string for the server to refuse.
   function requestJSON() {
     const body = { prompt: $("prompt").value, stream: true };
+    if (window.diffservePlayground.model) body.model = window.diffservePlayground.model;
     const width = $("width").value.trim();
     const height = $("height").value.trim();
     if (width || height) body.size = `${width}x${height}`;
@@ -163,6 +164,7 @@
   function editForm() {
     const form = new FormData();
     form.append("image", $("edit-image").files[0]);
+    if (window.diffservePlayground.model) form.append("model", window.diffservePlayground.model);
     form.append("prompt", $("prompt").value);
     form.append("stream", "true");
     for (const [field, id] of [["n", "n"], ["num_inference_steps", "steps"], ["guidance_scale", "guidance"],
