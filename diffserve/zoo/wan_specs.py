@@ -35,7 +35,7 @@ VAE_CONFIG: dict[str, Any] = {
 }
 
 
-def _transformer(*, layers: int, heads: int, head_dim: int, ffn: int, in_channels: int = 16) -> dict[str, Any]:
+def transformer_config(*, layers: int, heads: int, head_dim: int, ffn: int, in_channels: int = 16) -> dict[str, Any]:
     return {
         "patch_size": [1, 2, 2],
         "num_attention_heads": heads,
@@ -87,15 +87,15 @@ class WanSpec:
 WAN_SPECS: dict[str, WanSpec] = {
     spec.name: spec for spec in (
         WanSpec("tiny-wan", "Wan2.1-shaped text-to-video model for tests (seconds to build)", "WanPipeline",
-                _transformer(layers=2, heads=2, head_dim=24, ffn=64)),
+                transformer_config(layers=2, heads=2, head_dim=24, ffn=64)),
         WanSpec("tiny-wan22", "Wan2.2-shaped two-expert (MoE) text-to-video model for tests", "WanPipeline",
-                _transformer(layers=2, heads=2, head_dim=24, ffn=64), experts=2, boundary_ratio=0.875),
+                transformer_config(layers=2, heads=2, head_dim=24, ffn=64), experts=2, boundary_ratio=0.875),
         WanSpec("tiny-wan22-i2v", "Wan2.2-shaped two-expert image-to-video model for tests",
-                "WanImageToVideoPipeline", _transformer(layers=2, heads=2, head_dim=24, ffn=64, in_channels=36),
+                "WanImageToVideoPipeline", transformer_config(layers=2, heads=2, head_dim=24, ffn=64, in_channels=36),
                 experts=2, boundary_ratio=0.9),
         # Hidden 768 (12 heads x 64), 8 blocks: ~90M transformer parameters.
         WanSpec("small-wan", "Wan2.1-shaped ~90M-parameter text-to-video transformer for benchmarks",
-                "WanPipeline", _transformer(layers=8, heads=12, head_dim=64, ffn=2048)),
+                "WanPipeline", transformer_config(layers=8, heads=12, head_dim=64, ffn=2048)),
     )
 }
 

@@ -63,14 +63,21 @@ def parse_prompt(prompt: str) -> Scene:
 
 def draw(scene: Scene, rng: random.Random) -> Any:
     """Draw ``scene`` as a 64x64 RGB PIL image; position and size jitter come from ``rng``."""
+    radius = rng.uniform(15.0, 22.0)
+    cx = SIZE / 2 + rng.uniform(-5.0, 5.0)
+    cy = SIZE / 2 + rng.uniform(-5.0, 5.0)
+    return draw_shape(scene, cx, cy, radius)
+
+
+def draw_shape(scene: Scene, cx: float, cy: float, radius: float, size: int = SIZE) -> Any:
+    """``scene``'s shape centred at (``cx``, ``cy``) with ``radius`` (pixels) on its background, as a
+    ``size`` x ``size`` RGB PIL image, drawn supersampled and box-filtered (soft, anti-aliased edges)."""
     from PIL import Image, ImageDraw
 
     k = _SUPERSAMPLE
-    image = Image.new("RGB", (SIZE * k, SIZE * k), COLOURS[scene.background])
+    image = Image.new("RGB", (size * k, size * k), COLOURS[scene.background])
     pen = ImageDraw.Draw(image)
-    radius = rng.uniform(15.0, 22.0) * k
-    cx = (SIZE / 2 + rng.uniform(-5.0, 5.0)) * k
-    cy = (SIZE / 2 + rng.uniform(-5.0, 5.0)) * k
+    radius, cx, cy = radius * k, cx * k, cy * k
     fill = COLOURS[scene.colour]
     box = (cx - radius, cy - radius, cx + radius, cy + radius)
     if scene.shape == "circle":
@@ -94,7 +101,7 @@ def draw(scene: Scene, rng: random.Random) -> Any:
         pen.ellipse((cx - inner, cy - inner, cx + inner, cy + inner), fill=COLOURS[scene.background])
     else:
         raise ValueError(f"unknown shape {scene.shape!r}")
-    return image.resize((SIZE, SIZE), Image.Resampling.BOX)
+    return image.resize((size, size), Image.Resampling.BOX)
 
 
 def classify(image: Any) -> Scene:
@@ -104,12 +111,12 @@ def classify(image: Any) -> Scene:
     ``STAR_LIKE`` is a star (a star with fat arms overlaps a circle's template best, but no circle is that
     concave).
     """
-    found = _segment(image)
+    found = segment(image)
     if found is None:
         return Scene("none", "none", _background_name(image))
     colour, background, blob = found
-    shape = _shape_of(blob)
-    if shape == "circle" and _solidity(blob) < STAR_LIKE:
+    shape = shape_of(blob)
+    if shape == "circle" and solidity_of(blob) < STAR_LIKE:
         shape = "star"
     return Scene(colour, shape, background)
 
@@ -117,11 +124,12 @@ def classify(image: Any) -> Scene:
 def solidity(image: Any) -> float:
     """The object's area over its convex hull's: about 0.96 for drawn circles, 1.0 for squares, 0.6 for stars
     (1.0 when there is no object). A shape measure that needs no template."""
-    found = _segment(image)
-    return 1.0 if found is None else _solidity(found[2])
+    found = segment(image)
+    return 1.0 if found is None else solidity_of(found[2])
 
 
-def _solidity(blob: Any) -> float:
+def solidity_of(blob: Any) -> float:
+    """A blob's area over its convex hull's (``solidity`` without the segmentation)."""
     import numpy as np
 
     ys, xs = np.nonzero(blob)
@@ -130,7 +138,7 @@ def _solidity(blob: Any) -> float:
     return float(len(ys)) / max(_hull_area(sorted(corners)), 1.0)
 
 
-def _segment(image: Any) -> tuple[str, str, Any] | None:
+def segment(image: Any) -> tuple[str, str, Any] | None:
     """(object colour, background colour, the object colour's largest blob), or None without an object."""
     import numpy as np
 
@@ -209,7 +217,7 @@ def _largest_component(mask: Any) -> Any:
     return out
 
 
-def _shape_of(mask: Any) -> str:
+def shape_of(mask: Any) -> str:
     """The shape whose template, drawn into the blob's bounding box, overlaps the blob best (IoU)."""
     import numpy as np
     from PIL import Image, ImageDraw

@@ -1,0 +1,8 @@
+"""The toy video model (``toy-motion``, not shipped yet: ``train``'s VAE recipe is unsettled): a tiny Wan2.1
+trained on CPU to animate coloured shapes.
+
+``grammar`` holds the prompt grammar and the procedural clip drawer; ``checker`` reads a clip back (colours,
+shape, the object's track and direction); ``wan_flow`` is Wan's flow-matching objective with the prompt's
+padding folded into one attention bias; ``train`` trains the VAE and the transformer and writes the pipeline
+directory. Heavy imports live inside functions.
+"""
