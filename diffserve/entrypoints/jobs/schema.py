@@ -3,10 +3,12 @@ migration). Each migration is applied once, in order, inside one transaction, on
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from typing import Any
 
-from sqlalchemy import Column, Float, Index, Integer, MetaData, String, Table, Text, select
+from sqlalchemy import Column, Float, Index, Integer, MetaData, String, Table, Text, select, text
+from sqlalchemy.exc import DBAPIError
 
 metadata = MetaData()
 
@@ -43,9 +45,35 @@ def _create_v1(connection: Any) -> None:
 MIGRATIONS: tuple[Callable[[Any], None], ...] = (_create_v1,)
 
 
+# PostgreSQL advisory lock key of the migration ("diffserv" in ASCII): instances that start together against a
+# fresh database take turns, so only the first creates the tables (two concurrent CREATE TABLEs collide in the
+# catalogue, "duplicate key value violates unique constraint pg_type_typname_nsp_index").
+MIGRATION_LOCK = 0x6469666673657276
+_ATTEMPTS = 3
+
+
 def migrate(engine: Any) -> int:
-    """Bring the database to the latest schema version; the version it is at afterwards."""
+    """Bring the database to the latest schema version; the version it is at afterwards. Safe when several
+    instances start at once: they take turns (PostgreSQL: an advisory lock; SQLite: the database's write lock,
+    taken first), and one that still lost a race (a lock wait past the store's timeout) retries."""
+    for attempt in range(_ATTEMPTS):
+        try:
+            return _migrate_once(engine)
+        except DBAPIError:
+            if attempt == _ATTEMPTS - 1:
+                raise
+            time.sleep(0.05 * (attempt + 1))
+    raise AssertionError("unreachable")
+
+
+def _migrate_once(engine: Any) -> int:
     with engine.begin() as connection:
+        if connection.dialect.name == "postgresql":
+            connection.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": MIGRATION_LOCK})
+        elif connection.dialect.name == "sqlite":
+            # The write lock now, not at the first write: else two instances both read "no version row" and
+            # both insert one (the driver begins a transaction lazily, at the first INSERT).
+            connection.exec_driver_sql("BEGIN IMMEDIATE")
         metadata.create_all(connection, tables=[schema_version])
         current = connection.execute(select(schema_version.c.version)).scalar()
         if current is None:

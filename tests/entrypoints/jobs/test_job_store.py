@@ -78,6 +78,24 @@ def test_the_schema_is_migrated_once_and_sqlite_runs_in_wal(url: str, tmp_path: 
         assert raw.execute("SELECT version FROM diffserve_schema").fetchall() == [(1,)]
 
 
+def test_instances_starting_together_migrate_a_fresh_database_once(url: str) -> None:
+    """Several instances opening one fresh store at the same moment (a deployment's replicas starting together):
+    every one opens, the tables exist once and the version row is one row (the CI met two servers' CREATE TABLEs
+    colliding on PostgreSQL)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(4) as pool:
+        opened = list(pool.map(lambda _: JobStore(url), range(4)))
+    try:
+        assert [s.version for s in opened] == [1] * 4
+        with opened[0].engine.connect() as connection:
+            assert connection.execute(text("SELECT version FROM diffserve_schema")).all() == [(1,)]
+        assert create(opened[1], 1.0) and opened[2].get(create(opened[3], 2.0)) is not None
+    finally:
+        for s in opened:
+            s.close()
+
+
 def test_jobs_page_in_creation_order_and_text_is_stored_as_given(store: JobStore) -> None:
     ids = [create(store, float(t)) for t in range(5)]
     hostile = "'; DROP TABLE video_jobs; --"
