@@ -121,15 +121,13 @@ def _serving(entry: ModelEntry, kwargs: dict[str, Any], served_model_name: str |
 
 
 def _check_distinct(models: list[ModelServing]) -> None:
+    from diffserve.entrypoints.openai.served import first_shared_name
     from diffserve.errors import ConfigError
 
-    owner: dict[str, int] = {}
-    for index, model in enumerate(models):
-        for name in {model.name, *model.aliases}:
-            if owner.setdefault(name, index) != index:
-                raise ConfigError(f"two models answer to {name!r}", path="models",
-                                  hint="give each a name: serve them from a deploy file's models: list with name: "
-                                       "per entry")
+    shared = first_shared_name([{model.name, *model.aliases} for model in models])
+    if shared is not None:
+        raise ConfigError(f"two models answer to {shared!r}", path="models",
+                          hint="give each a name: serve them from a deploy file's models: list with name: per entry")
 
 
 def _demo_model() -> str:

@@ -3,7 +3,7 @@ picks one for a request (its ``model`` field; none = the first; an unknown one i
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 
 from diffserve.config.resolved import ResolvedConfig
@@ -41,11 +41,9 @@ class ServedModels:
     def __init__(self, models: Sequence[ServedModel]) -> None:
         if not models:
             raise ValueError("a server serves at least one model")
-        seen: dict[str, int] = {}
-        for index, model in enumerate(models):
-            for name in model.names:
-                if seen.setdefault(name, index) != index:
-                    raise ValueError(f"two models answer to {name!r}; give them distinct names")
+        shared = first_shared_name([model.names for model in models])
+        if shared is not None:
+            raise ValueError(f"two models answer to {shared!r}; give them distinct names")
         self.models = list(models)
 
     def __iter__(self) -> Iterator[ServedModel]:
@@ -71,6 +69,16 @@ class ServedModels:
 
     def find(self, name: str) -> ServedModel | None:
         return next((m for m in self.models if name in m.names), None)
+
+
+def first_shared_name(name_sets: Iterable[Iterable[str]]) -> str | None:
+    """A name that two of the models answer to (each model's name and aliases a set), or None."""
+    owner: dict[str, int] = {}
+    for index, names in enumerate(name_sets):
+        for name in names:
+            if owner.setdefault(name, index) != index:
+                return name
+    return None
 
 
 def makes_of(config: ResolvedConfig | None) -> str:
