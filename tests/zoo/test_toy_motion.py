@@ -95,7 +95,37 @@ def test_training_runs_end_to_end_on_a_tiny_budget(tmp_path: Path) -> None:
         assert (out / name).is_file(), name
     defaults = json.loads((out / "diffserve_model.json").read_text())["request_defaults"]
     assert (defaults["num_frames"], defaults["height"], defaults["width"]) == (FRAMES, 64, 64)
+    # num_frames=4 makes 5: plain diffusers "rounds" every count up by one at a temporal factor of 1 (its check
+    # ``num_frames % factor != 1`` always fires), diffserve does not
     video = WanPipeline.from_pretrained(str(out))("a red ring moving up on a white background", height=64, width=64,
-                                                  num_frames=5, num_inference_steps=1, guidance_scale=1.0,
+                                                  num_frames=4, num_inference_steps=1, guidance_scale=1.0,
                                                   output_type="np").frames
     assert video.shape == (1, 5, 64, 64, 3)
+
+
+def test_the_per_frame_vae_encodes_each_frame_alone_and_its_twin_agrees() -> None:
+    """The trainer's VAE: with the earlier-frame taps zero, a whole clip encodes as its frames one by one; the
+    one-tap twin (training and encoding) computes the same latents, and leaving it restores the full taps with
+    what the twin learned."""
+    import torch
+    from diffusers import AutoencoderKLWan
+
+    from diffserve.zoo.toy_motion.train import VAE_CONFIG, per_frame_twin, zero_earlier_frame_taps
+
+    torch.manual_seed(0)
+    vae = AutoencoderKLWan(**VAE_CONFIG)
+    zero_earlier_frame_taps(vae)
+    clip = torch.rand(1, 3, 9, 32, 32) * 2 - 1
+    with torch.no_grad():
+        whole = vae.encode(clip).latent_dist.mean
+        frames = torch.cat([vae.encode(clip[:, :, i:i + 1]).latent_dist.mean for i in range(9)], dim=2)
+        assert whole.shape[2] == 9 and torch.allclose(whole, frames, atol=1e-5)
+        with per_frame_twin(vae):
+            twin = vae.encode(clip.transpose(1, 2).reshape(9, 3, 1, 32, 32)).latent_dist.mean
+            for parameter in vae.parameters():  # what training inside the twin would change
+                parameter.add_(0.01)
+        assert torch.allclose(twin.reshape(1, 9, *twin.shape[1:2], *twin.shape[3:]).transpose(1, 2), whole,
+                              atol=1e-5)
+        taps = [m.weight for m in vae.modules() if type(m).__name__ == "WanCausalConv3d" and m.weight.shape[2] > 1]
+        assert taps and all(w.shape[2] == 3 and not w[:, :, :-1].any() for w in taps)
+        assert not torch.allclose(vae.encode(clip).latent_dist.mean, whole)  # the change came back with the taps
