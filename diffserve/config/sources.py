@@ -83,10 +83,12 @@ def model_layer(model: str | os.PathLike | None, out: Collector) -> tuple[str | 
         defaults.update(num_frames=family.default_num_frames, fps=family.default_fps)
     marker_defaults, marker_source = _marker_request_defaults(path, out)
     for key, value in defaults.items():
-        if key in marker_defaults:
-            out.add(rank, None, f"request_defaults.{key}", marker_defaults[key], marker_source)
-        else:
+        if key not in marker_defaults:
             out.add(rank, None, f"request_defaults.{key}", value, source)
+    # What the model declares of the family's keys, and its size (no family has one: the VAE's or Wan's)
+    for key, value in marker_defaults.items():
+        if key in defaults or key in ("height", "width"):
+            out.add(rank, None, f"request_defaults.{key}", value, marker_source)
     return str(path.resolve()), family
 
 

@@ -57,3 +57,16 @@ def test_bad_marker_defaults_are_config_errors(flux_model: Path, doc: object) ->
     _marker(flux_model, doc)
     with pytest.raises(ConfigError, match="request_default"):
         run(model=flux_model)
+
+
+def test_a_declared_size_is_the_models_and_video_keys_stay_off_an_image_model(flux_model: Path) -> None:
+    """height and width are no family's defaults (the VAE's sample size, or Wan's 480, apply when unset): a model
+    that declares them gets them, with the marker as their source. num_frames on an image model is dropped."""
+    assert run(model=flux_model).stages[0].request_defaults.height is None
+    marker = _marker(flux_model, {"request_defaults": {"height": 64, "width": 48, "num_frames": 17}})
+    cfg = run(model=flux_model)
+    defaults = cfg.stages[0].request_defaults
+    assert (defaults.height, defaults.width, defaults.num_frames) == (64, 48, None)
+    for key in ("height", "width"):
+        where = cfg.provenance[f"stages.0.request_defaults.{key}"]
+        assert where.layer == "model" and where.file == str(marker)
