@@ -292,7 +292,7 @@ def encode_clips(vae: Any, clips: Any) -> Any:
     with torch.no_grad():
         latents = torch.cat([vae.encode(_as_input(_frames_of(clips[i:i + chunk]))).latent_dist.mean
                              for i in tqdm(range(0, count, chunk), desc="encode", mininterval=2.0)])
-    return latents.reshape(count, frames, *latents.shape[1:2], *latents.shape[3:]).transpose(1, 2).contiguous()
+    return latents.squeeze(2).unflatten(0, (count, frames)).transpose(1, 2).contiguous()  # [N, C, F, h, w]
 
 
 def _train_transformer(latents: Any, labels: Any, text: TextBatch, config: TrainConfig) -> tuple[Any, list[float]]:
