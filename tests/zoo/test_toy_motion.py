@@ -77,6 +77,36 @@ def test_the_compressed_prompt_attends_exactly_like_the_padded_one() -> None:
     torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
 
 
+def test_the_text_encoder_tells_the_objects_colour_from_the_backgrounds(tmp_path: Path) -> None:
+    """Cross-attention has no positions, so a word's role must be in its encoding: with the neighbour heads "red"
+    as the object's colour and as the background's encode apart; a random UMT5 encodes them alike."""
+    import torch
+
+    from diffserve.zoo.toy_motion.text import attend_to_neighbours, build_text_encoder, encode_prompts
+    from diffserve.zoo.wan_specs import get_wan_spec
+
+    prompts = ["a red circle moving left on a blue background", "a blue circle moving left on a red background",
+               "a red square moving up on a green background"]
+    encoder = build_text_encoder(tmp_path, get_wan_spec("tiny-wan").text_encoder, seed=0)
+
+    def similarities() -> tuple[float, float]:
+        embeds = encode_prompts(tmp_path, encoder, prompts).embeds  # words 1 and 7: the two colours
+
+        def cosine(a: torch.Tensor, b: torch.Tensor) -> float:
+            return float(torch.nn.functional.cosine_similarity(a, b, dim=0))
+
+        return cosine(embeds[0, 1], embeds[1, 7]), cosine(embeds[0, 1], embeds[2, 1])
+
+    across_roles, same_role = similarities()
+    assert across_roles < 0.6 and same_role > across_roles + 0.15, (across_roles, same_role)
+    with torch.no_grad():  # the same encoder without the neighbour heads: a bag of words
+        for block in encoder.encoder.block:
+            block.layer[0].SelfAttention.relative_attention_bias.weight.zero_()
+    assert similarities()[0] > 0.95
+    attend_to_neighbours(encoder)
+    assert similarities()[0] == pytest.approx(across_roles)
+
+
 def test_training_runs_end_to_end_on_a_tiny_budget(tmp_path: Path) -> None:
     """The trainer's every stage on a few steps (the real budget is ~35 minutes): a pipeline plain diffusers runs."""
     import torch
@@ -87,7 +117,8 @@ def test_training_runs_end_to_end_on_a_tiny_budget(tmp_path: Path) -> None:
     threads = torch.get_num_threads()
     try:
         out = train_toy_motion(tmp_path / "toy", TrainConfig(clips=16, vae_steps=2, vae_full_steps=1, vae_batch=2,
-                                                             transformer_steps=2, transformer_batch=4, threads=1))
+                                                             transformer_steps=2, transformer_batch=4, frame_batch=4,
+                                                             threads=1))
     finally:
         torch.set_num_threads(threads)
     for name in ("loss.png", "training.json", "diffserve_model.json", "vae/config.json", "tokenizer/tokenizer.json",

@@ -1,8 +1,9 @@
-"""The toy video model (``toy-motion``, not shipped yet: ``train``'s VAE recipe is unsettled): a tiny Wan2.1
-trained on CPU to animate coloured shapes.
+"""The toy video model (``toy-motion``, not shipped yet: ``train``'s transformer does not follow its prompt): a
+tiny Wan2.1 trained on CPU to animate coloured shapes.
 
 ``grammar`` holds the prompt grammar and the procedural clip drawer; ``checker`` reads a clip back (colours,
 shape, the object's track and direction); ``wan_flow`` is Wan's flow-matching objective with the prompt's
-padding folded into one attention bias; ``train`` trains the VAE and the transformer and writes the pipeline
-directory. Heavy imports live inside functions.
+padding folded into one attention bias; ``text`` is the frozen UMT5 whose heads look at neighbours, and its
+tokenizer; ``train`` trains the VAE and the transformer and writes the pipeline directory. Heavy imports live
+inside functions.
 """
