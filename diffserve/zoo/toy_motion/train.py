@@ -5,7 +5,8 @@ Not shipped yet: the VAE and the text encoder are settled, the transformer is no
 convolution's taps on earlier frames are zero: each frame is encoded and decoded on its own, so all the motion
 is the transformer's. Why: a causal VAE with 4x temporal compression carries caches from one 4-frame chunk to
 the next, and trained on short windows it meets states at a clip's later frames it never saw (measured on this
-CPU: trained on 5-frame windows it turned frames 5-16 into noise; on 9-frame windows, frames 13-16; on whole 17-frame clips it collapsed to grey).
+CPU: trained on 5-frame windows it turned frames 5-16 into noise; on 9-frame windows, frames 13-16; on whole
+17-frame clips it collapsed to grey).
 The per-frame VAE trains as an image VAE on single frames through a one-tap twin of its convolutions (3x less
 work) and serves through the unchanged diffusers class: 2300 steps in 7.3 minutes, reconstruction MSE 0.019-0.027
 (in [-1, 1]) on every frame of held-out whole clips. The transformer learns flow matching on the latents of whole
@@ -24,8 +25,10 @@ direction / shape), and not yet good enough to ship (the bars: 90 / 85 / 80 / 60
   94 / 53 / 22 / 16): every background right, the object a blob whose colour changes from frame to frame;
 - the same with 64 single frames after each of 2400 clip steps, 2160 s: 97 / 62 / 6 / 22 (guidance 3:
   94 / 75 / 3 / 22): the object's colour better, but it stays where it starts;
+- the defaults continued for 2600 more steps (3526 s in all, over the budget: is the budget the problem?): loss
+  0.059; 100 / 59 / 16 / 16, and the same at 40 sampling steps: more steps bring colour, not shape or motion;
 - a VAE with 16x spatial compression (4x4 latents, 68 tokens, a clip step 4x cheaper) collapsed to grey in its
-  2300 steps (MSE 0.58 on every frame).
+  2300 steps (MSE 0.58 on every frame; on whole frames, 0.39 after 1200 steps).
 """
 
 from __future__ import annotations
