@@ -17,12 +17,19 @@ TILE_OVERLAP = 0.25  # diffusers' default blend: a quarter of a tile on each sha
 
 def configure_tiling(vae: Any, config: VaeConfig) -> None:
     """Give ``vae`` the stage's tile size (diffusers' default is the config's ``sample_size``, 1024 for
-    FLUX's VAE, which would tile nothing up to 1024x1024). Tiling stays off until ``decode_tiled`` says."""
+    FLUX's VAE, which would tile nothing up to 1024x1024). Tiling stays off until ``decode_tiled`` says.
+    Wan-layout VAEs (``AutoencoderKLWan``, ``AutoencoderKLQwenImage``) name their tiles by height, width and
+    stride in pixels; the same size and overlap go there."""
+    vae.use_tiling = False
+    if hasattr(vae, "tile_sample_min_height"):
+        stride = int(config.tile_size * (1.0 - TILE_OVERLAP))
+        vae.tile_sample_min_height = vae.tile_sample_min_width = config.tile_size
+        vae.tile_sample_stride_height = vae.tile_sample_stride_width = stride
+        return
     downscale = 2 ** (len(vae.config.block_out_channels) - 1)
     vae.tile_sample_min_size = config.tile_size
     vae.tile_latent_min_size = config.tile_size // downscale
     vae.tile_overlap_factor = TILE_OVERLAP
-    vae.use_tiling = False
 
 
 def wants_tiling(config: VaeConfig, height: int, width: int) -> bool:

@@ -74,6 +74,12 @@ class ModelFamily:
     default_fps: int | None = None
     default_height: int = 0
     default_width: int = 0
+    # Generic families: the ``__call__`` keyword a request's guidance scale goes to ("true_cfg_scale" where the
+    # pipeline's ``guidance_scale`` is a distilled-guidance input), and the negative prompt its CFG needs when a
+    # request names none (None: the pipeline runs CFG without one; Qwen-Image skips CFG without a negative
+    # prompt, and its model card passes " ").
+    cfg_argument: str = "guidance_scale"
+    cfg_negative_prompt: str | None = None
 
     def load_stage_pipeline(self, role: str) -> Any:
         """The pipeline class serving ``role`` (``diffusion``: the family's own, see ``load_pipeline_class``)."""
@@ -145,6 +151,15 @@ MODEL_FAMILIES: dict[str, ModelFamily] = {
                     role_patterns=((".attn1", "self_attention"), (".attn2", "cross_attention")),
                     masked_roles=("cross_attention",), max_sequence_length=300,
                     quantization_ignored_layers=("pos_embed", "adaln_single", "caption_projection", "proj_out")),
+        # Qwen-Image (MMDiT, a Qwen2.5-VL text encoder): every block's joint text-image attention, masked where a
+        # batch's prompts differ in length; true CFG (two forwards a step) at 4.0 over 50 steps, 1024 px, text up
+        # to 1024 tokens, as its __call__ (negative prompt " " when a request names none, as the model card).
+        ModelFamily("QwenImagePipeline", GENERIC_PIPELINE, "single", attention_roles=("joint_block",),
+                    implementation="generic", default_steps=50, default_guidance_scale=4.0,
+                    role_patterns=(("", "joint_block"),), masked_roles=("joint_block",), max_sequence_length=1024,
+                    cfg_argument="true_cfg_scale", cfg_negative_prompt=" ",
+                    quantization_ignored_layers=("img_in", "txt_in", "time_text_embed", "*.img_mod", "*.txt_mod",
+                                                 "norm_out", "proj_out")),
         # Wan2.1 / Wan2.2 text-to-video (Wan2.2's two experts: transformer + transformer_2 by boundary_ratio) and
         # Wan2.2 image-to-video: self-attention over the video tokens, cross-attention to UMT5's; real CFG at
         # 5.0 over 50 steps, 81 frames of 480x832 at 16 fps, as diffusers' __call__ and the Wan repos.

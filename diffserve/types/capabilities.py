@@ -62,7 +62,8 @@ class PipelineCapabilities:
             raise RequestError(f"max_sequence_length={length} is above this model's {self.max_sequence_length} "
                                "tokens", param="max_sequence_length")
         if request.true_cfg_scale > 1 and request.negative_prompt is not None and not self.true_cfg:
-            raise RequestError(f"{self.family} does not run true CFG; leave true_cfg_scale at 1",
+            raise RequestError(f"{self.family} does not run true CFG as a second scale; leave true_cfg_scale at 1 "
+                               "(where the model runs classifier-free guidance, guidance_scale is its scale)",
                                param="true_cfg_scale")
         if request.images and not self.edits:  # engine admission says so first (check_edit); a library call here
             raise RequestError(f"{self.family} ({self.implementation}) does not edit images on this deployment",

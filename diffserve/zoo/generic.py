@@ -1,5 +1,5 @@
 """Build hermetic, random-weight generic diffusers DiT pipelines (``tiny-sd3``, ``small-sd3``,
-``tiny-pixart-sigma``).
+``tiny-pixart-sigma``, ``tiny-qwen-image``).
 
 The FLUX builder's contract, for other pipeline families: the output is a diffusers-layout directory
 that plain ``diffusers.StableDiffusion3Pipeline`` / ``PixArtSigmaPipeline.from_pretrained`` read;
@@ -40,17 +40,17 @@ def build_generic_model(kind: str, out_dir: Path | str, *, seed: int = 0, force:
 
 def _write_pipeline(spec: GenericSpec, out: Path, *, seed: int) -> None:
     import diffusers
-    from diffusers import AutoencoderKL
 
+    from diffserve.zoo.qwen_tokenizer import write_qwen_tokenizer
     from diffserve.zoo.tokenizers import write_clip_tokenizer, write_t5_tokenizer
 
+    writers = {"clip": write_clip_tokenizer, "t5": write_t5_tokenizer, "qwen2_5_vl": write_qwen_tokenizer}
     factories: dict[str, Callable[[], Any]] = {}
     for enc in spec.text_encoders:
-        writer = write_clip_tokenizer if enc.kind == "clip" else write_t5_tokenizer
-        vocab_size = writer(out / enc.tokenizer)
-        factories[enc.component] = _text_encoder_factory(enc, vocab_size)
+        vocab_size = writers[enc.kind](out / enc.tokenizer)
+        factories[enc.component] = _text_encoder_factory(enc, vocab_size, out / enc.tokenizer)
     getattr(diffusers, spec.scheduler_class)(**spec.scheduler).save_pretrained(str(out / "scheduler"))
-    factories["vae"] = lambda: AutoencoderKL(**spec.vae)
+    factories["vae"] = lambda: getattr(diffusers, spec.vae_class)(**spec.vae)
     factories["transformer"] = lambda: getattr(diffusers, spec.transformer_class)(**spec.transformer)
 
     save_components(factories, out, seed)
@@ -66,11 +66,13 @@ def _write_pipeline(spec: GenericSpec, out: Path, *, seed: int) -> None:
     })
 
 
-def _text_encoder_factory(enc: TextEncoder, vocab_size: int) -> Callable[[], Any]:
+def _text_encoder_factory(enc: TextEncoder, vocab_size: int, tokenizer_dir: Path) -> Callable[[], Any]:
     from transformers import CLIPTextConfig, CLIPTextModelWithProjection, T5Config, T5EncoderModel
 
     from diffserve.zoo.tokenizers import CLIP_BOS, CLIP_EOS, clip_vocab_and_merges
 
+    if enc.kind == "qwen2_5_vl":
+        return _qwen2_5_vl_factory(enc, vocab_size, tokenizer_dir)
     if enc.kind == "clip":
         vocab, _ = clip_vocab_and_merges()
         # eos_token_id != 2: CLIP pools at the first <|endoftext|>, as real SD3 encoders do.
@@ -81,3 +83,17 @@ def _text_encoder_factory(enc: TextEncoder, vocab_size: int) -> Callable[[], Any
     t5_config = T5Config(**enc.config, vocab_size=vocab_size, pad_token_id=0, eos_token_id=1,
                          decoder_start_token_id=0)
     return lambda: T5EncoderModel(t5_config)
+
+
+def _qwen2_5_vl_factory(enc: TextEncoder, vocab_size: int, tokenizer_dir: Path) -> Callable[[], Any]:
+    """Qwen2.5-VL with the special token ids of the tokenizer just written (the vision tokens the edit
+    pipeline's processor inserts; end of text as padding)."""
+    from transformers import AutoTokenizer, Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration
+
+    ids = AutoTokenizer.from_pretrained(str(tokenizer_dir)).convert_tokens_to_ids
+    text = {**enc.config["text_config"], "vocab_size": vocab_size, "bos_token_id": ids("<|endoftext|>"),
+            "eos_token_id": ids("<|im_end|>"), "pad_token_id": ids("<|endoftext|>")}
+    config = Qwen2_5_VLConfig(text_config=text, vision_config=enc.config["vision_config"],
+                              image_token_id=ids("<|image_pad|>"), video_token_id=ids("<|video_pad|>"),
+                              vision_start_token_id=ids("<|vision_start|>"), vision_end_token_id=ids("<|vision_end|>"))
+    return lambda: Qwen2_5_VLForConditionalGeneration(config)

@@ -1,4 +1,4 @@
-"""Architecture configs of the hermetic generic diffusers DiT pipelines (SD3, PixArt-Sigma).
+"""Architecture configs of the hermetic generic diffusers DiT pipelines (SD3, PixArt-Sigma, Qwen-Image).
 
 Each kind keeps its real family's geometry (latent channels, VAE scale factor 8, patch size 2,
 scheduler, text-encoder stack and how their outputs are combined) so every code path of a real
@@ -13,6 +13,12 @@ from typing import Any
 
 from diffserve.errors import ConfigError
 from diffserve.zoo.flux_specs import T5_CONFIG, VAE_CONFIG
+from diffserve.zoo.qwen_image_specs import (
+    QWEN_IMAGE_SCHEDULER_CONFIG,
+    QWEN_IMAGE_VAE_CONFIG,
+    qwen2_5_vl_config,
+    qwen_image_transformer,
+)
 
 # --- SD3 --------------------------------------------------------------------------------------
 # Three deliberately different text widths, so that mix-ups fail loudly instead of happening to fit:
@@ -131,9 +137,19 @@ def _pixart_transformer(*, layers: int, heads: int, head_dim: int) -> dict[str, 
 
 
 # --- specs ------------------------------------------------------------------------------------
+# Text encoder kinds: the transformers model class and the tokenizer class model_index.json names. T5TokenizerFast:
+# what SD3 repos name; it reads tokenizer.json alone (PixArt repos name the sentencepiece T5Tokenizer, which
+# transformers 4.x could not load without spiece.model).
+ENCODER_CLASSES: dict[str, tuple[str, str]] = {
+    "clip": ("CLIPTextModelWithProjection", "CLIPTokenizer"),
+    "t5": ("T5EncoderModel", "T5TokenizerFast"),
+    "qwen2_5_vl": ("Qwen2_5_VLForConditionalGeneration", "Qwen2Tokenizer"),
+}
+
+
 @dataclass(frozen=True)
 class TextEncoder:
-    """One text encoder and its tokenizer. ``kind``: "clip" (CLIPTextModelWithProjection) or "t5"."""
+    """One text encoder and its tokenizer. ``kind``: one of ``ENCODER_CLASSES``."""
 
     component: str
     tokenizer: str
@@ -154,6 +170,7 @@ class GenericSpec:
     scheduler_class: str
     scheduler: dict[str, Any]
     text_encoders: tuple[TextEncoder, ...]
+    vae_class: str = "AutoencoderKL"
 
     def model_index(self) -> dict[str, Any]:
         """model_index.json's component entries (without _diffusers_version)."""
@@ -161,14 +178,12 @@ class GenericSpec:
             "_class_name": self.pipeline,
             "scheduler": ["diffusers", self.scheduler_class],
             "transformer": ["diffusers", self.transformer_class],
-            "vae": ["diffusers", "AutoencoderKL"],
+            "vae": ["diffusers", self.vae_class],
         }
         for enc in self.text_encoders:
-            clip = enc.kind == "clip"
-            index[enc.component] = ["transformers", "CLIPTextModelWithProjection" if clip else "T5EncoderModel"]
-            # T5TokenizerFast: what SD3 repos name; it reads tokenizer.json alone (PixArt repos name the
-            # sentencepiece T5Tokenizer, which transformers 4.x could not load without spiece.model).
-            index[enc.tokenizer] = ["transformers", "CLIPTokenizer" if clip else "T5TokenizerFast"]
+            model_class, tokenizer_class = ENCODER_CLASSES[enc.kind]
+            index[enc.component] = ["transformers", model_class]
+            index[enc.tokenizer] = ["transformers", tokenizer_class]
         return index
 
 
@@ -206,6 +221,15 @@ GENERIC_SPECS: dict[str, GenericSpec] = {
         transformer=_pixart_transformer(layers=2, heads=4, head_dim=32), vae=dict(PIXARTVAE_CONFIG),
         scheduler_class="DPMSolverMultistepScheduler", scheduler=dict(PIXART_SCHEDULER_CONFIG),
         text_encoders=(TextEncoder("text_encoder", "tokenizer", "t5", _t5(PIXART_T5_HIDDEN)),),
+    ),
+    "tiny-qwen-image": GenericSpec(
+        name="tiny-qwen-image",
+        description="~2M-parameter Qwen-Image-shaped model (Qwen2.5-VL text encoder) for tests and demos",
+        pipeline="QwenImagePipeline", transformer_class="QwenImageTransformer2DModel",
+        transformer=qwen_image_transformer(layers=2, heads=4, head_dim=32), vae=dict(QWEN_IMAGE_VAE_CONFIG),
+        vae_class="AutoencoderKLQwenImage", scheduler_class="FlowMatchEulerDiscreteScheduler",
+        scheduler=dict(QWEN_IMAGE_SCHEDULER_CONFIG),
+        text_encoders=(TextEncoder("text_encoder", "tokenizer", "qwen2_5_vl", qwen2_5_vl_config()),),
     ),
 }
 

@@ -69,3 +69,33 @@ def test_config_explain_names_the_generic_path(tiny_sd3_dir) -> None:
     assert "generic" in rows["implementation"] and "model" in rows["implementation"]
     assert " 7.0 " in rows["request_defaults.guidance_scale"] and "model" in rows["request_defaults.guidance_scale"]
     assert " 28 " in rows["request_defaults.num_inference_steps"]
+
+
+def test_openai_client_generates_on_qwen_image(server_launcher, tiny_qwen_image_dir) -> None:
+    with server_launcher(tiny_qwen_image_dir, "--enforce-eager", "--dtype", "float32", "--linear-backend", "torch",
+                         "--served-model-name", "tiny-qwen-image") as server:
+        client = openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=120)
+        (model,) = client.models.list().data
+        assert model.id == "tiny-qwen-image"
+        # Qwen-Image's own defaults (its __call__'s: 1024 px, 50 steps, CFG 4.0), source model.
+        assert model.model_extra["diffserve"]["defaults"] == {"size": "1024x1024", "num_inference_steps": 50,
+                                                              "guidance_scale": 4.0}
+        result = client.images.generate(model="tiny-qwen-image", prompt="a red fox", size="64x32",
+                                        extra_body={"num_inference_steps": 2, "seed": 3})
+        image = Image.open(io.BytesIO(base64.b64decode(result.data[0].b64_json)))
+        assert image.size == (64, 32)
+        info = result.model_extra["diffserve"]
+        attestation = info["attestation"]
+        assert attestation["model_family"] == "QwenImagePipeline" and attestation["implementation"] == "generic"
+        assert attestation["linear"]["torch"] > 0 and attestation["attention"]["sdpa"] > 0
+        # The default CFG ran: two denoiser forwards a step (the prompt's and " "'s).
+        assert attestation["transformer_forwards"] == 4
+        # Its CFG scale is guidance_scale; a second scale with a negative prompt is a 400, and serving goes on.
+        with pytest.raises(openai.BadRequestError) as refused:
+            client.images.generate(model="tiny-qwen-image", prompt="x", size="32x32",
+                                   extra_body={"num_inference_steps": 1, "negative_prompt": "dark",
+                                               "true_cfg_scale": 3.0})
+        assert refused.value.body["param"] == "true_cfg_scale" and "guidance_scale" in refused.value.body["message"]
+        plain = client.images.generate(model="tiny-qwen-image", prompt="x", size="32x32",
+                                       extra_body={"num_inference_steps": 1, "guidance_scale": 1.0})
+        assert plain.model_extra["diffserve"]["attestation"]["transformer_forwards"] == 1

@@ -1,4 +1,4 @@
-"""The generic path: diffusers' SD3 and PixArt-Sigma pipelines with their denoiser on our kernels.
+"""The generic path: diffusers' SD3, PixArt-Sigma and Qwen-Image pipelines with their denoiser on our kernels.
 
 Parity is against plain diffusers on the same directory, prompt and seed; the attestation must show the
 backends the config chose, per role; seeds, abort at a step boundary and compile behave as on FLUX.
@@ -22,7 +22,8 @@ from diffserve.models.generic.pipeline import GenericPipeline
 from diffserve.types.results import BatchResult, StepEvent
 
 FAMILIES = {"sd3": ("tiny_sd3_dir", "StableDiffusion3Pipeline"),
-            "pixart": ("tiny_pixart_dir", "PixArtSigmaPipeline")}
+            "pixart": ("tiny_pixart_dir", "PixArtSigmaPipeline"),
+            "qwen": ("tiny_qwen_image_dir", "QwenImagePipeline")}
 PROMPT = "a red fox in the snow"
 
 
@@ -48,6 +49,8 @@ def diffusers_image(model_dir: Path, class_name: str, dtype: torch.dtype, seed: 
     ensure_dtype(pipe.transformer, dtype)  # diffusers' own loader leaves SD3 in float32 without accelerate
     if class_name == "PixArtSigmaPipeline":
         kwargs.update(use_resolution_binning=False, clean_caption=False)
+    if class_name == "QwenImagePipeline":
+        kwargs.setdefault("negative_prompt", " ")  # its model card's: without one the pipeline skips CFG
     image = pipe(prompt=PROMPT, height=64, width=64, num_inference_steps=steps,
                  generator=torch.Generator().manual_seed(seed), output_type="np", **kwargs).images[0]
     return (image * 255).round()
@@ -58,7 +61,7 @@ def make_request(**fields: Any) -> GenerationRequest:
                                 "seed": 5, **fields})
 
 
-@pytest.mark.parametrize("family", ["sd3", "pixart"])
+@pytest.mark.parametrize("family", ["sd3", "pixart", "qwen"])
 @pytest.mark.parametrize(("dtype", "floor_db"), [("float32", 60.0), ("bfloat16", 40.0)])
 def test_images_match_plain_diffusers(family: str, dtype: str, floor_db: float, request: Any) -> None:
     fixture, class_name = FAMILIES[family]
@@ -72,8 +75,9 @@ def test_images_match_plain_diffusers(family: str, dtype: str, floor_db: float, 
     counts = pipe.kernel_counters.snapshot()
     assert set(counts["linear"]) == {"torch"} and counts["linear"]["torch"] > 0
     assert set(counts["attention"]) == {"sdpa"} and counts["attention"]["sdpa"] > 0
-    # One denoiser forward per step: diffusers batches the CFG branches (guidance = the model's default).
-    assert counts["transformer_forwards"] == 3
+    # One denoiser forward per step where diffusers batches the CFG branches, two where it runs them apart
+    # (Qwen-Image's true CFG); guidance is the model's default.
+    assert counts["transformer_forwards"] == (6 if family == "qwen" else 3)
     assert pipe.capabilities.implementation == "generic" and pipe.capabilities.family == class_name
 
 
@@ -147,7 +151,8 @@ def test_compiled_denoiser_counts_and_matches_eager(tiny_sd3_dir: Path) -> None:
     assert compiled.kernel_counters.snapshot() == eager.kernel_counters.snapshot()
 
 
-def test_config_explain_names_the_generic_path_and_model_defaults(tiny_sd3_dir: Path, tiny_pixart_dir: Path) -> None:
+def test_config_explain_names_the_generic_path_and_model_defaults(tiny_sd3_dir: Path, tiny_pixart_dir: Path,
+                                                                  tiny_qwen_image_dir: Path) -> None:
     config = resolve(model=tiny_sd3_dir, env={})
     stage = config.stages[0]
     assert stage.implementation == "generic"
@@ -156,6 +161,10 @@ def test_config_explain_names_the_generic_path_and_model_defaults(tiny_sd3_dir: 
         assert config.provenance[f"stages.0.{key}"].layer == "model"
     pixart = resolve(model=tiny_pixart_dir, env={}).stages[0].request_defaults
     assert (pixart.num_inference_steps, pixart.guidance_scale) == (20, 4.5)
+    qwen = resolve(model=tiny_qwen_image_dir, env={})
+    assert (qwen.stages[0].request_defaults.num_inference_steps, qwen.stages[0].request_defaults.guidance_scale) == (
+        50, 4.0)
+    assert qwen.provenance["stages.0.request_defaults.guidance_scale"].layer == "model"
     # A deploy value beats the model's.
     mine = resolve(model=tiny_sd3_dir, overrides={"default_guidance_scale": 5.0}, env={})
     assert mine.stages[0].request_defaults.guidance_scale == 5.0

@@ -253,7 +253,7 @@ class GenericPipeline(Pipeline):
         kwargs: dict[str, Any] = dict(
             prompt=prompts, height=first.height or self.capabilities.default_size,
             width=first.width or self.capabilities.default_size, num_inference_steps=first.num_inference_steps,
-            guidance_scale=first.guidance_scale, num_images_per_prompt=1,
+            num_images_per_prompt=1,
             generator=[torch.Generator(device=self.device).manual_seed(s) for s in seeds],
             max_sequence_length=first.max_sequence_length,
             output_type="latent" if first.output_type == "latent" else "pt", return_dict=False)
@@ -264,8 +264,11 @@ class GenericPipeline(Pipeline):
                           callback_steps=1)
         if "clean_caption" in self._call_params:
             kwargs["clean_caption"] = False  # needs bs4/ftfy; the text goes to the encoder as given
+        kwargs[self.family.cfg_argument] = first.guidance_scale
         if first.negative_prompt is not None:  # the batch key makes it all-or-none
             kwargs["negative_prompt"] = [r.negative_prompt or "" for r in batch for _ in range(r.n)]
+        elif self.family.cfg_negative_prompt is not None and (first.guidance_scale or 0.0) > 1.0:
+            kwargs["negative_prompt"] = [self.family.cfg_negative_prompt] * len(prompts)
         if self.family.class_name == "PixArtSigmaPipeline":
             kwargs["use_resolution_binning"] = False  # the size asked for, not the nearest trained bucket
         with tiling(self.pipe.vae, self.vae_config, kwargs["height"], kwargs["width"]) as tiled:

@@ -1,0 +1,87 @@
+"""A hermetic Qwen2 tokenizer for the tiny Qwen-Image models: GPT-2-style byte-level BPE with Qwen's specials.
+
+Qwen2's vocabulary marks a word's leading space with ``Ġ`` (no CLIP-style ``</w>``) and carries the chat and
+vision special tokens that Qwen-Image's pipelines write into their prompt templates (``<|im_start|>``,
+``<|vision_start|>``, ``<|image_pad|>``...). The merges are computed here, deterministically, until every word
+of the corpus is one token: then QwenImagePipeline's system prompt tokenizes to exactly the 34 tokens that its
+``prompt_template_encode_start_idx`` drops, as the real tokenizer's does, so the tiny model's text encoder sees
+the prompt where the real one would. Nothing is downloaded; transformers' own class writes the files.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+from pathlib import Path
+
+from diffserve.zoo.tokenizers import _bytes_to_unicode, _corpus_words
+
+ENDOFTEXT = "<|endoftext|>"
+# Qwen2.5-VL's chat and vision specials, in its own order (after <|endoftext|>).
+SPECIAL_TOKENS = ("<|im_start|>", "<|im_end|>", "<|object_ref_start|>", "<|object_ref_end|>", "<|box_start|>",
+                  "<|box_end|>", "<|quad_start|>", "<|quad_end|>", "<|vision_start|>", "<|vision_end|>",
+                  "<|vision_pad|>", "<|image_pad|>", "<|video_pad|>")
+MAX_LENGTH = 32768
+
+# The prompt templates of diffusers' Qwen-Image pipelines (their text around the user's prompt): their words
+# join the corpus so that each is one token, as in Qwen's real vocabulary.
+TEMPLATE_TEXT = (
+    "system\nDescribe the image by detailing the color, shape, size, texture, quantity, text, spatial "
+    "relationships of the objects and background:\nuser\nassistant\n"
+    "Describe the key features of the input image (color, shape, size, texture, objects, background), then "
+    "explain how the user's text instruction should alter or modify the image. Generate a new image that meets "
+    "the user's requirements while maintaining consistency with the original input where appropriate.\n"
+    "Picture 1: Picture 2: Picture 3:"
+)
+# Qwen2's pre-tokenizer, restricted to ASCII: contractions, words with one optional leading non-letter,
+# single digits, punctuation runs, newlines, spaces.
+_PRETOKENIZE = re.compile(r"'s|'t|'re|'ve|'m|'ll|'d|[^\r\nA-Za-z0-9]?[A-Za-z]+|[0-9]| ?[^\sA-Za-z0-9]+[\r\n]*|"
+                          r"\s*[\r\n]+|\s+")
+
+
+def qwen_vocab_and_merges(extra_corpus: str = "") -> tuple[dict[str, int], list[tuple[str, str]]]:
+    """Bytes, then merges (the most frequent adjacent pair first, ties by text) until every pre-tokenized word
+    of the corpus is a single token."""
+    byte_to_char = _bytes_to_unicode()
+    text = " ".join(_corpus_words(extra_corpus)) + "\n" + TEMPLATE_TEXT
+    words: Counter[tuple[str, ...]] = Counter(
+        tuple(byte_to_char[b] for b in piece.encode("utf-8")) for piece in _PRETOKENIZE.findall(text))
+    merges: list[tuple[str, str]] = []
+    while True:
+        pairs: Counter[tuple[str, str]] = Counter()
+        for symbols, freq in words.items():
+            for pair in zip(symbols, symbols[1:], strict=False):
+                pairs[pair] += freq
+        if not pairs:
+            break
+        best = min(pairs.items(), key=lambda item: (-item[1], item[0]))[0]
+        merges.append(best)
+        words = Counter({_merge(symbols, best): freq for symbols, freq in words.items()})
+    tokens = [ch for _, ch in sorted(byte_to_char.items())] + [a + b for a, b in merges]
+    vocab = {token: i for i, token in enumerate(dict.fromkeys(tokens))}
+    return vocab, merges
+
+
+def _merge(symbols: tuple[str, ...], pair: tuple[str, str]) -> tuple[str, ...]:
+    out: list[str] = []
+    i = 0
+    while i < len(symbols):
+        if i + 1 < len(symbols) and (symbols[i], symbols[i + 1]) == pair:
+            out.append(symbols[i] + symbols[i + 1])
+            i += 2
+        else:
+            out.append(symbols[i])
+            i += 1
+    return tuple(out)
+
+
+def write_qwen_tokenizer(out_dir: Path, extra_corpus: str = "") -> int:
+    """Write a Qwen2 tokenizer (tokenizer.json) to ``out_dir``; returns the vocabulary size with the specials."""
+    from transformers import Qwen2TokenizerFast
+
+    vocab, merges = qwen_vocab_and_merges(extra_corpus)
+    tokenizer = Qwen2TokenizerFast(vocab=vocab, merges=merges, unk_token=None, bos_token=None, eos_token=ENDOFTEXT,
+                                   pad_token=ENDOFTEXT, model_max_length=MAX_LENGTH)
+    tokenizer.add_special_tokens({"additional_special_tokens": list(SPECIAL_TOKENS)})
+    tokenizer.save_pretrained(str(out_dir))
+    return len(tokenizer)

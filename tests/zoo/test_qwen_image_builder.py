@@ -1,0 +1,71 @@
+"""The hermetic tiny-qwen-image builder: plain diffusers' QwenImagePipeline loads and runs what it writes (a
+Qwen2.5-VL text encoder, a Qwen2 tokenizer made here, Qwen-Image's VAE and scheduler), its tokenizer puts the
+pipeline's system prompt on exactly the tokens the pipeline drops, and a rebuild in another process is byte
+for byte the same."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from test_flux_builder import _cli, _files  # the FLUX builder tests' CLI runner and file snapshot
+
+QWEN_WEIGHTS = {
+    "transformer/diffusion_pytorch_model.safetensors",
+    "vae/diffusion_pytorch_model.safetensors",
+    "text_encoder/model.safetensors",
+}
+
+
+def test_plain_diffusers_loads_and_runs_it(tiny_qwen_image_dir: Path) -> None:
+    import numpy as np
+    import torch
+    from diffusers import QwenImagePipeline
+
+    index = json.loads((tiny_qwen_image_dir / "model_index.json").read_text())
+    assert index["_class_name"] == "QwenImagePipeline"
+    assert index["text_encoder"] == ["transformers", "Qwen2_5_VLForConditionalGeneration"]
+    assert index["tokenizer"] == ["transformers", "Qwen2Tokenizer"]
+    assert index["vae"] == ["diffusers", "AutoencoderKLQwenImage"]
+    pipe = QwenImagePipeline.from_pretrained(tiny_qwen_image_dir)
+    pipe.set_progress_bar_config(disable=True)
+    text = pipe.text_encoder.config.text_config
+    assert text.hidden_size == pipe.transformer.config.joint_attention_dim
+    assert sum(pipe.transformer.config.axes_dims_rope) == pipe.transformer.config.attention_head_dim
+    assert (pipe.vae_scale_factor, pipe.scheduler.config.time_shift_type) == (8, "exponential")
+    out = pipe("a red fox", negative_prompt=" ", height=64, width=48, num_inference_steps=2,
+               generator=torch.Generator().manual_seed(0), output_type="np")
+    assert out.images.shape == (1, 64, 48, 3)
+    assert np.isfinite(out.images).all() and out.images.std() > 0
+
+
+def test_the_system_prompt_is_exactly_what_the_pipeline_drops(tiny_qwen_image_dir: Path) -> None:
+    from diffusers import QwenImagePipeline
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(str(tiny_qwen_image_dir / "tokenizer"))
+    pipe = QwenImagePipeline.from_pretrained(tiny_qwen_image_dir)
+    template, drop = pipe.prompt_template_encode, pipe.prompt_template_encode_start_idx
+    ids = tokenizer(template.format("a red fox")).input_ids
+    tokens = tokenizer.convert_ids_to_tokens(ids)
+    # What is left after the pipeline drops its 34 tokens starts with the user's prompt, as with Qwen's own
+    # tokenizer: every word of the template is one token.
+    assert tokens[drop:drop + 3] == ["a", "Ġred", "Ġfox"]
+    assert tokens[drop - 2:drop] == ["user", "Ċ"] and tokens[0] == "<|im_start|>"
+    # The text encoder's special ids are the tokenizer's.
+    config = pipe.text_encoder.config
+    assert config.image_token_id == tokenizer.convert_tokens_to_ids("<|image_pad|>")
+    assert config.vision_start_token_id == tokenizer.convert_tokens_to_ids("<|vision_start|>")
+    assert config.text_config.vocab_size == len(tokenizer)
+
+
+def test_cli_rebuild_is_byte_identical_and_safetensors_only(tmp_path: Path, tiny_qwen_image_dir: Path) -> None:
+    out = tmp_path / "cli-qwen"
+    proc = _cli("make-model", "tiny-qwen-image", out)  # another process: another hash seed
+    assert proc.returncode == 0, proc.stderr
+    built, fixture = _files(out), _files(tiny_qwen_image_dir)
+    assert sorted(built) == sorted(fixture)
+    assert [name for name in built if built[name] != fixture[name]] == []
+    assert {f for f in built if f.endswith(".safetensors")} == QWEN_WEIGHTS
+    assert not [f for f in built if f.endswith((".bin", ".pt", ".pth", ".ckpt", ".pkl"))]
+    assert json.loads(built["diffserve_model.json"])["random_weights"] is True
