@@ -47,6 +47,9 @@ class PipelineCapabilities:
     default_cache_threshold: float = 0.0
     # A video model (its outputs are videos: ``RequestOutput.videos``); None: an image model.
     video: VideoCapabilities | None = None
+    # The fewest denoising steps its scheduler can run (2 where a terminal shift stretches the sigmas: one step
+    # divides by zero in diffusers' FlowMatchEulerDiscreteScheduler and every pixel comes out NaN).
+    min_inference_steps: int = 1
 
     def check(self, request: GenerationRequest) -> None:
         """Refuse (``RequestError``, HTTP 400) what this model cannot make: a size off its multiple, a text
@@ -57,6 +60,11 @@ class PipelineCapabilities:
             if value is not None and value % multiple:
                 raise RequestError(f"{name}={value} must be a multiple of {multiple} for this model "
                                    f"(e.g. {max(multiple, value // multiple * multiple)})", param=name)
+        steps = request.num_inference_steps
+        if steps is not None and steps < self.min_inference_steps:
+            raise RequestError(f"num_inference_steps={steps} is below this model's {self.min_inference_steps}: its "
+                               "scheduler stretches the noise schedule to a terminal value and needs two steps at "
+                               "least", param="num_inference_steps")
         length = request.max_sequence_length
         if length is not None and length > self.max_sequence_length:
             raise RequestError(f"max_sequence_length={length} is above this model's {self.max_sequence_length} "

@@ -58,3 +58,17 @@ def test_prompts_of_different_lengths_in_one_batch(tiny_qwen_image_dir: Path, at
         assert psnr(a, b) >= 65.0
     assert not np.array_equal(together[0], together[1])
     assert set(pipe.kernel_counters.snapshot()["attention"]) == {attention_backend}
+
+
+def test_one_step_is_refused_not_a_nan_image(tiny_qwen_image_dir: Path) -> None:
+    # Qwen-Image's scheduler stretches its sigmas to a terminal 0.02: with one step diffusers divides by zero
+    # and every pixel is NaN (plain diffusers too), so admission refuses it with a clear 400-style error.
+    from diffserve.errors import RequestError
+
+    pipe = build(tiny_qwen_image_dir)
+    assert pipe.capabilities.min_inference_steps == 2
+    with pytest.raises(RequestError, match="num_inference_steps=1 is below this model's 2") as info:
+        library_admit(pipe, make_request(num_inference_steps=1))
+    assert info.value.param == "num_inference_steps"
+    image = pipe(make_request(num_inference_steps=2)).images[0].numpy()
+    assert image.std() > 0
