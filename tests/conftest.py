@@ -136,6 +136,14 @@ def tiny_qwen_image_dir() -> Path:
 
 
 @pytest.fixture(scope="session")
+def tiny_z_image_dir() -> Path:
+    """A random-weight tiny ZImagePipeline dir (the generic path, a Qwen3 text encoder), seed 0."""
+    from diffserve.zoo.generic import build_generic_model
+
+    return _shared_model("tiny-z-image", lambda target: build_generic_model("tiny-z-image", target, seed=0))
+
+
+@pytest.fixture(scope="session")
 def tiny_flux_dev_dir() -> Path:
     """A dev-like (guidance_embeds=True) random-weight tiny-flux pipeline dir, seed 0."""
     from diffserve.zoo.flux import build_flux_model

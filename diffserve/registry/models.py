@@ -160,6 +160,17 @@ MODEL_FAMILIES: dict[str, ModelFamily] = {
                     cfg_argument="true_cfg_scale", cfg_negative_prompt=" ",
                     quantization_ignored_layers=("img_in", "txt_in", "time_text_embed", "*.img_mod", "*.txt_mod",
                                                  "norm_out", "proj_out")),
+        # Z-Image (a single-stream DiT, a Qwen3 text encoder): refiner blocks over the image and the text tokens
+        # alone, then joint blocks over both, every call masked (a batch pads its sequences); CFG at 5.0 over 50
+        # steps as its __call__ (Z-Image-Turbo's own card uses 9 steps at 0: set them in the deploy file).
+        ModelFamily("ZImagePipeline", GENERIC_PIPELINE, "single",
+                    attention_roles=("image_refiner", "text_refiner", "joint_block"), implementation="generic",
+                    default_steps=50, default_guidance_scale=5.0,
+                    role_patterns=(("noise_refiner.", "image_refiner"), ("context_refiner.", "text_refiner"),
+                                   ("layers.", "joint_block")),
+                    masked_roles=("image_refiner", "text_refiner", "joint_block"), max_sequence_length=512,
+                    quantization_ignored_layers=("all_x_embedder.*", "all_final_layer.*", "t_embedder.*",
+                                                 "cap_embedder.*", "*.adaLN_modulation")),
         # Wan2.1 / Wan2.2 text-to-video (Wan2.2's two experts: transformer + transformer_2 by boundary_ratio) and
         # Wan2.2 image-to-video: self-attention over the video tokens, cross-attention to UMT5's; real CFG at
         # 5.0 over 50 steps, 81 frames of 480x832 at 16 fps, as diffusers' __call__ and the Wan repos.

@@ -1,5 +1,5 @@
 """Build hermetic, random-weight generic diffusers DiT pipelines (``tiny-sd3``, ``small-sd3``,
-``tiny-pixart-sigma``, ``tiny-qwen-image``).
+``tiny-pixart-sigma``, ``tiny-qwen-image``, ``tiny-z-image``).
 
 The FLUX builder's contract, for other pipeline families: the output is a diffusers-layout directory
 that plain ``diffusers.StableDiffusion3Pipeline`` / ``PixArtSigmaPipeline.from_pretrained`` read;
@@ -16,7 +16,13 @@ from pathlib import Path
 from typing import Any
 
 from diffserve.zoo.components import MARKER_FILE, save_components, write_json
-from diffserve.zoo.generic_specs import GENERIC_SPECS, GenericSpec, TextEncoder, get_generic_spec
+from diffserve.zoo.generic_specs import (
+    ENCODER_CLASSES,
+    GENERIC_SPECS,
+    GenericSpec,
+    TextEncoder,
+    get_generic_spec,
+)
 from diffserve.zoo.publish import build_seeded
 
 __all__ = ["BUILDER_VERSION", "GENERIC_SPECS", "build_generic_model"]
@@ -43,8 +49,13 @@ def _write_pipeline(spec: GenericSpec, out: Path, *, seed: int) -> None:
 
     from diffserve.zoo.qwen_tokenizer import write_qwen_tokenizer
     from diffserve.zoo.tokenizers import write_clip_tokenizer, write_t5_tokenizer
+    from diffserve.zoo.z_image_specs import QWEN3_CHAT_TEMPLATE
 
-    writers = {"clip": write_clip_tokenizer, "t5": write_t5_tokenizer, "qwen2_5_vl": write_qwen_tokenizer}
+    def write_qwen3_tokenizer(out_dir: Path) -> int:
+        return write_qwen_tokenizer(out_dir, chat_template=QWEN3_CHAT_TEMPLATE)
+
+    writers = {"clip": write_clip_tokenizer, "t5": write_t5_tokenizer, "qwen2_5_vl": write_qwen_tokenizer,
+               "qwen3": write_qwen3_tokenizer, "qwen3_causal": write_qwen3_tokenizer}
     factories: dict[str, Callable[[], Any]] = {}
     for enc in spec.text_encoders:
         vocab_size = writers[enc.kind](out / enc.tokenizer)
@@ -73,6 +84,8 @@ def _text_encoder_factory(enc: TextEncoder, vocab_size: int, tokenizer_dir: Path
 
     if enc.kind == "qwen2_5_vl":
         return _qwen2_5_vl_factory(enc, vocab_size, tokenizer_dir)
+    if enc.kind in ("qwen3", "qwen3_causal"):
+        return _qwen3_factory(enc, vocab_size, tokenizer_dir)
     if enc.kind == "clip":
         vocab, _ = clip_vocab_and_merges()
         # eos_token_id != 2: CLIP pools at the first <|endoftext|>, as real SD3 encoders do.
@@ -97,3 +110,15 @@ def _qwen2_5_vl_factory(enc: TextEncoder, vocab_size: int, tokenizer_dir: Path) 
                               image_token_id=ids("<|image_pad|>"), video_token_id=ids("<|video_pad|>"),
                               vision_start_token_id=ids("<|vision_start|>"), vision_end_token_id=ids("<|vision_end|>"))
     return lambda: Qwen2_5_VLForConditionalGeneration(config)
+
+
+def _qwen3_factory(enc: TextEncoder, vocab_size: int, tokenizer_dir: Path) -> Callable[[], Any]:
+    """Qwen3 as a bare model (Z-Image reads its hidden states) or with its LM head (FLUX.2-klein's class)."""
+    import transformers
+    from transformers import AutoTokenizer, Qwen3Config
+
+    ids = AutoTokenizer.from_pretrained(str(tokenizer_dir)).convert_tokens_to_ids
+    config = Qwen3Config(**enc.config, vocab_size=vocab_size, bos_token_id=ids("<|endoftext|>"),
+                         eos_token_id=ids("<|im_end|>"), pad_token_id=ids("<|endoftext|>"))
+    model_class = getattr(transformers, ENCODER_CLASSES[enc.kind][0])
+    return lambda: model_class(config)

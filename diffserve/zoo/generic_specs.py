@@ -1,4 +1,4 @@
-"""Architecture configs of the hermetic generic diffusers DiT pipelines (SD3, PixArt-Sigma, Qwen-Image).
+"""Architecture configs of the hermetic generic diffusers DiT pipelines (SD3, PixArt-Sigma, Qwen-Image, Z-Image).
 
 Each kind keeps its real family's geometry (latent channels, VAE scale factor 8, patch size 2,
 scheduler, text-encoder stack and how their outputs are combined) so every code path of a real
@@ -18,6 +18,12 @@ from diffserve.zoo.qwen_image_specs import (
     QWEN_IMAGE_VAE_CONFIG,
     qwen2_5_vl_config,
     qwen_image_transformer,
+)
+from diffserve.zoo.z_image_specs import (
+    Z_IMAGE_SCHEDULER_CONFIG,
+    Z_IMAGE_VAE_CONFIG,
+    qwen3_config,
+    z_image_transformer,
 )
 
 # --- SD3 --------------------------------------------------------------------------------------
@@ -144,6 +150,8 @@ ENCODER_CLASSES: dict[str, tuple[str, str]] = {
     "clip": ("CLIPTextModelWithProjection", "CLIPTokenizer"),
     "t5": ("T5EncoderModel", "T5TokenizerFast"),
     "qwen2_5_vl": ("Qwen2_5_VLForConditionalGeneration", "Qwen2Tokenizer"),
+    "qwen3": ("Qwen3Model", "Qwen2Tokenizer"),  # Z-Image
+    "qwen3_causal": ("Qwen3ForCausalLM", "Qwen2TokenizerFast"),  # FLUX.2-klein
 }
 
 
@@ -230,6 +238,14 @@ GENERIC_SPECS: dict[str, GenericSpec] = {
         vae_class="AutoencoderKLQwenImage", scheduler_class="FlowMatchEulerDiscreteScheduler",
         scheduler=dict(QWEN_IMAGE_SCHEDULER_CONFIG),
         text_encoders=(TextEncoder("text_encoder", "tokenizer", "qwen2_5_vl", qwen2_5_vl_config()),),
+    ),
+    "tiny-z-image": GenericSpec(
+        name="tiny-z-image",
+        description="~1M-parameter Z-Image-shaped model (Qwen3 text encoder) for tests and demos",
+        pipeline="ZImagePipeline", transformer_class="ZImageTransformer2DModel",
+        transformer=z_image_transformer(layers=2, heads=4, head_dim=32), vae=dict(Z_IMAGE_VAE_CONFIG),
+        scheduler_class="FlowMatchEulerDiscreteScheduler", scheduler=dict(Z_IMAGE_SCHEDULER_CONFIG),
+        text_encoders=(TextEncoder("text_encoder", "tokenizer", "qwen3", qwen3_config(layers=2)),),
     ),
 }
 

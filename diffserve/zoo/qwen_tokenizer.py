@@ -1,4 +1,5 @@
-"""A hermetic Qwen2 tokenizer for the tiny Qwen-Image models: GPT-2-style byte-level BPE with Qwen's specials.
+"""A hermetic Qwen2 tokenizer for the tiny Qwen-Image, Z-Image and FLUX.2-klein models: GPT-2-style byte-level
+BPE with Qwen's specials (and, for the Qwen3 encoders, a chat template).
 
 Qwen2's vocabulary marks a word's leading space with ``Ġ`` (no CLIP-style ``</w>``) and carries the chat and
 vision special tokens that Qwen-Image's pipelines write into their prompt templates (``<|im_start|>``,
@@ -20,7 +21,7 @@ ENDOFTEXT = "<|endoftext|>"
 # Qwen2.5-VL's chat and vision specials, in its own order (after <|endoftext|>).
 SPECIAL_TOKENS = ("<|im_start|>", "<|im_end|>", "<|object_ref_start|>", "<|object_ref_end|>", "<|box_start|>",
                   "<|box_end|>", "<|quad_start|>", "<|quad_end|>", "<|vision_start|>", "<|vision_end|>",
-                  "<|vision_pad|>", "<|image_pad|>", "<|video_pad|>")
+                  "<|vision_pad|>", "<|image_pad|>", "<|video_pad|>", "<think>", "</think>")
 MAX_LENGTH = 32768
 
 # The prompt templates of diffusers' Qwen-Image pipelines (their text around the user's prompt): their words
@@ -75,13 +76,15 @@ def _merge(symbols: tuple[str, ...], pair: tuple[str, str]) -> tuple[str, ...]:
     return tuple(out)
 
 
-def write_qwen_tokenizer(out_dir: Path, extra_corpus: str = "") -> int:
+def write_qwen_tokenizer(out_dir: Path, extra_corpus: str = "", chat_template: str | None = None) -> int:
     """Write a Qwen2 tokenizer (tokenizer.json) to ``out_dir``; returns the vocabulary size with the specials."""
     from transformers import Qwen2TokenizerFast
 
     vocab, merges = qwen_vocab_and_merges(extra_corpus)
     tokenizer = Qwen2TokenizerFast(vocab=vocab, merges=merges, unk_token=None, bos_token=None, eos_token=ENDOFTEXT,
                                    pad_token=ENDOFTEXT, model_max_length=MAX_LENGTH)
+    if chat_template is not None:
+        tokenizer.chat_template = chat_template
     tokenizer.add_special_tokens({"additional_special_tokens": list(SPECIAL_TOKENS)})
     tokenizer.save_pretrained(str(out_dir))
     return len(tokenizer)

@@ -93,9 +93,30 @@ def test_openai_client_generates_on_qwen_image(server_launcher, tiny_qwen_image_
         # Its CFG scale is guidance_scale; a second scale with a negative prompt is a 400, and serving goes on.
         with pytest.raises(openai.BadRequestError) as refused:
             client.images.generate(model="tiny-qwen-image", prompt="x", size="32x32",
-                                   extra_body={"num_inference_steps": 1, "negative_prompt": "dark",
+                                   extra_body={"num_inference_steps": 2, "negative_prompt": "dark",
                                                "true_cfg_scale": 3.0})
         assert refused.value.body["param"] == "true_cfg_scale" and "guidance_scale" in refused.value.body["message"]
         plain = client.images.generate(model="tiny-qwen-image", prompt="x", size="32x32",
-                                       extra_body={"num_inference_steps": 1, "guidance_scale": 1.0})
-        assert plain.model_extra["diffserve"]["attestation"]["transformer_forwards"] == 1
+                                       extra_body={"num_inference_steps": 2, "guidance_scale": 1.0})
+        assert plain.model_extra["diffserve"]["attestation"]["transformer_forwards"] == 2
+
+
+def test_openai_client_generates_on_z_image(server_launcher, tiny_z_image_dir) -> None:
+    with server_launcher(tiny_z_image_dir, "--enforce-eager", "--dtype", "float32", "--linear-backend", "torch",
+                         "--served-model-name", "tiny-z-image") as server:
+        client = openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=120)
+        (model,) = client.models.list().data
+        assert model.model_extra["diffserve"]["defaults"] == {"size": "1024x1024", "num_inference_steps": 50,
+                                                              "guidance_scale": 5.0}
+        result = client.images.generate(model="tiny-z-image", prompt="a red fox", size="48x32",
+                                        extra_body={"num_inference_steps": 2, "seed": 3})
+        assert Image.open(io.BytesIO(base64.b64decode(result.data[0].b64_json))).size == (48, 32)
+        attestation = result.model_extra["diffserve"]["attestation"]
+        assert attestation["model_family"] == "ZImagePipeline" and attestation["implementation"] == "generic"
+        assert attestation["linear"]["torch"] > 0 and attestation["transformer_forwards"] == 2
+        # Its image refiner, text refiner and joint blocks: four attention calls a forward on the tiny model.
+        assert attestation["attention"] == {"sdpa": 8}
+        # Sizes are multiples of 16 (VAE 8 x its 2x2 patches, packed outside the denoiser's config).
+        with pytest.raises(openai.BadRequestError) as refused:
+            client.images.generate(model="tiny-z-image", prompt="x", size="40x32", extra_body={"num_inference_steps": 2})
+        assert refused.value.body["param"] in ("size", "width")

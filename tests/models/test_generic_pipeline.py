@@ -23,7 +23,8 @@ from diffserve.types.results import BatchResult, StepEvent
 
 FAMILIES = {"sd3": ("tiny_sd3_dir", "StableDiffusion3Pipeline"),
             "pixart": ("tiny_pixart_dir", "PixArtSigmaPipeline"),
-            "qwen": ("tiny_qwen_image_dir", "QwenImagePipeline")}
+            "qwen": ("tiny_qwen_image_dir", "QwenImagePipeline"),
+            "zimage": ("tiny_z_image_dir", "ZImagePipeline")}
 PROMPT = "a red fox in the snow"
 
 
@@ -61,7 +62,7 @@ def make_request(**fields: Any) -> GenerationRequest:
                                 "seed": 5, **fields})
 
 
-@pytest.mark.parametrize("family", ["sd3", "pixart", "qwen"])
+@pytest.mark.parametrize("family", list(FAMILIES))
 @pytest.mark.parametrize(("dtype", "floor_db"), [("float32", 60.0), ("bfloat16", 40.0)])
 def test_images_match_plain_diffusers(family: str, dtype: str, floor_db: float, request: Any) -> None:
     fixture, class_name = FAMILIES[family]
@@ -152,7 +153,7 @@ def test_compiled_denoiser_counts_and_matches_eager(tiny_sd3_dir: Path) -> None:
 
 
 def test_config_explain_names_the_generic_path_and_model_defaults(tiny_sd3_dir: Path, tiny_pixart_dir: Path,
-                                                                  tiny_qwen_image_dir: Path) -> None:
+                                                                  tiny_qwen_image_dir: Path, tiny_z_image_dir: Path) -> None:
     config = resolve(model=tiny_sd3_dir, env={})
     stage = config.stages[0]
     assert stage.implementation == "generic"
@@ -165,6 +166,8 @@ def test_config_explain_names_the_generic_path_and_model_defaults(tiny_sd3_dir: 
     assert (qwen.stages[0].request_defaults.num_inference_steps, qwen.stages[0].request_defaults.guidance_scale) == (
         50, 4.0)
     assert qwen.provenance["stages.0.request_defaults.guidance_scale"].layer == "model"
+    zimage = resolve(model=tiny_z_image_dir, env={}).stages[0].request_defaults
+    assert (zimage.num_inference_steps, zimage.guidance_scale) == (50, 5.0)
     # A deploy value beats the model's.
     mine = resolve(model=tiny_sd3_dir, overrides={"default_guidance_scale": 5.0}, env={})
     assert mine.stages[0].request_defaults.guidance_scale == 5.0

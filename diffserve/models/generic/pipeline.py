@@ -107,8 +107,10 @@ class GenericPipeline(Pipeline):
         denoiser = getattr(pipe, family.denoiser)
         vae_factor = int(getattr(pipe, "vae_scale_factor", 8))
         patch = int(getattr(denoiser.config, "patch_size", 1) or 1)
-        # FLUX packs 2x2 latent patches outside its denoiser (patch_size 1 in the config).
-        multiple = vae_factor * (2 if family.class_name == "FluxPipeline" else patch)
+        # Pipelines that pack 2x2 latent patches outside the denoiser (FLUX, Qwen-Image, Z-Image: patch_size 1 or
+        # absent in its config) say so in their image processor's factor.
+        processor = getattr(getattr(pipe, "image_processor", None), "config", None)
+        multiple = max(vae_factor * patch, int(getattr(processor, "vae_scale_factor", vae_factor)))
         sample = getattr(denoiser.config, "sample_size", None) or 128
         default = int(getattr(pipe, "default_sample_size", sample)) * vae_factor
         self.capabilities = PipelineCapabilities(

@@ -1,20 +1,22 @@
-"""The hermetic tiny-qwen-image builder: plain diffusers' QwenImagePipeline loads and runs what it writes (a
-Qwen2.5-VL text encoder, a Qwen2 tokenizer made here, Qwen-Image's VAE and scheduler), its tokenizer puts the
-pipeline's system prompt on exactly the tokens the pipeline drops, and a rebuild in another process is byte
-for byte the same."""
+"""The hermetic builders of families whose text encoder is a language model (tiny-qwen-image: Qwen2.5-VL;
+tiny-z-image: Qwen3 through its chat template): plain diffusers loads and runs what they write, the locally
+made Qwen2 tokenizer puts Qwen-Image's system prompt on exactly the tokens its pipeline drops, and a rebuild
+in another process is byte for byte the same."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
 
+import pytest
 from test_flux_builder import _cli, _files  # the FLUX builder tests' CLI runner and file snapshot
 
-QWEN_WEIGHTS = {
+WEIGHTS = {
     "transformer/diffusion_pytorch_model.safetensors",
     "vae/diffusion_pytorch_model.safetensors",
     "text_encoder/model.safetensors",
 }
+KINDS = {"tiny-qwen-image": "tiny_qwen_image_dir", "tiny-z-image": "tiny_z_image_dir"}
 
 
 def test_plain_diffusers_loads_and_runs_it(tiny_qwen_image_dir: Path) -> None:
@@ -59,13 +61,39 @@ def test_the_system_prompt_is_exactly_what_the_pipeline_drops(tiny_qwen_image_di
     assert config.text_config.vocab_size == len(tokenizer)
 
 
-def test_cli_rebuild_is_byte_identical_and_safetensors_only(tmp_path: Path, tiny_qwen_image_dir: Path) -> None:
-    out = tmp_path / "cli-qwen"
-    proc = _cli("make-model", "tiny-qwen-image", out)  # another process: another hash seed
+def test_z_image_reads_qwen3_through_its_chat_template(tiny_z_image_dir: Path) -> None:
+    import numpy as np
+    import torch
+    from diffusers import ZImagePipeline
+
+    index = json.loads((tiny_z_image_dir / "model_index.json").read_text())
+    assert (index["_class_name"], index["text_encoder"]) == ("ZImagePipeline", ["transformers", "Qwen3Model"])
+    pipe = ZImagePipeline.from_pretrained(tiny_z_image_dir)
+    pipe.set_progress_bar_config(disable=True)
+    assert pipe.text_encoder.config.hidden_size == pipe.transformer.config.cap_feat_dim
+    chat = pipe.tokenizer.apply_chat_template([{"role": "user", "content": "a red fox"}], tokenize=False,
+                                              add_generation_prompt=True, enable_thinking=True)
+    assert chat == "<|im_start|>user\na red fox<|im_end|>\n<|im_start|>assistant\n"
+    tokens = pipe.tokenizer.convert_ids_to_tokens(pipe.tokenizer(chat).input_ids)
+    assert tokens[:5] == ["<|im_start|>", "user", "Ċ", "a", "Ġred"]
+    no_thinking = pipe.tokenizer.apply_chat_template([{"role": "user", "content": "x"}], tokenize=False,
+                                                     add_generation_prompt=True, enable_thinking=False)
+    assert no_thinking.endswith("<|im_start|>assistant\n<think>\n\n</think>\n\n")
+    out = pipe("a red fox", height=64, width=48, num_inference_steps=2, generator=torch.Generator().manual_seed(0),
+               output_type="np")
+    assert out.images.shape == (1, 64, 48, 3)
+    assert np.isfinite(out.images).all() and out.images.std() > 0
+
+
+@pytest.mark.parametrize("kind", list(KINDS))
+def test_cli_rebuild_is_byte_identical_and_safetensors_only(tmp_path: Path, kind: str,
+                                                            request: pytest.FixtureRequest) -> None:
+    out = tmp_path / kind
+    proc = _cli("make-model", kind, out)  # another process: another hash seed
     assert proc.returncode == 0, proc.stderr
-    built, fixture = _files(out), _files(tiny_qwen_image_dir)
+    built, fixture = _files(out), _files(request.getfixturevalue(KINDS[kind]))
     assert sorted(built) == sorted(fixture)
     assert [name for name in built if built[name] != fixture[name]] == []
-    assert {f for f in built if f.endswith(".safetensors")} == QWEN_WEIGHTS
+    assert {f for f in built if f.endswith(".safetensors")} == WEIGHTS
     assert not [f for f in built if f.endswith((".bin", ".pt", ".pth", ".ckpt", ".pkl"))]
     assert json.loads(built["diffserve_model.json"])["random_weights"] is True
