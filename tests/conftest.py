@@ -144,6 +144,14 @@ def tiny_z_image_dir() -> Path:
 
 
 @pytest.fixture(scope="session")
+def tiny_flux2_klein_dir() -> Path:
+    """A random-weight tiny Flux2KleinPipeline dir (the generic path, a 27-layer Qwen3 text encoder), seed 0."""
+    from diffserve.zoo.generic import build_generic_model
+
+    return _shared_model("tiny-flux2-klein", lambda target: build_generic_model("tiny-flux2-klein", target, seed=0))
+
+
+@pytest.fixture(scope="session")
 def tiny_flux_dev_dir() -> Path:
     """A dev-like (guidance_embeds=True) random-weight tiny-flux pipeline dir, seed 0."""
     from diffserve.zoo.flux import build_flux_model

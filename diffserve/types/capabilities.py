@@ -47,6 +47,8 @@ class PipelineCapabilities:
     default_cache_threshold: float = 0.0
     # A video model (its outputs are videos: ``RequestOutput.videos``); None: an image model.
     video: VideoCapabilities | None = None
+    # It takes a request's negative prompt (FLUX.2-klein's pipeline has none: its CFG branch is the empty prompt).
+    negative_prompt: bool = True
     # The fewest denoising steps its scheduler can run (2 where a terminal shift stretches the sigmas: one step
     # divides by zero in diffusers' FlowMatchEulerDiscreteScheduler and every pixel comes out NaN).
     min_inference_steps: int = 1
@@ -69,6 +71,9 @@ class PipelineCapabilities:
         if length is not None and length > self.max_sequence_length:
             raise RequestError(f"max_sequence_length={length} is above this model's {self.max_sequence_length} "
                                "tokens", param="max_sequence_length")
+        if request.negative_prompt is not None and not self.negative_prompt:
+            raise RequestError(f"{self.family} takes no negative prompt (its guidance contrasts with the empty "
+                               "prompt); leave negative_prompt unset", param="negative_prompt")
         if request.true_cfg_scale > 1 and request.negative_prompt is not None and not self.true_cfg:
             raise RequestError(f"{self.family} does not run true CFG as a second scale; leave true_cfg_scale at 1 "
                                "(where the model runs classifier-free guidance, guidance_scale is its scale)",

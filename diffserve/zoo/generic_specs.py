@@ -20,8 +20,12 @@ from diffserve.zoo.qwen_image_specs import (
     qwen_image_transformer,
 )
 from diffserve.zoo.z_image_specs import (
+    FLUX2_SCHEDULER_CONFIG,
+    FLUX2_VAE_CONFIG,
+    KLEIN_TEXT_LAYERS,
     Z_IMAGE_SCHEDULER_CONFIG,
     Z_IMAGE_VAE_CONFIG,
+    flux2_transformer,
     qwen3_config,
     z_image_transformer,
 )
@@ -179,6 +183,7 @@ class GenericSpec:
     scheduler: dict[str, Any]
     text_encoders: tuple[TextEncoder, ...]
     vae_class: str = "AutoencoderKL"
+    index_extras: tuple[tuple[str, Any], ...] = ()  # pipeline config entries of model_index.json
 
     def model_index(self) -> dict[str, Any]:
         """model_index.json's component entries (without _diffusers_version)."""
@@ -187,6 +192,7 @@ class GenericSpec:
             "scheduler": ["diffusers", self.scheduler_class],
             "transformer": ["diffusers", self.transformer_class],
             "vae": ["diffusers", self.vae_class],
+            **dict(self.index_extras),
         }
         for enc in self.text_encoders:
             model_class, tokenizer_class = ENCODER_CLASSES[enc.kind]
@@ -246,6 +252,18 @@ GENERIC_SPECS: dict[str, GenericSpec] = {
         transformer=z_image_transformer(layers=2, heads=4, head_dim=32), vae=dict(Z_IMAGE_VAE_CONFIG),
         scheduler_class="FlowMatchEulerDiscreteScheduler", scheduler=dict(Z_IMAGE_SCHEDULER_CONFIG),
         text_encoders=(TextEncoder("text_encoder", "tokenizer", "qwen3", qwen3_config(layers=2)),),
+    ),
+    "tiny-flux2-klein": GenericSpec(
+        name="tiny-flux2-klein",
+        description="~1M-parameter FLUX.2-klein-shaped model (Qwen3 text encoder) for tests and demos",
+        pipeline="Flux2KleinPipeline", transformer_class="Flux2Transformer2DModel",
+        transformer=flux2_transformer(double=1, single=2, heads=4, head_dim=32), vae=dict(FLUX2_VAE_CONFIG),
+        vae_class="AutoencoderKLFlux2", scheduler_class="FlowMatchEulerDiscreteScheduler",
+        scheduler=dict(FLUX2_SCHEDULER_CONFIG),
+        # The pipeline stacks hidden states 9, 18 and 27: the encoder keeps that depth (at width 64).
+        text_encoders=(TextEncoder("text_encoder", "tokenizer", "qwen3_causal",
+                                   qwen3_config(layers=KLEIN_TEXT_LAYERS[-1])),),
+        index_extras=(("is_distilled", False),),
     ),
 }
 

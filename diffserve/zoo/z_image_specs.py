@@ -70,3 +70,53 @@ def z_image_transformer(*, layers: int, heads: int, head_dim: int) -> dict[str, 
         "axes_dims": [8, 12, 12],
         "axes_lens": [1024, 512, 512],
     }
+
+
+# --- FLUX.2-klein -----------------------------------------------------------------------------------------
+# FLUX.2's scheduler_config.json: resolution-dependent shift (the pipeline computes its own empirical mu).
+FLUX2_SCHEDULER_CONFIG: dict[str, Any] = {
+    "base_image_seq_len": 256,
+    "base_shift": 0.5,
+    "max_image_seq_len": 4096,
+    "max_shift": 1.15,
+    "num_train_timesteps": 1000,
+    "shift": 3.0,
+    "use_dynamic_shifting": True,
+}
+# AutoencoderKLFlux2: 32 latent channels, normalised per 2x2 patch by batch-norm statistics (128 channels).
+FLUX2_VAE_CONFIG: dict[str, Any] = {
+    "in_channels": 3,
+    "out_channels": 3,
+    "down_block_types": ["DownEncoderBlock2D"] * 4,
+    "up_block_types": ["UpDecoderBlock2D"] * 4,
+    "block_out_channels": [32, 32, 32, 32],
+    "layers_per_block": 1,
+    "act_fn": "silu",
+    "latent_channels": 32,
+    "norm_num_groups": 32,
+    "sample_size": 128,
+    "use_quant_conv": True,
+    "use_post_quant_conv": True,
+    "mid_block_add_attention": True,
+    "patch_size": [2, 2],
+}
+
+
+def flux2_transformer(*, double: int, single: int, heads: int, head_dim: int) -> dict[str, Any]:
+    """Flux2Transformer2DModel (no guidance embedding: klein runs real CFG); 4 RoPE axes as (32, 32, 32, 32)."""
+    assert head_dim == 32, "axes_dims_rope below splits a 32-wide head"
+    return {
+        "patch_size": 1,
+        "in_channels": 128,  # 32 latent channels x a 2x2 patch, packed by the pipeline
+        "num_layers": double,
+        "num_single_layers": single,
+        "attention_head_dim": head_dim,
+        "num_attention_heads": heads,
+        "joint_attention_dim": len(KLEIN_TEXT_LAYERS) * QWEN3_HIDDEN,
+        "timestep_guidance_channels": 256,
+        "mlp_ratio": 3.0,
+        "axes_dims_rope": [8, 8, 8, 8],
+        "rope_theta": 2000,
+        "eps": 1e-6,
+        "guidance_embeds": False,
+    }

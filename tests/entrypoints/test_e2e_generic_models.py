@@ -120,3 +120,26 @@ def test_openai_client_generates_on_z_image(server_launcher, tiny_z_image_dir) -
         with pytest.raises(openai.BadRequestError) as refused:
             client.images.generate(model="tiny-z-image", prompt="x", size="40x32", extra_body={"num_inference_steps": 2})
         assert refused.value.body["param"] in ("size", "width")
+
+
+def test_openai_client_generates_on_flux2_klein(server_launcher, tiny_flux2_klein_dir) -> None:
+    with server_launcher(tiny_flux2_klein_dir, "--enforce-eager", "--dtype", "float32", "--linear-backend", "torch",
+                         "--served-model-name", "tiny-flux2-klein") as server:
+        client = openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=120)
+        result = client.images.generate(model="tiny-flux2-klein", prompt="a red fox", size="32x48",
+                                        extra_body={"num_inference_steps": 2, "seed": 3})
+        assert Image.open(io.BytesIO(base64.b64decode(result.data[0].b64_json))).size == (32, 48)
+        attestation = result.model_extra["diffserve"]["attestation"]
+        assert attestation["model_family"] == "Flux2KleinPipeline" and attestation["implementation"] == "generic"
+        # Its default CFG 4.0: the prompt's and the empty prompt's forward each step; one double and two single
+        # blocks each.
+        assert attestation["transformer_forwards"] == 4 and attestation["attention"] == {"sdpa": 12}
+        # Its pipeline takes no negative prompt: a 400 that says so, and serving goes on.
+        with pytest.raises(openai.BadRequestError) as refused:
+            client.images.generate(model="tiny-flux2-klein", prompt="x", size="32x32",
+                                   extra_body={"num_inference_steps": 2, "negative_prompt": "dark"})
+        assert refused.value.body["param"] == "negative_prompt"
+        assert "no negative prompt" in refused.value.body["message"]
+        again = client.images.generate(model="tiny-flux2-klein", prompt="x", size="32x32",
+                                       extra_body={"num_inference_steps": 2, "guidance_scale": 1.0})
+        assert again.model_extra["diffserve"]["attestation"]["transformer_forwards"] == 2

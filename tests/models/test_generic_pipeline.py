@@ -24,7 +24,8 @@ from diffserve.types.results import BatchResult, StepEvent
 FAMILIES = {"sd3": ("tiny_sd3_dir", "StableDiffusion3Pipeline"),
             "pixart": ("tiny_pixart_dir", "PixArtSigmaPipeline"),
             "qwen": ("tiny_qwen_image_dir", "QwenImagePipeline"),
-            "zimage": ("tiny_z_image_dir", "ZImagePipeline")}
+            "zimage": ("tiny_z_image_dir", "ZImagePipeline"),
+            "klein": ("tiny_flux2_klein_dir", "Flux2KleinPipeline")}
 PROMPT = "a red fox in the snow"
 
 
@@ -52,7 +53,7 @@ def diffusers_image(model_dir: Path, class_name: str, dtype: torch.dtype, seed: 
         kwargs.update(use_resolution_binning=False, clean_caption=False)
     if class_name == "QwenImagePipeline":
         kwargs.setdefault("negative_prompt", " ")  # its model card's: without one the pipeline skips CFG
-    image = pipe(prompt=PROMPT, height=64, width=64, num_inference_steps=steps,
+    image = pipe(prompt=PROMPT, height=64, width=64, num_inference_steps=steps,  # keywords: klein's first is image
                  generator=torch.Generator().manual_seed(seed), output_type="np", **kwargs).images[0]
     return (image * 255).round()
 
@@ -78,7 +79,7 @@ def test_images_match_plain_diffusers(family: str, dtype: str, floor_db: float, 
     assert set(counts["attention"]) == {"sdpa"} and counts["attention"]["sdpa"] > 0
     # One denoiser forward per step where diffusers batches the CFG branches, two where it runs them apart
     # (Qwen-Image's true CFG); guidance is the model's default.
-    assert counts["transformer_forwards"] == (6 if family == "qwen" else 3)
+    assert counts["transformer_forwards"] == (6 if family in ("qwen", "klein") else 3)
     assert pipe.capabilities.implementation == "generic" and pipe.capabilities.family == class_name
 
 
@@ -153,7 +154,8 @@ def test_compiled_denoiser_counts_and_matches_eager(tiny_sd3_dir: Path) -> None:
 
 
 def test_config_explain_names_the_generic_path_and_model_defaults(tiny_sd3_dir: Path, tiny_pixart_dir: Path,
-                                                                  tiny_qwen_image_dir: Path, tiny_z_image_dir: Path) -> None:
+                                                                  tiny_qwen_image_dir: Path, tiny_z_image_dir: Path,
+                                                                  tiny_flux2_klein_dir: Path) -> None:
     config = resolve(model=tiny_sd3_dir, env={})
     stage = config.stages[0]
     assert stage.implementation == "generic"
@@ -168,6 +170,8 @@ def test_config_explain_names_the_generic_path_and_model_defaults(tiny_sd3_dir: 
     assert qwen.provenance["stages.0.request_defaults.guidance_scale"].layer == "model"
     zimage = resolve(model=tiny_z_image_dir, env={}).stages[0].request_defaults
     assert (zimage.num_inference_steps, zimage.guidance_scale) == (50, 5.0)
+    klein = resolve(model=tiny_flux2_klein_dir, env={}).stages[0].request_defaults
+    assert (klein.num_inference_steps, klein.guidance_scale) == (50, 4.0)
     # A deploy value beats the model's.
     mine = resolve(model=tiny_sd3_dir, overrides={"default_guidance_scale": 5.0}, env={})
     assert mine.stages[0].request_defaults.guidance_scale == 5.0

@@ -1,5 +1,5 @@
 """The hermetic builders of families whose text encoder is a language model (tiny-qwen-image: Qwen2.5-VL;
-tiny-z-image: Qwen3 through its chat template): plain diffusers loads and runs what they write, the locally
+tiny-z-image and tiny-flux2-klein: Qwen3 through its chat template): plain diffusers loads and runs what they write, the locally
 made Qwen2 tokenizer puts Qwen-Image's system prompt on exactly the tokens its pipeline drops, and a rebuild
 in another process is byte for byte the same."""
 
@@ -16,7 +16,8 @@ WEIGHTS = {
     "vae/diffusion_pytorch_model.safetensors",
     "text_encoder/model.safetensors",
 }
-KINDS = {"tiny-qwen-image": "tiny_qwen_image_dir", "tiny-z-image": "tiny_z_image_dir"}
+KINDS = {"tiny-qwen-image": "tiny_qwen_image_dir", "tiny-z-image": "tiny_z_image_dir",
+         "tiny-flux2-klein": "tiny_flux2_klein_dir"}
 
 
 def test_plain_diffusers_loads_and_runs_it(tiny_qwen_image_dir: Path) -> None:
@@ -82,6 +83,27 @@ def test_z_image_reads_qwen3_through_its_chat_template(tiny_z_image_dir: Path) -
     out = pipe("a red fox", height=64, width=48, num_inference_steps=2, generator=torch.Generator().manual_seed(0),
                output_type="np")
     assert out.images.shape == (1, 64, 48, 3)
+    assert np.isfinite(out.images).all() and out.images.std() > 0
+
+
+def test_flux2_klein_stacks_three_hidden_states_of_a_deep_enough_encoder(tiny_flux2_klein_dir: Path) -> None:
+    import numpy as np
+    import torch
+    from diffusers import Flux2KleinPipeline
+
+    index = json.loads((tiny_flux2_klein_dir / "model_index.json").read_text())
+    assert index["text_encoder"] == ["transformers", "Qwen3ForCausalLM"] and index["is_distilled"] is False
+    assert index["vae"] == ["diffusers", "AutoencoderKLFlux2"]
+    pipe = Flux2KleinPipeline.from_pretrained(tiny_flux2_klein_dir)
+    pipe.set_progress_bar_config(disable=True)
+    # Hidden states 9, 18 and 27 exist and stack into the transformer's text width.
+    text = pipe.text_encoder.config
+    assert text.num_hidden_layers >= 27
+    assert pipe.transformer.config.joint_attention_dim == 3 * text.hidden_size
+    assert pipe.transformer.config.in_channels == 4 * pipe.vae.config.latent_channels  # 2x2 latent patches
+    out = pipe(prompt="a red fox", height=64, width=32, num_inference_steps=2,
+               generator=torch.Generator().manual_seed(0), output_type="np")
+    assert out.images.shape == (1, 64, 32, 3)
     assert np.isfinite(out.images).all() and out.images.std() > 0
 
 

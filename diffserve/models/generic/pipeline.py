@@ -117,7 +117,8 @@ class GenericPipeline(Pipeline):
             family=family.class_name, default_size=default, size_multiple=multiple,
             max_sequence_length=family.max_sequence_length, true_cfg=False,
             attention_roles=family.attention_roles, step_batching=False, implementation="generic",
-            min_inference_steps=2 if getattr(pipe.scheduler.config, "shift_terminal", None) else 1)
+            min_inference_steps=2 if getattr(pipe.scheduler.config, "shift_terminal", None) else 1,
+            negative_prompt="negative_prompt" in self._call_params)
 
     @classmethod
     def from_stage(cls, model_dir: str | Path, stage: StageConfig,
