@@ -1,8 +1,8 @@
 """Deploy settings proven at runtime: the YAML's backends reach a worker that really serves requests.
 
-For native FLUX on each executor (uni, mp, ray), for tiny SD3 on the generic path (diffusers'
-StableDiffusion3Pipeline with its denoiser on our kernels) on uni and mp, and for native Wan (two experts,
-video) on uni and mp, the deploy YAML is the only source of dtype, linear_backend, attention_backend,
+For native FLUX on each executor (uni, mp, ray), for tiny SD3, Qwen-Image and FLUX.2-klein on the generic path
+(diffusers' own pipeline classes with their denoiser on our kernels) on uni and mp, and for native Wan (two
+experts, video) on uni and mp, the deploy YAML is the only source of dtype, linear_backend, attention_backend,
 enforce_eager, the executor and the worker extension. ``BackendProbe`` (below) runs inside the
 worker: in ``before_load`` it installs itself as a kernel observer (``worker.observe_kernels``), so every
 backend object the model is built with is recorded and its kernel method counted at call time
@@ -120,8 +120,12 @@ VIDEO = dict(num_frames=9)
 
 # Per model: the fixture that builds it and the denoiser output of one step at 128x128 (batch 1).
 MODELS = {"flux": ("tiny_flux_dir", [1, 64, 64]), "sd3": ("tiny_sd3_dir", [1, 16, 16, 16]),
-          "wan": ("tiny_wan22_dir", [1, 16, 3, 16, 16])}
-FAMILIES = {"flux": "FluxPipeline", "sd3": "StableDiffusion3Pipeline", "wan": "WanPipeline"}
+          "wan": ("tiny_wan22_dir", [1, 16, 3, 16, 16]),
+          # 8x8 tokens of 2x2 packed latents: Qwen-Image's 16 channels, FLUX.2's 32.
+          "qwen": ("tiny_qwen_image_dir", [1, 64, 64]), "klein": ("tiny_flux2_klein_dir", [1, 64, 128])}
+FAMILIES = {"flux": "FluxPipeline", "sd3": "StableDiffusion3Pipeline", "wan": "WanPipeline",
+            "qwen": "QwenImagePipeline", "klein": "Flux2KleinPipeline"}
+GENERIC = ("sd3", "qwen", "klein")
 
 
 def request_for(model: str) -> GenerationRequest:
@@ -129,7 +133,8 @@ def request_for(model: str) -> GenerationRequest:
 
 
 @pytest.fixture(scope="module", params=[("flux", "uni"), ("flux", "mp"), ("flux", "ray"), ("sd3", "uni"),
-                                        ("sd3", "mp"), ("wan", "uni"), ("wan", "mp")],
+                                        ("sd3", "mp"), ("wan", "uni"), ("wan", "mp"), ("qwen", "uni"),
+                                        ("qwen", "mp"), ("klein", "uni"), ("klein", "mp")],
                 ids=lambda p: f"{p[0]}-{p[1]}")
 def engine(request: Any, tmp_path_factory: Any) -> Any:
     model, executor = request.param
@@ -160,7 +165,7 @@ def run_and_check(engine: Engine) -> tuple[Any, dict[str, Any]]:
     for shape, finite in report["forwards"]:
         assert shape == MODELS[model][1] and finite
     assert out.attestation["model_family"] == FAMILIES[model]
-    assert out.attestation["implementation"] == ("generic" if model == "sd3" else "native")
+    assert out.attestation["implementation"] == ("generic" if model in GENERIC else "native")
     if model == "wan":
         assert [v.shape for v in out.videos] == [(9, 128, 128, 3)] and not out.images
         assert out.attestation["experts"]["steps"] == ["transformer", "transformer_2"]
