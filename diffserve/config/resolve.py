@@ -91,6 +91,7 @@ def resolve(model: str | os.PathLike | None = None,
     out.errors.extend(missing_requirements(stages, provenance))
     out.errors.extend(_implementation_errors(stages, family, provenance))
     out.errors.extend(_component_errors(stages, family, provenance))
+    out.errors.extend(_generic_cache_errors(stages, family, provenance))
     out.errors.extend(device_errors(stages, platform_name, provenance))
     _raise_if_errors(out.errors)
     for warning in warnings:
@@ -197,6 +198,35 @@ def _implementation_errors(stages: tuple[StageConfig, ...], family: Any,
     return errors + [ConfigError(f"{family.class_name} has no native implementation", path=key,
                         source=provenance[key].describe(), hint="use implementation: generic (or leave it unset)")
             for key in (f"stages.{s.stage_id}.implementation" for s in stages if s.implementation == "native")]
+
+
+def _generic_cache_errors(stages: tuple[StageConfig, ...], family: Any,
+                          provenance: Mapping[str, Source]) -> list[ConfigError]:
+    """A step cache on the generic path: First-Block Cache where the family names its blocks, eager; TeaCache
+    nowhere (its polynomial is fitted per family, and none is published for these)."""
+    errors: list[ConfigError] = []
+    for stage in stages:
+        generic = stage.implementation == "generic" or (family is not None and family.implementation == "generic")
+        backend, key = stage.cache.backend, f"stages.{stage.stage_id}.cache.backend"
+        if family is None or not generic or backend == "none":
+            continue
+        source = provenance[key].describe()
+        if backend == "teacache":
+            errors.append(ConfigError(
+                f"TeaCache rescales its signal with a polynomial fitted per model family, and none is published for "
+                f"{family.class_name}", path=key, source=source,
+                hint="use cache.backend: fbcache" if family.first_block_cache else "use cache.backend: none"))
+        elif family.first_block_cache is None:
+            errors.append(ConfigError(f"{family.class_name} on the generic path has no step cache", path=key,
+                                      source=source, hint="use cache.backend: none" + (
+                                          " (or implementation: native, which has one)"
+                                          if family.implementation == "native" else "")))
+        elif not stage.enforce_eager:
+            errors.append(ConfigError(
+                "First-Block Cache on the generic path runs eager (a compiled block is counted per forward, and a "
+                "skipped one would be counted too)", path=f"stages.{stage.stage_id}.enforce_eager",
+                source=provenance[f"stages.{stage.stage_id}.enforce_eager"].describe(), hint="set enforce_eager: true"))
+    return errors
 
 
 def _component_errors(stages: tuple[StageConfig, ...], family: Any,

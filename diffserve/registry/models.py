@@ -31,6 +31,21 @@ MODEL_MARKER_FILE = "diffserve_model.json"
 
 
 @dataclass(frozen=True)
+class FirstBlockCacheSpec:
+    """Where First-Block Cache hooks into a generic family's denoiser (models/generic/step_cache.py): its block
+    list, the index of the image tokens in a block's output tuple, and the block's keyword inputs in the order
+    of its outputs (what a skipped block passes through)."""
+
+    blocks: str = "transformer_blocks"
+    image_output: int = 1
+    block_outputs: tuple[str, ...] = ("encoder_hidden_states", "hidden_states")
+
+
+# MMDiT blocks that return (text, image) and whose text stream the forward drops after the last block.
+MMDIT_FIRST_BLOCK_CACHE = FirstBlockCacheSpec()
+
+
+@dataclass(frozen=True)
 class ModelFamily:
     """What the resolver must know about a family before any weight is read."""
 
@@ -80,6 +95,9 @@ class ModelFamily:
     # prompt, and its model card passes " ").
     cfg_argument: str = "guidance_scale"
     cfg_negative_prompt: str | None = None
+    # Generic families: where First-Block Cache hooks in (None: no step cache on the generic path). TeaCache
+    # needs a polynomial fitted per family (registry/teacache.py): none is published for these.
+    first_block_cache: FirstBlockCacheSpec | None = None
 
     def load_stage_pipeline(self, role: str) -> Any:
         """The pipeline class serving ``role`` (``diffusion``: the family's own, see ``load_pipeline_class``)."""
@@ -141,6 +159,7 @@ MODEL_FAMILIES: dict[str, ModelFamily] = {
         ModelFamily("StableDiffusion3Pipeline", GENERIC_PIPELINE, "single", attention_roles=("joint_block",),
                     implementation="generic", default_steps=28, default_guidance_scale=7.0,
                     role_patterns=(("", "joint_block"),), max_sequence_length=256,
+                    first_block_cache=MMDIT_FIRST_BLOCK_CACHE,
                     quantization_ignored_layers=("pos_embed", "time_text_embed", "context_embedder", "*.norm1",
                                                  "*.norm1_context", "norm_out", "proj_out")),
         # PixArt-Sigma: self-attention over the image, cross-attention to the (padded, masked) T5 tokens;
@@ -157,7 +176,7 @@ MODEL_FAMILIES: dict[str, ModelFamily] = {
         ModelFamily("QwenImagePipeline", GENERIC_PIPELINE, "single", attention_roles=("joint_block",),
                     implementation="generic", default_steps=50, default_guidance_scale=4.0,
                     role_patterns=(("", "joint_block"),), masked_roles=("joint_block",), max_sequence_length=1024,
-                    cfg_argument="true_cfg_scale", cfg_negative_prompt=" ",
+                    cfg_argument="true_cfg_scale", cfg_negative_prompt=" ", first_block_cache=MMDIT_FIRST_BLOCK_CACHE,
                     quantization_ignored_layers=("img_in", "txt_in", "time_text_embed", "*.img_mod", "*.txt_mod",
                                                  "norm_out", "proj_out")),
         # Z-Image (a single-stream DiT, a Qwen3 text encoder): refiner blocks over the image and the text tokens

@@ -8,6 +8,7 @@ per forward. Modules outside the blocks stay eager and count themselves.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from torch import nn
@@ -20,9 +21,10 @@ from diffserve.logging import get_logger
 logger = get_logger(__name__)
 
 
-def count_forwards(denoiser: nn.Module, counters: KernelCounters) -> None:
-    """Count every denoiser forward in ``counters.transformer_forwards``."""
-    denoiser.register_forward_pre_hook(lambda module, args: counters.count_forward())
+def count_forwards(denoiser: nn.Module, counters: KernelCounters, computed: Callable[[], bool] = lambda: True) -> None:
+    """Count every denoiser forward in ``counters.transformer_forwards`` that ``computed`` says ran its blocks (a
+    step cache's skipped forward, which ran the first block only, does not count, as on the native path)."""
+    denoiser.register_forward_hook(lambda module, args, output: counters.count_forward() if computed() else None)
 
 
 def compile_denoiser(denoiser: nn.Module, counters: KernelCounters) -> int:

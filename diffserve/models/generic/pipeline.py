@@ -29,7 +29,7 @@ from typing import Any
 
 import torch
 
-from diffserve.config.schema import StageConfig, VaeConfig
+from diffserve.config.schema import CacheConfig, StageConfig, VaeConfig
 from diffserve.errors import ConfigError, ModelLoadError
 from diffserve.layers.attestation import KernelCounters
 from diffserve.layers.kernels import build_kernel_set
@@ -40,9 +40,11 @@ from diffserve.models.dtype import resolve_dtype
 from diffserve.models.generic.compile import compile_denoiser, count_forwards
 from diffserve.models.generic.compute_thread import ComputeThread
 from diffserve.models.generic.kernels import check_masked_roles, route_attention, swap_linears
+from diffserve.models.generic.step_cache import GenericStepCache
 from diffserve.models.loader import strict_model_components
 from diffserve.models.memory import PhasePeaks, component_weights
 from diffserve.models.offload import offload_diffusers
+from diffserve.models.stepcache.policy import CacheSettings
 from diffserve.models.vae_tiling import configure_tiling, tiling
 from diffserve.registry.models import MODEL_FAMILIES, ModelFamily, read_class_name
 from diffserve.types.attestation import Attestation
@@ -65,9 +67,11 @@ class GenericPipeline(Pipeline):
 
     def __init__(self, pipe: Any, family: ModelFamily, counters: KernelCounters, *, device: torch.device,
                  dtype: torch.dtype, attention_roles: dict[str, str], compute: ComputeThread | None = None,
-                 vae_config: VaeConfig = VaeConfig()) -> None:
+                 vae_config: VaeConfig = VaeConfig(), cache: CacheConfig = CacheConfig(),
+                 step_cache: GenericStepCache | None = None) -> None:
         self.pipe = pipe
         self.vae_config = vae_config
+        self.cache, self.step_cache = cache, step_cache  # First-Block Cache where the stage asks and the family has one
         configure_tiling(pipe.vae, vae_config)
         # Where every batch runs (the thread that loaded the weights, see compute_thread.py). It ends with
         # this pipeline: a thread left behind would keep its OpenMP team, slowing every later torch op of
@@ -118,6 +122,7 @@ class GenericPipeline(Pipeline):
             max_sequence_length=family.max_sequence_length, true_cfg=False,
             attention_roles=family.attention_roles, step_batching=False, implementation="generic",
             min_inference_steps=2 if getattr(pipe.scheduler.config, "shift_terminal", None) else 1,
+            default_cache_threshold=float(cache.threshold or 0.0) if step_cache is not None else 0.0,
             negative_prompt="negative_prompt" in self._call_params)
 
     @classmethod
@@ -165,14 +170,17 @@ class GenericPipeline(Pipeline):
         pipe.to(device)
         weights = quantized_weights(pipe, family.denoiser, stage)
         offload_diffusers(stage.offload, pipe, device)
-        count_forwards(denoiser, kernels.counters)
+        step_cache = None
+        if stage.cache.backend == "fbcache" and family.first_block_cache is not None:  # config refuses the rest
+            step_cache = GenericStepCache(denoiser, family.first_block_cache)
+        count_forwards(denoiser, kernels.counters, step_cache.forward_computed if step_cache else lambda: True)
         if not stage.enforce_eager:
             compile_denoiser(denoiser, kernels.counters)
         logger.info("loaded %s on the generic path (%s on %s, %d Linear and %d attention modules on %s) in %.1fs",
                     class_name, dtype, device, linears, len(roles), kernels.describe(), time.perf_counter() - start)
         logger.info("weights: %s", describe_weights(weights))
         pipeline = cls(pipe, family, kernels.counters, device=device, dtype=dtype, attention_roles=roles,
-                       compute=compute, vae_config=stage.vae)
+                       compute=compute, vae_config=stage.vae, cache=stage.cache, step_cache=step_cache)
         pipeline.weights = weights
         return pipeline
 
@@ -209,6 +217,8 @@ class GenericPipeline(Pipeline):
             timings["last_step"] = time.perf_counter()
             self._peaks.stop()
             self._peaks.start("denoise" if index + 1 < steps else "decode")
+            if self.step_cache is not None:
+                self.step_cache.next_step()
             events.put(("step", index + 1))
             resume.acquire()  # the engine has seen the step (and may have decided to stop)
             if cancel.is_set():
@@ -220,6 +230,8 @@ class GenericPipeline(Pipeline):
                 # The images are converted here too: no parallel torch op on the caller's thread.
                 events.put(("done", self._results(batch, *self._call(batch, on_step, timings), timings)))
             except BaseException as exc:  # noqa: BLE001 - handed to the generator, which re-raises it
+                if self.step_cache is not None:
+                    self.step_cache.abandon()
                 events.put(("error", exc))
 
         job = self.compute.submit(target)
@@ -245,8 +257,9 @@ class GenericPipeline(Pipeline):
 
     @torch.inference_mode()
     def _call(self, batch: list[GenerationRequest], on_step: Callable[..., dict[str, Any]],
-              timings: dict[str, float]) -> tuple[Any, bool]:
-        """The batch's images (or latents) and whether the VAE decoded them in tiles."""
+              timings: dict[str, float]) -> tuple[Any, bool, list[Any] | None]:
+        """The batch's images (or latents), whether the VAE decoded them in tiles, and the step cache's entries
+        (one per image; None without a step cache)."""
         first = batch[0]
         self._encode_ms = 0.0
         self._peaks = PhasePeaks(self.device)
@@ -275,17 +288,21 @@ class GenericPipeline(Pipeline):
             kwargs["negative_prompt"] = [self.family.cfg_negative_prompt] * len(prompts)
         if self.family.class_name == "PixArtSigmaPipeline":
             kwargs["use_resolution_binning"] = False  # the size asked for, not the nearest trained bucket
+        if self.step_cache is not None:
+            settings = CacheSettings.for_batch(self.cache, float(first.cache_threshold or 0.0))
+            self.step_cache.start(settings, int(first.num_inference_steps or 0), len(prompts))
         with tiling(self.pipe.vae, self.vae_config, kwargs["height"], kwargs["width"]) as tiled:
             images = self.pipe(**kwargs)[0]
+        entries = self.step_cache.finish()[0] if self.step_cache is not None else None
         end = time.perf_counter()
         self._peaks.stop()
         # Phases as the native path reports them; "denoise" includes the pipeline's own preparation.
         last_step = timings.pop("last_step", end)
         timings.update(encode=self._encode_ms, denoise=(last_step - start) * 1000.0 - self._encode_ms,
                        decode=(end - last_step) * 1000.0)
-        return images, tiled
+        return images, tiled, entries
 
-    def _results(self, batch: list[GenerationRequest], images: torch.Tensor, tiled: bool,
+    def _results(self, batch: list[GenerationRequest], images: torch.Tensor, tiled: bool, entries: list[Any] | None,
                  timings: dict[str, float]) -> list[RequestResult]:
         if batch[0].output_type == "pil":
             images = (images.permute(0, 2, 3, 1).float() * 255).round().to(torch.uint8)
@@ -293,10 +310,16 @@ class GenericPipeline(Pipeline):
             images = images.float()
         per_request = images.cpu().contiguous().split([r.n for r in batch])
         decoded = batch[0].output_type != "latent"
-        return [RequestResult(request_id=r.request_id, images=imgs, seeds=r.seeds, timings_ms=dict(timings),
-                              memory_peak_mib=dict(self._peaks.peaks),
-                              attestation=Attestation(vae_tiled=tiled) if decoded else Attestation())
-                for r, imgs in zip(batch, per_request, strict=True)]
+        results, row = [], 0
+        for request, imgs in zip(batch, per_request, strict=True):
+            attestation = Attestation(vae_tiled=tiled) if decoded else Attestation()
+            if entries is not None:
+                attestation["cache"] = entries[row:row + request.n]
+            row += request.n
+            results.append(RequestResult(request_id=request.request_id, images=imgs, seeds=request.seeds,
+                                         timings_ms=dict(timings), memory_peak_mib=dict(self._peaks.peaks),
+                                         attestation=attestation))
+        return results
 
 
 def quantized_weights(pipe: Any, denoiser: str, stage: StageConfig) -> dict[str, ComponentWeights]:
