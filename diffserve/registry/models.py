@@ -98,6 +98,8 @@ class ModelFamily:
     # Generic families: where First-Block Cache hooks in (None: no step cache on the generic path). TeaCache
     # needs a polynomial fitted per family (registry/teacache.py): none is published for these.
     first_block_cache: FirstBlockCacheSpec | None = None
+    # The step caches its native pipeline runs (models/stepcache; TeaCache where a polynomial fits the model).
+    native_step_caches: tuple[str, ...] = ()
 
     def load_stage_pipeline(self, role: str) -> Any:
         """The pipeline class serving ``role`` (``diffusion``: the family's own, see ``load_pipeline_class``)."""
@@ -132,6 +134,7 @@ FLUX_MODULATION = ("*.img_mod", "*.txt_mod", "*.modulation", "*.norm1", "*.norm1
                    "single_transformer_blocks.*.norm")
 
 WAN_PIPELINE = "diffserve.models.wan.pipeline:WanVideoPipeline"
+NATIVE_STEP_CACHES = ("fbcache", "teacache")
 WAN_QUANTIZATION_IGNORED = ("patch_embedding", "condition_embedder", "proj_out")
 
 MODEL_FAMILIES: dict[str, ModelFamily] = {
@@ -145,14 +148,14 @@ MODEL_FAMILIES: dict[str, ModelFamily] = {
                     # CFG-parallel (the two true-CFG branches on two ranks) times Ulysses (the image
                     # tokens; the degree must divide the heads, checked at load: models/flux/pipeline.py).
                     max_world_size=16, parallel_dims=("cfg_parallel_size", "ulysses_degree"),
-                    edits=("img2img", "inpaint"), lora_check=FLUX_LORA_CHECK,
+                    edits=("img2img", "inpaint"), lora_check=FLUX_LORA_CHECK, native_step_caches=NATIVE_STEP_CACHES,
                     quantization_ignored_layers=FLUX_QUANTIZATION_IGNORED, stage_pipelines=FLUX_STAGES),
         # FLUX.1 Kontext: the native FLUX pipeline, with the reference image's latents as extra tokens.
         ModelFamily("FluxKontextPipeline", "diffserve.models.flux.pipeline:FluxPipeline", "single",
                     attention_roles=("double_block", "single_block"),
                     role_patterns=(("single_transformer_blocks.", "single_block"),
                                    ("transformer_blocks.", "double_block")),
-                    edits=("reference",), lora_check=FLUX_LORA_CHECK,
+                    edits=("reference",), lora_check=FLUX_LORA_CHECK, native_step_caches=NATIVE_STEP_CACHES,
                     quantization_ignored_layers=FLUX_QUANTIZATION_IGNORED, stage_pipelines=FLUX_STAGES),
         # SD3/SD3.5 (MMDiT): every block's joint text+image attention; true CFG in the pipeline itself
         # (guidance_scale is the CFG scale), 28 steps at 7.0 as the pipeline's __call__ defaults.
@@ -208,7 +211,7 @@ MODEL_FAMILIES: dict[str, ModelFamily] = {
                       # video tokens (the degree must divide the heads; models/wan/transformer.py).
                       max_world_size=16, parallel_dims=("cfg_parallel_size", "ulysses_degree"), default_steps=50, default_guidance_scale=5.0, max_sequence_length=512,
                       default_num_frames=81, default_fps=16, default_height=480, default_width=832,
-                      quantization_ignored_layers=WAN_QUANTIZATION_IGNORED)
+                      native_step_caches=NATIVE_STEP_CACHES, quantization_ignored_layers=WAN_QUANTIZATION_IGNORED)
           for name in ("WanPipeline", "WanImageToVideoPipeline")),
     )
 }

@@ -223,3 +223,15 @@ def test_the_compute_thread_ends_with_its_pipeline(tiny_sd3_dir: Path) -> None:
     while alive() and time.monotonic() < deadline:
         time.sleep(0.05)
     assert not alive()
+
+
+@pytest.mark.parametrize("family", ["qwen", "zimage", "klein"])
+def test_int8_quantization_runs_on_the_language_model_families(family: str, request: Any) -> None:
+    # The support matrix claims every quantization method for every family; W8A8 int8 on the new ones here.
+    fixture, _ = FAMILIES[family]
+    pipe = build(request.getfixturevalue(fixture), quantization="int8")
+    image = pipe(make_request(num_inference_steps=2)).images[0].numpy()
+    assert image.shape == (64, 64, 3) and image.std() > 0
+    counts = pipe.kernel_counters.snapshot()["linear"]
+    assert counts.get("int8_dynamic", 0) > 0, counts
+    assert pipe.weights["transformer"].quantization is not None

@@ -1,0 +1,33 @@
+"""The support matrix: what each registered family serves, derived from its registry entry alone, so that
+docs/models.md's table (which a test compares with this) cannot drift from what the code does."""
+
+from __future__ import annotations
+
+from diffserve.registry.models import MODEL_FAMILIES, ModelFamily
+from diffserve.registry.quantization import QUANTIZATION_METHODS
+
+COLUMNS = ("family", "path", "generations", "edits", "LoRA", "step cache", "parallel", "quantization")
+
+
+def family_support(family: ModelFamily) -> tuple[str, ...]:
+    """One row of the matrix, in ``COLUMNS`` order."""
+    generic = family.implementation == "generic"
+    caches = ("fbcache",) if generic and family.first_block_cache else () if generic else family.native_step_caches
+    parallel = " x ".join({"cfg_parallel_size": "CFG", "ulysses_degree": "Ulysses"}[d] for d in family.parallel_dims)
+    methods = ", ".join(name for name in QUANTIZATION_METHODS if name != "none")
+    return (f"`{family.class_name}`", family.implementation,
+            "videos" if family.default_num_frames is not None else "images",
+            ", ".join(family.edits) or "-", "per request" if family.lora_check else "-",
+            ", ".join(caches) or "-", parallel or "-", methods)
+
+
+def support_matrix() -> list[tuple[str, ...]]:
+    """Every family's row, in registry order."""
+    return [family_support(family) for family in MODEL_FAMILIES.values()]
+
+
+def support_table() -> str:
+    """The matrix as the Markdown table docs/models.md shows."""
+    lines = ["| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
+    lines += ["| " + " | ".join(row) + " |" for row in support_matrix()]
+    return "\n".join(lines) + "\n"
