@@ -1,144 +1,39 @@
-"""The FLUX pipeline's LoRA adapters: registered at start, kept in memory up to ``max_loras`` (LRU),
-combined per batch with the batch's scales (``layers/linear/lora.py`` applies them inside ``Linear``).
-
-Adapters are named in requests by their registered name (``lora_modules``) or by a file path inside
-``lora_dir``; admission has already checked both (``check_lora_request``), so the worker only loads.
+"""The FLUX pipeline's LoRA adapters: the shared ``LoraAdapters`` (``models/lora_adapters.py``) with FLUX's file
+reader, which maps diffusers' module names onto the native fused layers (``lora_file.py``), and admission's
+check of a request's adapters against a FLUX model.
 """
 
 from __future__ import annotations
 
 import os
-from collections import OrderedDict
-from collections.abc import Mapping
-from functools import lru_cache
 from pathlib import Path
 
 import torch
 
 from diffserve.config.schema import StageConfig
-from diffserve.errors import ConfigError, LoraError, RequestError
-from diffserve.layers.linear import lora
-from diffserve.layers.linear.module import Linear
 from diffserve.models.flux.lora_file import LoraAdapter, native_linear_shapes, read_flux_lora
 from diffserve.models.flux.params import FluxParams
 from diffserve.models.loader import read_config
-from diffserve.types.attestation import LoraAdapterEntry, LoraReport
+from diffserve.models.lora_adapters import LoraAdapters, check_adapters
 
 
-class LoraAdapters:
-    """The adapters of one transformer: ``max_loras`` of them kept in memory (least recently used evicted),
-    and the batch's combination installed on the layers they target (``activate``)."""
+def flux_lora_adapters(transformer: torch.nn.Module, params: FluxParams, stage: StageConfig) -> LoraAdapters:
+    """The adapters of a native FLUX transformer."""
+    def reader(path: str, shapes: dict[str, tuple[int, int]], name: str, max_rank: int,
+               dtype: torch.dtype) -> LoraAdapter:
+        return read_flux_lora(path, params, shapes, name=name, max_rank=max_rank, dtype=dtype)
 
-    def __init__(self, transformer: torch.nn.Module, params: FluxParams, stage: StageConfig) -> None:
-        weight = next(transformer.parameters())
-        self.state = lora.LoraState()
-        self.dtype = weight.dtype
-        self.params = params
-        self.linears = {name: m for name, m in transformer.named_modules() if isinstance(m, Linear)}
-        self.shapes = {name: (m.out_features, m.in_features) for name, m in self.linears.items()}
-        self.registered = dict(stage.lora_modules)
-        self.max_rank = stage.max_lora_rank
-        self.capacity = stage.max_loras
-        self.lora_dir = stage.lora_dir
-        self.patched: set[str] = set()  # layers that carry factors (a zero pair when a batch skips them)
-        self.resident: OrderedDict[str, LoraAdapter] = OrderedDict()  # least recently used first
-        # Registered adapters are checked now, so a bad file fails the start, not a request.
-        for name, path in self.registered.items():
-            try:
-                adapter = self._read(name, path)
-            except LoraError as exc:
-                raise ConfigError(str(exc), path=f"lora_modules.{name}", hint=exc.hint) from None
-            if len(self.resident) < self.capacity:
-                self.resident[name] = adapter
-
-    @torch.inference_mode()
-    def activate(self, loras: tuple[tuple[str, float], ...]) -> None:
-        """Install the batch's adapters (``(name, scale)`` in canonical order) on the layers they target."""
-        if not loras:
-            self.deactivate()
-            return
-        adapters = [(self._adapter(name), scale) for name, scale in loras]
-        targets = set().union(*(adapter.layers for adapter, _ in adapters))
-        for name in sorted(targets | self.patched):
-            parts = [(adapter.layers[name], scale) for adapter, scale in adapters if name in adapter.layers]
-            a = torch.cat([a for (a, _), _ in parts]) if parts else None
-            b = torch.cat([b * scale for (_, b), scale in parts], dim=1) if parts else None
-            self.linears[name].set_lora(self.state, a, b)
-        self.patched |= targets
-        self.state.adapters = loras
-        self.state.active = True
-
-    def deactivate(self) -> None:
-        self.state.active = False
-        self.state.adapters = ()
-
-    def _adapter(self, name: str) -> LoraAdapter:
-        if name in self.resident:
-            self.resident.move_to_end(name)
-            return self.resident[name]
-        try:
-            adapter = self._read(name, self.registered.get(name, name))
-        except LoraError as exc:  # changed on disk since admission
-            raise RequestError(str(exc), param="loras") from None
-        if len(self.resident) >= self.capacity:
-            self.resident.popitem(last=False)
-        self.resident[name] = adapter
-        return adapter
-
-    def _read(self, name: str, path: str) -> LoraAdapter:
-        return read_flux_lora(path, self.params, self.shapes, name=name, max_rank=self.max_rank, dtype=self.dtype)
-
-    def describe(self, loras: tuple[tuple[str, float], ...]) -> LoraReport:
-        """The attestation's ``lora`` entry: adapters (paths relative to lora_dir) and scales applied."""
-        def shown(name: str) -> str:
-            return os.path.relpath(name, self.lora_dir) if self.lora_dir and os.path.isabs(name) else name
-
-        return LoraReport(adapters=[LoraAdapterEntry(name=shown(n), scale=s) for n, s in loras])
-
-    def patched_in(self, block: torch.nn.Module) -> int:
-        """Linear layers of ``block`` that add a delta while adapters are active (compiled blocks' tally)."""
-        return sum(1 for m in block.modules() if isinstance(m, Linear) and m.lora_state is not None)
+    return LoraAdapters(transformer, stage, reader)
 
 
 def check_lora_request(loras: tuple[tuple[str, float], ...], stage: StageConfig,
                        model_dir: str | Path) -> tuple[tuple[str, float], ...]:
-    """Admission's check of a request's adapters against the deployment: known names, files only inside
-    ``lora_dir`` that fit this model, scales within ``max_lora_scale``, at most ``max_loras``. Returns them in
-    canonical form (registered names as is, paths absolute; sorted), or raises ``RequestError(param="loras")``."""
-    if len(loras) > stage.max_loras:
-        raise RequestError(f"{len(loras)} adapters in one request; this deployment combines at most "
-                           f"{stage.max_loras} (max_loras)", param="loras")
-    registered = stage.lora_modules
-    out = []
-    for name, scale in loras:
-        if abs(scale) > stage.max_lora_scale:
-            raise RequestError(f"loras scale {scale} of {name!r} is outside +-{stage.max_lora_scale} "
-                               "(max_lora_scale)", param="loras")
-        out.append((name if name in registered else _allowed_path(name, stage, registered, model_dir), scale))
-    return tuple(sorted(out))
+    """Admission's check of a request's adapters against a FLUX deployment (``check_adapters``)."""
+    return check_adapters(loras, stage, model_dir, _check_file)
 
 
-def _allowed_path(name: str, stage: StageConfig, registered: Mapping[str, str], model_dir: str | Path) -> str:
-    known = ", ".join(sorted(registered)) or "none"
-    if not stage.lora_dir:
-        raise RequestError(f"unknown LoRA adapter {name!r} (registered: {known}; loading by path is off: no "
-                           "lora_dir)", param="loras")
-    root = os.path.realpath(stage.lora_dir)
-    path = os.path.realpath(os.path.join(root, name))
-    if os.path.commonpath([root, path]) != root:
-        raise RequestError(f"LoRA path {name!r} is outside the allowed directory (lora_dir)", param="loras")
-    try:
-        _check_file(path, os.path.getmtime(path), str(model_dir), stage.max_lora_rank)
-    except (OSError, LoraError) as exc:
-        raise RequestError(f"LoRA {name!r}: {exc}" if isinstance(exc, LoraError) else
-                           f"unknown LoRA adapter {name!r} (registered: {known}; no such file in lora_dir)",
-                           param="loras") from None
-    return path
-
-
-@lru_cache(maxsize=64)
-def _check_file(path: str, mtime: float, model_dir: str, max_rank: int) -> None:
-    """Read the file once per (path, mtime) and check it fits the model (keys, shapes, rank)."""
+def _check_file(path: str, model_dir: str, max_rank: int) -> None:
+    """The file fits the model: keys, shapes, rank."""
     params = FluxParams.from_diffusers_config(read_config(Path(model_dir) / "transformer"))
     shapes = native_linear_shapes(Path(model_dir) / "transformer", params)
     read_flux_lora(path, params, shapes, name=os.path.basename(path), max_rank=max_rank)

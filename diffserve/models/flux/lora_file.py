@@ -17,7 +17,6 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -26,23 +25,10 @@ from torch import Tensor
 from diffserve.errors import LoraError
 from diffserve.models.flux.params import FluxParams
 from diffserve.models.flux.weights import _swap_halves, conversion_rules
+from diffserve.models.lora_adapters import LoraAdapter
 
 _PEFT = re.compile(r"^(?:transformer\.)?(?P<module>.+)\.lora_(?P<part>A|B)(?:\.default)?\.weight$")
 _KOHYA = re.compile(r"^lora_unet_(?P<module>.+)\.(?P<part>lora_down\.weight|lora_up\.weight|alpha)$")
-
-
-@dataclass(frozen=True)
-class LoraAdapter:
-    """One adapter, ready for the slots: native layer name -> (A ``[rank, in]``, B ``[out, rank]``)."""
-
-    name: str
-    path: str
-    layers: Mapping[str, tuple[Tensor, Tensor]]
-
-    @property
-    def rank(self) -> int:
-        """The widest layer's rank (the slots must be at least this wide)."""
-        return max(a.shape[0] for a, _ in self.layers.values())
 
 
 def native_linear_shapes(transformer_dir: str | Path, params: FluxParams) -> dict[str, tuple[int, int]]:

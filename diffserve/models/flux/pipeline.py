@@ -29,7 +29,7 @@ from diffserve.models.flux.decode import decode_latents
 from diffserve.models.flux.denoise import Stepper
 from diffserve.models.flux.encoders import TextEncoders
 from diffserve.models.flux.live_batch import LiveBatch, Member
-from diffserve.models.flux.lora import LoraAdapters
+from diffserve.models.flux.lora import flux_lora_adapters
 from diffserve.models.flux.sampling import (
     check_scheduler_config,
     get_noise,
@@ -40,6 +40,7 @@ from diffserve.models.flux.sampling import (
 )
 from diffserve.models.flux.stage_payloads import PayloadText
 from diffserve.models.flux.transformer import FluxTransformer
+from diffserve.models.lora_adapters import LoraAdapters
 from diffserve.models.memory import PhasePeaks, component_weights
 from diffserve.models.offload import offload_native
 from diffserve.models.stepcache.policy import BranchCache, CacheSettings
@@ -138,7 +139,7 @@ class FluxPipeline(Pipeline):
         pipeline = cls(transformer, encoders, vae, scheduler_config, device=device, dtype=dtype,
                        parallel=context.parallel, cache=stage.cache, family=MODEL_FAMILIES[read_class_name(root)],
                        vae_config=stage.vae)
-        pipeline.loras = transformer.lora_adapters = LoraAdapters(transformer, transformer.params, stage)
+        pipeline.loras = transformer.lora_adapters = flux_lora_adapters(transformer, transformer.params, stage)
         pipeline.stage_id, pipeline.decoded_elsewhere = stage.stage_id, context.decoded_elsewhere
         pipeline.text = PayloadText(transformer.params, stage_id=stage.stage_id, role=stage.role, device=device,
                                     dtype=dtype) if encoders is None else CachedTextEncoders.for_model(

@@ -24,7 +24,7 @@ from diffserve.models.gguf_file import read_gguf
 from diffserve.models.loader import load_strict, read_checkpoint, read_config, read_safetensors
 
 if TYPE_CHECKING:  # pragma: no cover
-    from diffserve.models.flux.lora import LoraAdapters
+    from diffserve.models.lora_adapters import LoraAdapters
 
 logger = get_logger(__name__)
 
