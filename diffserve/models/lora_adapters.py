@@ -8,6 +8,7 @@ own (``models/generic/lora.py``). Admission has already checked a request's adap
 
 from __future__ import annotations
 
+import json
 import os
 from collections import OrderedDict
 from collections.abc import Callable, Mapping
@@ -116,6 +117,34 @@ class LoraAdapters:
     def patched_in(self, block: torch.nn.Module) -> int:
         """Linear layers of ``block`` that add a delta while adapters are active (compiled blocks' tally)."""
         return sum(1 for m in block.modules() if isinstance(m, Linear) and m.lora_state is not None)
+
+
+def read_lora_tensors(path: Path) -> tuple[dict[str, Tensor], dict[str, str]]:
+    """A LoRA file's tensors and metadata (a directory: diffusers' ``pytorch_lora_weights.safetensors`` in it)."""
+    from safetensors import SafetensorError, safe_open
+
+    if path.is_dir():  # a directory as diffusers writes it
+        path = path / "pytorch_lora_weights.safetensors"
+    if not path.is_file():
+        raise LoraError(f"{path}: no such file", hint="check the path (the file must exist on the server)")
+    try:
+        with safe_open(str(path), framework="pt") as handle:
+            metadata = handle.metadata() or {}
+            return {k: handle.get_tensor(k) for k in handle.keys()}, metadata  # noqa: SIM118
+    except (SafetensorError, OSError, ValueError) as exc:
+        raise LoraError(f"{path}: not a safetensors file ({exc})",
+                        hint="LoRA files must be .safetensors (pickles are never loaded)") from None
+
+
+def peft_scaling(metadata: Mapping[str, str]) -> float | None:
+    """``lora_alpha / r`` from diffusers' ``lora_adapter_metadata`` (transformer entry), if the file has it."""
+    try:
+        config = json.loads(metadata.get("lora_adapter_metadata", "{}"))
+    except ValueError:
+        return None
+    config = config.get("transformer", config) if isinstance(config, dict) else {}
+    alpha, rank = config.get("lora_alpha"), config.get("r")
+    return float(alpha) / float(rank) if alpha and rank else None
 
 
 # (path, model directory, max rank): raises LoraError unless the file's adapter fits the model

@@ -24,6 +24,8 @@ from diffserve.registry.targets import load_target
 T5_MAX_TOKENS = 512
 # Admission's check of a request's LoRA adapters on the native FLUX pipeline (files, shapes, scales).
 FLUX_LORA_CHECK = "diffserve.models.flux.lora:check_lora_request"
+# The generic path's: diffusers/PEFT files keyed by the denoiser's own module names.
+GENERIC_LORA_CHECK = "diffserve.models.generic.lora:check_lora_request"
 
 # A model directory's own diffserve marker (written by the zoo's builders and trainers): what the directory
 # is and, optionally, its ``request_defaults`` (read by config/sources.py as the model layer).
@@ -180,6 +182,7 @@ MODEL_FAMILIES: dict[str, ModelFamily] = {
                     implementation="generic", default_steps=50, default_guidance_scale=4.0,
                     role_patterns=(("", "joint_block"),), masked_roles=("joint_block",), max_sequence_length=1024,
                     cfg_argument="true_cfg_scale", cfg_negative_prompt=" ", first_block_cache=MMDIT_FIRST_BLOCK_CACHE,
+                    lora_check=GENERIC_LORA_CHECK,
                     quantization_ignored_layers=("img_in", "txt_in", "time_text_embed", "*.img_mod", "*.txt_mod",
                                                  "norm_out", "proj_out")),
         # Z-Image (a single-stream DiT, a Qwen3 text encoder): refiner blocks over the image and the text tokens

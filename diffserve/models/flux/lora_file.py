@@ -14,7 +14,6 @@ rows. The scaling is folded into ``B``. A LoRA delta is then ``(x @ A.T) @ B.T``
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Mapping
 from pathlib import Path
@@ -25,7 +24,7 @@ from torch import Tensor
 from diffserve.errors import LoraError
 from diffserve.models.flux.params import FluxParams
 from diffserve.models.flux.weights import _swap_halves, conversion_rules
-from diffserve.models.lora_adapters import LoraAdapter
+from diffserve.models.lora_adapters import LoraAdapter, peft_scaling, read_lora_tensors
 
 _PEFT = re.compile(r"^(?:transformer\.)?(?P<module>.+)\.lora_(?P<part>A|B)(?:\.default)?\.weight$")
 _KOHYA = re.compile(r"^lora_unet_(?P<module>.+)\.(?P<part>lora_down\.weight|lora_up\.weight|alpha)$")
@@ -52,7 +51,7 @@ def native_linear_shapes(transformer_dir: str | Path, params: FluxParams) -> dic
 def read_flux_lora(path: str | Path, params: FluxParams, shapes: Mapping[str, tuple[int, int]], *,
                    name: str, max_rank: int, dtype: torch.dtype = torch.float32) -> LoraAdapter:
     """Read and check one LoRA file against the model; ``LoraError`` says what is wrong and how to fix it."""
-    tensors, metadata = _load(Path(path))
+    tensors, metadata = read_lora_tensors(Path(path))
     parts = _diffusers_parts(params)
     kohya_names = {native.replace(".", "_"): native for native in shapes}
     found: dict[str, dict[int, dict[str, Tensor]]] = {}  # native -> part index -> {"A", "B", "alpha"}
@@ -79,26 +78,10 @@ def read_flux_lora(path: str | Path, params: FluxParams, shapes: Mapping[str, tu
                              "made for a model of this architecture")
     if not found:
         raise LoraError(f"{path}: no LoRA weights in the file", hint="pass a LoRA .safetensors file")
-    scaling = _peft_scaling(metadata)
+    scaling = peft_scaling(metadata)
     layers = {native: _fuse(path, native, by_part, shapes[native], parts, scaling, max_rank, dtype)
               for native, by_part in found.items()}
     return LoraAdapter(name=name, path=str(path), layers=layers)
-
-
-def _load(path: Path) -> tuple[dict[str, Tensor], dict[str, str]]:
-    from safetensors import SafetensorError, safe_open
-
-    if path.is_dir():  # a directory as diffusers writes it
-        path = path / "pytorch_lora_weights.safetensors"
-    if not path.is_file():
-        raise LoraError(f"{path}: no such file", hint="check the path (the file must exist on the server)")
-    try:
-        with safe_open(str(path), framework="pt") as handle:
-            metadata = handle.metadata() or {}
-            return {k: handle.get_tensor(k) for k in handle.keys()}, metadata  # noqa: SIM118
-    except (SafetensorError, OSError, ValueError) as exc:
-        raise LoraError(f"{path}: not a safetensors file ({exc})",
-                        hint="LoRA files must be .safetensors (pickles are never loaded)") from None
 
 
 def _diffusers_parts(params: FluxParams) -> dict[str, tuple[str, int, int]]:
@@ -109,17 +92,6 @@ def _diffusers_parts(params: FluxParams) -> dict[str, tuple[str, int, int]]:
             for index, source in enumerate(sources):
                 out[source.removesuffix(".weight")] = (native.removesuffix(".weight"), index, len(sources))
     return out
-
-
-def _peft_scaling(metadata: Mapping[str, str]) -> float | None:
-    """``lora_alpha / r`` from diffusers' ``lora_adapter_metadata`` (transformer entry), if the file has it."""
-    try:
-        config = json.loads(metadata.get("lora_adapter_metadata", "{}"))
-    except ValueError:
-        return None
-    config = config.get("transformer", config) if isinstance(config, dict) else {}
-    alpha, rank = config.get("lora_alpha"), config.get("r")
-    return float(alpha) / float(rank) if alpha and rank else None
 
 
 def _fuse(path: str | Path, native: str, by_part: dict[int, dict[str, Tensor]], shape: tuple[int, int],

@@ -40,8 +40,10 @@ from diffserve.models.dtype import resolve_dtype
 from diffserve.models.generic.compile import compile_denoiser, count_forwards
 from diffserve.models.generic.compute_thread import ComputeThread
 from diffserve.models.generic.kernels import check_masked_roles, route_attention, swap_linears
+from diffserve.models.generic.lora import generic_lora_adapters
 from diffserve.models.generic.step_cache import GenericStepCache
 from diffserve.models.loader import strict_model_components
+from diffserve.models.lora_adapters import LoraAdapters
 from diffserve.models.memory import PhasePeaks, component_weights
 from diffserve.models.offload import offload_diffusers
 from diffserve.models.stepcache.policy import CacheSettings
@@ -68,10 +70,11 @@ class GenericPipeline(Pipeline):
     def __init__(self, pipe: Any, family: ModelFamily, counters: KernelCounters, *, device: torch.device,
                  dtype: torch.dtype, attention_roles: dict[str, str], compute: ComputeThread | None = None,
                  vae_config: VaeConfig = VaeConfig(), cache: CacheConfig = CacheConfig(),
-                 step_cache: GenericStepCache | None = None) -> None:
+                 step_cache: GenericStepCache | None = None, loras: LoraAdapters | None = None) -> None:
         self.pipe = pipe
         self.vae_config = vae_config
         self.cache, self.step_cache = cache, step_cache  # First-Block Cache where the stage asks and the family has one
+        self.loras = loras  # per-request adapters where the family takes them
         configure_tiling(pipe.vae, vae_config)
         # Where every batch runs (the thread that loaded the weights, see compute_thread.py). It ends with
         # this pipeline: a thread left behind would keep its OpenMP team, slowing every later torch op of
@@ -121,6 +124,7 @@ class GenericPipeline(Pipeline):
             family=family.class_name, default_size=default, size_multiple=multiple,
             max_sequence_length=family.max_sequence_length, true_cfg=False,
             attention_roles=family.attention_roles, step_batching=False, implementation="generic",
+            lora=loras is not None,
             min_inference_steps=2 if getattr(pipe.scheduler.config, "shift_terminal", None) else 1,
             default_cache_threshold=float(cache.threshold or 0.0) if step_cache is not None else 0.0,
             negative_prompt="negative_prompt" in self._call_params)
@@ -170,6 +174,8 @@ class GenericPipeline(Pipeline):
         pipe.to(device)
         weights = quantized_weights(pipe, family.denoiser, stage)
         offload_diffusers(stage.offload, pipe, device)
+        # LoRA finds its layers by their diffusers names: before the step cache wraps the blocks.
+        loras = generic_lora_adapters(denoiser, stage) if family.lora_check is not None else None
         step_cache = None
         if stage.cache.backend == "fbcache" and family.first_block_cache is not None:  # config refuses the rest
             step_cache = GenericStepCache(denoiser, family.first_block_cache)
@@ -180,7 +186,7 @@ class GenericPipeline(Pipeline):
                     class_name, dtype, device, linears, len(roles), kernels.describe(), time.perf_counter() - start)
         logger.info("weights: %s", describe_weights(weights))
         pipeline = cls(pipe, family, kernels.counters, device=device, dtype=dtype, attention_roles=roles,
-                       compute=compute, vae_config=stage.vae, cache=stage.cache, step_cache=step_cache)
+                       compute=compute, vae_config=stage.vae, cache=stage.cache, step_cache=step_cache, loras=loras)
         pipeline.weights = weights
         return pipeline
 
@@ -291,8 +297,14 @@ class GenericPipeline(Pipeline):
         if self.step_cache is not None:
             settings = CacheSettings.for_batch(self.cache, float(first.cache_threshold or 0.0))
             self.step_cache.start(settings, int(first.num_inference_steps or 0), len(prompts))
-        with tiling(self.pipe.vae, self.vae_config, kwargs["height"], kwargs["width"]) as tiled:
-            images = self.pipe(**kwargs)[0]
+        if self.loras is not None:  # the batch key gives every request of the batch the same adapters
+            self.loras.activate(first.loras)
+        try:
+            with tiling(self.pipe.vae, self.vae_config, kwargs["height"], kwargs["width"]) as tiled:
+                images = self.pipe(**kwargs)[0]
+        finally:
+            if self.loras is not None:
+                self.loras.deactivate()
         entries = self.step_cache.finish()[0] if self.step_cache is not None else None
         end = time.perf_counter()
         self._peaks.stop()
@@ -315,6 +327,8 @@ class GenericPipeline(Pipeline):
             attestation = Attestation(vae_tiled=tiled) if decoded else Attestation()
             if entries is not None:
                 attestation["cache"] = entries[row:row + request.n]
+            if self.loras is not None and request.loras:
+                attestation["lora"] = self.loras.describe(request.loras)
             row += request.n
             results.append(RequestResult(request_id=request.request_id, images=imgs, seeds=request.seeds,
                                          timings_ms=dict(timings), memory_peak_mib=dict(self._peaks.peaks),
