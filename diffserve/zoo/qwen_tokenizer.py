@@ -15,7 +15,7 @@ import re
 from collections import Counter
 from pathlib import Path
 
-from diffserve.zoo.tokenizers import _bytes_to_unicode, _corpus_words
+from diffserve.zoo.tokenizers import _bytes_to_unicode, _corpus_words, learn_merges
 
 ENDOFTEXT = "<|endoftext|>"
 # Qwen2.5-VL's chat and vision specials, in its own order (after <|endoftext|>).
@@ -47,33 +47,10 @@ def qwen_vocab_and_merges(extra_corpus: str = "") -> tuple[dict[str, int], list[
     text = " ".join(_corpus_words(extra_corpus)) + "\n" + TEMPLATE_TEXT
     words: Counter[tuple[str, ...]] = Counter(
         tuple(byte_to_char[b] for b in piece.encode("utf-8")) for piece in _PRETOKENIZE.findall(text))
-    merges: list[tuple[str, str]] = []
-    while True:
-        pairs: Counter[tuple[str, str]] = Counter()
-        for symbols, freq in words.items():
-            for pair in zip(symbols, symbols[1:], strict=False):
-                pairs[pair] += freq
-        if not pairs:
-            break
-        best = min(pairs.items(), key=lambda item: (-item[1], item[0]))[0]
-        merges.append(best)
-        words = Counter({_merge(symbols, best): freq for symbols, freq in words.items()})
+    merges = learn_merges(words)
     tokens = [ch for _, ch in sorted(byte_to_char.items())] + [a + b for a, b in merges]
     vocab = {token: i for i, token in enumerate(dict.fromkeys(tokens))}
     return vocab, merges
-
-
-def _merge(symbols: tuple[str, ...], pair: tuple[str, str]) -> tuple[str, ...]:
-    out: list[str] = []
-    i = 0
-    while i < len(symbols):
-        if i + 1 < len(symbols) and (symbols[i], symbols[i + 1]) == pair:
-            out.append(symbols[i] + symbols[i + 1])
-            i += 2
-        else:
-            out.append(symbols[i])
-            i += 1
-    return tuple(out)
 
 
 def write_qwen_tokenizer(out_dir: Path, extra_corpus: str = "", chat_template: str | None = None) -> int:

@@ -90,8 +90,19 @@ def clip_vocab_and_merges(extra_corpus: str = "") -> tuple[dict[str, int], list[
         chars[-1] += "</w>"
         words[tuple(chars)] += 1
 
+    merges = learn_merges(words, _CLIP_MAX_MERGES)
+
+    tokens = byte_chars + [ch + "</w>" for ch in byte_chars] + [a + b for a, b in merges]
+    tokens += [CLIP_BOS, CLIP_EOS]
+    return {tok: i for i, tok in enumerate(tokens)}, merges
+
+
+def learn_merges(words: Counter[tuple[str, ...]], limit: int | None = None) -> list[tuple[str, str]]:
+    """Byte-pair merges learnt from ``words`` (symbol tuples with counts): the most frequent adjacent pair first,
+    ties to the lexicographically smallest, so the result never depends on iteration order or hash seeds; up to
+    ``limit`` merges, or (None) until every word is one symbol."""
     merges: list[tuple[str, str]] = []
-    for _ in range(_CLIP_MAX_MERGES):
+    while limit is None or len(merges) < limit:
         pairs: Counter[tuple[str, str]] = Counter()
         for symbols, freq in words.items():
             for pair in zip(symbols, symbols[1:], strict=False):
@@ -102,21 +113,22 @@ def clip_vocab_and_merges(extra_corpus: str = "") -> tuple[dict[str, int], list[
         merges.append(best)
         merged: Counter[tuple[str, ...]] = Counter()
         for symbols, freq in words.items():
-            out: list[str] = []
-            i = 0
-            while i < len(symbols):
-                if i + 1 < len(symbols) and (symbols[i], symbols[i + 1]) == best:
-                    out.append(symbols[i] + symbols[i + 1])
-                    i += 2
-                else:
-                    out.append(symbols[i])
-                    i += 1
-            merged[tuple(out)] += freq
+            merged[_merge(symbols, best)] += freq
         words = merged
+    return merges
 
-    tokens = byte_chars + [ch + "</w>" for ch in byte_chars] + [a + b for a, b in merges]
-    tokens += [CLIP_BOS, CLIP_EOS]
-    return {tok: i for i, tok in enumerate(tokens)}, merges
+
+def _merge(symbols: tuple[str, ...], pair: tuple[str, str]) -> tuple[str, ...]:
+    out: list[str] = []
+    i = 0
+    while i < len(symbols):
+        if i + 1 < len(symbols) and (symbols[i], symbols[i + 1]) == pair:
+            out.append(symbols[i] + symbols[i + 1])
+            i += 2
+        else:
+            out.append(symbols[i])
+            i += 1
+    return tuple(out)
 
 
 def t5_vocab(extra_corpus: str = "") -> list[tuple[str, float]]:

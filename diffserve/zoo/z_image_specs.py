@@ -85,20 +85,8 @@ FLUX2_SCHEDULER_CONFIG: dict[str, Any] = {
 }
 # AutoencoderKLFlux2: 32 latent channels, normalised per 2x2 patch by batch-norm statistics (128 channels).
 FLUX2_VAE_CONFIG: dict[str, Any] = {
-    "in_channels": 3,
-    "out_channels": 3,
-    "down_block_types": ["DownEncoderBlock2D"] * 4,
-    "up_block_types": ["UpDecoderBlock2D"] * 4,
-    "block_out_channels": [32, 32, 32, 32],
-    "layers_per_block": 1,
-    "act_fn": "silu",
-    "latent_channels": 32,
-    "norm_num_groups": 32,
-    "sample_size": 128,
-    "use_quant_conv": True,
-    "use_post_quant_conv": True,
-    "mid_block_add_attention": True,
-    "patch_size": [2, 2],
+    **{k: v for k, v in VAE_CONFIG.items() if k not in ("scaling_factor", "shift_factor")},
+    "latent_channels": 32, "use_quant_conv": True, "use_post_quant_conv": True, "patch_size": [2, 2],
 }
 
 
