@@ -136,6 +136,15 @@ def tiny_qwen_image_dir() -> Path:
 
 
 @pytest.fixture(scope="session")
+def tiny_qwen_image_edit_dir() -> Path:
+    """A random-weight tiny QwenImageEditPipeline dir (Qwen-Image with a Qwen2-VL processor), seed 0."""
+    from diffserve.zoo.generic import build_generic_model
+
+    return _shared_model("tiny-qwen-image-edit",
+                         lambda target: build_generic_model("tiny-qwen-image-edit", target, seed=0))
+
+
+@pytest.fixture(scope="session")
 def tiny_z_image_dir() -> Path:
     """A random-weight tiny ZImagePipeline dir (the generic path, a Qwen3 text encoder), seed 0."""
     from diffserve.zoo.generic import build_generic_model

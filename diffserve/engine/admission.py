@@ -100,6 +100,9 @@ def check_edit(request: GenerationRequest, capabilities: PipelineCapabilities | 
     if request.strength is not None and "first_frame" in kinds:
         raise RequestError(f"{capabilities.family} animates its image from the first frame and takes no strength",
                            param="strength")
+    if request.strength is not None and not capabilities.edit_strength:
+        raise RequestError(f"{capabilities.family} edits from its reference image and takes no strength",
+                           param="strength")
     if request.strength is None and "reference" not in kinds and "first_frame" not in kinds:
         fill["strength"] = 0.6
     return replace(request, **fill) if fill else request

@@ -47,6 +47,8 @@ class PipelineCapabilities:
     default_cache_threshold: float = 0.0
     # A video model (its outputs are videos: ``RequestOutput.videos``); None: an image model.
     video: VideoCapabilities | None = None
+    # Its edits take a strength (img2img, inpainting: how much of the schedule runs); a reference edit may not.
+    edit_strength: bool = True
     # It takes a request's negative prompt (FLUX.2-klein's pipeline has none: its CFG branch is the empty prompt).
     negative_prompt: bool = True
     # The fewest denoising steps its scheduler can run (2 where a terminal shift stretches the sigmas: one step

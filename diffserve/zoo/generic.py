@@ -1,5 +1,5 @@
 """Build hermetic, random-weight generic diffusers DiT pipelines (``tiny-sd3``, ``small-sd3``,
-``tiny-pixart-sigma``, ``tiny-qwen-image``, ``tiny-z-image``).
+``tiny-pixart-sigma``, ``tiny-qwen-image``, ``tiny-qwen-image-edit``, ``tiny-z-image``, ``tiny-flux2-klein``).
 
 The FLUX builder's contract, for other pipeline families: the output is a diffusers-layout directory
 that plain ``diffusers.StableDiffusion3Pipeline`` / ``PixArtSigmaPipeline.from_pretrained`` read;
@@ -47,7 +47,7 @@ def build_generic_model(kind: str, out_dir: Path | str, *, seed: int = 0, force:
 def _write_pipeline(spec: GenericSpec, out: Path, *, seed: int) -> None:
     import diffusers
 
-    from diffserve.zoo.qwen_tokenizer import write_qwen_tokenizer
+    from diffserve.zoo.qwen_tokenizer import write_qwen_tokenizer, write_vl_processor
     from diffserve.zoo.tokenizers import write_clip_tokenizer, write_t5_tokenizer
     from diffserve.zoo.z_image_specs import QWEN3_CHAT_TEMPLATE
 
@@ -60,6 +60,8 @@ def _write_pipeline(spec: GenericSpec, out: Path, *, seed: int) -> None:
     for enc in spec.text_encoders:
         vocab_size = writers[enc.kind](out / enc.tokenizer)
         factories[enc.component] = _text_encoder_factory(enc, vocab_size, out / enc.tokenizer)
+    if spec.vl_processor:
+        write_vl_processor(out / "processor", out / spec.text_encoders[0].tokenizer)
     getattr(diffusers, spec.scheduler_class)(**spec.scheduler).save_pretrained(str(out / "scheduler"))
     factories["vae"] = lambda: getattr(diffusers, spec.vae_class)(**spec.vae)
     factories["transformer"] = lambda: getattr(diffusers, spec.transformer_class)(**spec.transformer)

@@ -184,6 +184,7 @@ class GenericSpec:
     text_encoders: tuple[TextEncoder, ...]
     vae_class: str = "AutoencoderKL"
     index_extras: tuple[tuple[str, Any], ...] = ()  # pipeline config entries of model_index.json
+    vl_processor: bool = False  # a Qwen2-VL processor (``processor/``): the edit pipelines' image-and-text input
 
     def model_index(self) -> dict[str, Any]:
         """model_index.json's component entries (without _diffusers_version)."""
@@ -194,6 +195,8 @@ class GenericSpec:
             "vae": ["diffusers", self.vae_class],
             **dict(self.index_extras),
         }
+        if self.vl_processor:
+            index["processor"] = ["transformers", "Qwen2VLProcessor"]
         for enc in self.text_encoders:
             model_class, tokenizer_class = ENCODER_CLASSES[enc.kind]
             index[enc.component] = ["transformers", model_class]
@@ -218,6 +221,17 @@ def _sd3(name: str, description: str, transformer: dict[str, Any]) -> GenericSpe
     )
 
 
+def _qwen_image(name: str, description: str, pipeline: str, *, vl_processor: bool = False) -> GenericSpec:
+    return GenericSpec(
+        name=name, description=description, pipeline=pipeline, transformer_class="QwenImageTransformer2DModel",
+        transformer=qwen_image_transformer(layers=2, heads=4, head_dim=32), vae=dict(QWEN_IMAGE_VAE_CONFIG),
+        vae_class="AutoencoderKLQwenImage", scheduler_class="FlowMatchEulerDiscreteScheduler",
+        scheduler=dict(QWEN_IMAGE_SCHEDULER_CONFIG),
+        text_encoders=(TextEncoder("text_encoder", "tokenizer", "qwen2_5_vl", qwen2_5_vl_config()),),
+        vl_processor=vl_processor,
+    )
+
+
 GENERIC_SPECS: dict[str, GenericSpec] = {
     "tiny-sd3": _sd3(
         "tiny-sd3", "~1M-parameter SD3-shaped model for tests and demos (seconds to build)",
@@ -236,15 +250,12 @@ GENERIC_SPECS: dict[str, GenericSpec] = {
         scheduler_class="DPMSolverMultistepScheduler", scheduler=dict(PIXART_SCHEDULER_CONFIG),
         text_encoders=(TextEncoder("text_encoder", "tokenizer", "t5", _t5(PIXART_T5_HIDDEN)),),
     ),
-    "tiny-qwen-image": GenericSpec(
-        name="tiny-qwen-image",
-        description="~2M-parameter Qwen-Image-shaped model (Qwen2.5-VL text encoder) for tests and demos",
-        pipeline="QwenImagePipeline", transformer_class="QwenImageTransformer2DModel",
-        transformer=qwen_image_transformer(layers=2, heads=4, head_dim=32), vae=dict(QWEN_IMAGE_VAE_CONFIG),
-        vae_class="AutoencoderKLQwenImage", scheduler_class="FlowMatchEulerDiscreteScheduler",
-        scheduler=dict(QWEN_IMAGE_SCHEDULER_CONFIG),
-        text_encoders=(TextEncoder("text_encoder", "tokenizer", "qwen2_5_vl", qwen2_5_vl_config()),),
-    ),
+    "tiny-qwen-image": _qwen_image(
+        "tiny-qwen-image", "~2M-parameter Qwen-Image-shaped model (Qwen2.5-VL text encoder) for tests and demos",
+        "QwenImagePipeline"),
+    "tiny-qwen-image-edit": _qwen_image(
+        "tiny-qwen-image-edit", "tiny-qwen-image as Qwen-Image-Edit: the input image read by the Qwen2.5-VL encoder",
+        "QwenImageEditPipeline", vl_processor=True),
     "tiny-z-image": GenericSpec(
         name="tiny-z-image",
         description="~1M-parameter Z-Image-shaped model (Qwen3 text encoder) for tests and demos",

@@ -65,3 +65,20 @@ def write_qwen_tokenizer(out_dir: Path, extra_corpus: str = "", chat_template: s
     tokenizer.add_special_tokens({"additional_special_tokens": list(SPECIAL_TOKENS)})
     tokenizer.save_pretrained(str(out_dir))
     return len(tokenizer)
+
+
+def write_vl_processor(directory: Path, tokenizer_dir: Path) -> None:
+    """A Qwen2-VL processor directory as Qwen-Image-Edit checkpoints ship it (``processor/``): the image
+    processor's config (patch 14, merge 2, CLIP's normalisation) and the tokenizer's files. Written through the
+    image processor's PIL backend (no torchvision), under the class names real checkpoints carry."""
+    import json
+
+    from transformers import AutoTokenizer, Qwen2VLImageProcessorPil
+
+    directory.mkdir(parents=True, exist_ok=True)
+    Qwen2VLImageProcessorPil().save_pretrained(str(directory))
+    AutoTokenizer.from_pretrained(str(tokenizer_dir)).save_pretrained(str(directory))
+    config_path = directory / "preprocessor_config.json"
+    config = json.loads(config_path.read_text(encoding="utf-8"))
+    config.update(image_processor_type="Qwen2VLImageProcessor", processor_class="Qwen2VLProcessor")
+    config_path.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n", encoding="utf-8")

@@ -72,3 +72,31 @@ def test_one_step_is_refused_not_a_nan_image(tiny_qwen_image_dir: Path) -> None:
     assert info.value.param == "num_inference_steps"
     image = pipe(make_request(num_inference_steps=2)).images[0].numpy()
     assert image.std() > 0
+
+
+def test_qwen_image_edit_matches_diffusers_and_refuses_what_it_cannot_take(tiny_qwen_image_edit_dir: Path) -> None:
+    import diffusers
+    from PIL import Image
+
+    from diffserve import Engine, GenerationRequest
+    from diffserve.errors import RequestError
+    from diffserve.models.generic.vl_processor import load_vl_processor
+
+    source = (np.random.default_rng(0).random((64, 96, 3)) * 255).astype(np.uint8)
+    with Engine(str(tiny_qwen_image_edit_dir), dtype="float32", enforce_eager=True, linear_backend="torch",
+                attention_backend="sdpa", env={}) as engine:
+        assert engine.capabilities.edits == ("reference",) and not engine.capabilities.edit_strength
+        out = engine.generate(GenerationRequest(prompt="make it red", images=[source], num_inference_steps=2, seed=5))
+        # The size comes from the input image; CFG against " " ran (two forwards a step).
+        assert out.images[0].size == (96, 64) and out.attestation["transformer_forwards"] == 4
+        for bad, param in (({"strength": 0.5}, "strength"), ({"mask": np.zeros((64, 96), np.uint8)}, "mask")):
+            with pytest.raises(RequestError) as info:
+                engine.generate(GenerationRequest(prompt="x", images=[source], num_inference_steps=2, **bad))
+            assert info.value.param == param
+    # The processor is loaded as diffserve loads it (the image-only twin where torchvision is missing).
+    pipe = diffusers.QwenImageEditPipeline.from_pretrained(
+        str(tiny_qwen_image_edit_dir), processor=load_vl_processor(tiny_qwen_image_edit_dir / "processor"))
+    pipe.set_progress_bar_config(disable=True)
+    theirs = pipe(image=Image.fromarray(source), prompt="make it red", negative_prompt=" ", height=64, width=96,
+                  num_inference_steps=2, generator=torch.Generator().manual_seed(5), output_type="np").images[0]
+    assert psnr(np.asarray(out.images[0]), (theirs * 255).round()) >= 60.0

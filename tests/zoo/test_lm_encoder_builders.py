@@ -16,7 +16,8 @@ WEIGHTS = {
     "vae/diffusion_pytorch_model.safetensors",
     "text_encoder/model.safetensors",
 }
-KINDS = {"tiny-qwen-image": "tiny_qwen_image_dir", "tiny-z-image": "tiny_z_image_dir",
+KINDS = {"tiny-qwen-image": "tiny_qwen_image_dir", "tiny-qwen-image-edit": "tiny_qwen_image_edit_dir",
+         "tiny-z-image": "tiny_z_image_dir",
          "tiny-flux2-klein": "tiny_flux2_klein_dir"}
 
 

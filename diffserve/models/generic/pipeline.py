@@ -27,6 +27,7 @@ from collections.abc import Callable, Generator, Sequence
 from pathlib import Path
 from typing import Any
 
+import PIL.Image
 import torch
 
 from diffserve.config.schema import CacheConfig, StageConfig, VaeConfig
@@ -42,6 +43,7 @@ from diffserve.models.generic.compute_thread import ComputeThread
 from diffserve.models.generic.kernels import check_masked_roles, route_attention, swap_linears
 from diffserve.models.generic.lora import generic_lora_adapters
 from diffserve.models.generic.step_cache import GenericStepCache
+from diffserve.models.generic.vl_processor import vl_processor_components
 from diffserve.models.loader import strict_model_components
 from diffserve.models.lora_adapters import LoraAdapters
 from diffserve.models.memory import PhasePeaks, component_weights
@@ -124,7 +126,8 @@ class GenericPipeline(Pipeline):
             family=family.class_name, default_size=default, size_multiple=multiple,
             max_sequence_length=family.max_sequence_length, true_cfg=False,
             attention_roles=family.attention_roles, step_batching=False, implementation="generic",
-            lora=loras is not None,
+            lora=loras is not None, edits=family.edits,
+            edit_strength="strength" in self._call_params,
             min_inference_steps=2 if getattr(pipe.scheduler.config, "shift_terminal", None) else 1,
             default_cache_threshold=float(cache.threshold or 0.0) if step_cache is not None else 0.0,
             negative_prompt="negative_prompt" in self._call_params)
@@ -162,6 +165,7 @@ class GenericPipeline(Pipeline):
         try:
             pipeline_class = getattr(diffusers, class_name)
             components = strict_model_components(root, dtype)
+            components.update(vl_processor_components(root))
             pipe = pipeline_class.from_pretrained(str(root), torch_dtype=dtype, use_safetensors=True,
                                                   local_files_only=True, **components)
         except (OSError, ValueError, AttributeError, json.JSONDecodeError) as exc:
@@ -292,6 +296,10 @@ class GenericPipeline(Pipeline):
             kwargs["negative_prompt"] = [r.negative_prompt or "" for r in batch for _ in range(r.n)]
         elif self.family.cfg_negative_prompt is not None and (first.guidance_scale or 0.0) > 1.0:
             kwargs["negative_prompt"] = [self.family.cfg_negative_prompt] * len(prompts)
+        if first.images:  # a reference edit (Qwen-Image-Edit): each image's input, its size from admission
+            images = [PIL.Image.fromarray(r.images[0]) for r in batch for _ in range(r.n)]
+            # One image as itself: diffusers' edit pipeline resizes a list otherwise (56 dB apart, measured).
+            kwargs["image"] = images[0] if len(images) == 1 else images
         if self.family.class_name == "PixArtSigmaPipeline":
             kwargs["use_resolution_binning"] = False  # the size asked for, not the nearest trained bucket
         if self.step_cache is not None:
