@@ -153,10 +153,12 @@ def test_openai_client_edits_on_qwen_image_edit(server_launcher, tiny_qwen_image
                          "--served-model-name", "tiny-qwen-image-edit") as server:
         client = openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=180)
         result = client.images.edit(model="tiny-qwen-image-edit", image=("in.png", buffer.getvalue(), "image/png"),
-                                    prompt="make it red", extra_body={"num_inference_steps": 2, "seed": 3})
+                                    prompt="make it red",
+                                    extra_body={"num_inference_steps": 2, "seed": 3, "guidance_scale": 1.0})
         assert Image.open(io.BytesIO(base64.b64decode(result.data[0].b64_json))).size == (48, 32)
         attestation = result.model_extra["diffserve"]["attestation"]
-        assert attestation["model_family"] == "QwenImageEditPipeline" and attestation["transformer_forwards"] == 4
+        # Guidance 1: no CFG (the default's runs in tests/models/test_generic_qwen_image.py), one forward a step.
+        assert attestation["model_family"] == "QwenImageEditPipeline" and attestation["transformer_forwards"] == 2
         # The same upload checks as FLUX's edits: a file that is not an image is a 400, and serving goes on.
         with pytest.raises(openai.BadRequestError) as refused:
             client.images.edit(model="tiny-qwen-image-edit", image=("in.png", b"not an image", "image/png"),
@@ -170,6 +172,7 @@ def test_openai_client_edits_on_qwen_image_edit(server_launcher, tiny_qwen_image
     source.save(tmp_path / "in.png")
     out = tmp_path / "edited.png"
     done = run_cli("generate", str(tiny_qwen_image_edit_dir), "make it red", "--image", str(tmp_path / "in.png"),
-                   "--steps", "2", "--seed", "4", "--output", str(out), "--no-progress", "--dtype", "float32")
+                   "--steps", "2", "--seed", "4", "--guidance-scale", "1", "--output", str(out), "--no-progress",
+                   "--dtype", "float32")
     assert done.returncode == 0, done.stderr
     assert Image.open(out).size == (48, 32)
