@@ -313,7 +313,7 @@ class GenericPipeline(Pipeline):
         finally:
             if self.loras is not None:
                 self.loras.deactivate()
-        entries = self.step_cache.finish()[0] if self.step_cache is not None else None
+        entries = self.step_cache.finish() if self.step_cache is not None else None
         end = time.perf_counter()
         self._peaks.stop()
         # Phases as the native path reports them; "denoise" includes the pipeline's own preparation.

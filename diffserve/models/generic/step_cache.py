@@ -42,7 +42,6 @@ class _Run:
     branches: list[BranchCache] = field(default_factory=list)
     compute: list[bool] = field(default_factory=list)
     base: tuple[Any, ...] = ()  # block 0's output
-    skipped: int = 0  # forwards whose blocks 1..N-1 did not run
 
     @property
     def active(self) -> bool:
@@ -103,7 +102,6 @@ class _CachedBlock(nn.Module):
             if run.active:
                 run.compute = run.branch().decide([run.step] * probe.shape[0], probe)
             run.base = tuple(out)
-            run.skipped += not any(run.compute)
             return out
         if not any(run.compute):
             if self.index < self.last:
@@ -150,12 +148,12 @@ class GenericStepCache:
             self.run.step += 1
             self.run.forward = 0
 
-    def finish(self) -> tuple[list[CacheEntry], int]:
-        """The batch's entries, one per image, and how many forwards skipped all blocks but the first."""
+    def finish(self) -> list[CacheEntry]:
+        """The batch's entries, one per image."""
         run, self.run = self.run, None
         if run is None:
             raise RuntimeError("finish() without start()")
-        return run.entries(), run.skipped
+        return run.entries()
 
     def abandon(self) -> None:
         """The batch ended early (cancelled or failed): nothing to report."""
