@@ -161,6 +161,14 @@ def tiny_flux2_klein_dir() -> Path:
 
 
 @pytest.fixture(scope="session")
+def tiny_flux2_dev_dir() -> Path:
+    """A random-weight tiny Flux2Pipeline dir (FLUX.2-dev: a Mistral3 text encoder, a Pixtral processor), seed 0."""
+    from diffserve.zoo.generic import build_generic_model
+
+    return _shared_model("tiny-flux2-dev", lambda target: build_generic_model("tiny-flux2-dev", target, seed=0))
+
+
+@pytest.fixture(scope="session")
 def tiny_flux_dev_dir() -> Path:
     """A dev-like (guidance_embeds=True) random-weight tiny-flux pipeline dir, seed 0."""
     from diffserve.zoo.flux import build_flux_model

@@ -200,16 +200,18 @@ MODEL_FAMILIES: dict[str, ModelFamily] = {
                     masked_roles=("image_refiner", "text_refiner", "joint_block"), max_sequence_length=512,
                     quantization_ignored_layers=("all_x_embedder.*", "all_final_layer.*", "t_embedder.*",
                                                  "cap_embedder.*", "*.adaLN_modulation")),
-        # FLUX.2-klein (FLUX.2's MMDiT, a Qwen3 text encoder): double- and single-stream blocks as FLUX.1, real CFG
-        # at 4.0 over 50 steps as its __call__ (one batched forward a step; the negative branch is always the
-        # empty prompt: its __call__ takes no negative prompt).
-        ModelFamily("Flux2KleinPipeline", GENERIC_PIPELINE, "single", attention_roles=("double_block", "single_block"),
-                    implementation="generic", default_steps=50, default_guidance_scale=4.0,
-                    role_patterns=(("single_transformer_blocks.", "single_block"),
-                                   ("transformer_blocks.", "double_block")), max_sequence_length=512,
-                    quantization_ignored_layers=("x_embedder", "context_embedder", "time_guidance_embed.*",
-                                                 "double_stream_modulation_*", "single_stream_modulation.*",
-                                                 "norm_out.*", "proj_out")),
+        # FLUX.2-klein (a Qwen3 text encoder) and FLUX.2-dev (a Mistral3 one): FLUX.2's MMDiT, double- and
+        # single-stream blocks as FLUX.1, 50 steps at 4.0 as their __call__. klein runs real CFG (one forward
+        # each for the prompt and the empty prompt); dev's guidance is distilled (embedded, one forward a step).
+        # Neither __call__ takes a negative prompt.
+        *(ModelFamily(name, GENERIC_PIPELINE, "single", attention_roles=("double_block", "single_block"),
+                      implementation="generic", default_steps=50, default_guidance_scale=4.0,
+                      role_patterns=(("single_transformer_blocks.", "single_block"),
+                                     ("transformer_blocks.", "double_block")), max_sequence_length=512,
+                      quantization_ignored_layers=("x_embedder", "context_embedder", "time_guidance_embed.*",
+                                                   "double_stream_modulation_*", "single_stream_modulation.*",
+                                                   "norm_out.*", "proj_out"))
+          for name in ("Flux2KleinPipeline", "Flux2Pipeline")),
         # Wan2.1 / Wan2.2 text-to-video (Wan2.2's two experts: transformer + transformer_2 by boundary_ratio) and
         # Wan2.2 image-to-video: self-attention over the video tokens, cross-attention to UMT5's; real CFG at
         # 5.0 over 50 steps, 81 frames of 480x832 at 16 fps, as diffusers' __call__ and the Wan repos.

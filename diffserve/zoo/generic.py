@@ -47,15 +47,20 @@ def build_generic_model(kind: str, out_dir: Path | str, *, seed: int = 0, force:
 def _write_pipeline(spec: GenericSpec, out: Path, *, seed: int) -> None:
     import diffusers
 
-    from diffserve.zoo.qwen_tokenizer import write_qwen_tokenizer, write_vl_processor
+    from diffserve.zoo.flux2_specs import MISTRAL_CHAT_TEMPLATE, MISTRAL_SPECIAL_TOKENS
+    from diffserve.zoo.lm_tokenizers import write_pixtral_processor, write_qwen_tokenizer, write_vl_processor
     from diffserve.zoo.tokenizers import write_clip_tokenizer, write_t5_tokenizer
     from diffserve.zoo.z_image_specs import QWEN3_CHAT_TEMPLATE
 
     def write_qwen3_tokenizer(out_dir: Path) -> int:
         return write_qwen_tokenizer(out_dir, chat_template=QWEN3_CHAT_TEMPLATE)
 
+    def write_mistral_processor(out_dir: Path) -> int:
+        return write_pixtral_processor(out_dir, MISTRAL_CHAT_TEMPLATE, MISTRAL_SPECIAL_TOKENS)
+
     writers = {"clip": write_clip_tokenizer, "t5": write_t5_tokenizer, "qwen2_5_vl": write_qwen_tokenizer,
-               "qwen3": write_qwen3_tokenizer, "qwen3_causal": write_qwen3_tokenizer}
+               "qwen3": write_qwen3_tokenizer, "qwen3_causal": write_qwen3_tokenizer,
+               "mistral3": write_mistral_processor}
     factories: dict[str, Callable[[], Any]] = {}
     for enc in spec.text_encoders:
         vocab_size = writers[enc.kind](out / enc.tokenizer)
@@ -88,6 +93,8 @@ def _text_encoder_factory(enc: TextEncoder, vocab_size: int, tokenizer_dir: Path
         return _qwen2_5_vl_factory(enc, vocab_size, tokenizer_dir)
     if enc.kind in ("qwen3", "qwen3_causal"):
         return _qwen3_factory(enc, vocab_size, tokenizer_dir)
+    if enc.kind == "mistral3":
+        return _mistral3_factory(enc, vocab_size, tokenizer_dir)
     if enc.kind == "clip":
         vocab, _ = clip_vocab_and_merges()
         # eos_token_id != 2: CLIP pools at the first <|endoftext|>, as real SD3 encoders do.
@@ -124,3 +131,16 @@ def _qwen3_factory(enc: TextEncoder, vocab_size: int, tokenizer_dir: Path) -> Ca
                          eos_token_id=ids("<|im_end|>"), pad_token_id=ids("<|endoftext|>"))
     model_class = getattr(transformers, ENCODER_CLASSES[enc.kind][0])
     return lambda: model_class(config)
+
+
+def _mistral3_factory(enc: TextEncoder, vocab_size: int, tokenizer_dir: Path) -> Callable[[], Any]:
+    """Mistral3 (text model and Pixtral vision tower) with the tokenizer's special ids."""
+    from transformers import AutoTokenizer, Mistral3Config, Mistral3ForConditionalGeneration
+
+    ids = AutoTokenizer.from_pretrained(str(tokenizer_dir)).convert_tokens_to_ids
+    text = {**enc.config["text_config"], "vocab_size": vocab_size, "bos_token_id": ids("<s>"),
+            "eos_token_id": ids("</s>"), "pad_token_id": ids("<pad>")}
+    config = Mistral3Config(text_config=text, vision_config=enc.config["vision_config"],
+                            image_token_index=ids("[IMG]"), spatial_merge_size=enc.config["spatial_merge_size"],
+                            multimodal_projector_bias=enc.config["multimodal_projector_bias"])
+    return lambda: Mistral3ForConditionalGeneration(config)

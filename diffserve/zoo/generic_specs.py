@@ -12,6 +12,14 @@ from dataclasses import dataclass
 from typing import Any
 
 from diffserve.errors import ConfigError
+from diffserve.zoo.flux2_specs import (
+    FLUX2_SCHEDULER_CONFIG,
+    FLUX2_VAE_CONFIG,
+    KLEIN_TEXT_LAYERS,
+    dev_transformer,
+    klein_transformer,
+    mistral3_config,
+)
 from diffserve.zoo.flux_specs import T5_CONFIG, VAE_CONFIG
 from diffserve.zoo.qwen_image_specs import (
     QWEN_IMAGE_SCHEDULER_CONFIG,
@@ -20,12 +28,8 @@ from diffserve.zoo.qwen_image_specs import (
     qwen_image_transformer,
 )
 from diffserve.zoo.z_image_specs import (
-    FLUX2_SCHEDULER_CONFIG,
-    FLUX2_VAE_CONFIG,
-    KLEIN_TEXT_LAYERS,
     Z_IMAGE_SCHEDULER_CONFIG,
     Z_IMAGE_VAE_CONFIG,
-    flux2_transformer,
     qwen3_config,
     z_image_transformer,
 )
@@ -156,6 +160,7 @@ ENCODER_CLASSES: dict[str, tuple[str, str]] = {
     "qwen2_5_vl": ("Qwen2_5_VLForConditionalGeneration", "Qwen2Tokenizer"),
     "qwen3": ("Qwen3Model", "Qwen2Tokenizer"),  # Z-Image
     "qwen3_causal": ("Qwen3ForCausalLM", "Qwen2TokenizerFast"),  # FLUX.2-klein
+    "mistral3": ("Mistral3ForConditionalGeneration", "PixtralProcessor"),  # FLUX.2-dev
 }
 
 
@@ -268,13 +273,21 @@ GENERIC_SPECS: dict[str, GenericSpec] = {
         name="tiny-flux2-klein",
         description="~1M-parameter FLUX.2-klein-shaped model (Qwen3 text encoder) for tests and demos",
         pipeline="Flux2KleinPipeline", transformer_class="Flux2Transformer2DModel",
-        transformer=flux2_transformer(double=1, single=2, heads=4, head_dim=32), vae=dict(FLUX2_VAE_CONFIG),
+        transformer=klein_transformer(), vae=dict(FLUX2_VAE_CONFIG),
         vae_class="AutoencoderKLFlux2", scheduler_class="FlowMatchEulerDiscreteScheduler",
         scheduler=dict(FLUX2_SCHEDULER_CONFIG),
         # The pipeline stacks hidden states 9, 18 and 27: the encoder keeps that depth (at width 64).
         text_encoders=(TextEncoder("text_encoder", "tokenizer", "qwen3_causal",
                                    qwen3_config(layers=KLEIN_TEXT_LAYERS[-1])),),
         index_extras=(("is_distilled", False),),
+    ),
+    "tiny-flux2-dev": GenericSpec(
+        name="tiny-flux2-dev",
+        description="~1M-parameter FLUX.2-dev-shaped model (Mistral3 text encoder) for tests and demos",
+        pipeline="Flux2Pipeline", transformer_class="Flux2Transformer2DModel", transformer=dev_transformer(),
+        vae=dict(FLUX2_VAE_CONFIG), vae_class="AutoencoderKLFlux2", scheduler_class="FlowMatchEulerDiscreteScheduler",
+        scheduler=dict(FLUX2_SCHEDULER_CONFIG),
+        text_encoders=(TextEncoder("text_encoder", "tokenizer", "mistral3", mistral3_config()),),
     ),
 }
 

@@ -1,12 +1,9 @@
-"""Architecture configs of the hermetic Z-Image and FLUX.2-klein pipelines: families whose text encoder is a
-Qwen3 language model read through its chat template.
+"""Architecture configs of the hermetic Z-Image pipeline, and the Qwen3 text encoder it shares with FLUX.2-klein
+(``flux2_specs``): a Qwen3 language model read through its chat template.
 
 Z-Image (``ZImagePipeline``): a single-stream DiT whose text and image tokens each pass refiner blocks first,
 FLUX.1's VAE, a fixed flow shift of 3, and the Qwen3 model's second-to-last hidden state as the caption
-features. FLUX.2-klein (``Flux2KleinPipeline``): FLUX.2's MMDiT (double then single blocks, 4-axis RoPE,
-shared modulation), its 32-channel VAE with 2x2 latent patches and batch-norm statistics, and three of the
-Qwen3 model's hidden states (layers 9, 18 and 27) stacked as the text input, so the tiny encoder keeps 28
-layers. Widths shrink, the geometry stays. Plain dicts (no torch).
+features. Widths shrink, the geometry stays. Plain dicts (no torch).
 """
 
 from __future__ import annotations
@@ -16,7 +13,6 @@ from typing import Any
 from diffserve.zoo.flux_specs import VAE_CONFIG
 
 QWEN3_HIDDEN = 64
-KLEIN_TEXT_LAYERS = (9, 18, 27)  # Flux2KleinPipeline's text_encoder_out_layers
 
 # Qwen3's chat template, as far as the pipelines use it: one user turn, the generation prompt, and the empty
 # thinking block Qwen3 writes when ``enable_thinking`` is false (FLUX.2-klein; Z-Image asks for thinking).
@@ -69,42 +65,4 @@ def z_image_transformer(*, layers: int, heads: int, head_dim: int) -> dict[str, 
         "t_scale": 1000.0,
         "axes_dims": [8, 12, 12],
         "axes_lens": [1024, 512, 512],
-    }
-
-
-# --- FLUX.2-klein -----------------------------------------------------------------------------------------
-# FLUX.2's scheduler_config.json: resolution-dependent shift (the pipeline computes its own empirical mu).
-FLUX2_SCHEDULER_CONFIG: dict[str, Any] = {
-    "base_image_seq_len": 256,
-    "base_shift": 0.5,
-    "max_image_seq_len": 4096,
-    "max_shift": 1.15,
-    "num_train_timesteps": 1000,
-    "shift": 3.0,
-    "use_dynamic_shifting": True,
-}
-# AutoencoderKLFlux2: 32 latent channels, normalised per 2x2 patch by batch-norm statistics (128 channels).
-FLUX2_VAE_CONFIG: dict[str, Any] = {
-    **{k: v for k, v in VAE_CONFIG.items() if k not in ("scaling_factor", "shift_factor")},
-    "latent_channels": 32, "use_quant_conv": True, "use_post_quant_conv": True, "patch_size": [2, 2],
-}
-
-
-def flux2_transformer(*, double: int, single: int, heads: int, head_dim: int) -> dict[str, Any]:
-    """Flux2Transformer2DModel (no guidance embedding: klein runs real CFG); 4 RoPE axes as (32, 32, 32, 32)."""
-    assert head_dim == 32, "axes_dims_rope below splits a 32-wide head"
-    return {
-        "patch_size": 1,
-        "in_channels": 128,  # 32 latent channels x a 2x2 patch, packed by the pipeline
-        "num_layers": double,
-        "num_single_layers": single,
-        "attention_head_dim": head_dim,
-        "num_attention_heads": heads,
-        "joint_attention_dim": len(KLEIN_TEXT_LAYERS) * QWEN3_HIDDEN,
-        "timestep_guidance_channels": 256,
-        "mlp_ratio": 3.0,
-        "axes_dims_rope": [8, 8, 8, 8],
-        "rope_theta": 2000,
-        "eps": 1e-6,
-        "guidance_embeds": False,
     }

@@ -176,3 +176,17 @@ def test_openai_client_edits_on_qwen_image_edit(server_launcher, tiny_qwen_image
                    "--dtype", "float32")
     assert done.returncode == 0, done.stderr
     assert Image.open(out).size == (48, 32)
+
+
+def test_openai_client_generates_on_flux2_dev(server_launcher, tiny_flux2_dev_dir) -> None:
+    with server_launcher(tiny_flux2_dev_dir, "--enforce-eager", "--dtype", "float32", "--linear-backend", "torch",
+                         "--served-model-name", "tiny-flux2-dev") as server:
+        client = openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=120)
+        result = client.images.generate(model="tiny-flux2-dev", prompt="a red fox", size="64x32",
+                                        extra_body={"num_inference_steps": 2, "seed": 3})
+        assert Image.open(io.BytesIO(base64.b64decode(result.data[0].b64_json))).size == (64, 32)
+        attestation = result.model_extra["diffserve"]["attestation"]
+        assert attestation["model_family"] == "Flux2Pipeline" and attestation["implementation"] == "generic"
+        # Distilled guidance: one forward a step, one double and two single blocks each.
+        assert attestation["transformer_forwards"] == 2 and attestation["attention"] == {"sdpa": 6}
+        assert attestation["linear"]["torch"] > 0

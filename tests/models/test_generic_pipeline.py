@@ -25,7 +25,8 @@ FAMILIES = {"sd3": ("tiny_sd3_dir", "StableDiffusion3Pipeline"),
             "pixart": ("tiny_pixart_dir", "PixArtSigmaPipeline"),
             "qwen": ("tiny_qwen_image_dir", "QwenImagePipeline"),
             "zimage": ("tiny_z_image_dir", "ZImagePipeline"),
-            "klein": ("tiny_flux2_klein_dir", "Flux2KleinPipeline")}
+            "klein": ("tiny_flux2_klein_dir", "Flux2KleinPipeline"),
+            "flux2dev": ("tiny_flux2_dev_dir", "Flux2Pipeline")}
 PROMPT = "a red fox in the snow"
 
 
@@ -45,8 +46,12 @@ def diffusers_image(model_dir: Path, class_name: str, dtype: torch.dtype, seed: 
     import diffusers
 
     from diffserve.models.generic.pipeline import ensure_dtype
+    from diffserve.models.generic.vl_processor import processor_components
 
-    pipe = getattr(diffusers, class_name).from_pretrained(str(model_dir), torch_dtype=dtype)
+    processors = processor_components(model_dir)  # what transformers cannot build here (no torchvision)
+    pipe = getattr(diffusers, class_name).from_pretrained(str(model_dir), torch_dtype=dtype,
+                                                          **dict.fromkeys(processors))
+    pipe.register_modules(**processors)
     pipe.set_progress_bar_config(disable=True)
     ensure_dtype(pipe.transformer, dtype)  # diffusers' own loader leaves SD3 in float32 without accelerate
     if class_name == "PixArtSigmaPipeline":
@@ -225,7 +230,7 @@ def test_the_compute_thread_ends_with_its_pipeline(tiny_sd3_dir: Path) -> None:
     assert not alive()
 
 
-@pytest.mark.parametrize("family", ["qwen", "zimage", "klein"])
+@pytest.mark.parametrize("family", ["qwen", "zimage", "klein", "flux2dev"])
 def test_int8_quantization_runs_on_the_language_model_families(family: str, request: Any) -> None:
     # The support matrix claims every quantization method for every family; W8A8 int8 on the new ones here.
     fixture, _ = FAMILIES[family]

@@ -18,7 +18,7 @@ WEIGHTS = {
 }
 KINDS = {"tiny-qwen-image": "tiny_qwen_image_dir", "tiny-qwen-image-edit": "tiny_qwen_image_edit_dir",
          "tiny-z-image": "tiny_z_image_dir",
-         "tiny-flux2-klein": "tiny_flux2_klein_dir"}
+         "tiny-flux2-klein": "tiny_flux2_klein_dir", "tiny-flux2-dev": "tiny_flux2_dev_dir"}
 
 
 def test_plain_diffusers_loads_and_runs_it(tiny_qwen_image_dir: Path) -> None:
@@ -105,6 +105,33 @@ def test_flux2_klein_stacks_three_hidden_states_of_a_deep_enough_encoder(tiny_fl
     out = pipe(prompt="a red fox", height=64, width=32, num_inference_steps=2,
                generator=torch.Generator().manual_seed(0), output_type="np")
     assert out.images.shape == (1, 64, 32, 3)
+    assert np.isfinite(out.images).all() and out.images.std() > 0
+
+
+def test_flux2_dev_reads_mistral3_through_its_processors_chat_template(tiny_flux2_dev_dir: Path) -> None:
+    import numpy as np
+    import torch
+    from diffusers import Flux2Pipeline
+
+    from diffserve.models.generic.vl_processor import processor_components
+
+    index = json.loads((tiny_flux2_dev_dir / "model_index.json").read_text())
+    assert index["text_encoder"] == ["transformers", "Mistral3ForConditionalGeneration"]
+    assert index["tokenizer"] == ["transformers", "PixtralProcessor"]
+    processors = processor_components(tiny_flux2_dev_dir)  # the processor, or its tokenizer without torchvision
+    pipe = Flux2Pipeline.from_pretrained(tiny_flux2_dev_dir, **dict.fromkeys(processors))
+    pipe.register_modules(**processors)
+    pipe.set_progress_bar_config(disable=True)
+    text = pipe.text_encoder.config.text_config
+    assert text.num_hidden_layers >= 30 and pipe.transformer.config.joint_attention_dim == 3 * text.hidden_size
+    assert pipe.transformer.config.guidance_embeds  # FLUX.2-dev's guidance is distilled
+    messages = [[{"role": "system", "content": [{"type": "text", "text": "be brief"}]},
+                 {"role": "user", "content": [{"type": "text", "text": "a red fox"}]}]]
+    assert pipe.tokenizer.apply_chat_template(messages, tokenize=False) == [
+        "<s>[SYSTEM_PROMPT]be brief[/SYSTEM_PROMPT][INST]a red fox[/INST]"]
+    out = pipe(prompt="a red fox", height=32, width=64, num_inference_steps=2,
+               generator=torch.Generator().manual_seed(0), output_type="np")
+    assert out.images.shape == (1, 32, 64, 3)
     assert np.isfinite(out.images).all() and out.images.std() > 0
 
 

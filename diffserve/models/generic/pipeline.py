@@ -43,7 +43,7 @@ from diffserve.models.generic.compute_thread import ComputeThread
 from diffserve.models.generic.kernels import check_masked_roles, route_attention, swap_linears
 from diffserve.models.generic.lora import generic_lora_adapters
 from diffserve.models.generic.step_cache import GenericStepCache
-from diffserve.models.generic.vl_processor import vl_processor_components
+from diffserve.models.generic.vl_processor import processor_components
 from diffserve.models.loader import strict_model_components
 from diffserve.models.lora_adapters import LoraAdapters
 from diffserve.models.memory import PhasePeaks, component_weights
@@ -165,9 +165,13 @@ class GenericPipeline(Pipeline):
         try:
             pipeline_class = getattr(diffusers, class_name)
             components = strict_model_components(root, dtype)
-            components.update(vl_processor_components(root))
+            # Processors transformers cannot build here go in after the load (diffusers would check their class
+            # against one that does not exist without torchvision).
+            processors = processor_components(root)
             pipe = pipeline_class.from_pretrained(str(root), torch_dtype=dtype, use_safetensors=True,
-                                                  local_files_only=True, **components)
+                                                  local_files_only=True, **components,
+                                                  **dict.fromkeys(processors))
+            pipe.register_modules(**processors)
         except (OSError, ValueError, AttributeError, json.JSONDecodeError) as exc:
             raise ModelLoadError(f"cannot load {class_name} from {root} with diffusers: {exc}") from exc
         pipe.set_progress_bar_config(disable=True)

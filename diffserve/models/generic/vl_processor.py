@@ -1,10 +1,13 @@
-"""Qwen2-VL's processor for the image-editing pipelines (Qwen-Image-Edit), with or without torchvision.
+"""The processors of the language-model families, with or without torchvision: Qwen2-VL's for the image-editing
+pipeline (Qwen-Image-Edit) and Pixtral's for FLUX.2-dev's prompts.
 
 ``QwenImageEditPipeline`` hands its prompt and input image to a ``Qwen2VLProcessor``: the image processor turns
 the image into patches and the tokenizer repeats ``<|image_pad|>`` once per merged patch. transformers builds that
 processor with a video processor too, which needs torchvision; where torchvision is not installed (it has no
 build beside every torch release) the image-only twin here takes its place: the same image processor (its PIL
-backend) and tokenizer from the same directory, the same text and image outputs, no video.
+backend) and tokenizer from the same directory, the same text and image outputs, no video. transformers'
+PixtralProcessor needs torchvision whole; FLUX.2-dev's text-to-image prompts only use its tokenizer's chat
+template, so without torchvision that tokenizer stands in.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from diffserve.logging import get_logger
 logger = get_logger(__name__)
 
 VL_PROCESSOR_CLASS = "Qwen2VLProcessor"
+PIXTRAL_PROCESSOR_CLASS = "PixtralProcessor"
 
 
 def load_vl_processor(directory: Path) -> Any:
@@ -49,11 +53,33 @@ def image_only_processor(directory: Path) -> Any:
     return ImageOnlyQwen2VLProcessor(image_processor, tokenizer)
 
 
-def vl_processor_components(root: Path) -> dict[str, Any]:
-    """``{"processor": ...}`` where ``model_index.json`` names a Qwen2-VL processor, else nothing."""
+def processor_components(root: Path) -> dict[str, Any]:
+    """The processors ``model_index.json`` names that transformers may not build here: ``{"processor": ...}`` for
+    a Qwen2-VL processor, ``{"tokenizer": ...}`` for FLUX.2-dev's Pixtral processor (its text side, all its
+    text-to-image prompt encoding uses, where PixtralProcessor's torchvision is missing)."""
     import json
 
-    entry = json.loads((root / "model_index.json").read_text(encoding="utf-8")).get("processor")
-    if isinstance(entry, list) and entry[-1:] == [VL_PROCESSOR_CLASS]:
-        return {"processor": load_vl_processor(root / "processor")}
-    return {}
+    index = json.loads((root / "model_index.json").read_text(encoding="utf-8"))
+    components: dict[str, Any] = {}
+    if _names(index.get("processor"), VL_PROCESSOR_CLASS):
+        components["processor"] = load_vl_processor(root / "processor")
+    if _names(index.get("tokenizer"), PIXTRAL_PROCESSOR_CLASS):
+        components["tokenizer"] = load_pixtral_processor(root / "tokenizer")
+    return components
+
+
+def _names(entry: Any, class_name: str) -> bool:
+    return isinstance(entry, list) and entry[-1:] == [class_name]
+
+
+def load_pixtral_processor(directory: Path) -> Any:
+    """The directory's ``PixtralProcessor``, or its tokenizer (with the chat template) without torchvision."""
+    from transformers import AutoTokenizer
+
+    try:
+        from transformers import PixtralProcessor
+
+        return PixtralProcessor.from_pretrained(str(directory), local_files_only=True)
+    except ImportError as exc:
+        logger.info("PixtralProcessor needs torchvision here (%s); prompts go through its tokenizer", exc)
+        return AutoTokenizer.from_pretrained(str(directory), local_files_only=True)

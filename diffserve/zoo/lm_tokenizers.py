@@ -1,5 +1,6 @@
-"""A hermetic Qwen2 tokenizer for the tiny Qwen-Image, Z-Image and FLUX.2-klein models: GPT-2-style byte-level
-BPE with Qwen's specials (and, for the Qwen3 encoders, a chat template).
+"""Hermetic tokenizers for the tiny models whose text encoder is a language model: GPT-2-style byte-level BPE with
+Qwen's specials (Qwen-Image, Z-Image, FLUX.2-klein; a chat template for the Qwen3 encoders), or with Mistral's
+and a Pixtral processor around it (FLUX.2-dev).
 
 Qwen2's vocabulary marks a word's leading space with ``Ġ`` (no CLIP-style ``</w>``) and carries the chat and
 vision special tokens that Qwen-Image's pipelines write into their prompt templates (``<|im_start|>``,
@@ -14,6 +15,7 @@ from __future__ import annotations
 import re
 from collections import Counter
 from pathlib import Path
+from typing import Any
 
 from diffserve.zoo.tokenizers import _bytes_to_unicode, _corpus_words, learn_merges
 
@@ -55,15 +57,45 @@ def qwen_vocab_and_merges(extra_corpus: str = "") -> tuple[dict[str, int], list[
 
 def write_qwen_tokenizer(out_dir: Path, extra_corpus: str = "", chat_template: str | None = None) -> int:
     """Write a Qwen2 tokenizer (tokenizer.json) to ``out_dir``; returns the vocabulary size with the specials."""
+    tokenizer = _bpe_tokenizer(extra_corpus, eos=ENDOFTEXT, pad=ENDOFTEXT, specials=SPECIAL_TOKENS)
+    if chat_template is not None:
+        tokenizer.chat_template = chat_template
+    tokenizer.save_pretrained(str(out_dir))
+    return len(tokenizer)
+
+
+def _bpe_tokenizer(extra_corpus: str, *, eos: str, pad: str, specials: tuple[str, ...], bos: str | None = None,
+                   unk: str | None = None) -> Any:
     from transformers import Qwen2TokenizerFast
 
     vocab, merges = qwen_vocab_and_merges(extra_corpus)
-    tokenizer = Qwen2TokenizerFast(vocab=vocab, merges=merges, unk_token=None, bos_token=None, eos_token=ENDOFTEXT,
-                                   pad_token=ENDOFTEXT, model_max_length=MAX_LENGTH)
-    if chat_template is not None:
-        tokenizer.chat_template = chat_template
-    tokenizer.add_special_tokens({"additional_special_tokens": list(SPECIAL_TOKENS)})
+    tokenizer = Qwen2TokenizerFast(vocab=vocab, merges=merges, unk_token=unk, bos_token=bos, eos_token=eos,
+                                   pad_token=pad, model_max_length=MAX_LENGTH)
+    tokenizer.add_special_tokens({"additional_special_tokens": list(specials)})
+    return tokenizer
+
+
+def write_pixtral_processor(out_dir: Path, chat_template: str, specials: tuple[str, ...]) -> int:
+    """A Pixtral processor directory as FLUX.2-dev ships its ``tokenizer/``: a byte-level BPE with Mistral's specials
+    and chat template, the Pixtral image processor's config (patch 16) and ``processor_config.json``. Written
+    without torchvision (which transformers' PixtralProcessor class needs). Returns the vocabulary size."""
+    import json
+
+    from transformers import PixtralImageProcessorPil
+
+    tokenizer = _bpe_tokenizer("", bos="<s>", eos="</s>", pad="<pad>", unk="<unk>", specials=specials)
+    tokenizer.chat_template = chat_template
+    tokenizer.add_bos_token = False  # the chat template writes it
     tokenizer.save_pretrained(str(out_dir))
+    PixtralImageProcessorPil().save_pretrained(str(out_dir))
+    config_path = out_dir / "preprocessor_config.json"
+    config = json.loads(config_path.read_text(encoding="utf-8"))
+    config.update(image_processor_type="PixtralImageProcessor", processor_class="PixtralProcessor")
+    config_path.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+    (out_dir / "processor_config.json").write_text(json.dumps(
+        {"image_break_token": "[IMG_BREAK]", "image_end_token": "[IMG_END]", "image_token": "[IMG]", "patch_size": 16,
+         "processor_class": "PixtralProcessor", "spatial_merge_size": 2}, indent=2, sort_keys=True) + "\n",
+        encoding="utf-8")
     return len(tokenizer)
 
 
