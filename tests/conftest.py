@@ -161,11 +161,11 @@ def tiny_flux2_klein_dir() -> Path:
 
 
 @pytest.fixture(scope="session")
-def tiny_flux2_dev_dir() -> Path:
+def tiny_flux2_dir() -> Path:
     """A random-weight tiny Flux2Pipeline dir (FLUX.2-dev: a Mistral3 text encoder, a Pixtral processor), seed 0."""
     from diffserve.zoo.generic import build_generic_model
 
-    return _shared_model("tiny-flux2-dev", lambda target: build_generic_model("tiny-flux2-dev", target, seed=0))
+    return _shared_model("tiny-flux2", lambda target: build_generic_model("tiny-flux2", target, seed=0))
 
 
 @pytest.fixture(scope="session")

@@ -281,8 +281,8 @@ GENERIC_SPECS: dict[str, GenericSpec] = {
                                    qwen3_config(layers=KLEIN_TEXT_LAYERS[-1])),),
         index_extras=(("is_distilled", False),),
     ),
-    "tiny-flux2-dev": GenericSpec(
-        name="tiny-flux2-dev",
+    "tiny-flux2": GenericSpec(
+        name="tiny-flux2",
         description="~1M-parameter FLUX.2-dev-shaped model (Mistral3 text encoder) for tests and demos",
         pipeline="Flux2Pipeline", transformer_class="Flux2Transformer2DModel", transformer=dev_transformer(),
         vae=dict(FLUX2_VAE_CONFIG), vae_class="AutoencoderKLFlux2", scheduler_class="FlowMatchEulerDiscreteScheduler",

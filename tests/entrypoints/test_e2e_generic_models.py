@@ -178,11 +178,11 @@ def test_openai_client_edits_on_qwen_image_edit(server_launcher, tiny_qwen_image
     assert Image.open(out).size == (48, 32)
 
 
-def test_openai_client_generates_on_flux2_dev(server_launcher, tiny_flux2_dev_dir) -> None:
-    with server_launcher(tiny_flux2_dev_dir, "--enforce-eager", "--dtype", "float32", "--linear-backend", "torch",
-                         "--served-model-name", "tiny-flux2-dev") as server:
+def test_openai_client_generates_on_flux2_dev(server_launcher, tiny_flux2_dir) -> None:
+    with server_launcher(tiny_flux2_dir, "--enforce-eager", "--dtype", "float32", "--linear-backend", "torch",
+                         "--served-model-name", "tiny-flux2") as server:
         client = openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=120)
-        result = client.images.generate(model="tiny-flux2-dev", prompt="a red fox", size="64x32",
+        result = client.images.generate(model="tiny-flux2", prompt="a red fox", size="64x32",
                                         extra_body={"num_inference_steps": 2, "seed": 3})
         assert Image.open(io.BytesIO(base64.b64decode(result.data[0].b64_json))).size == (64, 32)
         attestation = result.model_extra["diffserve"]["attestation"]

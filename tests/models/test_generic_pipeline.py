@@ -26,7 +26,7 @@ FAMILIES = {"sd3": ("tiny_sd3_dir", "StableDiffusion3Pipeline"),
             "qwen": ("tiny_qwen_image_dir", "QwenImagePipeline"),
             "zimage": ("tiny_z_image_dir", "ZImagePipeline"),
             "klein": ("tiny_flux2_klein_dir", "Flux2KleinPipeline"),
-            "flux2dev": ("tiny_flux2_dev_dir", "Flux2Pipeline")}
+            "flux2dev": ("tiny_flux2_dir", "Flux2Pipeline")}
 PROMPT = "a red fox in the snow"
 
 
@@ -160,7 +160,8 @@ def test_compiled_denoiser_counts_and_matches_eager(tiny_sd3_dir: Path) -> None:
 
 def test_config_explain_names_the_generic_path_and_model_defaults(tiny_sd3_dir: Path, tiny_pixart_dir: Path,
                                                                   tiny_qwen_image_dir: Path, tiny_z_image_dir: Path,
-                                                                  tiny_flux2_klein_dir: Path) -> None:
+                                                                  tiny_flux2_klein_dir: Path, tiny_flux2_dir: Path,
+                                                                  tiny_qwen_image_edit_dir: Path) -> None:
     config = resolve(model=tiny_sd3_dir, env={})
     stage = config.stages[0]
     assert stage.implementation == "generic"
@@ -173,10 +174,14 @@ def test_config_explain_names_the_generic_path_and_model_defaults(tiny_sd3_dir: 
     assert (qwen.stages[0].request_defaults.num_inference_steps, qwen.stages[0].request_defaults.guidance_scale) == (
         50, 4.0)
     assert qwen.provenance["stages.0.request_defaults.guidance_scale"].layer == "model"
-    zimage = resolve(model=tiny_z_image_dir, env={}).stages[0].request_defaults
-    assert (zimage.num_inference_steps, zimage.guidance_scale) == (50, 5.0)
-    klein = resolve(model=tiny_flux2_klein_dir, env={}).stages[0].request_defaults
-    assert (klein.num_inference_steps, klein.guidance_scale) == (50, 4.0)
+    # The language-model families bring their __call__ defaults, source model.
+    for model, defaults in ((tiny_z_image_dir, (50, 5.0)), (tiny_flux2_klein_dir, (50, 4.0)),
+                            (tiny_flux2_dir, (50, 4.0)), (tiny_qwen_image_edit_dir, (50, 4.0))):
+        resolved = resolve(model=model, env={})
+        filled = resolved.stages[0].request_defaults
+        assert (filled.num_inference_steps, filled.guidance_scale) == defaults
+        for key in ("implementation", "request_defaults.num_inference_steps", "request_defaults.guidance_scale"):
+            assert resolved.provenance[f"stages.0.{key}"].layer == "model"
     # A deploy value beats the model's.
     mine = resolve(model=tiny_sd3_dir, overrides={"default_guidance_scale": 5.0}, env={})
     assert mine.stages[0].request_defaults.guidance_scale == 5.0

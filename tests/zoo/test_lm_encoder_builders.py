@@ -18,7 +18,7 @@ WEIGHTS = {
 }
 KINDS = {"tiny-qwen-image": "tiny_qwen_image_dir", "tiny-qwen-image-edit": "tiny_qwen_image_edit_dir",
          "tiny-z-image": "tiny_z_image_dir",
-         "tiny-flux2-klein": "tiny_flux2_klein_dir", "tiny-flux2-dev": "tiny_flux2_dev_dir"}
+         "tiny-flux2-klein": "tiny_flux2_klein_dir", "tiny-flux2": "tiny_flux2_dir"}
 
 
 def test_plain_diffusers_loads_and_runs_it(tiny_qwen_image_dir: Path) -> None:
@@ -108,18 +108,18 @@ def test_flux2_klein_stacks_three_hidden_states_of_a_deep_enough_encoder(tiny_fl
     assert np.isfinite(out.images).all() and out.images.std() > 0
 
 
-def test_flux2_dev_reads_mistral3_through_its_processors_chat_template(tiny_flux2_dev_dir: Path) -> None:
+def test_flux2_dev_reads_mistral3_through_its_processors_chat_template(tiny_flux2_dir: Path) -> None:
     import numpy as np
     import torch
     from diffusers import Flux2Pipeline
 
     from diffserve.models.generic.vl_processor import processor_components
 
-    index = json.loads((tiny_flux2_dev_dir / "model_index.json").read_text())
+    index = json.loads((tiny_flux2_dir / "model_index.json").read_text())
     assert index["text_encoder"] == ["transformers", "Mistral3ForConditionalGeneration"]
     assert index["tokenizer"] == ["transformers", "PixtralProcessor"]
-    processors = processor_components(tiny_flux2_dev_dir)  # the processor, or its tokenizer without torchvision
-    pipe = Flux2Pipeline.from_pretrained(tiny_flux2_dev_dir, **dict.fromkeys(processors))
+    processors = processor_components(tiny_flux2_dir)  # the processor, or its tokenizer without torchvision
+    pipe = Flux2Pipeline.from_pretrained(tiny_flux2_dir, **dict.fromkeys(processors))
     pipe.register_modules(**processors)
     pipe.set_progress_bar_config(disable=True)
     text = pipe.text_encoder.config.text_config
