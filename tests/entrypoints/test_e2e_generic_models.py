@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import base64
 import io
+from contextlib import contextmanager
 
 import openai
 import pytest
@@ -13,6 +14,22 @@ from PIL import Image
 from test_e2e_generate_cli import run_cli, run_in_process
 
 pytestmark = pytest.mark.e2e
+
+
+@contextmanager
+def served(server_launcher, model_dir, name: str, *flags: str):
+    """``diffserve serve`` on a generic model (float32, torch/sdpa kernels, eager) and an ``openai`` client."""
+    with server_launcher(model_dir, "--enforce-eager", "--dtype", "float32", "--linear-backend", "torch",
+                         "--served-model-name", name, *flags) as server:
+        yield openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=180)
+
+
+def generated(client, name: str, size: str, **extra) -> tuple[Image.Image, dict]:
+    """One image of ``size`` (2 steps, seed 3 unless ``extra`` says otherwise) and its attestation."""
+    result = client.images.generate(model=name, prompt="a red fox", size=size,
+                                    extra_body={"num_inference_steps": 2, "seed": 3, **extra})
+    image = Image.open(io.BytesIO(base64.b64decode(result.data[0].b64_json)))
+    return image, result.model_extra["diffserve"]["attestation"]
 
 
 @pytest.fixture(scope="module")
@@ -72,102 +89,88 @@ def test_config_explain_names_the_generic_path(tiny_sd3_dir) -> None:
 
 
 def test_openai_client_generates_on_qwen_image(server_launcher, tiny_qwen_image_dir) -> None:
-    with server_launcher(tiny_qwen_image_dir, "--enforce-eager", "--dtype", "float32", "--linear-backend", "torch",
-                         "--served-model-name", "tiny-qwen-image") as server:
-        client = openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=120)
+    with served(server_launcher, tiny_qwen_image_dir, "tiny-qwen-image") as client:
         (model,) = client.models.list().data
         assert model.id == "tiny-qwen-image"
         # Qwen-Image's own defaults (its __call__'s: 1024 px, 50 steps, CFG 4.0), source model.
         assert model.model_extra["diffserve"]["defaults"] == {"size": "1024x1024", "num_inference_steps": 50,
                                                               "guidance_scale": 4.0}
-        result = client.images.generate(model="tiny-qwen-image", prompt="a red fox", size="64x32",
-                                        extra_body={"num_inference_steps": 2, "seed": 3})
-        image = Image.open(io.BytesIO(base64.b64decode(result.data[0].b64_json)))
+        image, attestation = generated(client, "tiny-qwen-image", "64x32")
         assert image.size == (64, 32)
-        info = result.model_extra["diffserve"]
-        attestation = info["attestation"]
         assert attestation["model_family"] == "QwenImagePipeline" and attestation["implementation"] == "generic"
         assert attestation["linear"]["torch"] > 0 and attestation["attention"]["sdpa"] > 0
         # The default CFG ran: two denoiser forwards a step (the prompt's and " "'s).
         assert attestation["transformer_forwards"] == 4
         # Its CFG scale is guidance_scale; a second scale with a negative prompt is a 400, and serving goes on.
         with pytest.raises(openai.BadRequestError) as refused:
-            client.images.generate(model="tiny-qwen-image", prompt="x", size="32x32",
-                                   extra_body={"num_inference_steps": 2, "negative_prompt": "dark",
-                                               "true_cfg_scale": 3.0})
+            generated(client, "tiny-qwen-image", "32x32", negative_prompt="dark", true_cfg_scale=3.0)
         assert refused.value.body["param"] == "true_cfg_scale" and "guidance_scale" in refused.value.body["message"]
-        plain = client.images.generate(model="tiny-qwen-image", prompt="x", size="32x32",
-                                       extra_body={"num_inference_steps": 2, "guidance_scale": 1.0})
-        assert plain.model_extra["diffserve"]["attestation"]["transformer_forwards"] == 2
+        assert generated(client, "tiny-qwen-image", "32x32", guidance_scale=1.0)[1]["transformer_forwards"] == 2
 
 
 def test_openai_client_generates_on_z_image(server_launcher, tiny_z_image_dir) -> None:
-    with server_launcher(tiny_z_image_dir, "--enforce-eager", "--dtype", "float32", "--linear-backend", "torch",
-                         "--served-model-name", "tiny-z-image") as server:
-        client = openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=120)
+    with served(server_launcher, tiny_z_image_dir, "tiny-z-image") as client:
         (model,) = client.models.list().data
         assert model.model_extra["diffserve"]["defaults"] == {"size": "1024x1024", "num_inference_steps": 50,
                                                               "guidance_scale": 5.0}
-        result = client.images.generate(model="tiny-z-image", prompt="a red fox", size="48x32",
-                                        extra_body={"num_inference_steps": 2, "seed": 3})
-        assert Image.open(io.BytesIO(base64.b64decode(result.data[0].b64_json))).size == (48, 32)
-        attestation = result.model_extra["diffserve"]["attestation"]
+        image, attestation = generated(client, "tiny-z-image", "48x32")
+        assert image.size == (48, 32)
         assert attestation["model_family"] == "ZImagePipeline" and attestation["implementation"] == "generic"
         assert attestation["linear"]["torch"] > 0 and attestation["transformer_forwards"] == 2
         # Its image refiner, text refiner and joint blocks: four attention calls a forward on the tiny model.
         assert attestation["attention"] == {"sdpa": 8}
         # Sizes are multiples of 16 (VAE 8 x its 2x2 patches, packed outside the denoiser's config).
         with pytest.raises(openai.BadRequestError) as refused:
-            client.images.generate(model="tiny-z-image", prompt="x", size="40x32", extra_body={"num_inference_steps": 2})
+            generated(client, "tiny-z-image", "40x32")
         assert refused.value.body["param"] in ("size", "width")
 
 
 def test_openai_client_generates_on_flux2_klein(server_launcher, tiny_flux2_klein_dir) -> None:
-    with server_launcher(tiny_flux2_klein_dir, "--enforce-eager", "--dtype", "float32", "--linear-backend", "torch",
-                         "--served-model-name", "tiny-flux2-klein") as server:
-        client = openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=120)
-        result = client.images.generate(model="tiny-flux2-klein", prompt="a red fox", size="32x48",
-                                        extra_body={"num_inference_steps": 2, "seed": 3})
-        assert Image.open(io.BytesIO(base64.b64decode(result.data[0].b64_json))).size == (32, 48)
-        attestation = result.model_extra["diffserve"]["attestation"]
+    with served(server_launcher, tiny_flux2_klein_dir, "tiny-flux2-klein") as client:
+        image, attestation = generated(client, "tiny-flux2-klein", "32x48")
+        assert image.size == (32, 48)
         assert attestation["model_family"] == "Flux2KleinPipeline" and attestation["implementation"] == "generic"
         # Its default CFG 4.0: the prompt's and the empty prompt's forward each step; one double and two single
         # blocks each.
         assert attestation["transformer_forwards"] == 4 and attestation["attention"] == {"sdpa": 12}
         # Its pipeline takes no negative prompt: a 400 that says so, and serving goes on.
         with pytest.raises(openai.BadRequestError) as refused:
-            client.images.generate(model="tiny-flux2-klein", prompt="x", size="32x32",
-                                   extra_body={"num_inference_steps": 2, "negative_prompt": "dark"})
+            generated(client, "tiny-flux2-klein", "32x32", negative_prompt="dark")
         assert refused.value.body["param"] == "negative_prompt"
         assert "no negative prompt" in refused.value.body["message"]
-        again = client.images.generate(model="tiny-flux2-klein", prompt="x", size="32x32",
-                                       extra_body={"num_inference_steps": 2, "guidance_scale": 1.0})
-        assert again.model_extra["diffserve"]["attestation"]["transformer_forwards"] == 2
+        assert generated(client, "tiny-flux2-klein", "32x32", guidance_scale=1.0)[1]["transformer_forwards"] == 2
+
+
+def test_openai_client_generates_on_flux2_dev(server_launcher, tiny_flux2_dir) -> None:
+    with served(server_launcher, tiny_flux2_dir, "tiny-flux2") as client:
+        image, attestation = generated(client, "tiny-flux2", "64x32")
+        assert image.size == (64, 32)
+        assert attestation["model_family"] == "Flux2Pipeline" and attestation["implementation"] == "generic"
+        # Distilled guidance: one forward a step, one double and two single blocks each.
+        assert attestation["transformer_forwards"] == 2 and attestation["attention"] == {"sdpa": 6}
+        assert attestation["linear"]["torch"] > 0
 
 
 def test_openai_client_edits_on_qwen_image_edit(server_launcher, tiny_qwen_image_edit_dir, tmp_path) -> None:
     source = Image.new("RGB", (48, 32), (30, 90, 200))
     buffer = io.BytesIO()
     source.save(buffer, format="PNG")
-    with server_launcher(tiny_qwen_image_edit_dir, "--enforce-eager", "--dtype", "float32",
-                         "--served-model-name", "tiny-qwen-image-edit") as server:
-        client = openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=180)
-        result = client.images.edit(model="tiny-qwen-image-edit", image=("in.png", buffer.getvalue(), "image/png"),
-                                    prompt="make it red",
-                                    extra_body={"num_inference_steps": 2, "seed": 3, "guidance_scale": 1.0})
+
+    def edit(image: bytes = buffer.getvalue(), **extra):
+        return client.images.edit(model="tiny-qwen-image-edit", image=("in.png", image, "image/png"),
+                                  prompt="make it red", extra_body={"num_inference_steps": 2, "seed": 3, **extra})
+
+    with served(server_launcher, tiny_qwen_image_edit_dir, "tiny-qwen-image-edit") as client:
+        result = edit(guidance_scale=1.0)
         assert Image.open(io.BytesIO(base64.b64decode(result.data[0].b64_json))).size == (48, 32)
         attestation = result.model_extra["diffserve"]["attestation"]
         # Guidance 1: no CFG (the default's runs in tests/models/test_generic_qwen_image.py), one forward a step.
         assert attestation["model_family"] == "QwenImageEditPipeline" and attestation["transformer_forwards"] == 2
         # The same upload checks as FLUX's edits: a file that is not an image is a 400, and serving goes on.
-        with pytest.raises(openai.BadRequestError) as refused:
-            client.images.edit(model="tiny-qwen-image-edit", image=("in.png", b"not an image", "image/png"),
-                               prompt="x", extra_body={"num_inference_steps": 2})
-        assert refused.value.body["param"] == "image"
-        with pytest.raises(openai.BadRequestError) as refused:
-            client.images.edit(model="tiny-qwen-image-edit", image=("in.png", buffer.getvalue(), "image/png"),
-                               prompt="x", extra_body={"num_inference_steps": 2, "strength": 0.5})
-        assert refused.value.body["param"] == "strength"
+        for bad, extra, param in ((b"not an image", {}, "image"), (buffer.getvalue(), {"strength": 0.5}, "strength")):
+            with pytest.raises(openai.BadRequestError) as refused:
+                edit(bad, **extra)
+            assert refused.value.body["param"] == param
     # And from the CLI: generate --image.
     source.save(tmp_path / "in.png")
     out = tmp_path / "edited.png"
@@ -176,17 +179,3 @@ def test_openai_client_edits_on_qwen_image_edit(server_launcher, tiny_qwen_image
                    "--dtype", "float32")
     assert done.returncode == 0, done.stderr
     assert Image.open(out).size == (48, 32)
-
-
-def test_openai_client_generates_on_flux2_dev(server_launcher, tiny_flux2_dir) -> None:
-    with server_launcher(tiny_flux2_dir, "--enforce-eager", "--dtype", "float32", "--linear-backend", "torch",
-                         "--served-model-name", "tiny-flux2") as server:
-        client = openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=120)
-        result = client.images.generate(model="tiny-flux2", prompt="a red fox", size="64x32",
-                                        extra_body={"num_inference_steps": 2, "seed": 3})
-        assert Image.open(io.BytesIO(base64.b64decode(result.data[0].b64_json))).size == (64, 32)
-        attestation = result.model_extra["diffserve"]["attestation"]
-        assert attestation["model_family"] == "Flux2Pipeline" and attestation["implementation"] == "generic"
-        # Distilled guidance: one forward a step, one double and two single blocks each.
-        assert attestation["transformer_forwards"] == 2 and attestation["attention"] == {"sdpa": 6}
-        assert attestation["linear"]["torch"] > 0
