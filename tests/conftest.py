@@ -145,6 +145,15 @@ def tiny_qwen_image_edit_dir() -> Path:
 
 
 @pytest.fixture(scope="session")
+def tiny_qwen_image_edit_plus_dir() -> Path:
+    """A random-weight tiny QwenImageEditPlusPipeline dir (Qwen-Image-Edit-2509's pipeline), seed 0."""
+    from diffserve.zoo.generic import build_generic_model
+
+    return _shared_model("tiny-qwen-image-edit-plus",
+                         lambda target: build_generic_model("tiny-qwen-image-edit-plus", target, seed=0))
+
+
+@pytest.fixture(scope="session")
 def tiny_z_image_dir() -> Path:
     """A random-weight tiny ZImagePipeline dir (the generic path, a Qwen3 text encoder), seed 0."""
     from diffserve.zoo.generic import build_generic_model

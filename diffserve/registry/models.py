@@ -178,7 +178,8 @@ MODEL_FAMILIES: dict[str, ModelFamily] = {
         # Qwen-Image (MMDiT, a Qwen2.5-VL text encoder): every block's joint text-image attention, masked where a
         # batch's prompts differ in length; true CFG (two forwards a step) at 4.0 over 50 steps, 1024 px, text up
         # to 1024 tokens, as its __call__ (negative prompt " " when a request names none, as the model card).
-        # Qwen-Image-Edit has the same entry plus its edits.
+        # Qwen-Image-Edit and -Edit-Plus (2509: several reference images, one through the edits API) have the same
+        # entry plus their edits.
         *(ModelFamily(name, GENERIC_PIPELINE, "single", attention_roles=("joint_block",),
                       implementation="generic", default_steps=50, default_guidance_scale=4.0,
                       role_patterns=(("", "joint_block"),), masked_roles=("joint_block",), max_sequence_length=1024,
@@ -188,7 +189,8 @@ MODEL_FAMILIES: dict[str, ModelFamily] = {
                                                    "norm_out", "proj_out"))
           # Qwen-Image-Edit: the same transformer; the input image is read by the Qwen2.5-VL encoder and its
           # latents join the image tokens (a reference edit, as FLUX.1 Kontext's).
-          for name, edits in (("QwenImagePipeline", ()), ("QwenImageEditPipeline", ("reference",)))),
+          for name, edits in (("QwenImagePipeline", ()), ("QwenImageEditPipeline", ("reference",)),
+                              ("QwenImageEditPlusPipeline", ("reference",)))),
         # Z-Image (a single-stream DiT, a Qwen3 text encoder): refiner blocks over the image and the text tokens
         # alone, then joint blocks over both, every call masked (a batch pads its sequences); CFG at 5.0 over 50
         # steps as its __call__ (Z-Image-Turbo's own card uses 9 steps at 0: set them in the deploy file).

@@ -261,6 +261,9 @@ GENERIC_SPECS: dict[str, GenericSpec] = {
     "tiny-qwen-image-edit": _qwen_image(
         "tiny-qwen-image-edit", "tiny-qwen-image as Qwen-Image-Edit: the input image read by the Qwen2.5-VL encoder",
         "QwenImageEditPipeline", vl_processor=True),
+    "tiny-qwen-image-edit-plus": _qwen_image(
+        "tiny-qwen-image-edit-plus", "tiny-qwen-image as Qwen-Image-Edit-Plus (2509): reference images as 'Picture n'",
+        "QwenImageEditPlusPipeline", vl_processor=True),
     "tiny-z-image": GenericSpec(
         name="tiny-z-image",
         description="~1M-parameter Z-Image-shaped model (Qwen3 text encoder) for tests and demos",

@@ -34,7 +34,7 @@ QWEN_IMAGE_SCHEDULER_CONFIG: dict[str, Any] = {
 # AutoencoderKLQwenImage: Wan2.1's VAE layout (temporal downsampling declared, unused on single images); the
 # latents' mean and std are the class defaults, the real checkpoint's values.
 QWEN_IMAGE_VAE_CONFIG: dict[str, Any] = {
-    "base_dim": 8,
+    "base_dim": 4,
     "z_dim": 16,
     "dim_mult": [1, 2, 4, 4],
     "num_res_blocks": 1,

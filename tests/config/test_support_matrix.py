@@ -15,6 +15,7 @@ from diffserve.registry.support import COLUMNS, support_matrix, support_table
 DOCS = Path(__file__).resolve().parents[2] / "docs" / "models.md"
 GENERIC_FIXTURES = {"StableDiffusion3Pipeline": "tiny_sd3_dir", "PixArtSigmaPipeline": "tiny_pixart_dir",
                     "QwenImagePipeline": "tiny_qwen_image_dir", "QwenImageEditPipeline": "tiny_qwen_image_edit_dir",
+                    "QwenImageEditPlusPipeline": "tiny_qwen_image_edit_plus_dir",
                     "ZImagePipeline": "tiny_z_image_dir",
                     "Flux2KleinPipeline": "tiny_flux2_klein_dir", "Flux2Pipeline": "tiny_flux2_dir"}
 

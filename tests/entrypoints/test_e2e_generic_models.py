@@ -151,7 +151,7 @@ def test_openai_client_generates_on_flux2_dev(server_launcher, tiny_flux2_dir) -
         assert attestation["linear"]["torch"] > 0
 
 
-def test_openai_client_edits_on_qwen_image_edit(server_launcher, tiny_qwen_image_edit_dir, tmp_path) -> None:
+def test_openai_client_edits_on_qwen_image_edit(server_launcher, tiny_qwen_image_edit_dir, tmp_path, capsys) -> None:
     source = Image.new("RGB", (48, 32), (30, 90, 200))
     buffer = io.BytesIO()
     source.save(buffer, format="PNG")
@@ -171,11 +171,11 @@ def test_openai_client_edits_on_qwen_image_edit(server_launcher, tiny_qwen_image
             with pytest.raises(openai.BadRequestError) as refused:
                 edit(bad, **extra)
             assert refused.value.body["param"] == param
-    # And from the CLI: generate --image.
+    # And from the CLI: generate --image (in this process: the subprocess path is test_e2e_generate_cli.py's).
     source.save(tmp_path / "in.png")
     out = tmp_path / "edited.png"
-    done = run_cli("generate", str(tiny_qwen_image_edit_dir), "make it red", "--image", str(tmp_path / "in.png"),
-                   "--steps", "2", "--seed", "4", "--guidance-scale", "1", "--output", str(out), "--no-progress",
-                   "--dtype", "float32")
+    done = run_in_process(capsys, "generate", str(tiny_qwen_image_edit_dir), "make it red", "--image",
+                          str(tmp_path / "in.png"), "--steps", "2", "--seed", "4", "--guidance-scale", "1",
+                          "--output", str(out), "--no-progress", "--dtype", "float32")
     assert done.returncode == 0, done.stderr
     assert Image.open(out).size == (48, 32)

@@ -74,9 +74,11 @@ def test_one_step_is_refused_not_a_nan_image(tiny_qwen_image_dir: Path) -> None:
     assert image.std() > 0
 
 
-@pytest.mark.parametrize(("dtype", "floor_db"), [("float32", 60.0), ("bfloat16", 40.0)])
-def test_qwen_image_edit_matches_diffusers_and_refuses_what_it_cannot_take(tiny_qwen_image_edit_dir: Path, dtype: str,
-                                                                           floor_db: float) -> None:
+@pytest.mark.parametrize(("fixture", "dtype", "floor_db"), [
+    ("tiny_qwen_image_edit_dir", "float32", 60.0), ("tiny_qwen_image_edit_dir", "bfloat16", 40.0),
+    ("tiny_qwen_image_edit_plus_dir", "float32", 60.0)])
+def test_qwen_image_edit_matches_diffusers_and_refuses_what_it_cannot_take(fixture: str, dtype: str, floor_db: float,
+                                                                           request: pytest.FixtureRequest) -> None:
     import diffusers
     from PIL import Image
 
@@ -84,10 +86,12 @@ def test_qwen_image_edit_matches_diffusers_and_refuses_what_it_cannot_take(tiny_
     from diffserve.errors import RequestError
     from diffserve.models.generic.vl_processor import load_vl_processor
 
+    model = request.getfixturevalue(fixture)
     source = (np.random.default_rng(0).random((64, 96, 3)) * 255).astype(np.uint8)
-    with Engine(str(tiny_qwen_image_edit_dir), dtype=dtype, enforce_eager=True, linear_backend="torch",
+    with Engine(str(model), dtype=dtype, enforce_eager=True, linear_backend="torch",
                 attention_backend="sdpa", env={}) as engine:
         assert engine.capabilities.edits == ("reference",) and not engine.capabilities.edit_strength
+        class_name = engine.capabilities.family  # QwenImageEditPipeline or QwenImageEditPlusPipeline
         out = engine.generate(GenerationRequest(prompt="make it red", images=[source], num_inference_steps=2, seed=5))
         # The size comes from the input image; CFG against " " ran (two forwards a step).
         assert out.images[0].size == (96, 64) and out.attestation["transformer_forwards"] == 4
@@ -96,9 +100,8 @@ def test_qwen_image_edit_matches_diffusers_and_refuses_what_it_cannot_take(tiny_
                 engine.generate(GenerationRequest(prompt="x", images=[source], num_inference_steps=2, **bad))
             assert info.value.param == param
     # The processor is loaded as diffserve loads it (the image-only twin where torchvision is missing).
-    pipe = diffusers.QwenImageEditPipeline.from_pretrained(
-        str(tiny_qwen_image_edit_dir), processor=load_vl_processor(tiny_qwen_image_edit_dir / "processor"),
-        torch_dtype=getattr(torch, dtype))
+    pipe = getattr(diffusers, class_name).from_pretrained(
+        str(model), processor=load_vl_processor(model / "processor"), torch_dtype=getattr(torch, dtype))
     pipe.set_progress_bar_config(disable=True)
     theirs = pipe(image=Image.fromarray(source), prompt="make it red", negative_prompt=" ", height=64, width=96,
                   num_inference_steps=2, generator=torch.Generator().manual_seed(5), output_type="np").images[0]

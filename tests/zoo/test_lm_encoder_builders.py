@@ -17,6 +17,7 @@ WEIGHTS = {
     "text_encoder/model.safetensors",
 }
 KINDS = {"tiny-qwen-image": "tiny_qwen_image_dir", "tiny-qwen-image-edit": "tiny_qwen_image_edit_dir",
+         "tiny-qwen-image-edit-plus": "tiny_qwen_image_edit_plus_dir",
          "tiny-z-image": "tiny_z_image_dir",
          "tiny-flux2-klein": "tiny_flux2_klein_dir", "tiny-flux2": "tiny_flux2_dir"}
 

@@ -8,8 +8,8 @@ from pathlib import Path
 # Kept in sync with diffserve.zoo.flux_specs.SPECS and tiny_generic_configs.GENERIC_SPECS (a test
 # checks it); listed here so that building the parser stays import-light.
 FLUX_KINDS = ("tiny-flux", "tiny-flux-kontext", "small-flux")
-GENERIC_KINDS = ("tiny-sd3", "small-sd3", "tiny-pixart-sigma", "tiny-qwen-image", "tiny-qwen-image-edit", "tiny-z-image",
-                 "tiny-flux2-klein", "tiny-flux2")
+GENERIC_KINDS = ("tiny-sd3", "small-sd3", "tiny-pixart-sigma", "tiny-qwen-image", "tiny-qwen-image-edit",
+                 "tiny-qwen-image-edit-plus", "tiny-z-image", "tiny-flux2-klein", "tiny-flux2")
 WAN_KINDS = ("tiny-wan", "tiny-wan22", "tiny-wan22-i2v", "small-wan")  # diffserve.zoo.wan_specs.WAN_SPECS
 MODEL_KINDS = FLUX_KINDS + GENERIC_KINDS + WAN_KINDS
 LORA_KINDS = ("tiny-flux-lora",)  # an adapter for a FLUX model (--base), not a model
@@ -29,7 +29,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
             "benchmarks; tiny-flux-kontext is FLUX.1 Kontext (FluxKontextPipeline, edits from a reference image). Generic diffusers DiT pipelines: tiny-sd3 and small-sd3 (~123M-parameter "
             "transformer) are StableDiffusion3Pipeline, tiny-pixart-sigma is PixArtSigmaPipeline, tiny-qwen-image is "
             "QwenImagePipeline (a Qwen2.5-VL text encoder and a Qwen2 tokenizer made locally), tiny-qwen-image-edit "
-            "its QwenImageEditPipeline twin (edits), tiny-z-image is "
+            "its QwenImageEditPipeline twin (edits), tiny-qwen-image-edit-plus its QwenImageEditPlusPipeline one, "
+            "tiny-z-image is "
             "ZImagePipeline and tiny-flux2-klein is Flux2KleinPipeline (Qwen3 text encoders), tiny-flux2 is "
             "Flux2Pipeline (a Mistral3 text encoder and a Pixtral processor). Video (Wan): tiny-wan "
             "(Wan2.1 text-to-video, WanPipeline), tiny-wan22 (Wan2.2's two experts), tiny-wan22-i2v (Wan2.2 "
