@@ -93,8 +93,9 @@ def test_qwen_image_edit_matches_diffusers_and_refuses_what_it_cannot_take(fixtu
         assert engine.capabilities.edits == ("reference",) and not engine.capabilities.edit_strength
         class_name = engine.capabilities.family  # QwenImageEditPipeline or QwenImageEditPlusPipeline
         out = engine.generate(GenerationRequest(prompt="make it red", images=[source], num_inference_steps=2, seed=5))
-        # The size comes from the input image; CFG against " " ran (two forwards a step).
+        # The size comes from the input image; CFG against " " ran (two forwards a step), on the kernels asked for.
         assert out.images[0].size == (96, 64) and out.attestation["transformer_forwards"] == 4
+        assert set(out.attestation["linear"]) == {"torch"} and set(out.attestation["attention"]) == {"sdpa"}
         for bad, param in (({"strength": 0.5}, "strength"), ({"mask": np.zeros((64, 96), np.uint8)}, "mask")):
             with pytest.raises(RequestError) as info:
                 engine.generate(GenerationRequest(prompt="x", images=[source], num_inference_steps=2, **bad))
