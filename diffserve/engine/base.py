@@ -8,6 +8,7 @@ from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from diffserve.engine.core import EngineCore
+from diffserve.engine.load import ModelLoad, model_load
 from diffserve.logging import get_logger
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -104,6 +105,15 @@ class EngineBase:
         return [{"stage_id": stage.stage_id, "role": stage.role, "replicas_live": 0 if dead else len(replicas.live()),
                  "replicas": replicas.count, "queue_depth": scheduler.queue_depth}
                 for stage, replicas, scheduler in sets]
+
+    @property
+    def load(self) -> ModelLoad:
+        """The denoising stage's queue, running requests and outstanding work (``engine/load.py``), in total and
+        per replica: what a router or an autoscaler weighs (the other stages' queues are in ``stage_health``)."""
+        core = self._core
+        waiting, running = core.scheduler.snapshot()
+        dead = self.is_dead
+        return model_load(waiting, running, {r.index: r.live and not dead for r in core.replicas.replicas})
 
     @property
     def is_ready(self) -> bool:

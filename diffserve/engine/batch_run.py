@@ -123,7 +123,8 @@ class BatchRun:
         for state in list(self.live):
             # A request sent to join is not in the worker's progress until its first step.
             if not state.finished and (not steps or state.request_id in steps):
-                state.sink(ProgressEvent(state.request_id, steps.get(state.request_id, step), total))
+                state.steps_done = steps.get(state.request_id, step)
+                state.sink(ProgressEvent(state.request_id, state.steps_done, total))
 
     def _on_partial(self, outputs: list[RequestResult]) -> None:
         # Requests that finished together: their stats first, then their results (as for a batch).

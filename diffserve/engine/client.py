@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 if TYPE_CHECKING:  # pragma: no cover
     from diffserve.config.resolved import ResolvedConfig
+    from diffserve.engine.load import ModelLoad
     from diffserve.engine.stats import BatchStats
     from diffserve.types.capabilities import PipelineCapabilities
     from diffserve.types.memory import ComponentWeights
@@ -66,6 +67,11 @@ class EngineClient(Protocol):
 
     @property
     def queue_depth(self) -> int: ...
+
+    @property
+    def load(self) -> ModelLoad:
+        """Queue, running requests and outstanding work, in total and per replica (``engine/load.py``)."""
+        ...
 
     def check_health(self) -> None: ...
 

@@ -141,7 +141,7 @@ class EngineCore:
                 # Nothing to pull (admission closed, or this replica is out): beat without spinning.
                 self._stopping.wait(0.5)
                 continue
-            batch = self.scheduler.next_batch(timeout=0.5)
+            batch = self.scheduler.next_batch(timeout=0.5, replica=replica.index)
             if not batch:
                 continue
             if not replica.live:

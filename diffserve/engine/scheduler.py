@@ -44,6 +44,9 @@ class RequestState:
     # encode_denoise_decode: the denoising stage's result while the decoding stage works, and its queue time.
     handed: Any = None
     queue_ms: float = 0.0
+    # Where it runs and how far it got (engine/load.py: the outstanding work a router sees).
+    replica: int | None = None
+    steps_done: int = 0
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     @property
@@ -84,8 +87,9 @@ class Scheduler:
             self._waiting.append(state)
             self._cond.notify()
 
-    def next_batch(self, timeout: float | None = None) -> list[RequestState]:
-        """The oldest request plus compatible followers; empty if nothing arrived within ``timeout``."""
+    def next_batch(self, timeout: float | None = None, replica: int | None = None) -> list[RequestState]:
+        """The oldest request plus compatible followers, to run on ``replica``; empty if nothing arrived within
+        ``timeout``."""
         with self._cond:
             if not self._waiting and not self._closed:
                 self._cond.wait(timeout)
@@ -98,11 +102,11 @@ class Scheduler:
             self._waiting = [s for s in self._waiting if id(s) not in chosen]
             now = time.monotonic()
             for state in batch:
-                state.started = now
+                state.started, state.replica = now, replica
                 self._running[state.request_id] = state
             return batch
 
-    def take_joinable(self, key: BatchKey, room: int) -> list[RequestState]:
+    def take_joinable(self, key: BatchKey, room: int, replica: int | None = None) -> list[RequestState]:
         """Step-level batching: up to ``room`` requests from the HEAD of the queue while they share
         ``key`` (never past an older request of another key, so joins cannot starve it)."""
         with self._cond:
@@ -111,7 +115,7 @@ class Scheduler:
                 taken.append(self._waiting.pop(0))
             now = time.monotonic()
             for state in taken:
-                state.started = now
+                state.started, state.replica = now, replica
                 self._running[state.request_id] = state
             return taken
 
@@ -128,7 +132,7 @@ class Scheduler:
                 return
             for state in batch:
                 self._running.pop(state.request_id, None)
-                state.started = None
+                state.started, state.replica, state.steps_done = None, None, 0
             self._waiting[:0] = [s for s in batch if not s.aborted and not s.finished]
             self._cond.notify_all()
 
@@ -154,6 +158,11 @@ class Scheduler:
             self._running.clear()
             self._cond.notify_all()
             return states
+
+    def snapshot(self) -> tuple[list[RequestState], list[RequestState]]:
+        """The waiting and the running requests, as of now."""
+        with self._cond:
+            return list(self._waiting), list(self._running.values())
 
     @property
     def queue_depth(self) -> int:

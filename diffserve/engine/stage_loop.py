@@ -82,7 +82,7 @@ class StageLoop:
             if not replica.live:
                 self.core.stopping.wait(0.5)
                 continue
-            batch = self.scheduler.next_batch(timeout=0.5)
+            batch = self.scheduler.next_batch(timeout=0.5, replica=replica.index)
             if not batch:
                 continue
             live = [s for s in batch if not s.aborted and not s.finished]

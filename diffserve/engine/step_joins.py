@@ -37,7 +37,7 @@ class StepJoins:
         room = self.stage.max_batch_size - sum(1 for s in self.live if not s.finished)
         if any(r is not self.replica and r.heartbeat.state == "idle" for r in self.replicas.live()):
             room = 0
-        states = self.scheduler.take_joinable(self.key, room) if room > 0 else []
+        states = self.scheduler.take_joinable(self.key, room, self.replica.index) if room > 0 else []
         if not states:
             return [], 0.0
         self.joined.extend(states)

@@ -13,6 +13,7 @@ from collections.abc import Callable
 from typing import Any
 
 from diffserve.engine.client import AsyncEngineClient
+from diffserve.engine.load import ModelLoad
 from diffserve.errors import EngineDeadError, EngineNotReadyError
 from diffserve.logging import get_logger
 
@@ -109,6 +110,10 @@ class EngineHost:
         if self.engine is None or self.is_dead:
             return 0.0
         return float(self.engine.replicas_live)
+
+    def load(self) -> ModelLoad:
+        """The engine's queue, running requests and outstanding work (all zero while it loads)."""
+        return self.engine.load if self.engine is not None else ModelLoad()
 
     def queue_depth(self) -> float:
         if self.engine is None:
