@@ -22,7 +22,7 @@ RUN python3 -m venv /opt/venv \
 WORKDIR /opt/diffserve
 COPY pyproject.toml README.md ./
 COPY diffserve ./diffserve
-RUN /opt/venv/bin/pip install --no-cache-dir ".[server,video]"
+RUN /opt/venv/bin/pip install --no-cache-dir ".[server,video,otel]"
 RUN useradd --create-home --uid 10001 diffserve
 ENV PATH=/opt/venv/bin:${PATH} \
     HF_HOME=/home/diffserve/.cache/huggingface \

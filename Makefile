@@ -1,5 +1,5 @@
 # The two README commands: `make demo` (the main job; it prints the playground's URL) and `make test`
-# (install + whole suite, the ray executor's tests included: install-test adds the `ray`, `gguf`, `quant`, `video` extras and `bench`
+# (install + whole suite, the ray executor's tests included: install-test adds the `ray`, `gguf`, `quant`, `video`, `otel` extras and `bench`
 # (cache-dit, for benchmark section h), after the pinned torch; `browser` adds chromium for the playground).
 PYTHON ?= python3
 VENV ?= .venv
@@ -26,7 +26,7 @@ $(VENV)/.installed: pyproject.toml $(VENV)/.torch
 	touch $@
 
 $(VENV)/.installed-test: pyproject.toml $(VENV)/.installed
-	$(PY) -m pip install --quiet -e ".[server,test,ray,bench,gguf,quant,video,postgres]"
+	$(PY) -m pip install --quiet -e ".[server,test,ray,bench,gguf,quant,video,postgres,otel]"
 	touch $@
 
 install: $(VENV)/.installed

@@ -92,6 +92,10 @@ class Settings:
     # Video (section o): native Wan vs diffusers' WanPipeline (CFG 5.0) at these frame counts (4k+1).
     video_case: Case = Case("small-wan", 256, 4)
     video_frames: tuple[int, ...] = (9, 17)
+    # Tracing (section p): HTTP latency with OpenTelemetry on vs off, in blocks of requests alternating off/on.
+    tracing_case: Case = Case("tiny-flux", 128, 2)
+    tracing_rounds: int = 6
+    tracing_block: int = 5
 
 
 TINY_E2E = Case("tiny-flux", 128, 2)
@@ -160,4 +164,7 @@ SMOKE = Settings(
     stages_images=8,
     video_case=Case("tiny-wan", 64, 2),
     video_frames=(9,),
+    tracing_case=Case("tiny-flux", 64, 2),
+    tracing_rounds=1,
+    tracing_block=1,
 )

@@ -58,7 +58,7 @@ def test_torch_is_pinned_to_the_makefiles_version_and_installed_first() -> None:
     assert f"TORCH_VERSION={pinned.group(1)}" in of("ARG")
     runs = of("RUN")
     torch_run = next(i for i, run in enumerate(runs) if "torch==${TORCH_VERSION}" in run)
-    package_run = next(i for i, run in enumerate(runs) if re.search(r"pip install .*\"\.\[server,video\]\"", run))
+    package_run = next(i for i, run in enumerate(runs) if re.search(r"pip install .*\"\.\[server,video,otel\]\"", run))
     assert torch_run < package_run
     assert not [run for run in runs if re.search(r"pip install[^&]* torch(?!==)", run)], "an unpinned torch"
 

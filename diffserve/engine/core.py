@@ -31,6 +31,8 @@ from diffserve.engine.stats import BatchStats, EngineCounters
 from diffserve.errors import EngineDeadError, EngineNotReadyError, RequestAbortedError, WorkerError
 from diffserve.executor.base import Executor
 from diffserve.logging import get_logger
+from diffserve.tracing.attributes import REQUEST_ID
+from diffserve.tracing.spans import carry, span
 from diffserve.types.request import GenerationRequest
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -111,8 +113,11 @@ class EngineCore:
                      model_dir=self.config.model)
 
     def submit(self, request: GenerationRequest, sink: Sink) -> RequestState:
-        """Admit and queue; raises instead of queueing a request that cannot run."""
-        state = RequestState(self.admit(request), sink)
+        """Admit and queue; raises instead of queueing a request that cannot run. Tracing on: admission is a
+        span, and the request carries the caller's trace context to its workers (``tracing/spans.py``)."""
+        with span("diffserve.admission", {REQUEST_ID: request.request_id}):
+            admitted = self.admit(request)
+        state = RequestState(carry(admitted), sink)
         (self.encode.scheduler if self.encode is not None else self.scheduler).add(state)
         return state
 

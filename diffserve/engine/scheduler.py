@@ -16,6 +16,7 @@ from typing import Any
 
 from diffserve.errors import EngineDeadError, EngineOverloadedError, RequestError
 from diffserve.logging import get_logger
+from diffserve.tracing.spans import queue_waited
 from diffserve.types.batching import BatchKey, batch_key
 from diffserve.types.request import GenerationRequest, ProgressEvent, RequestOutput
 
@@ -104,7 +105,8 @@ class Scheduler:
             for state in batch:
                 state.started, state.replica = now, replica
                 self._running[state.request_id] = state
-            return batch
+        queue_waited(batch)
+        return batch
 
     def take_joinable(self, key: BatchKey, room: int, replica: int | None = None) -> list[RequestState]:
         """Step-level batching: up to ``room`` requests from the HEAD of the queue while they share
@@ -117,7 +119,8 @@ class Scheduler:
             for state in taken:
                 state.started, state.replica = now, replica
                 self._running[state.request_id] = state
-            return taken
+        queue_waited(taken)
+        return taken
 
     def done(self, batch: list[RequestState]) -> None:
         with self._cond:

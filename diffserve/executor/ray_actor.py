@@ -17,6 +17,7 @@ import threading
 from typing import TYPE_CHECKING
 
 from diffserve.logging import get_logger
+from diffserve.tracing.provider import flush_tracing, start_tracing
 from diffserve.types.channel import ChannelClosed, queue_channel_pair
 from diffserve.types.messages import Command, Reply
 from diffserve.types.results import RequestResult
@@ -46,6 +47,8 @@ class RankActor:
             from diffserve.logging import configure_logging
 
             configure_logging(log_level)
+        # OTEL_* come with the actor's runtime env (executor/ray.py): it exports the spans it makes.
+        start_tracing("worker")
         self.rank = rank
         # Recorded once: it goes into every attestation of this rank (``node``).
         self.node_id = ray.get_runtime_context().get_node_id()
@@ -62,6 +65,7 @@ class RankActor:
                                                   init_method=init_method))
             finally:
                 worker_end.close()  # the parent's reader sees the loop is gone
+                flush_tracing()  # before the executor's ray.kill, which follows the loop's end
 
         self._thread = threading.Thread(target=run, name=f"diffserve-ray-worker-{rank}", daemon=True)
         self._thread.start()

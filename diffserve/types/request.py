@@ -74,6 +74,10 @@ class GenerationRequest:
     # Set by the engine between stages (staged topologies): the previous stage's output for this one (the
     # denoising stage: the text encoders' ConditioningPayload, types/conditioning.py). Never from a client.
     stage_input: Any = None
+    # Set by the engine when tracing is on (tracing/spans.py:carry): the W3C trace context (``traceparent``,
+    # ``tracestate``) as (key, value) pairs, travelling with the request to its workers, whose spans join the
+    # request's trace. Never from a client; empty: not traced.
+    trace_context: tuple[tuple[str, str], ...] = ()
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "loras", _lora_pairs(self.loras))

@@ -12,10 +12,12 @@ import traceback
 from collections import deque
 from collections.abc import Callable
 from dataclasses import replace
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from diffserve.errors import DiffserveError, RequestError
 from diffserve.logging import get_logger
+from diffserve.tracing.attributes import worker_attributes
+from diffserve.tracing.batch import batch_trace
 from diffserve.types.channel import Channel, ChannelClosed
 from diffserve.types.messages import Command, Reply
 from diffserve.worker.worker import Worker
@@ -86,27 +88,39 @@ class CommandLoop:
 
     def _execute(self, command: Command) -> None:
         rank, call_id = self.worker.rank, command.call_id
+        # The batch's spans in this process (tracing/batch.py); a shared no-op unless tracing is on here.
+        trace = batch_trace(command.batch or [], self._trace_attributes)
 
         def on_step(step: int, total: int, progress: tuple = ()) -> None:
+            trace.step(step, total, progress)
             self._send(Reply("step", call_id, rank, step=step, total_steps=total, progress=progress))
 
         def joins() -> list:
             taken, self._joins = self._joins, []
+            trace.join(taken)
             return taken
 
         step_level = command.kwargs.get("step_level", False)
         self._joins = []
         try:
-            outputs = self.worker.execute(
-                command.batch or [], on_step, lambda: self._cancelled(call_id),
-                joins=joins if step_level else None,
-                on_partial=(lambda results: self._send(Reply("partial", call_id, rank, value=results)))
-                if step_level else None)
+            with trace:
+                outputs = self.worker.execute(
+                    command.batch or [], on_step, lambda: self._cancelled(call_id),
+                    joins=joins if step_level else None,
+                    on_partial=(lambda results: self._send(Reply("partial", call_id, rank,
+                                                                 value=trace.finish(results))))
+                    if step_level else None)
+                trace.finish(outputs)
         except Exception as exc:
             self._send(error_reply(call_id, rank, exc))
             return
         self._send(Reply("cancelled", call_id, rank) if outputs is None
                    else Reply("result", call_id, rank, value=outputs))
+
+    def _trace_attributes(self) -> dict[str, Any]:
+        worker = self.worker
+        return worker_attributes(worker.config, worker.stage, executor=worker.executor, replica=worker.replica,
+                                 rank=worker.rank, device=worker.device)
 
     def _cancelled(self, call_id: int) -> bool:
         """Drain pending commands between steps: a cancel or shutdown stops the batch, others wait."""

@@ -20,6 +20,7 @@ from multiprocessing.connection import Connection
 from typing import TYPE_CHECKING
 
 from diffserve.logging import get_logger
+from diffserve.tracing.provider import start_tracing, stop_tracing
 from diffserve.worker.loop import serve
 from diffserve.worker.worker import Worker
 
@@ -51,6 +52,8 @@ def process_main(conn: Connection, config: ResolvedConfig, stage_id: int, rank: 
         from diffserve.logging import configure_logging
 
         configure_logging(log_level)
+    # The engine's OTEL_* environment: this process exports the spans it makes (tracing/provider.py).
+    start_tracing("worker")
     # The parent decides when we stop; a Ctrl-C in the terminal must not kill workers mid-batch.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     parent_alive = process_alive(parent_pid)
@@ -62,6 +65,7 @@ def process_main(conn: Connection, config: ResolvedConfig, stage_id: int, rank: 
               parent_alive=parent_alive)
     finally:
         channel.close()
+        stop_tracing()  # the spans this worker ended reach the collector before it exits
 
 
 def process_alive(pid: int) -> Callable[[], bool]:

@@ -29,6 +29,8 @@ from diffserve.entrypoints.jobs.store import Job, JobStore
 from diffserve.entrypoints.openai.engine_host import EngineHost
 from diffserve.entrypoints.openai.errors import to_api_error
 from diffserve.logging import get_logger
+from diffserve.tracing.attributes import MODEL, REQUEST_ID, VIDEO_JOB
+from diffserve.tracing.spans import span
 from diffserve.types.request import ProgressEvent, RequestOutput
 
 logger = get_logger(__name__)
@@ -170,10 +172,13 @@ class JobRunner:
         request_id = f"{job.id}-{int(time.time() * 1000)}"
         heartbeat = asyncio.create_task(self._heartbeat(job.id, progress, asyncio.current_task()))
         try:
-            async with asyncio.timeout(self.settings.deadline_s):
-                output = await self._generate(job, request_id, progress)
-                progress[0] = DENOISE_SHARE + 5
-                result = await asyncio.to_thread(self._publish, job, output)
+            # One trace per job run (its POST's HTTP span has the job id too): the engine's and workers' spans
+            # and the MP4 encode join it.
+            with span("diffserve.video_job", {VIDEO_JOB: job.id, MODEL: job.model, REQUEST_ID: request_id}):
+                async with asyncio.timeout(self.settings.deadline_s):
+                    output = await self._generate(job, request_id, progress)
+                    progress[0] = DENOISE_SHARE + 5
+                    result = await asyncio.to_thread(self._publish, job, output)
             heartbeat.cancel()
             done = await asyncio.to_thread(self.store.complete, job.id, self.settings.owner, now=time.time(),
                                            result=result, expires_at=self._expiry())
@@ -240,7 +245,8 @@ class JobRunner:
                 "num_frames": str(output.num_frames), "fps": str(output.fps),
                 "config_fingerprint": output.config_fingerprint}
         try:
-            self.artifacts.publish(job.id, "video", lambda path: media.write_mp4(path, frames, output.fps, tags))
+            with span("diffserve.video_encode", {VIDEO_JOB: job.id}):
+                self.artifacts.publish(job.id, "video", lambda path: media.write_mp4(path, frames, output.fps, tags))
             self.artifacts.publish(job.id, "thumbnail", lambda path: media.write_thumbnail(path, frames))
             self.artifacts.publish(job.id, "spritesheet", lambda path: media.write_spritesheet(path, frames))
         except OSError as exc:

@@ -6,6 +6,7 @@ metrics and config endpoints, and the pre-parsing middleware (metrics, API key, 
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
@@ -30,12 +31,15 @@ from diffserve.entrypoints.openai.middleware import (
     HostMiddleware,
     MetricsMiddleware,
     RouteGuardMiddleware,
+    endpoint_label,
 )
 from diffserve.entrypoints.openai.model_routes import add_model_routes
 from diffserve.entrypoints.openai.playground import PlaygroundMiddleware
 from diffserve.entrypoints.openai.served import ModelServing, ServedModel, ServedModels, makes_of
 from diffserve.entrypoints.openai.video_routes import VIDEOS_PATH, add_video_routes, video_jobs
 from diffserve.logging import get_logger
+from diffserve.tracing.asgi import TracingMiddleware
+from diffserve.tracing.provider import start_tracing, stop_tracing
 
 logger = get_logger(__name__)
 
@@ -75,6 +79,9 @@ def create_app(engine: AsyncEngineClient | None = None, *, engine_factory: Engin
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        # Tracing, when the OTEL_* environment asks for it: on before any engine (its workers inherit the
+        # environment), flushed and off after the last one stopped (docs/deploy.md, "Tracing").
+        start_tracing("server")
         previous = None
         for model in served:
             await model.host.start(after=previous)
@@ -88,6 +95,7 @@ def create_app(engine: AsyncEngineClient | None = None, *, engine_factory: Engin
                 await videos.runner.stop()
             for model in served:
                 await model.host.shutdown()
+            await asyncio.to_thread(stop_tracing)
 
     app = FastAPI(title="diffserve", version=__version__, lifespan=lifespan, docs_url=None, redoc_url=None,
                   openapi_url=None)
@@ -153,6 +161,7 @@ def create_app(engine: AsyncEngineClient | None = None, *, engine_factory: Engin
     if server.allowed_hosts:
         app.add_middleware(HostMiddleware, allowed=server.allowed_hosts)
     app.add_middleware(MetricsMiddleware, metrics=metrics)
+    app.add_middleware(TracingMiddleware, route_of=endpoint_label)  # outermost: every response has its span
     return app
 
 

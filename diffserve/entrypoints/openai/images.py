@@ -36,6 +36,8 @@ from diffserve.entrypoints.openai.protocol import (
 from diffserve.entrypoints.openai.served import ServedModel, ServedModels
 from diffserve.errors import RequestAbortedError
 from diffserve.logging import get_logger
+from diffserve.tracing.attributes import IMAGES, MODEL, OUTPUT_FORMAT, REQUEST_ID
+from diffserve.tracing.spans import annotate, span
 from diffserve.types.request import GenerationRequest, ProgressEvent, RequestOutput
 
 logger = get_logger(__name__)
@@ -77,6 +79,7 @@ class ImagesHandler:
         """Run ``gen`` on ``served``'s engine and answer: JSON, or SSE with ``body.stream``; a client that goes
         away aborts it. Shared by generations and edits (``received``: when the body arrived, for ``total``)."""
         engine = served.host.require()
+        annotate({MODEL: served.name, REQUEST_ID: gen.request_id})  # on the HTTP span, when tracing is on
         if body.user:
             logger.debug("request %s from user %r", gen.request_id, body.user)
         events = aiter_events(engine, gen)
@@ -141,8 +144,9 @@ class ImagesHandler:
             metadata["edit"] = f"{len(gen.images)} image(s){', mask' if gen.mask is not None else ''}"
             if gen.strength is not None:
                 metadata["strength"] = str(gen.strength)
-        encoded = await asyncio.to_thread(encode_all, output.images, output.seeds, body.output_format,
-                                          body.output_compression, metadata)
+        with span("diffserve.image_encode", {IMAGES: len(output.images), OUTPUT_FORMAT: body.output_format}):
+            encoded = await asyncio.to_thread(encode_all, output.images, output.seeds, body.output_format,
+                                              body.output_compression, metadata)
         done = time.perf_counter()
         # Engine phases, plus what the server adds: image encoding and the total it observed
         # (body received -> response ready, so it includes queueing and encoding).

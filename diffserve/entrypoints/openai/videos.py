@@ -37,6 +37,8 @@ from diffserve.entrypoints.openai.video_protocol import (
     video_object,
 )
 from diffserve.errors import RequestError
+from diffserve.tracing.attributes import MODEL, VIDEO_JOB
+from diffserve.tracing.spans import annotate
 from diffserve.types.request import GenerationRequest
 
 VIDEOS_PATH = "/v1/videos"
@@ -86,6 +88,7 @@ class VideosHandler:
             except OSError:
                 await asyncio.to_thread(self.store.delete, job.id)  # no job without its input
                 raise
+        annotate({MODEL: served.name, VIDEO_JOB: job.id})  # on the HTTP span; the job runs in a trace of its own
         if created:
             self.runner.notify()
         return JSONResponse(video_object(job), headers={"X-Request-Id": job.id})
