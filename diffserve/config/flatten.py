@@ -31,4 +31,12 @@ def flatten_stage(stage: StageConfig) -> dict[str, Any]:
 
 
 def flatten_server(server: ServerConfig) -> dict[str, Any]:
-    return {f"server.{f.name}": getattr(server, f.name) for f in dataclasses.fields(server)}
+    """``server.<key>`` -> value; a nested section one key per leaf (``server.autoscaling.min_replicas``)."""
+    values: dict[str, Any] = {}
+    for f in dataclasses.fields(server):
+        value = getattr(server, f.name)
+        if dataclasses.is_dataclass(value):
+            values.update({f"server.{f.name}.{sub.name}": getattr(value, sub.name) for sub in dataclasses.fields(value)})
+        else:
+            values[f"server.{f.name}"] = value
+    return values

@@ -155,16 +155,28 @@ def _extras(ctx: Ctx, value: Any, stage_id: int | None, path: str, source: Sourc
 
 
 def _section(ctx: Ctx, name: str, value: Any, stage_id: int | None, path: str, source: Source) -> None:
+    _section_body(ctx, SECTIONS[name], value, stage_id, path, source)
+
+
+def _section_body(ctx: Ctx, leaves: Mapping[str, Leaf], value: Any, stage_id: int | None, path: str,
+                  source: Source) -> None:
+    """A section's mapping; ``leaves`` are keyed relative to it, so a nested section (``server.autoscaling``)
+    is the leaves under ``autoscaling.``, walked the same way."""
     body = _mapping(ctx, value, path, source) or {}
-    leaves = SECTIONS[name]
+    nested = {key.split(".", 1)[0] for key in leaves if "." in key}
     for key, item in body.items():
         if not _is_key(ctx, body, key, path):
             continue
         sub_source = ctx.src(body, key) if ctx.file else source
-        if key not in leaves:
-            _unknown(ctx, key, path, sub_source, list(leaves))
-        elif item is not None:
-            _leaf(ctx, leaves[key], item, stage_id, _join(path, key), sub_source)
+        if key in leaves:
+            if item is not None:
+                _leaf(ctx, leaves[key], item, stage_id, _join(path, key), sub_source)
+        elif key in nested:
+            if item is not None:
+                inner = {k.split(".", 1)[1]: leaf for k, leaf in leaves.items() if k.startswith(f"{key}.")}
+                _section_body(ctx, inner, item, stage_id, _join(path, key), sub_source)
+        else:
+            _unknown(ctx, key, path, sub_source, sorted({k.split(".", 1)[0] for k in leaves}))
 
 
 def stage_field(ctx: Ctx, mapping: Mapping, key: str, value: Any, stage_id: int | None, path: str,
@@ -195,8 +207,8 @@ def stage_field(ctx: Ctx, mapping: Mapping, key: str, value: Any, stage_id: int 
     else:
         hint = None
         if key in FLAT_LEAVES and FLAT_LEAVES[key].section:
-            leaf = FLAT_LEAVES[key]
-            hint = f"write it as {leaf.section}: {{{leaf.key.split('.', 1)[1]}: ...}}"
+            *outer, last = FLAT_LEAVES[key].key.split(".")  # server.autoscaling.min_replicas: two mappings
+            hint = "write it as " + "".join(f"{name}: {{" for name in outer) + f"{last}: ..." + "}" * len(outer)
         _unknown(ctx, key, path, source, valid, hint)
 
 

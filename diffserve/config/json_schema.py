@@ -6,6 +6,7 @@ named in each description.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from diffserve.config.fields import SECTIONS, STAGE_KEYS, STAGE_LEAVES, TOP_LEVEL_PIPELINE_LEAVES, Leaf
@@ -44,8 +45,20 @@ def _leaf_schema(leaf: Leaf) -> dict[str, Any]:
 
 
 def _section_schema(name: str) -> dict[str, Any]:
-    return {"type": "object", "additionalProperties": False,
-            "properties": {key: _leaf_schema(leaf) for key, leaf in SECTIONS[name].items()}}
+    return _object_schema(SECTIONS[name])
+
+
+def _object_schema(leaves: Mapping[str, Leaf]) -> dict[str, Any]:
+    """A section's object; leaves keyed ``inner.key`` make a nested object (``server.autoscaling``)."""
+    props: dict[str, Any] = {}
+    for key, leaf in leaves.items():
+        if "." not in key:
+            props[key] = _leaf_schema(leaf)
+        else:
+            inner = key.split(".", 1)[0]
+            props.setdefault(inner, _object_schema({k.split(".", 1)[1]: v for k, v in leaves.items()
+                                                   if k.startswith(f"{inner}.")}))
+    return {"type": "object", "additionalProperties": False, "properties": props}
 
 
 def _stage_properties() -> dict[str, Any]:

@@ -14,6 +14,7 @@ import os
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from diffserve.config.autoscaling import autoscaling_errors
 from diffserve.config.cache import settle_cache
 from diffserve.config.device_rules import device_errors
 from diffserve.config.explain import fingerprint_of
@@ -44,6 +45,9 @@ __all__ = ["ResolvedConfig", "StageConfig", "resolve"]
 
 # The nested sections of a stage (parallel, cache, warmup, vae, ...), as schema.py declares them.
 _SECTION_TYPES = {f.name: f.metadata["section"] for f in dataclasses.fields(StageConfig) if "section" in f.metadata}
+# And of the server section (autoscaling).
+_SERVER_SECTION_TYPES = {f.name: f.metadata["section"] for f in dataclasses.fields(ServerConfig)
+                         if "section" in f.metadata}
 
 
 def resolve(model: str | os.PathLike | None = None,
@@ -82,6 +86,7 @@ def resolve(model: str | os.PathLike | None = None,
 
     provenance: dict[str, Source] = {}
     server = _server(pipeline, provenance)
+    out.errors.extend(autoscaling_errors(server.autoscaling, provenance))
     provenance["topology"] = pipeline.get("topology", (None, DEFAULT_SOURCE))[1]
     ray_address, provenance["ray_address"] = pipeline.get(
         "ray_address", (PIPELINE_LEAVES["ray_address"].default, DEFAULT_SOURCE))
@@ -128,7 +133,9 @@ def _server(picked: Mapping[str, tuple[Any, Source]], provenance: dict[str, Sour
     for key, leaf in PIPELINE_LEAVES.items():
         if key.startswith("server."):
             values[key.removeprefix("server.")], provenance[key] = picked.get(key, (leaf.default, DEFAULT_SOURCE))
-    return ServerConfig(**values)
+    sections = {name: cls(**{k.split(".", 1)[1]: values.pop(k) for k in list(values) if k.startswith(f"{name}.")})
+                for name, cls in _SERVER_SECTION_TYPES.items()}
+    return ServerConfig(**sections, **values)
 
 
 def _check_stage_refs(out: Collector, topology: str, roles: tuple[str, ...]) -> None:

@@ -222,6 +222,28 @@ class StageConfig:
 
 
 @dataclass(frozen=True)
+class AutoscalingConfig:
+    """Replicas of the Ray Serve front (``diffserve serve --ray-serve``, ``diffserve.ray_serve:app``; docs/deploy.md,
+    "Ray Serve"): each replica is a whole diffserve engine, and Ray Serve adds or removes replicas to keep the requests
+    in flight or queued per replica near ``target_ongoing_requests``. Each key is Ray Serve's autoscaling key of the
+    same name. A server without Ray Serve is one process with one engine and does not read this section."""
+
+    min_replicas: int = opt(1, "fewest Ray Serve replicas, each a whole engine (at least 1: a replica loads its model "
+                            "before it takes traffic)", c.int_normalizer(1), kind="int")
+    max_replicas: int = opt(1, "most Ray Serve replicas (at least min_replicas)", c.int_normalizer(1), kind="int")
+    target_ongoing_requests: int = opt(2, "requests in flight or queued per replica that Ray Serve scales to keep",
+                                       c.int_normalizer(1), kind="int")
+    upscale_delay_s: float = opt(30.0, "seconds the load must ask for more replicas before one is added",
+                                 c.float_normalizer(0.0, 86400.0), kind="float")
+    downscale_delay_s: float = opt(600.0, "seconds the load must ask for fewer replicas before one is removed",
+                                   c.float_normalizer(0.0, 86400.0), kind="float")
+    metrics_interval_s: float = opt(10.0, "seconds between the request-count reports the scaling decisions read",
+                                    c.float_normalizer(0.1, 3600.0), kind="float")
+    look_back_period_s: float = opt(30.0, "seconds of reports averaged into one decision (more than "
+                                    "metrics_interval_s)", c.float_normalizer(0.1, 86400.0), kind="float")
+
+
+@dataclass(frozen=True)
 class ServerConfig:
     """Pipeline-wide request limits (never per stage)."""
 
@@ -268,6 +290,8 @@ class ServerConfig:
     requeue_interrupted: bool = opt(False, "run a video job interrupted by a restart or a dead instance again "
                                     "from the start (off: it fails with server_restart)", c.normalize_bool,
                                     kind="bool")
+    autoscaling: AutoscalingConfig = section(AutoscalingConfig, "Ray Serve replicas (--ray-serve only)",
+                                             "autoscaling_")
 
 
 # Stage fields that are identity, never settable from a source.

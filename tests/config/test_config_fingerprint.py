@@ -53,7 +53,7 @@ OTHER = {"dtype": "float16", "linear_backend": "torch", "attention_backend": "ma
          "offload": "model", "state_dir": "/srv/diffserve", "job_store": "sqlite:////srv/jobs.sqlite3",
          "artifact_dir": "/srv/videos", "requeue_interrupted": True}
 # Settings that only exist next to another one: both fingerprints are taken with these set.
-CONTEXT = {"cache_threshold": {"cache_backend": "fbcache"}}
+CONTEXT = {"cache_threshold": {"cache_backend": "fbcache"}, "autoscaling_min_replicas": {"autoscaling_max_replicas": 4}}
 # Settings only an accelerator takes (on cpu they are an error): resolved for this platform.
 PLATFORM = {"offload": "cuda"}
 

@@ -11,15 +11,12 @@ from __future__ import annotations
 import argparse
 import os
 import socket
-from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from diffserve.logging import get_logger
 
 if TYPE_CHECKING:  # pragma: no cover
-    from diffserve.config.model_list import ModelEntry
     from diffserve.config.resolved import ResolvedConfig
-    from diffserve.engine.client import AsyncEngineClient
     from diffserve.entrypoints.openai.served import ModelServing
 
 logger = get_logger(__name__)
@@ -58,18 +55,18 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         help="register a LoRA adapter requests can name (repeatable; joins lora_modules)")
     server.add_argument("--image-url-ttl", type=float, default=600.0, metavar="SECONDS",
                         help="how long images returned with response_format=url stay downloadable")
+    server.add_argument("--ray-serve", action="store_true",
+                        help="serve through Ray Serve: its HTTP proxy listens on --host/--port and each replica is "
+                             "a whole engine, scaled between server.autoscaling.min_replicas and max_replicas "
+                             "(the ray extra; Ray local on 127.0.0.1, or ray_address's cluster; docs/deploy.md)")
     parser.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
     # Heavy imports here, never at module import: `diffserve --help` must stay fast.
-    import uvicorn
-
     from diffserve.config.cli_args import config_kwargs_from_args
-    from diffserve.config.model_list import model_entries
     from diffserve.entrypoints.api_key import resolve_api_key
-    from diffserve.entrypoints.openai.app import create_app
-    from diffserve.errors import ConfigError
+    from diffserve.entrypoints.served_models import serving_models
 
     # Before the model is built: a key given twice (or an unreadable key file) fails at once.
     api_key = resolve_api_key(args.api_key, args.api_key_file, os.environ)
@@ -78,14 +75,25 @@ def run(args: argparse.Namespace) -> int:
         overrides = kwargs.setdefault("overrides", {}) or {}
         overrides["lora_modules"] = ",".join(filter(None, [overrides.get("lora_modules", ""), *args.lora]))
         kwargs["overrides"] = overrides
-    entries = model_entries(args.model, kwargs.pop("deploy_config", None))
-    if args.served_model_name is not None and len(entries) > 1:
-        raise ConfigError(f"--served-model-name names one model, and {len(entries)} are served",
-                          path="--served-model-name", hint="name each in a deploy file's models: entry (name:)")
-    models = [_serving(entry, kwargs, args.served_model_name) for entry in entries]
-    _check_distinct(models)
+    models = serving_models(args.model, kwargs, args.served_model_name)
     config = models[0].config
     assert config is not None
+    if args.ray_serve:
+        from diffserve.ray_serve.runner import run_ray_serve
+
+        return run_ray_serve(models, api_key=api_key, image_ttl_s=args.image_url_ttl, host=args.host,
+                             port=args.port)
+    _warn_unused_autoscaling(config)
+    return _run_uvicorn(models, config, api_key, args)
+
+
+def _run_uvicorn(models: list[ModelServing], config: ResolvedConfig, api_key: str | None,
+                 args: argparse.Namespace) -> int:
+    """One process, one engine per model, behind uvicorn."""
+    import uvicorn
+
+    from diffserve.entrypoints.openai.app import create_app
+
     app = create_app(models=models, api_key=api_key, image_ttl_s=args.image_url_ttl,
                      instance_name=f"{socket.gethostname()}:{args.port}")
     logger.info("serving %s at http://%s:%d (GET /ready turns 200 once every model is warmed)",
@@ -99,53 +107,11 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _serving(entry: ModelEntry, kwargs: dict[str, Any], served_model_name: str | None) -> ModelServing:
-    """One model's resolved config, the engine factory built from it and its names."""
-    from diffserve.config.resolve import resolve
-    from diffserve.entrypoints.openai.served import ModelServing
-
-    config = resolve(model=entry.model, deploy_config=entry.deploy_config, **kwargs)
-    if config.model is None:  # neither MODEL nor the deploy file's model:
-        config = resolve(model=_demo_model(), deploy_config=entry.deploy_config, **kwargs)
-    name, aliases = _names(config, entry.name or served_model_name)
-    for warning in config.warnings:
-        logger.warning("config of %s: %s", name, warning)
-    logger.info("config fingerprint of %s: %s", name, config.fingerprint)
-
-    def build_engine() -> AsyncEngineClient:
-        from diffserve.engine.async_engine import AsyncEngine
-
-        return AsyncEngine.from_config(config)
-
-    return ModelServing(name, factory=build_engine, config=config, aliases=aliases)
-
-
-def _check_distinct(models: list[ModelServing]) -> None:
-    from diffserve.entrypoints.openai.served import first_shared_name
-    from diffserve.errors import ConfigError
-
-    shared = first_shared_name([{model.name, *model.aliases} for model in models])
-    if shared is not None:
-        raise ConfigError(f"two models answer to {shared!r}", path="models",
-                          hint="give each a name: serve them from a deploy file's models: list with name: per entry")
-
-
-def _demo_model() -> str:
-    from diffserve.zoo.flux import ensure_demo_model
-
-    path = ensure_demo_model()
-    logger.warning("no MODEL given: serving the built-in toy-shapes demo model from %s, a tiny FLUX trained "
-                   "to draw 'a {colour} {shape} on a {colour} background' (64x64).", path)
-    return str(path)
-
-
-def _names(config: ResolvedConfig, served_model_name: str | None) -> tuple[str, tuple[str, ...]]:
-    """The id clients use for the model, and the other ids accepted for it: a hub model's is its repository
-    id (its short name and the id as given also work), a folder's its name (the demo's: toy-shapes)."""
-    source = config.model_source
-    assert source is not None and config.model is not None
-    if source.repo_id:
-        aliases = (source.given, source.repo_id, source.repo_id.rsplit("/", 1)[1])
-        return served_model_name or source.repo_id, aliases
-    name = Path(source.given).name
-    return served_model_name or name, (source.given, name)
+def _warn_unused_autoscaling(config: ResolvedConfig) -> None:
+    """``server.autoscaling`` set, but no Ray Serve: a warning, not an error, because one deploy file may serve
+    both ways (``serve run`` in production, a plain ``diffserve serve`` on a laptop)."""
+    written = [key for key in config.provenance if key.startswith("server.autoscaling.") and config.is_explicit(key)]
+    if written:
+        logger.warning("%s set (%s) but the server runs without --ray-serve: one process with one engine per "
+                       "model, no autoscaling; add --ray-serve (or use num_replicas for more copies in this "
+                       "process)", ", ".join(written), config.source_of(written[0]).describe())
