@@ -20,13 +20,14 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("types",),
     ("registry",),
     ("config",),
+    ("tracing",),
     ("layers",),
     ("models",),
     ("worker",),
     ("executor",),
     ("engine",),
     ("zoo",),
-    ("entrypoints",),
+    ("entrypoints", "ray_serve"),
 )
 # Test and demo models (builders, tokenizer makers, the toy model's trainer) are fixtures, not serving code:
 # they build directories for any serving layer to load, so they may use only these.

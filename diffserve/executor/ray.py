@@ -3,15 +3,18 @@
 * Where: ``ray_address`` (pipeline-wide). ``""`` starts a local Ray sized to this machine on loopback only
   (``start_local_ray``), unless this process already initialized Ray (then that one is reused, e.g. a
   test-session fixture); ``auto`` joins the running cluster; ``host:6379`` / ``ray://host:10001`` join that
-  one (with Ray's own choice of addresses).
-* Placement: a placement group with one bundle per rank (``{"CPU": 1}``, or ``{"GPU": 1}`` on a CUDA or
-  ROCm platform), packed; rank r's actor is pinned to bundle r, so a replica's ranks are scheduled
-  together or not at all.
+  one (with Ray's own choice of addresses, except that a cluster on loopback is joined as ``127.0.0.1``:
+  ``join_cluster``).
+* Placement (``ray_placement.py``): a placement group per replica with one bundle per rank (``{"CPU": 1}``,
+  or ``{"GPU": 1}`` on a CUDA or ROCm platform), ``STRICT_PACK``: a replica's ranks share one node; the
+  replicas are spread, each group asked for on the alive node with room that holds the fewest diffserve
+  groups. Rank r's actor is pinned to bundle r, so a replica's ranks are scheduled together or not at all.
 * Each actor (``ray_actor.RankActor``) runs the same command loop as uni and mp on a thread; ``_send``
   waits for the actor to accept each command (a threaded actor does not keep submission order, a
   confirmed submit does), and one reader thread per rank long-polls the actor's outbox.
-* Death: any exception while polling (``ActorDiedError`` when the actor process is killed) marks the
-  executor dead; Ray reports a killed actor within about a second.
+* Death: any exception while polling (``ActorDiedError`` when the actor process is killed or its node is
+  lost) marks the executor dead; Ray reports a killed actor within about a second. An executor is one
+  replica, so a lost node takes out the replicas on it and the engine serves on with the others.
 * ``node``: the actor records its Ray node id and stamps it into the attestation of every result of an
   execute (``WorkerInfo`` and the worker are unchanged).
 * Shutdown: a ``shutdown`` command, a bounded wait for the loops, then ``ray.kill`` every actor and
@@ -29,18 +32,21 @@ import sys
 import threading
 import time
 import uuid
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 import ray
 from ray.exceptions import GetTimeoutError
-from ray.util.placement_group import placement_group, remove_placement_group
+from ray.util.placement_group import remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from diffserve.errors import EngineDeadError
 from diffserve.executor.base import DEFAULT_READY_TIMEOUT_S, Executor
 from diffserve.executor.calls import remote_exception
 from diffserve.executor.ray_actor import RankActor, rendezvous_address
+from diffserve.executor.ray_placement import GROUP_PREFIX, describe_free, place_replica
 from diffserve.logging import get_logger
+from diffserve.tracing.settings import tracing_environment
 from diffserve.types.messages import Command, Reply
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -76,7 +82,7 @@ def connect(address: str) -> None:
             return
         if address:
             logger.info("ray executor: joining the Ray cluster at %s", address)
-            ray.init(address=address)
+            join_cluster(address)
             return
         logger.info("ray executor: starting a local Ray with %d CPU(s) on %s", os.cpu_count() or 1, LOOPBACK)
         start_local_ray(num_cpus=os.cpu_count() or 1)
@@ -91,15 +97,59 @@ def start_local_ray(**options: Any) -> None:
     switched on for the start only. The driver's import path goes to the actors, so a worker extension
     importable here (a test module, a script's directory) imports there exactly as in an mp worker.
     ``options`` go to ``ray.init`` (``num_cpus``, ``log_to_driver``...)."""
-    import ray._private.ray_constants as ray_constants
-
     path = os.pathsep.join(entry or os.getcwd() for entry in sys.path)
     options.setdefault("include_dashboard", False)
     options.setdefault("runtime_env", {"env_vars": {"PYTHONPATH": path}})
+    with _single_machine_mode():
+        ray.init(address="local", _node_ip_address=LOOPBACK, **options)
+
+
+def join_cluster(address: str) -> None:
+    """``ray.init(address=address)``; on a cluster whose head listens on loopback (every node started with
+    ``--node-ip-address=127.0.0.1``: a test cluster, or one kept off the network) this driver joins as
+    ``127.0.0.1`` too. Ray would otherwise rewrite ``127.0.0.1``, in the address and as this driver's own
+    address, to the machine's routable IP, where nothing of that cluster listens."""
+    if _bootstrap_is_loopback(address):
+        with _single_machine_mode():
+            ray.init(address=address, _node_ip_address=LOOPBACK)
+    else:
+        ray.init(address=address)
+
+
+def _bootstrap_is_loopback(address: str) -> bool:
+    """Whether the GCS that ``address`` names (``auto``: ``RAY_ADDRESS``, else the cluster ``ray start``
+    started last on this machine) is on a loopback address. A Ray Client address (``ray://``) never is: the
+    driver then runs on the cluster."""
+    import ipaddress
+
+    from ray._private.services import get_ray_address_from_environment
+
+    if address.startswith("ray://"):
+        return False
+    if address == "auto":
+        try:
+            address = get_ray_address_from_environment("auto", None) or ""
+        except Exception:  # noqa: BLE001 - no cluster found: ray.init says so in its own words
+            return False
+    host = address.rsplit(":", 1)[0].strip("[]")
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+@contextlib.contextmanager
+def _single_machine_mode() -> Iterator[None]:
+    """Ray's single-machine mode (the default on macOS and Windows) for one ``ray.init``: it keeps
+    ``127.0.0.1`` as the node address instead of replacing it with the machine's routable IP."""
+    import ray._private.ray_constants as ray_constants
+
     multi_node = ray_constants.ENABLE_RAY_CLUSTER
     ray_constants.ENABLE_RAY_CLUSTER = False
     try:
-        ray.init(address="local", _node_ip_address=LOOPBACK, **options)
+        yield
     finally:
         ray_constants.ENABLE_RAY_CLUSTER = multi_node
 
@@ -131,13 +181,13 @@ class RayExecutor(Executor):
         return f", nodes={self.nodes}"
 
     def _place(self) -> None:
-        bundle = {"GPU": 1} if self._gpu else {"CPU": 1}
-        self._placement = placement_group([dict(bundle) for _ in range(self.world_size)], strategy="PACK",
-                                          name=f"diffserve-stage{self.stage_id}-replica{self.replica}-{uuid.uuid4().hex[:8]}")
-        if not self._placement.wait(self.ready_timeout):
+        bundle: dict[str, float] = {"GPU": 1} if self._gpu else {"CPU": 1}
+        name = f"{GROUP_PREFIX}stage{self.stage_id}-replica{self.replica}-{uuid.uuid4().hex[:8]}"
+        self._placement, placed = place_replica(bundle, self.world_size, name, self.ready_timeout)
+        if not placed:
             raise EngineDeadError(
-                f"ray executor: {self.world_size} bundle(s) of {bundle} not placed within "
-                f"{self.ready_timeout:.0f}s; the cluster has {ray.available_resources()} free")
+                f"ray executor: {self.world_size} bundle(s) of {bundle} not placed on one node (a replica's ranks "
+                f"share a node) within {self.ready_timeout:.0f}s; {describe_free()}")
 
     def _start_actors(self) -> None:
         root_logger = logging.getLogger("diffserve")
@@ -150,7 +200,8 @@ class RayExecutor(Executor):
             actor = actor_cls.options(
                 num_cpus=0 if self._gpu else 1, num_gpus=1 if self._gpu else 0,
                 max_concurrency=_MAX_CONCURRENCY, max_restarts=0, scheduling_strategy=strategy,
-                runtime_env={"env_vars": ACTOR_ENV},
+                # OTEL_*: an actor on another node traces (and exports its spans) as this process does.
+                runtime_env={"env_vars": {**ACTOR_ENV, **tracing_environment(os.environ)}},
             ).remote(self.config, self.stage_id, rank, self.replica, log_level, _driver_threads(), init_method)
             self._actors.append(actor)
 
