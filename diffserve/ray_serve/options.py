@@ -15,11 +15,13 @@ mapping, the same for ``diffserve serve --ray-serve`` and ``serve run diffserve.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from diffserve.config.resolved import ResolvedConfig
 from diffserve.config.schema import AutoscalingConfig
+from diffserve.tracing.settings import tracing_environment
 
 # The platforms whose ranks each take a GPU (Ray's "GPU" resource covers both vendors' devices).
 _GPU_PLATFORMS = frozenset({"cuda", "rocm"})
@@ -51,7 +53,9 @@ def ray_actor_options(configs: Sequence[ResolvedConfig]) -> dict[str, Any]:
     """What one replica asks Ray for: it runs the engines of every model of ``configs``."""
     gpus = sum(stage.parallel.world_size * stage.num_replicas
                for config in configs if config.platform in _GPU_PLATFORMS for stage in config.stages)
-    options: dict[str, Any] = {"num_cpus": 1, "runtime_env": {"env_vars": dict(REPLICA_ENV)}}
+    # The driver's OTEL_* settings go along: a replica's process traces (and exports) as the front's would.
+    env = {**REPLICA_ENV, **tracing_environment(os.environ)}
+    options: dict[str, Any] = {"num_cpus": 1, "runtime_env": {"env_vars": env}}
     if gpus:
         options["num_gpus"] = gpus
     return options

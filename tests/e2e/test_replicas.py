@@ -1,6 +1,7 @@
 """Data-parallel replicas (``num_replicas: 2``) on every executor: the work is shared and every image is
 bit-identical to a one-replica run; a replica whose worker dies or hangs is taken out while the other
-keeps serving; the last one going kills the engine; /health and /metrics show the degraded state."""
+keeps serving; the last one going kills the engine; /health and /metrics show the degraded state, and /metrics
+the load per model and replica a router reads."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ import pytest
 from background import generate_in_background
 from e2e_utils import pid_alive
 from procs import worker_children
+from prometheus_client.parser import text_string_to_metric_families
 from server_process import ServerProcess
 
 from diffserve import Engine, GenerationRequest
@@ -220,14 +222,109 @@ def _gauge(url: str) -> float:
     return float(match.group(1))
 
 
-def test_http_health_reports_degraded_replicas(tiny_flux_dir: Path, tmp_path: Path) -> None:
-    path = tmp_path / "deploy.yaml"
-    path.write_text("distributed_executor_backend: mp\nnum_replicas: 2\nenforce_eager: true\ndtype: float32\n")
-    server = ServerProcess([str(tiny_flux_dir), "--deploy-config", str(path)], tmp_path / "server.log")
+MODEL = "tiny-flux"
+STEPS, SIZE = 30, 128  # long enough (~1 s a request on 2 cores) to be seen running
+WORK = STEPS * SIZE * SIZE / 1e6  # one request's steps x megapixels
+
+
+def scrape(url: str) -> dict[tuple[str, tuple], float]:
+    text = httpx.get(url + "/metrics", timeout=10).text
+    return {(s.name, tuple(sorted(s.labels.items()))): s.value
+            for family in text_string_to_metric_families(text) for s in family.samples}
+
+
+def documented_router_metrics() -> set[str]:
+    """The metric names of docs/deploy.md's router table."""
+    text = (Path(__file__).resolve().parents[2] / "docs" / "deploy.md").read_text()
+    table = text.split("## Metrics for routers and autoscalers", 1)[1].split("\n\n", 3)[2]
+    names = set(re.findall(r"`(diffserve_[a-z_]+)`", table))
+    assert len(names) >= 9, table
+    return names
+
+
+def model_value(samples: dict, name: str) -> float:
+    return samples[(f"diffserve_model_{name}", (("model", MODEL),))]
+
+
+def replica_values(samples: dict, name: str) -> dict[str, float]:
+    return {dict(labels)["replica"]: v for (metric, labels), v in samples.items()
+            if metric == f"diffserve_replica_{name}" and dict(labels).get("model") == MODEL}
+
+
+@pytest.fixture(scope="module")
+def two_replica_server(tiny_flux_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Any:
+    """An mp server of two replicas (one batch at a time each); the degraded-health test, the last to use it,
+    kills its workers."""
+    path = tmp_path_factory.mktemp("two-replicas") / "deploy.yaml"
+    path.write_text("distributed_executor_backend: mp\nnum_replicas: 2\nmax_batch_size: 1\nenforce_eager: true\n"
+                    "dtype: float32\n")
+    server = ServerProcess([str(tiny_flux_dir), "--deploy-config", str(path), "--served-model-name", MODEL],
+                           path.parent / "server.log")
+    try:
+        server.wait_for("/ready")
+        yield server
+    finally:
+        server.stop()
+
+
+def test_router_metrics_queue_in_flight_and_outstanding_work_per_model_and_replica(two_replica_server: Any) -> None:
+    # The signals a router or an autoscaler reads from /metrics (docs/deploy.md#metrics-for-routers-and-autoscalers)
+    # while three requests run on two replicas.
+    server = two_replica_server
+    idle = scrape(server.url)
+    assert documented_router_metrics() <= {name for name, _ in idle}, "a documented router metric is missing"
+    assert replica_values(idle, "live") == {"0": 1.0, "1": 1.0}
+    for name in ("requests_running", "requests_in_flight", "outstanding_work", "queue_depth"):
+        assert model_value(idle, name) == 0.0, name
+
+    statuses: list[int] = []
+    body = {"prompt": "a fox", "size": f"{SIZE}x{SIZE}", "num_inference_steps": STEPS, "model": MODEL}
+
+    def post(seed: int) -> None:
+        reply = httpx.post(server.url + "/v1/images/generations", json={**body, "seed": seed}, timeout=120)
+        statuses.append(reply.status_code)
+
+    threads = [threading.Thread(target=post, args=(seed,)) for seed in range(3)]
+    for thread in threads:
+        thread.start()
+    samples, busiest = [], None
+    while any(t.is_alive() for t in threads):
+        sample = scrape(server.url)
+        samples.append(sample)
+        if model_value(sample, "requests_running") == 2 and model_value(sample, "queue_depth") == 1:
+            busiest = busiest or sample
+        time.sleep(0.02)
+    for thread in threads:
+        thread.join()
+    assert statuses == [200, 200, 200]
+
+    for sample in samples:  # every scrape is consistent with itself
+        running, queued = model_value(sample, "requests_running"), model_value(sample, "queue_depth")
+        assert model_value(sample, "requests_in_flight") == running + queued
+        assert sum(replica_values(sample, "requests_running").values()) == running
+        per_replica_work = sum(replica_values(sample, "outstanding_work").values())
+        # the waiting requests' work is the model's, not a replica's; no scrape sees more than was asked
+        assert model_value(sample, "outstanding_work") == pytest.approx(per_replica_work + queued * WORK, rel=1e-4)
+        assert model_value(sample, "outstanding_work") <= 3 * WORK + 1e-6
+    # Three requests on two replicas: once two ran and one waited, each replica ran one, the waiting one
+    # counted whole and the running ones less than whole (steps done count off).
+    assert busiest is not None, f"never saw 2 running + 1 waiting in {len(samples)} scrapes"
+    assert replica_values(busiest, "requests_running") == {"0": 1.0, "1": 1.0}
+    assert WORK < model_value(busiest, "outstanding_work") <= 3 * WORK
+    works = [model_value(s, "outstanding_work") for s in samples if model_value(s, "requests_in_flight") > 0]
+    assert min(works) < WORK, "the running requests' finished steps never counted off"
+
+    done = scrape(server.url)
+    for name in ("requests_running", "requests_in_flight", "outstanding_work", "queue_depth"):
+        assert model_value(done, name) == 0.0, name
+    assert replica_values(done, "outstanding_work") == {"0": 0.0, "1": 0.0}
+
+
+def test_http_health_reports_degraded_replicas(two_replica_server: Any) -> None:
+    server = two_replica_server
     workers: list[int] = []
     body = {"prompt": "a fox", "size": "64x64", "num_inference_steps": 2}
     try:
-        server.wait_for("/ready")
         assert httpx.get(server.url + "/health").json() == {"status": "ok", "replicas_live": 2, "replicas": 2}
         assert _gauge(server.url) == 2.0
         workers = worker_children(server.proc.pid)
@@ -249,4 +346,3 @@ def test_http_health_reports_degraded_replicas(tiny_flux_dir: Path, tmp_path: Pa
         for pid in workers:
             if pid_alive(pid):
                 os.kill(pid, signal.SIGKILL)
-        server.stop()

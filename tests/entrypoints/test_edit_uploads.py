@@ -18,6 +18,7 @@ from PIL import Image
 from starlette.datastructures import UploadFile
 
 from diffserve.config.schema import ServerConfig
+from diffserve.engine.load import ModelLoad, ReplicaLoad
 from diffserve.entrypoints.openai.app import create_app
 from diffserve.entrypoints.openai.edits import parse_form
 from diffserve.entrypoints.openai.uploads import decode_edit_inputs
@@ -217,6 +218,7 @@ class FakeEngine:
     is_ready, is_dead, queue_depth, replicas_live, num_replicas = True, False, 0, 1, 1
     loop_state, heartbeat_age_s = "idle", 0.0
     stage_health = [{"stage_id": 0, "role": "diffusion", "replicas_live": 1, "replicas": 1, "queue_depth": 0}]
+    load = ModelLoad(replicas=(ReplicaLoad(0, True),))
 
     def __init__(self) -> None:
         self.requests: list = []
