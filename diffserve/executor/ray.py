@@ -44,9 +44,9 @@ from diffserve.errors import EngineDeadError
 from diffserve.executor.base import DEFAULT_READY_TIMEOUT_S, Executor
 from diffserve.executor.calls import remote_exception
 from diffserve.executor.ray_actor import RankActor, rendezvous_address
+from diffserve.executor.ray_env import worker_env
 from diffserve.executor.ray_placement import GROUP_PREFIX, describe_free, place_replica
 from diffserve.logging import get_logger
-from diffserve.tracing.settings import tracing_environment
 from diffserve.types.messages import Command, Reply
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -61,12 +61,6 @@ _GRACE_S = 5.0  # after the shutdown command, before ray.kill
 _EXIT_S = 5.0  # after ray.kill, for the actor processes on this node to be gone
 _MAX_CONCURRENCY = 4  # poll + submit + join, and one spare so a slow call never starves the others
 
-# Ray lowers its worker processes to niceness 15 (background tasks); a rank actor is the denoiser, the
-# work the deployment exists for. At 15 any busy process at the default niceness on the node (the API
-# server, another job) takes nearly all the CPU from it: measured on 2 cores beside two busy loops, a
-# 2-replica engine took 207 s for 8 tiny images instead of 29 s. Ray's own job supervisor sets this too.
-# (``env_vars`` merge with the job's runtime_env: its PYTHONPATH stays.)
-ACTOR_ENV = {"RAY_worker_niceness": "0"}
 
 _init_lock = threading.Lock()
 LOOPBACK = "127.0.0.1"
@@ -201,7 +195,7 @@ class RayExecutor(Executor):
                 num_cpus=0 if self._gpu else 1, num_gpus=1 if self._gpu else 0,
                 max_concurrency=_MAX_CONCURRENCY, max_restarts=0, scheduling_strategy=strategy,
                 # OTEL_*: an actor on another node traces (and exports its spans) as this process does.
-                runtime_env={"env_vars": {**ACTOR_ENV, **tracing_environment(os.environ)}},
+                runtime_env={"env_vars": worker_env()},
             ).remote(self.config, self.stage_id, rank, self.replica, log_level, _driver_threads(), init_method)
             self._actors.append(actor)
 

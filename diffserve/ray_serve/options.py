@@ -15,19 +15,15 @@ mapping, the same for ``diffserve serve --ray-serve`` and ``serve run diffserve.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from diffserve.config.resolved import ResolvedConfig
 from diffserve.config.schema import AutoscalingConfig
-from diffserve.tracing.settings import tracing_environment
+from diffserve.executor.ray_env import worker_env
 
 # The platforms whose ranks each take a GPU (Ray's "GPU" resource covers both vendors' devices).
 _GPU_PLATFORMS = frozenset({"cuda", "rocm"})
-# Ray lowers its worker processes to niceness 15; a replica is the denoiser itself (see ACTOR_ENV in
-# executor/ray.py, measured there): at 15 any busy process on the node takes its CPU.
-REPLICA_ENV = {"RAY_worker_niceness": "0"}
 
 
 def autoscaling_config(autoscaling: AutoscalingConfig) -> dict[str, Any]:
@@ -53,9 +49,7 @@ def ray_actor_options(configs: Sequence[ResolvedConfig]) -> dict[str, Any]:
     """What one replica asks Ray for: it runs the engines of every model of ``configs``."""
     gpus = sum(stage.parallel.world_size * stage.num_replicas
                for config in configs if config.platform in _GPU_PLATFORMS for stage in config.stages)
-    # The driver's OTEL_* settings go along: a replica's process traces (and exports) as the front's would.
-    env = {**REPLICA_ENV, **tracing_environment(os.environ)}
-    options: dict[str, Any] = {"num_cpus": 1, "runtime_env": {"env_vars": env}}
+    options: dict[str, Any] = {"num_cpus": 1, "runtime_env": {"env_vars": worker_env()}}
     if gpus:
         options["num_gpus"] = gpus
     return options

@@ -87,3 +87,15 @@ def test_autoscaling_without_ray_serve_is_a_warning(caplog: pytest.LogCaptureFix
         _warn_unused_autoscaling(resolve(overrides={"autoscaling_max_replicas": 2}, platform="cpu", env={}))
     (record,) = caplog.records
     assert "server.autoscaling.max_replicas" in record.getMessage() and "--ray-serve" in record.getMessage()
+
+
+def test_a_replica_traces_as_the_front_asks(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Tracing x Ray Serve: a replica's process gets the front's OTEL_* settings (and only those), so its spans
+    # go where the front's go.
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", "http://127.0.0.1:4318")
+    monkeypatch.setenv("DIFFSERVE_TRACE_STEPS", "1")
+    monkeypatch.setenv("UNRELATED_SECRET", "x")
+    env = deployment_options([resolve(overrides=SCALING, platform="cpu", env={})])["ray_actor_options"][
+        "runtime_env"]["env_vars"]
+    assert env["OTEL_EXPORTER_OTLP_ENDPOINT"] == "http://127.0.0.1:4318" and env["DIFFSERVE_TRACE_STEPS"] == "1"
+    assert "UNRELATED_SECRET" not in env and env["RAY_worker_niceness"] == "0"
