@@ -28,6 +28,7 @@ from server_process import free_port
 STARTUP_S = 90.0
 RAMP_S = 60.0
 IDLE_S = 30.0
+STOP_S = 60.0  # for the replica a downscale removed to drain and stop
 CONCURRENCY = 4  # with target_ongoing_requests 1, asks for 4 replicas: capped at max_replicas 2
 AUTOSCALING = ["--autoscaling-min-replicas", "1", "--autoscaling-max-replicas", "2",
                "--autoscaling-target-ongoing-requests", "1", "--autoscaling-upscale-delay-s", "0.5",
@@ -106,7 +107,7 @@ def _replicas(url: str) -> dict[str, int]:
     return body["replicas"]
 
 
-@pytest.mark.timeout(240)
+@pytest.mark.timeout(360)
 def test_ray_serve_scales_up_under_load_and_back_down_idle_losing_no_request(tiny_flux_dir: Path,
                                                                              tmp_path: Path) -> None:
     port = free_port()
@@ -152,8 +153,14 @@ def test_ray_serve_scales_up_under_load_and_back_down_idle_losing_no_request(tin
 
         # Idle but for one request at a time (at the target, below two replicas' worth): back to one replica,
         # the removed one finishing what it held.
+        # Ray Serve first decides (one replica RUNNING, the other STOPPING), then the removed replica drains and its
+        # engine stops: two deadlines, the second generous (a loaded machine stops a replica slowly).
         trickle = _Load(client, model, 1)
         deadline = time.monotonic() + IDLE_S
+        while (replicas := _replicas(url)).get("RUNNING") != 1 and time.monotonic() < deadline:
+            time.sleep(0.5)
+        assert replicas.get("RUNNING") == 1 and "STARTING" not in replicas, replicas
+        deadline = time.monotonic() + STOP_S
         while (replicas := _replicas(url)) != {"RUNNING": 1} and time.monotonic() < deadline:
             time.sleep(0.5)
         trickle.stop()
