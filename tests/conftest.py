@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 
 import pytest
-from xdist_units import LONG_FIRST, unit
+from xdist_units import LONG_FIRST, RAY_GROUP, unit
 
 os.environ["HF_HUB_OFFLINE"] = "1"
 os.environ["TRANSFORMERS_OFFLINE"] = "1"
@@ -197,21 +198,53 @@ def small_flux_dir() -> Path:
 # --- Ray (the ray executor) ------------------------------------------------------------------------
 @pytest.fixture(scope="session")
 def ray_session():
-    """One local Ray for the whole session, started only when a ray-parametrized test asks for it.
+    """One local Ray for the session's Ray tests, started only when a ray-parametrized test asks for it.
 
     The executors reuse an initialized Ray instead of starting their own. It is started as theirs is
     (``start_local_ray``: every node address on 127.0.0.1; PYTHONPATH carries the test directories, which
     pytest puts on sys.path, so worker extensions defined in test modules import inside the actors).
     Logical CPUs are bookkeeping only: at least 4, because a module-scoped 2-rank executor fixture can be
-    alive while a test starts another executor (each rank holds one CPU bundle).
+    alive while a test starts another executor (each rank holds one CPU bundle). It stops when the Ray
+    group's last test ends (``pytest_runtest_teardown`` below), not with the session: an idle Ray costs
+    ~3% of a core for the rest of the run.
     """
     ray = pytest.importorskip("ray")
+    _start_session_ray()
+    yield ray
+    ray.shutdown()
+
+
+def _start_session_ray() -> None:
+    import ray
+
     from diffserve.executor.ray import start_local_ray
 
     if not ray.is_initialized():  # on loopback only, as the executor's own local Ray
         start_local_ray(num_cpus=max(4, os.cpu_count() or 2), log_to_driver=False)
-    yield ray
-    ray.shutdown()
+
+
+def _session_ray_running() -> bool:
+    ray = sys.modules.get("ray")
+    return ray is not None and ray.is_initialized()
+
+
+_stopped_ray_group: list[str] = []  # the test after which the session's Ray was stopped, if it was
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> None:
+    """After the Ray group's last test (its fixtures already finalized: trylast), the session's Ray stops."""
+    if unit(item.nodeid) == RAY_GROUP and (nextitem is None or unit(nextitem.nodeid) != RAY_GROUP) \
+            and _session_ray_running():
+        sys.modules["ray"].shutdown()
+        _stopped_ray_group.append(item.nodeid)
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """A Ray test after the group was stopped (a serial run of hand-picked tests) finds the session's Ray again."""
+    if unit(item.nodeid) == RAY_GROUP and _stopped_ray_group:
+        _stopped_ray_group.clear()
+        _start_session_ray()
 
 
 # --- pytest-xdist (make test runs the suite on three workers; the units: tests/xdist_units.py) ----------

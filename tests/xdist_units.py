@@ -57,17 +57,37 @@ def _uses_the_shared_server(path: Path) -> bool:
     return "uni_server" in anywhere or ("client" in tests and "client" not in {node.name for node in functions})
 
 
+# tests/adversarial/conftest.py's session-scoped servers: the modules of each are one unit, so one worker starts it
+# once (apart, each worker that runs one of them would start its own: ~6 CPU-s a server).
+ADVERSARIAL_SERVERS = ("hardened_server", "busy_server")
+
+
+def _adversarial_server_of(path: Path) -> str | None:
+    """The session server a module's tests take (its name is the unit's), if any."""
+    tests = [node for node in ast.walk(ast.parse(path.read_text())) if isinstance(node, ast.FunctionDef)
+             and node.name.startswith("test_")]
+    taken = {arg.arg for node in tests for arg in node.args.args}
+    found = [name for name in ADVERSARIAL_SERVERS if name in taken]
+    return found[0] if found else None
+
+
+ADVERSARIAL_SERVER_MODULES = {str(path.relative_to(TESTS.parent)): server
+                              for path in (TESTS / "adversarial").glob("test_*.py")
+                              if (server := _adversarial_server_of(path)) is not None}
+
 SHARED_SERVER_MODULES = frozenset(str(path.relative_to(TESTS.parent))
                                   for path in (TESTS / "entrypoints").glob("test_*.py") if _uses_the_shared_server(path))
 
 
 def unit(nodeid: str) -> str:
     """The unit of work one xdist worker takes whole: the Ray tests of every module (one Ray), the modules
-    of the shared uni server (one server), or the rest of a module (its module-scoped servers and engines
+    of the shared uni server or of one adversarial session server (one server), or the rest of a module (its module-scoped servers and engines
     start once)."""
     module, _, test = nodeid.partition("::")
     if module in RAY_MODULES and RAY_TEST.search(test):
         return RAY_GROUP
     if nodeid.startswith(COMPILE_TESTS):
         return COMPILE_GROUP
+    if module in ADVERSARIAL_SERVER_MODULES:
+        return ADVERSARIAL_SERVER_MODULES[module]
     return SHARED_SERVER_GROUP if module in SHARED_SERVER_MODULES else module

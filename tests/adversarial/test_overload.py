@@ -16,6 +16,9 @@ pytestmark = pytest.mark.e2e
 MAX_QUEUE = 2  # server.max_queue of the busy server
 BURST = 10 * MAX_QUEUE
 FAST_REFUSAL_S = 2.0
+# Each admitted request runs this many steps: long enough (about a second on 2 cores) that the whole burst has
+# arrived while the first admitted ones still run, so the excess meets a full queue. More steps only burn CPU.
+STEPS = 10
 
 
 def test_overload_is_refused_fast_and_admitted_requests_complete(busy_server) -> None:
@@ -32,7 +35,7 @@ def test_overload_is_refused_fast_and_admitted_requests_complete(busy_server) ->
     barrier = threading.Barrier(BURST)
 
     def one(i: int) -> tuple[int, float, httpx.Headers, dict]:
-        body = {"prompt": f"overload {i}", "size": "32x32", "num_inference_steps": 20, "seed": i}
+        body = {"prompt": f"overload {i}", "size": "32x32", "num_inference_steps": STEPS, "seed": i}
         with httpx.Client(timeout=120) as client:
             barrier.wait()
             start = time.monotonic()

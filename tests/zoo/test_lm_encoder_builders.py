@@ -9,7 +9,7 @@ import json
 from pathlib import Path
 
 import pytest
-from test_flux_builder import _cli, _files  # the FLUX builder tests' CLI runner and file snapshot
+from test_flux_builder import _files  # the FLUX builder tests' file snapshot
 
 WEIGHTS = {
     "transformer/diffusion_pytorch_model.safetensors",
@@ -136,13 +136,29 @@ def test_flux2_dev_reads_mistral3_through_its_processors_chat_template(tiny_flux
     assert np.isfinite(out.images).all() and out.images.std() > 0
 
 
-@pytest.mark.parametrize("kind", list(KINDS))
-def test_cli_rebuild_is_byte_identical_and_safetensors_only(tmp_path: Path, kind: str,
-                                                            request: pytest.FixtureRequest) -> None:
-    out = tmp_path / kind
-    proc = _cli("make-model", kind, out)  # another process: another hash seed
+@pytest.fixture(scope="module")
+def cli_rebuilt(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Every kind rebuilt by ``diffserve make-model`` in one other process (another hash seed than the fixtures'
+    builder; one interpreter start for the six, ~3 CPU-s each saved)."""
+    import os
+    import subprocess
+    import sys
+
+    root = tmp_path_factory.mktemp("rebuilt")
+    script = ("import sys\nfrom diffserve.entrypoints.cli import main\n"
+              "sys.exit(max(main(['make-model', kind, sys.argv[1] + '/' + kind]) for kind in sys.argv[2:]))")
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+    proc = subprocess.run([sys.executable, "-c", script, str(root), *KINDS], capture_output=True, text=True,
+                          env=env, timeout=240)
     assert proc.returncode == 0, proc.stderr
-    built, fixture = _files(out), _files(request.getfixturevalue(KINDS[kind]))
+    assert proc.stdout.split() == [str(root / kind) for kind in KINDS]
+    return root
+
+
+@pytest.mark.parametrize("kind", list(KINDS))
+def test_cli_rebuild_is_byte_identical_and_safetensors_only(cli_rebuilt: Path, kind: str,
+                                                            request: pytest.FixtureRequest) -> None:
+    built, fixture = _files(cli_rebuilt / kind), _files(request.getfixturevalue(KINDS[kind]))
     assert sorted(built) == sorted(fixture)
     assert [name for name in built if built[name] != fixture[name]] == []
     assert {f for f in built if f.endswith(".safetensors")} == WEIGHTS

@@ -1,9 +1,9 @@
 """The video jobs lose nothing: one real ``diffserve serve`` of the tiny Wan on 127.0.0.1 (mp workers, state in a
-temporary directory, a 5 s TTL and an 8 s job deadline), its faults in file order: DELETE mid-run frees the engine
-for the next job; TTL expiry takes row and files together; a disk error fails the job, not the server; a job over
-its deadline fails with ``deadline_exceeded``; the server SIGKILLed mid-job and restarted on its port fails the job
-with ``server_restart`` (a job requeued instead runs to ``completed``: the lease takeover in
-test_video_instances.py); a SIGKILLed worker fails its job, and the server still answers."""
+temporary directory, a 5 s TTL, an 8 s job deadline and a pause after every denoise step), its faults in file order:
+DELETE mid-run frees the engine for the next job; TTL expiry takes row and files together; a disk error fails the
+job, not the server; a job over its deadline fails with ``deadline_exceeded``; the server SIGKILLed mid-job and
+restarted on its port fails the job with ``server_restart`` (a job requeued instead runs to ``completed``: the lease
+takeover in test_video_instances.py); a SIGKILLed worker fails its job, and the server still answers."""
 
 from __future__ import annotations
 
@@ -22,10 +22,14 @@ import pytest
 from procs import worker_children
 from server_process import ServerProcess
 
+HERE = Path(__file__).resolve().parent
+# The worker pauses after every step (paced_steps.py): the long jobs below sleep through their seconds instead
+# of computing, which none of the faults depends on.
 DEPLOY = """
 dtype: float32
 enforce_eager: true
 distributed_executor_backend: mp
+worker_extension_cls: paced_steps.PacedStepsExtension
 warmup:
   enabled: false
 server:
@@ -51,12 +55,17 @@ class Harness:
         (self.tmp / "deploy.yaml").write_text(DEPLOY)
         self.server = ServerProcess([str(self.model), "--deploy-config", str(self.tmp / "deploy.yaml"),
                                      "--state-dir", str(self.state), "--served-model-name", "tiny-wan"],
-                                    self.tmp / "server.log", port=port)
+                                    self.tmp / "server.log", port=port, env={"PYTHONPATH": _pythonpath()})
         self.server.wait_for(wait)
         return self.server
 
     def files(self, video_id: str) -> list[Path]:
         return list((self.state / "videos").glob(f"{video_id}*"))
+
+
+def _pythonpath() -> str:
+    """The server's path with this folder on it, so its workers can import paced_steps."""
+    return os.pathsep.join(filter(None, [str(HERE), os.environ.get("PYTHONPATH")]))
 
 
 @pytest.fixture(scope="module")
