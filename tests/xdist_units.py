@@ -48,14 +48,26 @@ def _modules_using_ray() -> frozenset[str]:
 RAY_MODULES = _modules_using_ray()
 
 
+def _functions(path: Path) -> list[ast.FunctionDef]:
+    return [node for node in ast.walk(ast.parse(path.read_text())) if isinstance(node, ast.FunctionDef)]
+
+
+def _test_arguments(functions: list[ast.FunctionDef]) -> set[str]:
+    """The fixtures the module's tests take by name."""
+    return {arg.arg for node in functions if node.name.startswith("test_") for arg in node.args.args}
+
+
 def _uses_the_shared_server(path: Path) -> bool:
     """A fixture or test of the module takes ``uni_server``, or a test takes ``client`` while the module
     defines no ``client`` of its own (helpers' parameters named ``client`` do not count)."""
-    functions = [node for node in ast.walk(ast.parse(path.read_text())) if isinstance(node, ast.FunctionDef)]
-    tests = {arg.arg for node in functions if node.name.startswith("test_") for arg in node.args.args}
+    functions = _functions(path)
     anywhere = {arg.arg for node in functions for arg in node.args.args}
-    return "uni_server" in anywhere or ("client" in tests and "client" not in {node.name for node in functions})
+    return "uni_server" in anywhere or ("client" in _test_arguments(functions)
+                                        and "client" not in {node.name for node in functions})
 
+
+SHARED_SERVER_MODULES = frozenset(str(path.relative_to(TESTS.parent))
+                                  for path in (TESTS / "entrypoints").glob("test_*.py") if _uses_the_shared_server(path))
 
 # tests/adversarial/conftest.py's session-scoped servers: the modules of each are one unit, so one worker starts it
 # once (apart, each worker that runs one of them would start its own: ~6 CPU-s a server).
@@ -64,25 +76,19 @@ ADVERSARIAL_SERVERS = ("hardened_server", "busy_server")
 
 def _adversarial_server_of(path: Path) -> str | None:
     """The session server a module's tests take (its name is the unit's), if any."""
-    tests = [node for node in ast.walk(ast.parse(path.read_text())) if isinstance(node, ast.FunctionDef)
-             and node.name.startswith("test_")]
-    taken = {arg.arg for node in tests for arg in node.args.args}
-    found = [name for name in ADVERSARIAL_SERVERS if name in taken]
-    return found[0] if found else None
+    taken = _test_arguments(_functions(path))
+    return next((name for name in ADVERSARIAL_SERVERS if name in taken), None)
 
 
 ADVERSARIAL_SERVER_MODULES = {str(path.relative_to(TESTS.parent)): server
                               for path in (TESTS / "adversarial").glob("test_*.py")
                               if (server := _adversarial_server_of(path)) is not None}
 
-SHARED_SERVER_MODULES = frozenset(str(path.relative_to(TESTS.parent))
-                                  for path in (TESTS / "entrypoints").glob("test_*.py") if _uses_the_shared_server(path))
-
 
 def unit(nodeid: str) -> str:
     """The unit of work one xdist worker takes whole: the Ray tests of every module (one Ray), the modules
-    of the shared uni server or of one adversarial session server (one server), or the rest of a module (its module-scoped servers and engines
-    start once)."""
+    of the shared uni server or of one adversarial session server (one server), or the rest of a module (its
+    module-scoped servers and engines start once)."""
     module, _, test = nodeid.partition("::")
     if module in RAY_MODULES and RAY_TEST.search(test):
         return RAY_GROUP
