@@ -118,9 +118,7 @@ class BatchTrace:
         now = time.time_ns()
         for traced in self._open.values():
             if traced.steps:  # how far it got
-                denoise = _child("diffserve.denoise", traced.span, traced.start_ns, traced.steps[-1][2])
-                _step_marks(denoise, traced, traced.start_ns)
-                denoise.end(end_time=traced.steps[-1][2])
+                _denoise(traced, traced.start_ns, traced.steps[-1][2])
             if error is not None:
                 traced.span.record_exception(error)
                 traced.span.set_status(Status(StatusCode.ERROR, f"{type(error).__name__}: {error}"))
@@ -169,14 +167,19 @@ def _stages(traced: _Traced, timings_ms: dict[str, float], end_ns: int) -> None:
     last_step = traced.steps[-1][2] if traced.steps else None
     if "denoise" in timings_ms or traced.steps:
         denoise_end = last_step if last_step is not None else max(encode_end, end_ns - _ns(decode_ms or 0.0))
-        denoise = _child("diffserve.denoise", traced.span, encode_end, max(encode_end, denoise_end))
-        _step_marks(denoise, traced, encode_end)
-        denoise.end(end_time=max(encode_end, denoise_end))
+        _denoise(traced, encode_end, max(encode_end, denoise_end))
     if decode_ms is not None:
         # Decoding follows the last step (it is what the pipeline does next); without steps it ends the run.
         decode_start = last_step if last_step is not None else max(start, end_ns - _ns(decode_ms))
         decode_end = min(end_ns, max(decode_start, decode_start + _ns(decode_ms)))
         _child("diffserve.decode", traced.span, decode_start, decode_end).end(end_time=decode_end)
+
+
+def _denoise(traced: _Traced, start_ns: int, end_ns: int) -> None:
+    """``diffserve.denoise`` under the request's span, with its steps' events or spans."""
+    denoise = _child("diffserve.denoise", traced.span, start_ns, end_ns)
+    _step_marks(denoise, traced, start_ns)
+    denoise.end(end_time=end_ns)
 
 
 def _step_marks(denoise: Any, traced: _Traced, start_ns: int) -> None:
