@@ -199,16 +199,14 @@ class _Zygote:
 
 _zygote: _Zygote | None = None
 _zygote_lock = threading.Lock()
-# What a server's environment may differ in from the zygote's: variables nothing reads at import time (the state
-# directory ServerProcess sets per server; diffserve's own, which it reads when it resolves its config; the test
-# worker extensions' FAULTS_*), or that the child applies as a cold start would (PYTHONPATH: a test's extension
-# module). Any other difference (HF_*, OTEL_*, OMP_*...) starts the server cold.
+# What a server's environment may differ in from the zygote's: nothing reads them at import time (ServerProcess
+# sets the state directory per server) or the child applies them as a cold start would (PYTHONPATH: a test's worker
+# extension module).
 _PER_SERVER_ENV = ("XDG_STATE_HOME", "PYTHONPATH")
-_PER_SERVER_PREFIXES = ("DIFFSERVE_", "FAULTS_")
 
 
 def _comparable(env: dict[str, str]) -> dict[str, str]:
-    return {k: v for k, v in env.items() if k not in _PER_SERVER_ENV and not k.startswith(_PER_SERVER_PREFIXES)}
+    return {k: v for k, v in env.items() if k not in _PER_SERVER_ENV}
 
 
 def fork_server(args: list[str], log_path: Path, env: dict[str, str]) -> ZygoteChild | None:
