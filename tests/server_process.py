@@ -12,7 +12,6 @@ import time
 from pathlib import Path
 
 import httpx
-from server_zygote import ZygoteChild, fork_server
 
 STARTUP_TIMEOUT_S = 180.0
 
@@ -35,12 +34,10 @@ class ServerProcess:
         # Video jobs go to the server's own state directory (beside its log, so a restart finds them), never ~/.local.
         env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "PYTHONUNBUFFERED": "1",
                "XDG_STATE_HOME": str(log_path.parent / "state"), **(env or {})}
-        argv = ["serve", *args, "--host", "127.0.0.1", "--port", str(self.port)]
+        cmd = [sys.executable, "-m", "diffserve.entrypoints.cli", "serve", *args,
+               "--host", "127.0.0.1", "--port", str(self.port)]
         self._log = open(log_path, "ab")  # noqa: SIM115 - closed in stop(); a restart appends
-        # Forked from this pytest worker's pre-imported zygote where that is the same process (server_zygote.py).
-        self.proc: subprocess.Popen[bytes] | ZygoteChild = fork_server(argv, log_path, env) or subprocess.Popen(
-            [sys.executable, "-m", "diffserve.entrypoints.cli", *argv], stdout=self._log, stderr=subprocess.STDOUT,
-            env=env)
+        self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, env=env)
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")
