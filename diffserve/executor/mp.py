@@ -4,7 +4,10 @@
   diffusers, transformers and diffserve's worker once per engine process: a worker then starts without
   importing them again (about 6 s on two cores, per worker). The fork server holds no thread, CUDA
   context or model, so a fork from it is as clean as a spawn; where there is none (Windows), workers
-  are spawned. A worker takes the engine's environment as it is when the executor starts.
+  are spawned. Workers that will run on CUDA are spawned too: a preloaded library may touch CUDA at
+  import (seen on an H200: every forked worker failed "Cannot re-initialize CUDA in forked subprocess"),
+  and a model load dwarfs the imports there. A worker takes the engine's environment as it is when the
+  executor starts.
 
 * Ready handshake with a timeout; a worker that fails to load reports why (same exception type).
 * The monitor thread waits on the pipe *and* the process sentinel: replies are dispatched, and a
@@ -34,6 +37,7 @@ from diffserve.executor.calls import remote_exception
 from diffserve.logging import get_logger
 from diffserve.types.channel import ChannelClosed, PipeChannel
 from diffserve.types.messages import Command
+from diffserve.worker.device import device_for
 from diffserve.worker.distributed import free_port
 from diffserve.worker.process import process_main
 
@@ -62,7 +66,8 @@ class MultiprocExecutor(Executor):
         self._launch()
 
     def _start_workers(self) -> None:
-        ctx = worker_context()
+        stage = self.config.stage(self.stage_id)
+        ctx = worker_context(on_cuda=device_for(stage, 0, self.replica).startswith("cuda"))
         root_logger = logging.getLogger("diffserve")
         log_level = root_logger.level if root_logger.handlers else None
         # One rendezvous per replica for its process group (worker/distributed.py); a single rank needs none.
@@ -173,9 +178,10 @@ FORKSERVER_PRELOAD = ["torch", "diffusers", "transformers", "diffserve.worker.pr
                       "diffserve.models.wan.pipeline"]
 
 
-def worker_context() -> Any:
-    """The multiprocessing context workers start from: the preloaded fork server, else spawn."""
-    if "forkserver" not in multiprocessing.get_all_start_methods():
+def worker_context(on_cuda: bool = False) -> Any:
+    """The multiprocessing context workers start from: the preloaded fork server, else (CUDA workers, or no
+    fork server on this OS) spawn."""
+    if on_cuda or "forkserver" not in multiprocessing.get_all_start_methods():
         return multiprocessing.get_context("spawn")
     ctx = multiprocessing.get_context("forkserver")
     ctx.set_forkserver_preload(FORKSERVER_PRELOAD)  # read when the server starts (the first worker)
