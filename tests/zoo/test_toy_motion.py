@@ -117,6 +117,7 @@ def test_training_runs_end_to_end_on_a_tiny_budget(tmp_path: Path) -> None:
     threads = torch.get_num_threads()
     try:
         out = train_toy_motion(tmp_path / "toy", TrainConfig(clips=16, vae_steps=2, vae_full_steps=1, vae_batch=2,
+                                                             temporal_vae_steps=1, temporal_vae_batch=1,
                                                              transformer_steps=2, transformer_batch=4, frame_batch=4,
                                                              threads=1))
     finally:
@@ -126,12 +127,11 @@ def test_training_runs_end_to_end_on_a_tiny_budget(tmp_path: Path) -> None:
         assert (out / name).is_file(), name
     defaults = json.loads((out / "diffserve_model.json").read_text())["request_defaults"]
     assert (defaults["num_frames"], defaults["height"], defaults["width"]) == (FRAMES, 64, 64)
-    # num_frames=4 makes 5: plain diffusers "rounds" every count up by one at a temporal factor of 1 (its check
-    # ``num_frames % factor != 1`` always fires), diffserve does not
+    assert json.loads((out / "vae/config.json").read_text())["scale_factor_temporal"] == 4
     video = WanPipeline.from_pretrained(str(out))("a red ring moving up on a white background", height=64, width=64,
-                                                  num_frames=4, num_inference_steps=1, guidance_scale=1.0,
+                                                  num_frames=9, num_inference_steps=1, guidance_scale=1.0,
                                                   output_type="np").frames
-    assert video.shape == (1, 5, 64, 64, 3)
+    assert video.shape == (1, 9, 64, 64, 3)
 
 
 def test_the_per_frame_vae_encodes_each_frame_alone_and_its_twin_agrees() -> None:
@@ -141,7 +141,7 @@ def test_the_per_frame_vae_encodes_each_frame_alone_and_its_twin_agrees() -> Non
     import torch
     from diffusers import AutoencoderKLWan
 
-    from diffserve.zoo.toy_motion.train import VAE_CONFIG, per_frame_twin, zero_earlier_frame_taps
+    from diffserve.zoo.toy_motion.vae import VAE_CONFIG, per_frame_twin, zero_earlier_frame_taps
 
     torch.manual_seed(0)
     vae = AutoencoderKLWan(**VAE_CONFIG)
@@ -160,3 +160,42 @@ def test_the_per_frame_vae_encodes_each_frame_alone_and_its_twin_agrees() -> Non
         taps = [m.weight for m in vae.modules() if type(m).__name__ == "WanCausalConv3d" and m.weight.shape[2] > 1]
         assert taps and all(w.shape[2] == 3 and not w[:, :, :-1].any() for w in taps)
         assert not torch.allclose(vae.encode(clip).latent_dist.mean, whole)  # the change came back with the taps
+
+
+def test_the_inflated_vae_starts_as_the_per_frame_one_on_a_still_clip() -> None:
+    """Inflating to 4x temporal compression keeps every per-frame weight and makes each ``time_conv`` pass the current
+    frame through: a still clip encodes to 5 latent frames, each the per-frame VAE's latent of that frame, and
+    decodes to 17 frames, each the per-frame VAE's reconstruction; a moving clip is where stage 2 has to learn."""
+    import torch
+    from diffusers import AutoencoderKLWan
+
+    from diffserve.zoo.toy_motion.vae import VAE_CONFIG, inflate_to_temporal, zero_earlier_frame_taps
+
+    torch.manual_seed(0)
+    per_frame = AutoencoderKLWan(**VAE_CONFIG).eval()
+    zero_earlier_frame_taps(per_frame)
+    inflated = inflate_to_temporal(per_frame).eval()
+    frame = torch.rand(1, 3, 1, 32, 32) * 2 - 1
+    still = frame.repeat(1, 1, FRAMES, 1, 1)
+    with torch.no_grad():
+        want_latent = per_frame.encode(frame).latent_dist.mean
+        latents = inflated.encode(still).latent_dist.mean
+        assert latents.shape == (1, 16, 5, 4, 4)
+        torch.testing.assert_close(latents, want_latent.expand_as(latents), atol=1e-4, rtol=1e-4)
+        want_frame = per_frame.decode(want_latent).sample
+        video = inflated.decode(latents).sample
+    assert video.shape == (1, 3, FRAMES, 32, 32)
+    torch.testing.assert_close(video, want_frame.expand_as(video), atol=1e-4, rtol=1e-4)
+    assert inflated.config.scale_factor_temporal == 4 and per_frame.config.scale_factor_temporal == 1
+
+
+def test_make_model_toy_motion_trains_only_and_says_so(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Its weights are not shipped yet: without --train make-model says how to get them and writes nothing."""
+    from diffserve.entrypoints.cli import main
+
+    assert main(["make-model", "toy-motion", str(tmp_path / "m")]) == 1
+    err = capsys.readouterr().err
+    assert "toy-motion's weights are not shipped yet" in err and "--train" in err
+    assert not (tmp_path / "m").exists()
+    assert main(["make-model", "tiny-wan", str(tmp_path / "w"), "--train"]) == 1
+    assert "toy-motion only, not to tiny-wan" in capsys.readouterr().err

@@ -15,6 +15,7 @@ MODEL_KINDS = FLUX_KINDS + GENERIC_KINDS + WAN_KINDS
 LORA_KINDS = ("tiny-flux-lora",)  # an adapter for a FLUX model (--base), not a model
 # Trained on CPU by diffserve.zoo.toy_shapes: copied from the package, or retrained with --train.
 TRAINED_KINDS = ("toy-shapes",)  # the demo model
+TRAINED_VIDEO_KINDS = ("toy-motion",)  # the toy video model (diffserve.zoo.toy_motion): trained with --train
 TRAINED_LORA_KINDS = ("toy-shapes-stars",)  # its circles-to-stars adapter
 
 
@@ -41,11 +42,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
             "or trained (--train, about a minute) for the toy model at --base (default: the shipped one)."
         ),
     )
-    parser.add_argument("kind", choices=MODEL_KINDS + TRAINED_KINDS + LORA_KINDS + TRAINED_LORA_KINDS, metavar="KIND",
+    parser.add_argument("kind", choices=MODEL_KINDS + TRAINED_KINDS + TRAINED_VIDEO_KINDS + LORA_KINDS
+                        + TRAINED_LORA_KINDS, metavar="KIND",
                         help=f"FLUX: {', '.join(FLUX_KINDS)}; generic diffusers DiT: {', '.join(GENERIC_KINDS)}; "
                              f"Wan video: {', '.join(WAN_KINDS)}; "
                              "tiny-flux-lora: a random LoRA (diffusers/PEFT layout) for the FLUX model at --base; "
-                             "toy-shapes: the trained demo model; toy-shapes-stars: its circles-to-stars LoRA")
+                             "toy-shapes: the trained demo model; toy-shapes-stars: its circles-to-stars LoRA; "
+                             "toy-motion: the toy video model (--train)")
     parser.add_argument("dir", type=Path, metavar="DIR", help="output directory (created; must be empty)")
     parser.add_argument("--seed", type=int, default=0, help="weight seed (default 0)")
     parser.add_argument("--guidance-embeds", action="store_true",
@@ -55,8 +58,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                              "for")
     parser.add_argument("--rank", type=int, default=4, help="tiny-flux-lora only: LoRA rank (default 4)")
     parser.add_argument("--train", action="store_true",
-                        help="toy-shapes, toy-shapes-stars only: train it here (about 25 minutes / 1 minute on a "
-                             "2-core CPU) instead of copying the shipped weights")
+                        help="toy-shapes, toy-shapes-stars, toy-motion only: train it here (about 25 minutes / 1 "
+                             "minute / 35 minutes on a 2-core CPU) instead of copying the shipped weights")
     parser.add_argument("--threads", type=int, default=2, help="--train only: CPU threads (default 2)")
     parser.add_argument("--force", action="store_true", help="replace an existing model directory at DIR")
     parser.set_defaults(func=run)
@@ -81,8 +84,12 @@ def run(args: argparse.Namespace) -> int:
     if args.kind in TRAINED_LORA_KINDS:
         print(_toy_shapes_stars(args))
         return 0
+    if args.kind in TRAINED_VIDEO_KINDS:
+        print(_toy_motion(args))
+        return 0
     if args.train:
-        raise ConfigError(f"applies to toy-shapes and toy-shapes-stars only, not to {args.kind}", path="--train",
+        raise ConfigError(f"applies to toy-shapes, toy-shapes-stars and toy-motion only, not to {args.kind}",
+                          path="--train",
                           hint="random-weight kinds are built, not trained: drop --train")
     generic = args.kind in GENERIC_KINDS
     if args.kind not in FLUX_KINDS and args.guidance_embeds:
@@ -124,6 +131,23 @@ def _toy_shapes(args: argparse.Namespace) -> Path:
     from diffserve.zoo.toy_shapes.train import TrainConfig, train_toy_model
 
     return train_toy_model(target, TrainConfig(seed=args.seed, threads=args.threads), force=args.force)
+
+
+def _toy_motion(args: argparse.Namespace) -> Path:
+    """Train toy-motion into DIR (--train: its weights are not shipped yet)."""
+    from diffserve.errors import ConfigError
+    from diffserve.zoo.publish import check_target
+
+    if not args.train:
+        raise ConfigError("toy-motion's weights are not shipped yet", path="--train",
+                          hint="pass --train to train it on this CPU (about 35 minutes on 2 cores)")
+    if args.guidance_embeds or args.base is not None:
+        raise ConfigError("toy-motion is a trained Wan2.1 model", path="--guidance-embeds/--base", hint="drop them")
+    target = Path(args.dir).expanduser().absolute()
+    check_target(target, force=args.force)
+    from diffserve.zoo.toy_motion.train import TrainConfig, train_toy_motion
+
+    return train_toy_motion(target, TrainConfig(seed=args.seed, threads=args.threads), force=args.force)
 
 
 def _toy_shapes_stars(args: argparse.Namespace) -> Path:
