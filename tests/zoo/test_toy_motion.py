@@ -119,7 +119,7 @@ def test_training_runs_end_to_end_on_a_tiny_budget(tmp_path: Path) -> None:
         out = train_toy_motion(tmp_path / "toy", TrainConfig(clips=16, vae_steps=2, vae_full_steps=1, vae_batch=2,
                                                              temporal_vae_steps=1, temporal_vae_batch=1,
                                                              transformer_steps=2, transformer_batch=4, frame_batch=4,
-                                                             threads=1))
+                                                             eval_pairs=2, threads=1))
     finally:
         torch.set_num_threads(threads)
     for name in ("loss.png", "training.json", "diffserve_model.json", "vae/config.json", "tokenizer/tokenizer.json",
@@ -128,6 +128,10 @@ def test_training_runs_end_to_end_on_a_tiny_budget(tmp_path: Path) -> None:
     defaults = json.loads((out / "diffserve_model.json").read_text())["request_defaults"]
     assert (defaults["num_frames"], defaults["height"], defaults["width"]) == (FRAMES, 64, 64)
     assert json.loads((out / "vae/config.json").read_text())["scale_factor_temporal"] == 4
+    # the checker's figures beside the weights (two pairs here: the path, not the quality)
+    checker = json.loads((out / "training.json").read_text())["checker"]
+    assert set(checker) == {"guidance 1", "guidance 3"}
+    assert all(set(rates) == {"background", "colour", "direction", "shape"} for rates in checker.values())
     video = WanPipeline.from_pretrained(str(out))("a red ring moving up on a white background", height=64, width=64,
                                                   num_frames=9, num_inference_steps=1, guidance_scale=1.0,
                                                   output_type="np").frames
