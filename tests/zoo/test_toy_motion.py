@@ -129,9 +129,11 @@ def test_training_runs_end_to_end_on_a_tiny_budget(tmp_path: Path) -> None:
     assert (defaults["num_frames"], defaults["height"], defaults["width"]) == (FRAMES, 64, 64)
     assert json.loads((out / "vae/config.json").read_text())["scale_factor_temporal"] == 4
     # the checker's figures beside the weights (two pairs here: the path, not the quality)
-    checker = json.loads((out / "training.json").read_text())["checker"]
-    assert set(checker) == {"guidance 1", "guidance 3"}
-    assert all(set(rates) == {"background", "colour", "direction", "shape"} for rates in checker.values())
+    summary = json.loads((out / "training.json").read_text())
+    assert set(summary["checker"]) == {"guidance 1", "guidance 3"}
+    rates = [*summary["checker"].values(), summary["vae_checker"]]  # the generated videos and the VAE's ceiling
+    assert all(set(r) == {"background", "colour", "direction", "shape"} and all(0 <= v <= 1 for v in r.values())
+               for r in rates)
     video = WanPipeline.from_pretrained(str(out))("a red ring moving up on a white background", height=64, width=64,
                                                   num_frames=9, num_inference_steps=1, guidance_scale=1.0,
                                                   output_type="np").frames

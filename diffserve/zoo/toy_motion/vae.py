@@ -163,16 +163,28 @@ def train_temporal_vae(vae: Any, clips: Any, *, steps: int, batch: int, lr: floa
     return _fit(vae, batches(), steps, lr, kl_weight, gen, "vae (clips)")
 
 
-def clip_reconstruction_mse(vae: Any, clips: Any) -> list[float]:
-    """Per frame, the mean squared error (in [-1, 1]) of whole held-out clips through the VAE: every frame of a
-    17-frame clip must come back."""
+def reconstruct(vae: Any, clips: Any) -> Any:
+    """Whole clips through the VAE (latent means), as [-1, 1] floats [N, 3, F, H, W]."""
     import torch
 
     vae.eval()
     with torch.no_grad():
-        x = as_input(clips)
-        error = (vae.decode(vae.encode(x).latent_dist.mean).sample - x) ** 2
+        return vae.decode(vae.encode(as_input(clips)).latent_dist.mean).sample
+
+
+def clip_reconstruction_mse(clips: Any, reconstructions: Any) -> list[float]:
+    """Per frame, the mean squared error (in [-1, 1]) of whole held-out clips through the VAE: every frame of a
+    17-frame clip must come back."""
+    error = (reconstructions - as_input(clips)) ** 2
     return [round(float(v), 5) for v in error.mean(dim=(0, 1, 3, 4))]
+
+
+def as_frames(videos: Any) -> list[list[Any]]:
+    """[-1, 1] videos [N, 3, F, H, W] as lists of uint8 [H, W, 3] frames (what the checker reads)."""
+    import torch
+
+    pixels = ((videos.clamp(-1, 1) + 1) * 127.5).round().to(torch.uint8)
+    return [list(video) for video in pixels.permute(0, 2, 3, 4, 1).numpy()]
 
 
 def encode_clips(vae: Any, clips: Any, chunk: int = 8) -> Any:
