@@ -8,6 +8,7 @@ defaults (steps, frames, size) unless told otherwise, as a user would get them.
 from __future__ import annotations
 
 import random
+from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -27,25 +28,29 @@ def held_out_pairs(count: int, seed_set: int = 0) -> list[tuple[MotionScene, int
     return [(rng.choice(scenes), base + i) for i in range(count)]
 
 
-def generate_videos(model: Path | str, pairs: list[tuple[MotionScene, int]], **request: Any) -> list[list[Any]]:
-    """Each pair's video as a list of uint8 [H, W, 3] frames (``request``: more GenerationRequest fields, e.g.
-    ``guidance_scale``), ``BATCH`` requests at a time (they batch)."""
+def generate_videos(model: Path | str, pairs: list[tuple[MotionScene, int]],
+                    settings: Mapping[str, Mapping[str, Any]]) -> dict[str, list[list[Any]]]:
+    """Per named setting (more GenerationRequest fields, e.g. ``{"guidance_scale": 3.0}``), each pair's video as a
+    list of uint8 [H, W, 3] frames; one engine for all of them, ``BATCH`` requests at a time (they batch)."""
     import numpy as np
 
     from diffserve import Engine, GenerationRequest
 
     # A quality check, not an invariance one: whole-batch kernels.
     with Engine(str(model), dtype="float32", max_batch_size=BATCH, batch_invariant=False, env={}) as engine:
-        def one(pair: tuple[MotionScene, int]) -> list[Any]:
-            scene, seed = pair
+        def one(job: tuple[tuple[MotionScene, int], Mapping[str, Any]]) -> list[Any]:
+            (scene, seed), request = job
             out = engine.generate(GenerationRequest(prompt=scene.prompt, seed=seed, **request))
             return list(np.asarray(out.videos[0]))
 
         with ThreadPoolExecutor(BATCH) as pool:
-            return list(pool.map(one, pairs))
+            return {name: list(pool.map(one, [(pair, request) for pair in pairs]))
+                    for name, request in settings.items()}
 
 
-def evaluate(model: Path | str, pairs: list[tuple[MotionScene, int]], **request: Any) -> dict[str, float]:
-    """The checker's four rates (background, colour, direction, shape) over ``pairs``' videos."""
-    videos = generate_videos(model, pairs, **request)
-    return score((scene, video) for (scene, _), video in zip(pairs, videos, strict=True)).rates()
+def evaluate(model: Path | str, pairs: list[tuple[MotionScene, int]],
+             settings: Mapping[str, Mapping[str, Any]]) -> dict[str, dict[str, float]]:
+    """Per named setting, the checker's four rates (background, colour, direction, shape) over ``pairs``' videos."""
+    videos = generate_videos(model, pairs, settings)
+    return {name: score((scene, video) for (scene, _), video in zip(pairs, clips, strict=True)).rates()
+            for name, clips in videos.items()}

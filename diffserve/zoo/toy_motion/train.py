@@ -158,7 +158,7 @@ def _train_into(out: Path, config: TrainConfig) -> None:
         from diffserve.zoo.toy_motion.evaluate import evaluate, held_out_pairs
 
         pairs = held_out_pairs(config.eval_pairs)
-        log["checker"] = {f"guidance {g:g}": evaluate(out, pairs, guidance_scale=g) for g in (1.0, 3.0)}
+        log["checker"] = evaluate(out, pairs, {f"guidance {g:g}": {"guidance_scale": g} for g in (1.0, 3.0)})
         logger.info("checker on %d held-out pairs: %s", len(pairs), log["checker"])
     (out / "training.json").write_text(json.dumps(_summary(log), indent=1) + "\n", encoding="utf-8")
     write_loss_curve(out / "loss.png", log["vae_loss"], log["transformer_loss"])
