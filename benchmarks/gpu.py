@@ -91,6 +91,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--iters", type=int, default=2)
     parser.add_argument("--budget-s", type=float, default=BUDGET_S,
                         help="start no contender after this many seconds (a device lease may be shorter)")
+    parser.add_argument("--skip", action="append", default=[], metavar="CONTENDER",
+                        help="leave out a contender by name (e.g. 'diffserve int8 eager'); repeatable")
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
         print("benchmarks.gpu: no CUDA device here; nothing measured", file=sys.stderr)
@@ -103,6 +105,9 @@ def main(argv: list[str] | None = None) -> int:
     rows: list[dict[str, Any]] = []
 
     def record(name: str, run: Any) -> None:
+        if name in args.skip:
+            rows.append({"contender": name, "status": "skipped (--skip)"})
+            return
         if time.perf_counter() - started > args.budget_s:
             rows.append({"contender": name, "status": "not run (time budget)"})
             return
