@@ -31,6 +31,25 @@ def test_the_grammar_and_its_checker_agree_on_drawn_clips() -> None:
     assert card.rates() == {"background": 1.0, "colour": 1.0, "direction": 1.0, "shape": 1.0}
 
 
+def test_the_whole_shape_stays_inside_every_frame() -> None:
+    """The largest shape at the extremes of its path and jitters never touches the frame's border (a clipped
+    shape would read as another one), and every clip moves its centre far enough to have a direction."""
+    import numpy as np
+
+    from diffserve.zoo.toy_motion import grammar
+
+    rng = random.Random(3)
+    for scene in rng.sample(all_scenes(), 60):
+        clip = draw_clip(scene, rng)
+        for frame in (clip[0], clip[-1]):
+            pixels = np.asarray(frame)
+            border = np.concatenate([pixels[0], pixels[-1], pixels[:, 0], pixels[:, -1]])
+            assert (border == border[0]).all(), scene.prompt
+    # The extremes by construction: the centre's farthest reach plus the largest radius.
+    reach = grammar.SIZE / 2 + grammar.TRAVEL[1] / 2 + grammar._START_JITTER + grammar.RADIUS[1]
+    assert reach < grammar.SIZE and grammar.SIZE / 2 + grammar._CROSS_JITTER + grammar.RADIUS[1] < grammar.SIZE
+
+
 def test_a_clip_that_does_not_move_has_no_direction() -> None:
     scene = parse_prompt("a red square moving left on a blue background")
     still = [draw_clip(scene, random.Random(1))[0]] * FRAMES

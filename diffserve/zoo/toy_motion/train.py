@@ -62,7 +62,7 @@ class TrainConfig:
     vae_full_steps: int = 300  # then on whole 64x64 frames (half the batch)
     vae_batch: int = 16
     vae_lr: float = 1e-3
-    temporal_vae_steps: int = 1200  # the inflated (4x temporal) VAE: whole clips, 32x32 crops
+    temporal_vae_steps: int = 800  # the inflated (4x temporal) VAE: whole clips, 32x32 crops
     temporal_vae_batch: int = 4
     temporal_vae_lr: float = 3e-4
     kl_weight: float = 1e-6

@@ -20,9 +20,11 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-# Wan's VAE layout (8x spatial compression, 16 channels) at 8-32 channels. The per-frame stage: no temporal
-# compression. The served one: Wan's own 4x, a 17x64x64 clip is 16 x 5 x 8 x 8 latents, 80 transformer tokens.
-VAE_CONFIG: dict[str, Any] = {"base_dim": 8, "z_dim": 16, "dim_mult": [1, 2, 4, 4], "num_res_blocks": 1,
+# Wan's VAE layout (8x spatial compression, 16 channels) at 16-64 channels (toy-shapes' widths; at 8-32 the checker
+# read the shape from 81% of the per-frame VAE's reconstructions of held-out clips, at 16-64 94%). The per-frame
+# stage: no temporal compression. The served one: Wan's own 4x, a 17x64x64 clip is 16 x 5 x 8 x 8 latents, 80
+# transformer tokens.
+VAE_CONFIG: dict[str, Any] = {"base_dim": 16, "z_dim": 16, "dim_mult": [1, 2, 4, 4], "num_res_blocks": 1,
                               "temperal_downsample": [False, False, False], "scale_factor_temporal": 1}
 TEMPORAL_VAE_CONFIG: dict[str, Any] = {**VAE_CONFIG, "temperal_downsample": [False, True, True],
                                        "scale_factor_temporal": 4}
@@ -152,8 +154,9 @@ def train_per_frame_vae(vae: Any, clips: Any, *, crop_steps: int, full_steps: in
 
 def train_temporal_vae(vae: Any, clips: Any, *, steps: int, batch: int, lr: float, kl_weight: float,
                        gen: Any) -> list[float]:
-    """Stage 2, on the inflated VAE: whole clips, 32x32 crops (measured: 1200 steps of 4 at lr 3e-4, 567 s on
-    two cores, held-out whole-clip MSE 0.010-0.012 on every frame; the per-frame VAE's 0.016-0.017)."""
+    """Stage 2, on the inflated VAE: whole clips, 32x32 crops (measured at 16-64 channels: 800 steps of 4 at lr
+    3e-4, 765 s on two cores; held-out whole-clip MSE 0.0041 per frame after stage 1, 0.0053-0.0072 after it, and
+    the checker's shape rate on the reconstructions 94% -> 91%: stage 2 keeps what stage 1 learned)."""
     size = clips.shape[-1]
 
     def batches() -> Iterator[Any]:
