@@ -33,7 +33,7 @@ def test_the_grammar_and_its_checker_agree_on_drawn_clips() -> None:
 
 def test_the_whole_shape_stays_inside_every_frame() -> None:
     """The largest shape at the extremes of its path and jitters never touches the frame's border (a clipped
-    shape would read as another one), and every clip moves its centre far enough to have a direction."""
+    shape would read as another one)."""
     import numpy as np
 
     from diffserve.zoo.toy_motion import grammar
