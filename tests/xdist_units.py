@@ -30,6 +30,7 @@ LONG_FIRST = ("tests/benchmarks/test_bench_smoke.py", RAY_GROUP, COMPILE_GROUP, 
               "tests/e2e/test_replicas.py", "tests/ray_serve/test_ray_serve_autoscaling.py",
               "tests/adversarial/test_lifecycle.py", "tests/e2e/test_one_compute_thread.py",
               "tests/zoo/test_toy_shapes_edits.py", "tests/e2e/test_parallel_cfg.py", "tests/models/test_wan.py",
+              "tests/zoo/test_toy_motion_model.py", "tests/zoo/test_toy_motion.py",
               "tests/e2e/test_parallel_parity.py",
               "tests/e2e/test_wan_parallel.py", "tests/executor/test_executor_semantics.py",
               "tests/models/test_vae_tiling.py", "tests/adversarial/test_worker_faults.py")

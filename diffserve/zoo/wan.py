@@ -12,14 +12,17 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from diffserve.errors import ConfigError
 from diffserve.zoo.components import MARKER_FILE, save_components, write_json
 from diffserve.zoo.publish import build_seeded
 from diffserve.zoo.wan_specs import WAN_SPECS, WanSpec, get_wan_spec
 
-__all__ = ["BUILDER_VERSION", "WAN_SPECS", "build_wan_model"]
+__all__ = ["BUILDER_VERSION", "TOY_MOTION_ASSET", "WAN_SPECS", "build_wan_model", "toy_motion_dir"]
 
 
 BUILDER_VERSION = 1
+# the toy video model: diffserve/assets/toy-motion (trained by diffserve.zoo.toy_motion)
+TOY_MOTION_ASSET = "toy-motion"
 
 
 def build_wan_model(kind: str, out_dir: Path | str, *, seed: int = 0, force: bool = False) -> Path:
@@ -27,6 +30,15 @@ def build_wan_model(kind: str, out_dir: Path | str, *, seed: int = 0, force: boo
     spec = get_wan_spec(kind)
     return build_seeded(kind, out_dir, seed, lambda staging, seed: _write_pipeline(spec, staging, seed=seed),
                         force=force)
+
+
+def toy_motion_dir() -> Path:
+    """The trained toy-motion pipeline shipped in the package (``diffserve/assets/toy-motion``)."""
+    path = Path(__file__).resolve().parent.parent / "assets" / TOY_MOTION_ASSET
+    if not (path / "model_index.json").is_file() or not (path / MARKER_FILE).is_file():
+        raise ConfigError(f"the shipped toy-motion model is missing from {path}", path="model",
+                          hint="reinstall diffserve, or train it: diffserve make-model toy-motion DIR --train")
+    return path
 
 
 def _write_pipeline(spec: WanSpec, out: Path, *, seed: int) -> None:

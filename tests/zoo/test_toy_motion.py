@@ -127,11 +127,11 @@ def test_the_text_encoder_tells_the_objects_colour_from_the_backgrounds(tmp_path
 
 
 def test_training_runs_end_to_end_on_a_tiny_budget(tmp_path: Path) -> None:
-    """The trainer's every stage on a few steps (the real budget is ~35 minutes): a pipeline plain diffusers runs."""
+    """The trainer's every stage on a few steps (the real budget is ~40 minutes): a pipeline plain diffusers runs."""
     import torch
     from diffusers import WanPipeline
 
-    from diffserve.zoo.toy_motion.train import TrainConfig, train_toy_motion
+    from diffserve.zoo.toy_motion.train import TrainConfig, best_guidance, train_toy_motion
 
     threads = torch.get_num_threads()
     try:
@@ -150,6 +150,8 @@ def test_training_runs_end_to_end_on_a_tiny_budget(tmp_path: Path) -> None:
     # the checker's figures beside the weights (two pairs here: the path, not the quality)
     summary = json.loads((out / "training.json").read_text())
     assert set(summary["checker"]) == {"guidance 1", "guidance 3"}
+    # the request default guidance: the measured better of the two, written into the marker
+    assert defaults["guidance_scale"] == summary["default_guidance"] == best_guidance(summary["checker"])
     rates = [*summary["checker"].values(), summary["vae_checker"]]  # the generated videos and the VAE's ceiling
     assert all(set(r) == {"background", "colour", "direction", "shape"} and all(0 <= v <= 1 for v in r.values())
                for r in rates)
@@ -214,13 +216,24 @@ def test_the_inflated_vae_starts_as_the_per_frame_one_on_a_still_clip() -> None:
     assert inflated.config.scale_factor_temporal == 4 and per_frame.config.scale_factor_temporal == 1
 
 
-def test_make_model_toy_motion_trains_only_and_says_so(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    """Its weights are not shipped yet: without --train make-model says how to get them and writes nothing."""
+def test_make_model_copies_the_shipped_toy_motion(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Without --train make-model copies the shipped weights (every file); --train belongs to the trained kinds."""
     from diffserve.entrypoints.cli import main
+    from diffserve.zoo.wan import toy_motion_dir
 
-    assert main(["make-model", "toy-motion", str(tmp_path / "m")]) == 1
-    err = capsys.readouterr().err
-    assert "toy-motion's weights are not shipped yet" in err and "--train" in err
-    assert not (tmp_path / "m").exists()
+    assert main(["make-model", "toy-motion", str(tmp_path / "m")]) == 0
+    shipped = toy_motion_dir()
+    copied = sorted(p.relative_to(tmp_path / "m") for p in (tmp_path / "m").rglob("*") if p.is_file())
+    assert copied == sorted(p.relative_to(shipped) for p in shipped.rglob("*") if p.is_file())
     assert main(["make-model", "tiny-wan", str(tmp_path / "w"), "--train"]) == 1
     assert "toy-motion only, not to tiny-wan" in capsys.readouterr().err
+
+
+def test_the_default_guidance_is_the_one_farthest_above_the_bars() -> None:
+    from diffserve.zoo.toy_motion.train import best_guidance
+
+    good = {"background": 1.0, "colour": 0.95, "direction": 0.97, "shape": 0.70}
+    assert best_guidance({"guidance 1": good, "guidance 3": {**good, "shape": 0.65}}) == 1.0
+    # more shape, but colour below its bar: the smallest margin decides
+    assert best_guidance({"guidance 1": good, "guidance 3": {**good, "shape": 0.9, "colour": 0.8}}) == 1.0
+    assert best_guidance({"guidance 1": {**good, "shape": 0.4}, "guidance 3": {**good, "shape": 0.5}}) == 3.0

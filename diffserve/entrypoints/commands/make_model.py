@@ -37,8 +37,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
             "(Wan2.1 text-to-video, WanPipeline), tiny-wan22 (Wan2.2's two experts), tiny-wan22-i2v (Wan2.2 "
             "image-to-video, WanImageToVideoPipeline), small-wan (~90M parameters, benchmarks). "
             "The same seed gives byte-identical files. toy-shapes is the trained demo model (draws 'a red circle "
-            "on a blue background'): copied from the package, or trained from scratch on this CPU with --train; "
-            "toy-shapes-stars is its circles-to-stars LoRA (draws a star where the prompt says circle), copied "
+            "on a blue background'), and toy-motion, the trained toy video model ('a yellow square moving right on a "
+            "black background'): copied from the package, or trained from scratch on this CPU with --train; "
+            "toy-shapes-stars is toy-shapes' circles-to-stars LoRA (draws a star where the prompt says circle), copied "
             "or trained (--train, about a minute) for the toy model at --base (default: the shipped one)."
         ),
     )
@@ -48,7 +49,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                              f"Wan video: {', '.join(WAN_KINDS)}; "
                              "tiny-flux-lora: a random LoRA (diffusers/PEFT layout) for the FLUX model at --base; "
                              "toy-shapes: the trained demo model; toy-shapes-stars: its circles-to-stars LoRA; "
-                             "toy-motion: the toy video model (--train)")
+                             "toy-motion: the trained toy video model")
     parser.add_argument("dir", type=Path, metavar="DIR", help="output directory (created; must be empty)")
     parser.add_argument("--seed", type=int, default=0, help="weight seed (default 0)")
     parser.add_argument("--guidance-embeds", action="store_true",
@@ -59,7 +60,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--rank", type=int, default=4, help="tiny-flux-lora only: LoRA rank (default 4)")
     parser.add_argument("--train", action="store_true",
                         help="toy-shapes, toy-shapes-stars, toy-motion only: train it here (about 25 minutes / 1 "
-                             "minute / 35 minutes on a 2-core CPU) instead of copying the shipped weights")
+                             "minute / 40 minutes on a 2-core CPU) instead of copying the shipped weights")
     parser.add_argument("--threads", type=int, default=2, help="--train only: CPU threads (default 2)")
     parser.add_argument("--force", action="store_true", help="replace an existing model directory at DIR")
     parser.set_defaults(func=run)
@@ -134,17 +135,18 @@ def _toy_shapes(args: argparse.Namespace) -> Path:
 
 
 def _toy_motion(args: argparse.Namespace) -> Path:
-    """Train toy-motion into DIR (--train: its weights are not shipped yet)."""
+    """Train toy-motion into DIR (--train), or copy the shipped weights there."""
     from diffserve.errors import ConfigError
-    from diffserve.zoo.publish import check_target
+    from diffserve.zoo.publish import build_into, check_target
+    from diffserve.zoo.wan import toy_motion_dir
 
-    if not args.train:
-        raise ConfigError("toy-motion's weights are not shipped yet", path="--train",
-                          hint="pass --train to train it on this CPU (about 35 minutes on 2 cores)")
     if args.guidance_embeds or args.base is not None:
         raise ConfigError("toy-motion is a trained Wan2.1 model", path="--guidance-embeds/--base", hint="drop them")
     target = Path(args.dir).expanduser().absolute()
     check_target(target, force=args.force)
+    if not args.train:
+        shipped = toy_motion_dir()
+        return build_into(target, lambda staging: _copy_tree(shipped, staging), force=args.force)
     from diffserve.zoo.toy_motion.train import TrainConfig, train_toy_motion
 
     return train_toy_motion(target, TrainConfig(seed=args.seed, threads=args.threads), force=args.force)

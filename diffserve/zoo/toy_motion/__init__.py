@@ -1,5 +1,5 @@
-"""The toy video model (``toy-motion``, not shipped yet: its object's colour and shape are below the bars): a
-tiny Wan2.1 trained on CPU to animate coloured shapes.
+"""The toy video model (``toy-motion``, shipped in ``diffserve/assets/toy-motion``): a tiny Wan2.1 trained on CPU to
+animate coloured shapes.
 
 ``grammar`` holds the prompt grammar and the procedural clip drawer; ``checker`` reads a clip back (colours,
 shape, the object's track and direction); ``wan_flow`` is Wan's flow-matching objective with the prompt's
