@@ -57,11 +57,12 @@ postgres:
 	$(call apt_install,postgresql,the PostgreSQL job store tests,command -v initdb >/dev/null 2>&1 || ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1)
 
 # Eager on purpose: torch.compile on a 2-core CPU costs over a minute before the first image.
-# The toy-shapes model (no MODEL) with its circles-to-stars LoRA registered as "stars".
-DEMO_LORA := diffserve/assets/toy-shapes-stars/pytorch_lora_weights.safetensors
+# The two shipped toy models on one server (diffserve/assets/demo.yaml): toy-shapes (images, with its
+# circles-to-stars LoRA registered as "stars") and toy-motion (videos).
+DEMO_CONFIG := diffserve/assets/demo.yaml
 demo: install
 	@echo "diffserve playground: http://127.0.0.1:$${PORT:-8000}/ (open it once the server says it is serving)"
-	$(VENV)/bin/diffserve serve --enforce-eager --lora stars=$(DEMO_LORA) --host 127.0.0.1 --port $${PORT:-8000}
+	$(VENV)/bin/diffserve serve --deploy-config $(DEMO_CONFIG) --enforce-eager --host 127.0.0.1 --port $${PORT:-8000}
 
 # On a machine with a CUDA GPU (the `device` tool's H200): every `gpu`-marked test (offload, fp8, the flash attention
 # backend, CUDA devices per replica), then the GPU benchmark section (benchmarks/gpu.py -> benchmarks/RESULTS-GPU.md),

@@ -1,25 +1,35 @@
-"""``make demo``'s server, as the Makefile starts it: the toy-shapes model (no MODEL) with its circles-to-stars
-LoRA, asked through the real ``openai`` client for "a red circle on a blue background", with and without
-the adapter; the grammar's checker reads what came back."""
+"""``make demo``'s server, as the Makefile starts it (its deploy file, ``diffserve/assets/demo.yaml``): toy-shapes
+with its circles-to-stars LoRA and toy-motion on one server, asked through the real ``openai`` client for "a red
+circle on a blue background" (with and without the adapter) and for "a yellow square moving right on a black
+background" as a video; each model's checker reads what came back, and the playground's default form of each."""
 
 from __future__ import annotations
 
 import base64
+import contextlib
 import io
 import re
 import shlex
+import time
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import openai
 import pytest
+import yaml
 from PIL import Image
 
+from diffserve.entrypoints.openai.video_encoding import read_mp4
+from diffserve.zoo.toy_motion.checker import read_clip
+from diffserve.zoo.toy_motion.grammar import parse_prompt
 from diffserve.zoo.toy_shapes.grammar import Scene, classify
 
 pytestmark = pytest.mark.e2e
 
 REPO = Path(__file__).resolve().parents[2]
 PROMPT = "a red circle on a blue background"
+VIDEO_PROMPT = "a yellow square moving right on a black background"
 
 
 def demo_serve_args() -> list[str]:
@@ -34,8 +44,8 @@ def demo_serve_args() -> list[str]:
 
 @pytest.fixture(scope="module")
 def demo_server(server_launcher):
-    # make runs from the repository root: its relative adapter path (name=path) is made absolute here.
-    args = [re.sub(r"^(\w+)=(?!/)", lambda m: f"{m.group(1)}={REPO}/", a) for a in demo_serve_args()]
+    # make runs from the repository root: a relative path among its arguments is made absolute here.
+    args = [str(REPO / a) if not a.startswith("-") and (REPO / a).exists() else a for a in demo_serve_args()]
     with server_launcher(*args) as server:
         yield server
 
@@ -52,16 +62,37 @@ def draw(client: openai.OpenAI, seed: int, **extra) -> tuple[Image.Image, dict]:
     return image, result.model_extra["diffserve"]["attestation"]
 
 
-def test_make_demo_serves_the_toy_model_with_its_lora() -> None:
+def test_make_demo_serves_both_toy_models_with_the_lora() -> None:
     args = demo_serve_args()
-    assert "--lora" in args and args[args.index("--lora") + 1].startswith("stars=")
-    assert not [a for a in args if not a.startswith("-") and "=" not in a], "make demo names no MODEL"
+    assert not [a for a in args if not a.startswith("-") and not a.endswith(".yaml")], "make demo names no MODEL"
+    deploy = yaml.safe_load((REPO / args[args.index("--deploy-config") + 1]).read_text(encoding="utf-8"))
+    entries = {entry["name"]: entry for entry in deploy["models"]}
+    assert [entry["name"] for entry in deploy["models"]] == ["toy-shapes", "toy-motion"]
+    assert entries["toy-shapes"]["lora_modules"] == {"stars": "toy-shapes-stars/pytorch_lora_weights.safetensors"}
 
 
 def test_the_demo_draws_a_red_circle_on_blue(demo_client) -> None:
-    assert [m.id for m in demo_client.models.list().data] == ["toy-shapes"]
+    assert [m.id for m in demo_client.models.list().data] == ["toy-shapes", "toy-motion"]
     read = [classify(draw(demo_client, seed)[0]) for seed in (42, 43, 44)]
     assert read.count(Scene("red", "circle", "blue")) >= 2, read
+
+
+def test_the_demo_animates_a_yellow_square_moving_right(demo_client) -> None:
+    """toy-motion at its own defaults (17 frames of 64x64 from seconds and its fps), through the SDK's videos
+    API; the MP4 is read back frame by frame by the toy-motion checker."""
+    read = []
+    for seed in (42, 43, 44):
+        video = demo_client.videos.create(model="toy-motion", prompt=VIDEO_PROMPT, size="64x64", seconds="2",
+                                          extra_body={"seed": seed})
+        deadline = time.monotonic() + 120
+        while video.status not in ("completed", "failed") and time.monotonic() < deadline:
+            time.sleep(0.1)
+            video = demo_client.videos.retrieve(video.id)
+        assert video.status == "completed", video.error
+        frames, _, fps = read_mp4(demo_client.videos.download_content(video.id).read())
+        assert frames.shape == (17, 64, 64, 3) and fps == 8
+        read.append(read_clip(list(frames)).scene)
+    assert read.count(parse_prompt(VIDEO_PROMPT)) >= 2, read
 
 
 def test_the_demo_draws_stars_with_the_stars_lora(demo_client) -> None:
@@ -74,11 +105,11 @@ def test_the_demo_draws_stars_with_the_stars_lora(demo_client) -> None:
     assert read.count(Scene("red", "star", "blue")) >= 2, read
 
 
-def test_the_playground_default_form_draws_the_prompt(demo_server, tmp_path) -> None:
-    """A newcomer's first click: the playground's form as it loads (the model's own size and steps, from its
-    /v1/models card), only the prompt typed; the image the page shows is read back by the grammar's checker."""
+@contextlib.contextmanager
+def playground(demo_server, tmp_path: Path, model: str) -> Iterator[Any]:
+    """Chromium on the demo's playground with ``model`` picked and its form filled from that model's defaults."""
     from chromium_session import find_browser, start_chromium
-    from selenium.webdriver.support.ui import WebDriverWait
+    from selenium.webdriver.support.ui import Select, WebDriverWait
 
     found = find_browser()
     if isinstance(found, str):
@@ -88,24 +119,60 @@ def test_the_playground_default_form_draws_the_prompt(demo_server, tmp_path) -> 
         driver.get(demo_server.url + "/")
         wait = WebDriverWait(driver, 60, poll_frequency=0.05)
         wait.until(lambda d: d.execute_script("return document.body.dataset.defaults") == "filled")
+        if driver.execute_script("return document.body.dataset.model") != model:
+            Select(driver.find_element("id", "model-picker")).select_by_value(model)
+            wait.until(lambda d: d.execute_script("return document.body.dataset.model") == model
+                       and d.execute_script("return document.body.dataset.defaults") == "filled")
+        driver.wait = wait
+        yield driver
+    finally:
+        driver.quit()
+
+
+def type_into(driver: Any, field: str, text: str) -> None:
+    element = driver.find_element("id", field)
+    element.clear()
+    element.send_keys(text)
+
+
+def test_the_playground_default_form_draws_the_prompt(demo_server, tmp_path) -> None:
+    """A newcomer's first click: the playground's form as it loads (the model's own size and steps, from its
+    /v1/models card), only the prompt typed; the image the page shows is read back by the grammar's checker."""
+    with playground(demo_server, tmp_path, "toy-shapes") as driver:
         form = {name: driver.find_element("id", name).get_attribute("value") for name in ("width", "height", "steps")}
         assert form == {"width": "64", "height": "64", "steps": "8"}, form  # the model's, not the page's
-        prompt = driver.find_element("id", "prompt")
-        prompt.clear()
-        prompt.send_keys(PROMPT)
+        type_into(driver, "prompt", PROMPT)
         driver.find_element("id", "seed-random").click()  # a fixed seed: the test reads one known image
         driver.find_element("id", "seed").send_keys("42")
         driver.find_element("id", "generate").click()
-        wait.until(lambda d: d.find_element("id", "status").text.startswith("Done"))
-        img = wait.until(lambda d: d.find_element("css selector", "#gallery li.card img"))
-        wait.until(lambda d: d.execute_script("return arguments[0].complete && arguments[0].naturalWidth", img))
+        driver.wait.until(lambda d: d.find_element("id", "status").text.startswith("Done"))
+        img = driver.wait.until(lambda d: d.find_element("css selector", "#gallery li.card img"))
+        driver.wait.until(lambda d: d.execute_script("return arguments[0].complete && arguments[0].naturalWidth",
+                                                     img))
         # The pixels the page shows (a canvas copy of the <img>; the CSP keeps fetch() to this origin).
         data = driver.execute_script("""const img = arguments[0], canvas = document.createElement('canvas');
             canvas.width = img.naturalWidth; canvas.height = img.naturalHeight;
             canvas.getContext('2d').drawImage(img, 0, 0);
             return canvas.toDataURL('image/png').split(',')[1];""", img)
-    finally:
-        driver.quit()
     image = Image.open(io.BytesIO(base64.b64decode(data))).convert("RGB")
     assert image.size == (64, 64)
     assert classify(image) == Scene("red", "circle", "blue"), classify(image)
+
+
+def test_the_playground_video_tab_animates_the_prompt(demo_server, demo_client, tmp_path) -> None:
+    """toy-motion picked: the video tab's form holds the model's own size, frames, fps and steps; only the prompt
+    and a seed typed, the video the page plays is read back by the toy-motion checker."""
+    with playground(demo_server, tmp_path, "toy-motion") as driver:
+        assert driver.find_element("id", "generate-panel").get_attribute("hidden") is not None
+        fields = ("video-width", "video-height", "video-frames", "video-fps", "video-steps")
+        form = {name: driver.find_element("id", name).get_attribute("value") for name in fields}
+        assert form == dict(zip(fields, ("64", "64", "17", "8", "12"), strict=True)), form
+        type_into(driver, "video-prompt", VIDEO_PROMPT)
+        type_into(driver, "video-seed", "42")
+        driver.find_element("id", "video-generate").click()
+        driver.wait.until(lambda d: d.find_element("id", "video-status").text.startswith("Done"))
+        video_id = driver.find_element("id", "video-result").get_attribute("data-video-id")
+    # The MP4 the page plays, by the id it played (a <video> element's pixels cannot be read back reliably).
+    frames, _, _ = read_mp4(demo_client.videos.download_content(video_id).read())
+    assert frames.shape == (17, 64, 64, 3)
+    assert read_clip(list(frames)).scene == parse_prompt(VIDEO_PROMPT), read_clip(list(frames)).scene

@@ -1,7 +1,8 @@
-"""``/v1/videos`` on a real ``diffserve serve`` of the tiny Wan, through the real ``openai`` SDK: create, poll
-to ``completed`` (``in_progress`` seen), download the MP4 (the frames and size asked for), the thumbnail (the
-first frame) and the sprite sheet; list, delete; bad input answered 400 naming the field while the server serves
-on; ``Idempotency-Key``; the API key guarding every route."""
+"""``/v1/videos`` on a real ``diffserve serve`` of the trained toy video model (toy-motion, a tiny Wan2.1), through
+the real ``openai`` SDK: create, poll to ``completed`` (``in_progress`` seen), download the MP4 (the frames and size
+asked for, read back by the toy-motion checker: the video shows its prompt), the thumbnail (the first frame) and the
+sprite sheet; list, delete; bad input answered 400 naming the field while the server serves on;
+``Idempotency-Key``; the API key guarding every route."""
 
 from __future__ import annotations
 
@@ -17,6 +18,8 @@ import pytest
 from PIL import Image
 
 from diffserve.entrypoints.openai.video_encoding import read_mp4
+from diffserve.zoo.toy_motion.checker import read_clip
+from diffserve.zoo.toy_motion.grammar import parse_prompt
 
 API_KEY = "video-key"
 SIZE = "64x48"
@@ -24,11 +27,13 @@ FAST = {"num_inference_steps": 2, "fps": 8, "seed": 3}
 
 
 @pytest.fixture(scope="module")
-def server(server_launcher, write_deploy, tiny_wan_dir, tmp_path_factory):
+def server(server_launcher, write_deploy, tmp_path_factory):
+    from diffserve.zoo.wan import toy_motion_dir
+
     state = tmp_path_factory.mktemp("state")
     deploy = write_deploy("dtype: float32\nenforce_eager: true\nwarmup:\n  enabled: false\n")
-    with server_launcher(tiny_wan_dir, "--deploy-config", deploy, "--api-key", API_KEY, "--state-dir", state,
-                         "--served-model-name", "tiny-wan") as proc:
+    with server_launcher(toy_motion_dir(), "--deploy-config", deploy, "--api-key", API_KEY, "--state-dir", state,
+                         "--served-model-name", "toy-motion") as proc:
         proc.state_dir = state
         yield proc
 
@@ -52,29 +57,34 @@ def wait(client: openai.OpenAI, video_id: str, timeout: float = 120.0) -> tuple[
 
 
 def test_the_sdk_creates_polls_and_downloads_a_video(client: openai.OpenAI, server) -> None:
-    video = client.videos.create(model="tiny-wan", prompt="a red ball rolling left", seconds="1", size=SIZE,
+    prompt = "a yellow square moving right on a black background"
+    video = client.videos.create(model="toy-motion", prompt=prompt, seconds="2", size="64x64",
                                  extra_body={**FAST, "num_inference_steps": 24})
     assert video.object == "video" and video.status == "queued" and video.progress == 0
     assert video.id.startswith("video_") and len(video.id) == len("video_") + 32
-    assert video.size == SIZE and video.seconds == "1" and video.model == "tiny-wan"
+    assert video.size == "64x64" and video.seconds == "2" and video.model == "toy-motion"
     done, seen = wait(client, video.id)
     assert done.status == "completed", done.error
     assert "in_progress" in seen, seen
     assert done.progress == 100 and done.completed_at >= done.created_at and done.error is None
     assert done.expires_at == pytest.approx(done.completed_at + 86400, abs=2)
     extra = done.model_extra["diffserve"]
-    assert extra["seed"] == 3 and extra["num_frames"] == 9 and extra["fps"] == 8  # 1 s at 8 fps: 4k+1 = 9
+    assert extra["seed"] == 3 and extra["num_frames"] == 17 and extra["fps"] == 8  # 2 s at 8 fps: 4k+1 = 17
     assert extra["attestation"]["linear"] and extra["config_fingerprint"]
 
     frames, tags, fps = read_mp4(client.videos.download_content(video.id).read())
-    assert frames.shape == (9, 48, 64, 3) and fps == 8 and tags["seed"] == "3"
+    assert frames.shape == (17, 64, 64, 3) and fps == 8 and tags["seed"] == "3"
+    # What the MP4 shows, through H.264: the prompt's background, object colour and direction (shape is the
+    # statistical test's, tests/zoo/test_toy_motion_model.py: one clip may miss it).
+    asked, read = parse_prompt(prompt), read_clip(list(frames)).scene
+    assert (read.background, read.colour, read.direction) == (asked.background, asked.colour, asked.direction), read
     thumbnail = np.asarray(Image.open(io.BytesIO(client.videos.download_content(video.id,
                                                                                 variant="thumbnail").read())))
-    assert thumbnail.shape == (48, 64, 3)
+    assert thumbnail.shape == (64, 64, 3)
     # The thumbnail is the first frame losslessly; the MP4's first frame is it through H.264.
     assert np.abs(thumbnail.astype(int) - frames[0].astype(int)).mean() < 6
     sheet = Image.open(io.BytesIO(client.videos.download_content(video.id, variant="spritesheet").read()))
-    assert sheet.format == "JPEG" and sheet.size == (4 * 64, 3 * 48)  # 9 frames: a 4-column grid of 3 rows
+    assert sheet.format == "JPEG" and sheet.size == (4 * 64, 4 * 64)  # 16 of the 17 frames, 4 columns
 
     listed = client.videos.list(limit=100)
     assert video.id in [v.id for v in listed.data]
