@@ -33,6 +33,7 @@ from benchmarks import (  # noqa: E402
     stages,
     step_cache,
     step_cache_trained,
+    step_cache_video,
     throughput,
     tracing,
     transformer_step,
@@ -70,6 +71,7 @@ MEASUREMENTS = (
     ("stages", "n. Stages at runtime: three stages pipelined, and the conditioning cache", stages.measure),
     ("video", "o. Video: native Wan vs diffusers' WanPipeline, step vs matmul peak, CFG-parallel", video.measure),
     ("tracing", "p. Tracing: HTTP latency with OpenTelemetry on vs off", tracing.measure),
+    ("cache_video", "q. Step cache on the trained toy video model against a random one", step_cache_video.measure),
 )
 
 
@@ -80,7 +82,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="markdown report path (default: this CPU kind's, benchmarks/RESULTS[-KIND].md)")
     p.add_argument("--cache-dir", type=Path, default=DEFAULT_CACHE, help="where built models are kept")
     p.add_argument("--only", default="", help="comma-separated measurement keys: e2e,step,overhead,throughput,cold,replicas,parallel,cache,"
-                   "arrivals,generic,lora,cache_trained,quant,stages,video,tracing")
+                   "arrivals,generic,lora,cache_trained,quant,stages,video,tracing,cache_video")
     p.add_argument("--merge", action="store_true",
                    help="keep the sections of the report at --out that this run does not measure (only when "
                         "it was measured in the same mode on the same CPU capability)")

@@ -21,7 +21,7 @@ GUIDANCE_SCALE = 3.5
 class Case:
     """One image-generation workload: which model, image size and denoise steps."""
 
-    model: str  # "tiny-flux" | "small-flux" | ... ("toy-shapes": the shipped trained model, section l)
+    model: str  # "tiny-flux" | "small-flux" | ... ("toy-shapes"/"toy-motion": the trained toy models, l and q)
     size: int  # square images, pixels per side
     steps: int
 
@@ -96,6 +96,15 @@ class Settings:
     tracing_case: Case = Case("tiny-flux", 128, 2)
     tracing_rounds: int = 6
     tracing_block: int = 5
+    # Step cache on the trained toy video model against its random twin (section q): the case (64x64 and 17 frames
+    # are the model's; 24 steps, twice its default 12, so a sweep has steps to skip), the held-out pairs per point
+    # and each backend's thresholds (0 = uncached is always added). teacache runs Wan2.1-T2V-1.3B's polynomial, whose
+    # published 0.05/0.08 skip nothing here: its rescaled value is ~0.22 per step on the trained model (so 0.3/0.5/0.8
+    # skip about one, two, three steps per computed one) and in the hundreds on the random twin (it never skips).
+    cache_video_case: Case = Case("toy-motion", 64, 24)
+    cache_video_pairs: int = 8
+    cache_video_fbcache: tuple[float, ...] = (0.05, 0.08, 0.15, 0.3, 0.5)
+    cache_video_teacache: tuple[float, ...] = (0.08, 0.3, 0.5, 0.8)
 
 
 TINY_E2E = Case("tiny-flux", 128, 2)
@@ -167,4 +176,8 @@ SMOKE = Settings(
     tracing_case=Case("tiny-flux", 64, 2),
     tracing_rounds=1,
     tracing_block=1,
+    cache_video_case=Case("toy-motion", 64, 4),
+    cache_video_pairs=1,
+    cache_video_fbcache=(0.3,),
+    cache_video_teacache=(),  # smoke: fbcache only (the teacache path is the same code)
 )

@@ -17,7 +17,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 SECTION_KEYS = ("e2e", "step", "overhead", "throughput", "cold", "replicas", "parallel", "cache", "arrivals",
-                "generic", "lora", "cache_trained", "quant", "stages", "video", "tracing")
+                "generic", "lora", "cache_trained", "quant", "stages", "video", "tracing", "cache_video")
 
 
 @pytest.mark.e2e
