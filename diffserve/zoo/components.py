@@ -44,3 +44,15 @@ def save_components(factories: dict[str, Callable[[], Any]], out: Path, seed: in
 def write_json(path: Path, data: dict[str, Any]) -> None:
     """``data`` as sorted, indented JSON (byte-identical for equal data)."""
     path.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+
+
+def shipped_model_dir(asset: str) -> Path:
+    """A trained pipeline shipped in the package (``diffserve/assets/<asset>``, named as ``make-model`` names it);
+    a ``ConfigError`` saying how to get it back when its files are missing."""
+    from diffserve.errors import ConfigError
+
+    path = Path(__file__).resolve().parent.parent / "assets" / asset
+    if not (path / "model_index.json").is_file() or not (path / MARKER_FILE).is_file():
+        raise ConfigError(f"the shipped {asset} model is missing from {path}", path="model",
+                          hint=f"reinstall diffserve, or train it: diffserve make-model {asset} DIR --train")
+    return path

@@ -15,7 +15,7 @@ from typing import Any
 
 from diffserve.errors import ConfigError
 from diffserve.logging import get_logger
-from diffserve.zoo.components import MARKER_FILE, save_components, write_json
+from diffserve.zoo.components import MARKER_FILE, save_components, shipped_model_dir, write_json
 from diffserve.zoo.flux_specs import SCHEDULER_CONFIG, FluxSpec, get_spec
 from diffserve.zoo.publish import build_into
 
@@ -76,11 +76,7 @@ def ensure_demo_model() -> Path:
 
 def toy_model_dir() -> Path:
     """The trained toy-shapes pipeline shipped in the package (``diffserve/assets/toy-shapes``)."""
-    path = Path(__file__).resolve().parent.parent / "assets" / TOY_ASSET
-    if not (path / "model_index.json").is_file() or not (path / MARKER_FILE).is_file():
-        raise ConfigError(f"the shipped toy model is missing from {path}", path="model",
-                          hint="reinstall diffserve, or train it: diffserve make-model toy-shapes DIR --train")
-    return path
+    return shipped_model_dir(TOY_ASSET)
 
 
 def _write_pipeline(spec: FluxSpec, out: Path, *, seed: int, guidance_embeds: bool) -> None:

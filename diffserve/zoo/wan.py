@@ -12,8 +12,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from diffserve.errors import ConfigError
-from diffserve.zoo.components import MARKER_FILE, save_components, write_json
+from diffserve.zoo.components import MARKER_FILE, save_components, shipped_model_dir, write_json
 from diffserve.zoo.publish import build_seeded
 from diffserve.zoo.wan_specs import WAN_SPECS, WanSpec, get_wan_spec
 
@@ -34,11 +33,7 @@ def build_wan_model(kind: str, out_dir: Path | str, *, seed: int = 0, force: boo
 
 def toy_motion_dir() -> Path:
     """The trained toy-motion pipeline shipped in the package (``diffserve/assets/toy-motion``)."""
-    path = Path(__file__).resolve().parent.parent / "assets" / TOY_MOTION_ASSET
-    if not (path / "model_index.json").is_file() or not (path / MARKER_FILE).is_file():
-        raise ConfigError(f"the shipped toy-motion model is missing from {path}", path="model",
-                          hint="reinstall diffserve, or train it: diffserve make-model toy-motion DIR --train")
-    return path
+    return shipped_model_dir(TOY_MOTION_ASSET)
 
 
 def _write_pipeline(spec: WanSpec, out: Path, *, seed: int) -> None:
