@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from diffserve.logging import get_logger
-from diffserve.zoo.components import MARKER_FILE, component_seed
+from diffserve.zoo.components import MARKER_FILE, component_seed, save_components, write_json
 from diffserve.zoo.publish import build_into
 from diffserve.zoo.toy_motion.checker import BARS, score
 from diffserve.zoo.toy_motion.grammar import FPS, FRAMES, all_scenes, draw_clip
@@ -92,8 +92,6 @@ def _train_into(out: Path, config: TrainConfig) -> None:
     import diffusers
     import torch
     from diffusers import AutoencoderKLWan, UniPCMultistepScheduler
-
-    from diffserve.zoo.components import save_components, write_json
 
     torch.set_num_threads(config.threads)
     started = time.perf_counter()
@@ -169,9 +167,6 @@ def best_guidance(checker: dict[str, dict[str, float]]) -> float:
 
 
 def _write_marker(out: Path, seed: int, *, guidance: float) -> None:
-    from diffserve.zoo.components import write_json
-    from diffserve.zoo.wan_specs import get_wan_spec
-
     write_json(out / MARKER_FILE, {
         "builder_version": TOY_VERSION, "kind": TOY_KIND, "seed": seed, "pipeline": get_wan_spec("tiny-wan").pipeline,
         "random_weights": False,
