@@ -138,7 +138,7 @@ def test_training_runs_end_to_end_on_a_tiny_budget(tmp_path: Path) -> None:
         out = train_toy_motion(tmp_path / "toy", TrainConfig(clips=16, vae_steps=2, vae_full_steps=1, vae_batch=2,
                                                              temporal_vae_steps=1, temporal_vae_batch=1,
                                                              transformer_steps=2, transformer_batch=4, frame_batch=4,
-                                                             eval_pairs=2, threads=1))
+                                                             eval_pairs=2, vae_check_clips=2, threads=1))
     finally:
         torch.set_num_threads(threads)
     for name in ("loss.png", "training.json", "diffserve_model.json", "vae/config.json", "tokenizer/tokenizer.json",
