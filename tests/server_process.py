@@ -7,11 +7,11 @@ import os
 import signal
 import socket
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import httpx
+import preloaded
 
 STARTUP_TIMEOUT_S = 180.0
 
@@ -34,10 +34,9 @@ class ServerProcess:
         # Video jobs go to the server's own state directory (beside its log, so a restart finds them), never ~/.local.
         env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "PYTHONUNBUFFERED": "1",
                "XDG_STATE_HOME": str(log_path.parent / "state"), **(env or {})}
-        cmd = [sys.executable, "-m", "diffserve.entrypoints.cli", "serve", *args,
-               "--host", "127.0.0.1", "--port", str(self.port)]
-        self._log = open(log_path, "ab")  # noqa: SIM115 - closed in stop(); a restart appends
-        self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, env=env)
+        # Forked from the preloaded launcher (the imports are paid once per pytest process); a restart appends.
+        self.proc = preloaded.start("diffserve.entrypoints.cli",
+                                    ["serve", *args, "--host", "127.0.0.1", "--port", str(self.port)], env, log_path)
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")
@@ -57,7 +56,6 @@ class ServerProcess:
         """SIGKILL: no shutdown runs (a crash)."""
         self.proc.kill()
         self.proc.wait(timeout=30)
-        self._log.close()
 
     def stop(self) -> None:
         if self.proc.poll() is None:
@@ -67,4 +65,3 @@ class ServerProcess:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait(timeout=10)
-        self._log.close()

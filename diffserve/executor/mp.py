@@ -172,10 +172,15 @@ class MultiprocExecutor(Executor):
         self._join_readers(2.0)
 
 
-# What every worker imports before its model loads (the heavy part of a worker's start).
-FORKSERVER_PRELOAD = ["torch", "diffusers", "transformers", "diffserve.worker.process",
-                      "diffserve.models.flux.pipeline", "diffserve.models.generic.pipeline",
-                      "diffserve.models.wan.pipeline"]
+# What every worker imports before its model loads (the heavy part of a worker's start). diffusers and
+# transformers import their models lazily, on first attribute access: their model code (transformers'
+# modeling_utils with its quantizers, the text encoders, diffusers' autoencoders package) is named here, or each
+# worker would import it again after the fork (~1 CPU-s of a tiny FLUX worker's 1.6 s start on 2 cores).
+FORKSERVER_PRELOAD = ["torch", "diffusers", "transformers", "transformers.modeling_utils",
+                      "transformers.models.clip.modeling_clip", "transformers.models.t5.modeling_t5",
+                      "transformers.models.umt5.modeling_umt5", "diffusers.models.autoencoders",
+                      "diffserve.worker.process", "diffserve.models.flux.pipeline",
+                      "diffserve.models.generic.pipeline", "diffserve.models.wan.pipeline"]
 
 
 def worker_context(on_cuda: bool = False) -> Any:

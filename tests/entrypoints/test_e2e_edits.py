@@ -9,13 +9,12 @@ from __future__ import annotations
 import base64
 import io
 import json
-import os
 import socket
 import subprocess
-import sys
 
 import httpx
 import openai
+import preloaded
 import pytest
 from PIL import Image
 from test_e2e_generate_cli import run_in_process
@@ -173,9 +172,7 @@ def test_a_corrupt_upload_leaves_the_server_serving(server, client) -> None:
 
 # --- diffserve generate --image/--mask/--strength -----------------------------------------------------------
 def run_cli(*args: object, timeout: float = 300) -> subprocess.CompletedProcess:
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
-    return subprocess.run([sys.executable, "-m", "diffserve.entrypoints.cli", *map(str, args)], capture_output=True,
-                          text=True, timeout=timeout, env=env)
+    return preloaded.run("diffserve.entrypoints.cli", *args, timeout=timeout)
 
 
 def test_generate_cli_edits_with_a_grayscale_mask(tiny_flux_dir, tmp_path, capsys) -> None:

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 
+import preloaded
 import pytest
 from PIL import Image
 
@@ -14,9 +14,9 @@ pytestmark = pytest.mark.e2e
 CLI = [sys.executable, "-m", "diffserve.entrypoints.cli"]
 
 
-def run_cli(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
-    return subprocess.run([*CLI, *map(str, args)], capture_output=True, text=True, timeout=timeout, env=env)
+def run_cli(*args: object, timeout: float = 300) -> subprocess.CompletedProcess:
+    """``python -m diffserve.entrypoints.cli *args`` in a process of its own (forked by the preloaded launcher)."""
+    return preloaded.run("diffserve.entrypoints.cli", *args, timeout=timeout)
 
 
 def run_in_process(capsys: pytest.CaptureFixture[str], *args: object) -> subprocess.CompletedProcess:

@@ -126,17 +126,13 @@ def test_generic_path_refuses_single_files(tiny_sd3_dir: Path, tiny_flux_dir: Pa
 def test_generate_cli_reads_a_bfl_file(tiny_flux_dir: Path, tmp_path: Path) -> None:
     """``diffserve generate MODEL --transformer FILE`` in its own process, and a deploy file's ``components:``
     in ``config explain`` with its line."""
-    import os
-    import subprocess
-    import sys
+    import preloaded
 
     bfl = write_single_file(tiny_flux_dir, tmp_path / "flux1-tiny.safetensors")
     out = tmp_path / "out.png"
-    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
-    proc = subprocess.run([sys.executable, "-m", "diffserve.entrypoints.cli", "--log-level", "info", "generate",
-                           str(tiny_flux_dir), "a fox", "-o", str(out), "--size", "64x64", "--steps", "2", "--seed", "3",
-                           "--no-progress", "--transformer", str(bfl)],
-                          capture_output=True, text=True, env=env, timeout=180)
+    proc = preloaded.run("diffserve.entrypoints.cli", "--log-level", "info", "generate", tiny_flux_dir, "a fox",
+                         "-o", out, "--size", "64x64", "--steps", "2", "--seed", "3", "--no-progress",
+                         "--transformer", bfl, timeout=180)
     assert proc.returncode == 0 and out.is_file(), proc.stderr[-2000:]
     assert f"loaded FLUX transformer from {bfl} (bfl layout" in proc.stderr
     deploy = tmp_path / "deploy.yaml"

@@ -6,13 +6,11 @@ status 2 and a one-line message, and a server reports it on /health and in every
 from __future__ import annotations
 
 import json
-import os
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import httpx
+import preloaded
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
@@ -105,10 +103,8 @@ def _truncated(tiny_flux_dir: Path, tmp_path: Path) -> Path:
 @pytest.mark.e2e
 def test_generate_exits_2_with_one_line(tiny_flux_dir: Path, tmp_path: Path) -> None:
     broken = _truncated(tiny_flux_dir, tmp_path)
-    proc = subprocess.run([sys.executable, "-m", "diffserve.entrypoints.cli", "generate", str(tiny_flux_dir), "a fox",
-                           "-o", str(tmp_path / "out.png"), "--size", "64x64", "--steps", "1", "--no-progress",
-                           "--transformer", str(broken)], capture_output=True, text=True, timeout=180,
-                          env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    proc = preloaded.run("diffserve.entrypoints.cli", "generate", tiny_flux_dir, "a fox", "-o", tmp_path / "out.png",
+                         "--size", "64x64", "--steps", "1", "--no-progress", "--transformer", broken, timeout=180)
     assert proc.returncode == 2, proc.stderr[-2000:]
     assert f"{broken}: not a readable safetensors file" in proc.stderr and "Traceback" not in proc.stderr
     assert not (tmp_path / "out.png").exists()

@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
 from pathlib import Path
 
+import preloaded
 import pytest
 
 from diffserve.errors import ConfigError
@@ -21,11 +20,7 @@ WEIGHT_FILES = (
 
 
 def _cli(*args: str | Path) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
-    return subprocess.run(
-        [sys.executable, "-m", "diffserve.entrypoints.cli", *map(str, args)],
-        capture_output=True, text=True, env=env, timeout=240,
-    )
+    return preloaded.run("diffserve.entrypoints.cli", *args, timeout=240)
 
 
 def _files(root: Path) -> dict[str, bytes]:
