@@ -97,6 +97,7 @@ def resolve(model: str | os.PathLike | None = None,
     out.errors.extend(_implementation_errors(stages, family, provenance))
     out.errors.extend(_component_errors(stages, family, provenance))
     out.errors.extend(_generic_cache_errors(stages, family, provenance))
+    out.errors.extend(_text_window_errors(stages, family, provenance))
     out.errors.extend(device_errors(stages, platform_name, provenance))
     _raise_if_errors(out.errors)
     for warning in warnings:
@@ -205,6 +206,19 @@ def _implementation_errors(stages: tuple[StageConfig, ...], family: Any,
     return errors + [ConfigError(f"{family.class_name} has no native implementation", path=key,
                         source=provenance[key].describe(), hint="use implementation: generic (or leave it unset)")
             for key in (f"stages.{s.stage_id}.implementation" for s in stages if s.implementation == "native")]
+
+
+def _text_window_errors(stages: tuple[StageConfig, ...], family: Any,
+                        provenance: Mapping[str, Source]) -> list[ConfigError]:
+    """A default text length past the model's window: every request that sends none would be refused."""
+    errors: list[ConfigError] = []
+    for stage in stages:
+        length, key = stage.request_defaults.max_sequence_length, f"stages.{stage.stage_id}.request_defaults.max_sequence_length"
+        if family is not None and length is not None and length > family.max_sequence_length:
+            errors.append(ConfigError(f"{length} text tokens is past {family.class_name}'s window of "
+                                      f"{family.max_sequence_length}", path=key, source=provenance[key].describe(),
+                                      hint=f"use at most {family.max_sequence_length} (or leave it unset)"))
+    return errors
 
 
 def _generic_cache_errors(stages: tuple[StageConfig, ...], family: Any,

@@ -116,6 +116,9 @@ class RequestDefaultsConfig:
     guidance_scale: float | None = opt(None, "guidance_scale of a request that sends none (unset: the model's; "
                                        "the distilled guidance of FLUX, the CFG scale of SD3 and PixArt)",
                                        c.float_normalizer(0.0, 100.0), kind="float")
+    max_sequence_length: int | None = opt(None, "text tokens a request that sends none is encoded to (unset: the "
+                                          "model's window, e.g. FLUX 512, SD3 256); at most the model's window",
+                                          c.int_normalizer(1), kind="int")
     num_frames: int | None = opt(None, "frames of a video request that sends none (video models only; unset: the "
                                  "model's, e.g. Wan's 81)", c.int_normalizer(1), kind="int")
     fps: int | None = opt(None, "frame rate of a video request that sends none (video models only; unset: the "

@@ -86,9 +86,10 @@ def model_layer(model: str | os.PathLike | None, out: Collector) -> tuple[str | 
     for key, value in defaults.items():
         if key not in marker_defaults:
             out.add(rank, None, f"request_defaults.{key}", value, source)
-    # What the model declares of the family's keys, and its size (no family has one: the VAE's or Wan's)
+    # What the model declares of the family's keys, its size (no family has one: the VAE's or Wan's) and its text
+    # window (a model trained on fewer tokens than its family's)
     for key, value in marker_defaults.items():
-        if key in defaults or key in ("height", "width"):
+        if key in defaults or key in ("height", "width", "max_sequence_length"):
             out.add(rank, None, f"request_defaults.{key}", value, marker_source)
     return str(path.resolve()), family
 
@@ -111,8 +112,8 @@ def _model_teacache_polynomial(path: Path, class_name: str, out: Collector) -> N
 
 def _marker_request_defaults(path: Path, out: Collector) -> tuple[dict[str, Any], Source]:
     """The model's own ``request_defaults`` from its marker file (``diffserve_model.json``), if it declares
-    any: ``num_inference_steps``, ``guidance_scale``, ``height``, ``width`` (and a video model's ``num_frames``,
-    ``fps``), which replace the family's."""
+    any: ``num_inference_steps``, ``guidance_scale``, ``height``, ``width``, ``max_sequence_length`` (and a video
+    model's ``num_frames``, ``fps``), which replace the family's."""
     marker = path / MODEL_MARKER_FILE
     source = Source("model", str(marker), None, "the model's request_defaults")
     if not marker.is_file():
@@ -129,7 +130,7 @@ def _marker_request_defaults(path: Path, out: Collector) -> tuple[dict[str, Any]
         out.error("request_defaults must be a mapping", path=f"{MODEL_MARKER_FILE}:request_defaults",
                   source=str(marker))
         return {}, source
-    known = {"num_inference_steps", "guidance_scale", "num_frames", "fps", "height", "width"}
+    known = {"num_inference_steps", "guidance_scale", "num_frames", "fps", "height", "width", "max_sequence_length"}
     for key in sorted(set(declared) - known):
         out.error(f"unknown request default {key!r}", path=f"{MODEL_MARKER_FILE}:request_defaults.{key}",
                   source=str(marker), hint=f"choose from: {', '.join(sorted(known))}")

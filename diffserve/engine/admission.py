@@ -60,7 +60,8 @@ def fill_defaults(request: GenerationRequest, defaults: RequestDefaultsConfig | 
     """Unset ``num_inference_steps``/``guidance_scale`` (and a request's size, unless it edits an image) from the
     deployment's ``request_defaults`` (the model's own, source ``model``, unless the deployment set others); a
     video model's unset frames, fps and size likewise (its size else the family's); an unset ``max_sequence_length`` from
-    the model's text limit. The only place an engine's requests get their defaults: nothing downstream fills."""
+    ``request_defaults``, else the model's text limit. The only place an engine's requests get their defaults:
+    nothing downstream fills."""
     video = capabilities.video if capabilities is not None else None
     extra: dict[str, int | None] = {}
     if not request.images:  # an edit (and image-to-video) takes its image's size (check_edit)
@@ -71,9 +72,11 @@ def fill_defaults(request: GenerationRequest, defaults: RequestDefaultsConfig | 
                      fps=defaults.fps if defaults is not None else None)
         if not request.images:
             extra.update(height=extra["height"] or video.default_height, width=extra["width"] or video.default_width)
+    text_length = defaults.max_sequence_length if defaults is not None else None
+    if text_length is None and capabilities is not None:
+        text_length = capabilities.max_sequence_length
     return request.with_defaults(defaults.num_inference_steps if defaults is not None else None,
-                                 defaults.guidance_scale if defaults is not None else None,
-                                 capabilities.max_sequence_length if capabilities is not None else None, **extra)
+                                 defaults.guidance_scale if defaults is not None else None, text_length, **extra)
 
 
 def check_edit(request: GenerationRequest, capabilities: PipelineCapabilities | None) -> GenerationRequest:

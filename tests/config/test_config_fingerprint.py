@@ -46,7 +46,8 @@ OTHER = {"dtype": "float16", "linear_backend": "torch", "attention_backend": "ma
          "topology": "split_text_encoder", "warmup_enabled": True, "allowed_hosts": "localhost",
          "expose_config": True, "ray_address": "auto", "cache_backend": "fbcache", "cache_threshold": 0.3,
          "cache_max_consecutive_skips": 3, "cache_teacache_coefficients": "wan2.1-t2v-14b", "batching": "request", "implementation": "generic",
-         "default_num_inference_steps": 10, "default_guidance_scale": 1.5, "default_num_frames": 17, "default_fps": 24, "default_height": 64, "default_width": 96,
+         "default_num_inference_steps": 10, "default_guidance_scale": 1.5, "default_max_sequence_length": 64,
+         "default_num_frames": 17, "default_fps": 24, "default_height": 64, "default_width": 96,
          "lora_modules": "style=/loras/style.safetensors", "lora_dir": "/loras", "batch_invariant": False,
          "components": f"transformer={__file__}", "vae_tiling": "off",  # resolve checks that the file exists
          "quantization": "int8", "quantization_ignored_layers": "final_layer", "text_encoder_quantization": "int8",

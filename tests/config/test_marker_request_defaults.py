@@ -70,3 +70,17 @@ def test_a_declared_size_is_the_models_and_video_keys_stay_off_an_image_model(fl
     for key in ("height", "width"):
         where = cfg.provenance[f"stages.0.request_defaults.{key}"]
         assert where.layer == "model" and where.file == str(marker)
+
+
+def test_a_declared_text_window_is_the_default_and_one_past_the_familys_is_refused(tmp_path: Path,
+                                                                                 flux_model: Path) -> None:
+    assert run(model=flux_model).stages[0].request_defaults.max_sequence_length is None  # the family's window
+    marker = _marker(flux_model, {"request_defaults": {"max_sequence_length": 32}})
+    cfg = run(model=flux_model)
+    assert cfg.stages[0].request_defaults.max_sequence_length == 32
+    assert cfg.provenance["stages.0.request_defaults.max_sequence_length"].file == str(marker)
+    deploy = tmp_path / "deploy.yaml"
+    deploy.write_text("request_defaults:\n  max_sequence_length: 600\n", encoding="utf-8")
+    with pytest.raises(ConfigError, match="600 text tokens is past FluxPipeline's window of 512") as info:
+        run(model=flux_model, deploy_config=deploy)
+    assert "request_defaults.max_sequence_length" in str(info.value) and str(deploy) in str(info.value)

@@ -95,3 +95,27 @@ def test_unset_fields_take_the_deployment_defaults_and_the_model_text_limit() ->
         admit(GenerationRequest(prompt="a fox", height=64, width=64), SERVER, CAPS,
               defaults=RequestDefaultsConfig(num_inference_steps=9))
     assert info.value.param == "num_inference_steps"
+
+
+def test_a_deployment_text_length_replaces_the_model_limit_and_a_request_own_wins() -> None:
+    defaults = RequestDefaultsConfig(max_sequence_length=32)
+    assert admit(GenerationRequest(prompt="a fox"), ServerConfig(), CAPS, defaults=defaults).max_sequence_length == 32
+    mine = admit(GenerationRequest(prompt="a fox", max_sequence_length=100), ServerConfig(), CAPS, defaults=defaults)
+    assert mine.max_sequence_length == 100
+
+
+def test_an_engine_encodes_unset_text_lengths_to_the_deployment_default(tiny_flux_dir) -> None:
+    """What reaches the worker: a request that sends no max_sequence_length draws the image of one that sends the
+    default (tiny FLUX's T5 encodes its pads by position, so the window changes the image)."""
+    import numpy as np
+
+    from diffserve import Engine
+
+    def image(engine: Engine, **kw: int) -> np.ndarray:
+        request = GenerationRequest(prompt="a fox", height=64, width=64, num_inference_steps=2, seed=3, **kw)
+        return np.asarray(engine.generate(request).images[0])
+
+    with Engine(str(tiny_flux_dir), env={}, enforce_eager=True, dtype="float32",
+                request_defaults={"max_sequence_length": 16}) as engine:
+        unset, short, full = image(engine), image(engine, max_sequence_length=16), image(engine, max_sequence_length=512)
+    assert np.array_equal(unset, short) and not np.array_equal(unset, full)
