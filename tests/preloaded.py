@@ -155,10 +155,10 @@ def start(module: str, args: list[str], env: dict[str, str], log_path: Path, cwd
                 _launcher = Launcher()
         if _launcher.accepts(env):
             return _launcher.popen(module, args, env, log_path, stderr_path or log_path, cwd)
-    with open(log_path, "ab") as out, open(stderr_path or os.devnull, "ab") as err:
-        return subprocess.Popen([sys.executable, "-m", module, *args], stdout=out,
-                                stderr=err if stderr_path else subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                env=env, cwd=cwd)
+    # As the launcher's child does: each stream opened for appending, the same file when stderr has none of its own.
+    with open(log_path, "ab") as out, open(stderr_path or log_path, "ab") as err:
+        return subprocess.Popen([sys.executable, "-m", module, *args], stdout=out, stderr=err,
+                                stdin=subprocess.DEVNULL, env=env, cwd=cwd)
 
 
 def run(module: str, *args: object, env: dict[str, str] | None = None, timeout: float = 300,
