@@ -25,6 +25,7 @@ import json
 import os
 import runpy
 import selectors
+import shutil
 import signal
 import socket
 import subprocess
@@ -226,6 +227,13 @@ def _run_child(request: dict[str, Any]) -> None:
 
 
 def serve(address: str) -> None:
+    try:
+        _serve(address)
+    finally:  # the socket's private directory goes with the launcher (pytest made it for this launcher only)
+        shutil.rmtree(os.path.dirname(address), ignore_errors=True)
+
+
+def _serve(address: str) -> None:
     for name in PRELOAD:
         importlib.import_module(name)
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
