@@ -30,8 +30,10 @@ def test_random_twin_is_the_toy_model_with_its_untrained_transformer(tmp_path: P
     marker = json.loads((twin / MARKER_FILE).read_text())
     assert marker["random_weights"] is True and marker["request_defaults"]["num_inference_steps"] == 8
 
-    # The trainer's start: seeded by component_seed(seed, "transformer"), then FluxTransformer2DModel(config).
-    torch.manual_seed(component_seed(0, "transformer"))
+    # The trainer's start: seeded by component_seed(seed, "transformer") with the training seed the shipped
+    # marker records, then FluxTransformer2DModel(config).
+    seed = json.loads((trained / MARKER_FILE).read_text())["seed"]
+    torch.manual_seed(component_seed(seed, "transformer"))
     start = FluxTransformer2DModel(**TRANSFORMER_CONFIG).state_dict()
     got, shipped = load_file(str(twin / weights)), load_file(str(trained / weights))
     assert got.keys() == start.keys() == shipped.keys()
