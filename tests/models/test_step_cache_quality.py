@@ -24,6 +24,7 @@ from diffserve.models.base import library_admit
 from diffserve.models.flux.pipeline import FluxPipeline
 from diffserve.types.request import GenerationRequest
 from diffserve.types.results import BatchResult
+from diffserve.zoo.toy_shapes.train import TEXT_LENGTH
 
 STEPS = 20
 # backend -> (default-threshold floors, (skipping threshold, its floors)); floors are (PSNR dB, SSIM).
@@ -99,7 +100,7 @@ def _toy_batch(pipe: FluxPipeline, **kw) -> tuple[list[np.ndarray], list[dict]]:
     kernels (``batch_invariant=False``; per-sample calls cost ~40% more at 64x64), the same 12 rows both ways."""
     requests = [library_admit(pipe, GenerationRequest(prompt=prompt, height=64, width=64,
                                                       num_inference_steps=TOY_STEPS, guidance_scale=0.0,
-                                                      seed=seed, **kw)) for prompt, seed in toy_pairs()]
+                                                      max_sequence_length=TEXT_LENGTH, seed=seed, **kw)) for prompt, seed in toy_pairs()]
     outputs = [out for event in pipe.run(requests) if isinstance(event, BatchResult) for out in event.outputs]
     return [out.images[0].numpy() for out in outputs], [out.attestation["cache"][0] for out in outputs]
 

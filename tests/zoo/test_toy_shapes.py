@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import json
 import random
+from argparse import Namespace
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 
 from diffserve.zoo.toy_shapes.grammar import COLOURS, SHAPES, all_scenes, classify, draw, parse_prompt
+from diffserve.zoo.toy_shapes.train import TEXT_LENGTH
 
 HELD_OUT = 100
 SEED_BASE = 1_000_000  # generation seeds far from anything training used
@@ -74,6 +76,9 @@ def test_the_toy_model_declares_few_steps(toy_model: Path) -> None:
     assert marker["kind"] == "toy-shapes" and marker["random_weights"] is False
     stage = resolve(model=toy_model, platform="cpu", env={}).stages[0]
     assert stage.request_defaults.num_inference_steps == marker["request_defaults"]["num_inference_steps"] <= 10
+    # Trained on a 32-token window (a grammar prompt is 8 tokens): requests are encoded to it, not to FLUX.1's 512.
+    assert stage.request_defaults.max_sequence_length == marker["request_defaults"]["max_sequence_length"] \
+        == TEXT_LENGTH == 32
 
 
 @pytest.fixture(scope="module")
@@ -110,8 +115,9 @@ def test_diffusers_flux_pipeline_draws_the_same_shapes(toy_model: Path) -> None:
     pipe = FluxPipeline.from_pretrained(str(toy_model), torch_dtype=torch.float32)
     pipe.set_progress_bar_config(disable=True)
     pairs = held_out_pairs(8)
+    # The model's text window (diffserve takes it from the model's request_defaults; diffusers' default is 512).
     images = pipe([p for p, _ in pairs], height=64, width=64, num_inference_steps=8, guidance_scale=0.0,
-                  generator=[torch.Generator().manual_seed(s) for _, s in pairs]).images
+                  max_sequence_length=TEXT_LENGTH, generator=[torch.Generator().manual_seed(s) for _, s in pairs]).images
     scores = accuracy(pairs, images)
     assert scores["background"] >= 0.75 and scores["colour"] >= 0.75, scores
 
@@ -142,6 +148,24 @@ def test_training_runs_end_to_end_on_a_tiny_budget(tmp_path: Path) -> None:
         assert (out / name).is_file(), name
     assert json.loads((out / "diffserve_model.json").read_text())["request_defaults"]["num_inference_steps"] == 8
     FluxPipeline.from_pretrained(str(out))
+
+
+def test_the_trainers_defaults_are_the_shipped_weights_settings(toy_model: Path) -> None:
+    """``make-model toy-shapes DIR --train`` without ``--seed`` retrains the shipped model (and the stars adapter
+    the shipped adapter): the trainers' defaults, seed included, are what the shipped training.json recorded."""
+    from dataclasses import asdict
+
+    from diffserve.entrypoints.commands.make_model import _seeded
+    from diffserve.zoo.toy_shapes.lora import LoraTrainConfig, shipped_stars_lora
+    from diffserve.zoo.toy_shapes.train import TrainConfig
+
+    no_seed, seed_7 = Namespace(seed=None), Namespace(seed=7)
+    for config, shipped in ((TrainConfig(), toy_model), (LoraTrainConfig(), shipped_stars_lora().parent)):
+        recorded = json.loads((shipped / "training.json").read_text(encoding="utf-8"))["config"]
+        assert {k: v for k, v in asdict(_seeded(config, no_seed)).items() if k != "threads"} \
+            == {k: v for k, v in recorded.items() if k != "threads"}
+        assert _seeded(config, seed_7).seed == 7
+    assert json.loads((toy_model / "diffserve_model.json").read_text(encoding="utf-8"))["seed"] == TrainConfig().seed
 
 
 @pytest.fixture(scope="module")

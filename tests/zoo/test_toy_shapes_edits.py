@@ -8,7 +8,7 @@ and shape the object has, which background, which pixels stayed. Every request g
 What the measurements taught (and why the checks are shaped as they are):
 
 - The model follows its prompt's object colour from 2 of 8 steps on: img2img at strength 0.2 (the schedule
-  starts at sigma 0.345) kept the input's object colour in only 3-5 of 16 images. "Low" strength is
+  starts at sigma 0.345) kept the input's object colour in only 3-5 of 16 images (version 1). "Low" strength is
   therefore 0.1: the last step only, from sigma 0.184.
 - The toy VAE's decoder is not local (8x8 latents and a mid-block attention): a kept ring one latent (8 px)
   wide decodes to the colour of what it surrounds, and a kept 32x32 centre inside a repainted new
@@ -20,8 +20,12 @@ What the measurements taught (and why the checks are shaped as they are):
   about as often as in the prompt's. The mask's effect is read where it is sharp, in the kept region,
   against the same requests without a mask.
 
-Thresholds come from measurement on a 2-core AMD EPYC (four other sets of 16 inputs, then this file's own
-set) with margin; the figures are in each test's docstring. Float32 results are deterministic on one
+Thresholds come from measurement (four other sets of 16 inputs, then this file's own set) with margin; the
+figures are in each test's docstring, for the shipped weights (toy-shapes version 2, trained on a 32-token text
+window; measured on a 2-core Intel AMX). Version 1 (FLUX.1's 512-token window, where one pad token carrying
+log(504) took most of the text's attention) kept more of an input: img2img at 0.1 kept the object colour in
+10-14 of 16 (version 2: 7-10) and the half-mask test the left half's colour in 14-16 (version 2: 9-14), and it
+drew fewer prompt shapes at strength 1.0 (8-14; version 2: 12-15). Float32 results are deterministic on one
 machine and move only in the last digits across CPUs.
 """
 
@@ -130,14 +134,12 @@ def test_img2img_keeps_the_input_at_low_strength_and_draws_the_prompt_at_full(en
 
     Strength 0.1 (the last step, from sigma 0.184): the checker reads the input's colour and shape, and the
     pixels stay near the input; strength 1.0 (pure noise, the input unused): the prompt's colour and shape.
-    Measured (of 16; four other sets, then this file's set): at 0.1 input colour 13/11/14/10, 10; input shape
-    13/12/12/15, 14; prompt colour 1/0/1/2, 1; mean abs difference 13.8/15.3/13.4/14.3, 15.2. At 1.0 prompt
-    colour 16/16/15/16, 14; prompt shape 14/14/8/13, 8 (the model draws ~73% of shapes right); input colour
-    0 everywhere; input shape 1/1/2/1, 3; difference 35.5/33.9/31.7/33.9, 31.9. Background: 16 everywhere.
-    (This set with a checker that reads a concave "circle" as a star: input shape at 0.1 12, prompt shape
-    at 1.0 13, input shape 2; colours alike.)
-    The object colour is the input's in ~70% at 0.1 (the last step still moves some objects to the
-    prompt's colour), so its floor is 8 of 16.
+    Measured (of 16; four other sets, then this file's set): at 0.1 input colour 10/7/8/10, 9; input shape
+    10/10/14/9, 10; prompt colour 1/1/3/0, 1; mean abs difference 15.2/16.1/13.7/16.3, 16.9. At 1.0 prompt
+    colour 15/15/16/16, 15; prompt shape 14/12/15/12, 14; input colour 0 everywhere; input shape 0/0/0/1, 1;
+    difference 36.7/35.9/32.7/34.0, 33.5. Background: 16 everywhere.
+    The object colour is the input's in ~55% at 0.1 (the last step still moves some objects to the
+    prompt's colour), so its floor is 8 of 16 (this set: 9).
     """
 
     def prompt_of(scene: Scene, rng: random.Random) -> Scene:
@@ -172,9 +174,9 @@ def test_inpainting_repaints_the_box_and_keeps_the_border(engine: Any) -> None:
     The checker reads the prompt's object colour on the input's background; the kept 8-px border stays
     close to the input (the toy VAE's round trip alone differs by ~8) while the box changes a lot. The
     border's content agrees with the prompt here; the next test is the one where the kept region
-    contradicts it. Measured (of 16; four other sets, then this file's set): prompt colour 16/15/16/16, 16;
-    background 16 everywhere; input colour 0/1/0/0, 0; border difference 8.6/6.7/6.8/7.9, 8.5; box
-    difference 40.4/44.5/46.5/43.9, 42.9.
+    contradicts it. Measured (of 16; four other sets, then this file's set): prompt colour 16/15/16/15, 16;
+    background 16 everywhere; input colour 0 everywhere; border difference 7.3/7.2/7.5/7.8, 7.2; box
+    difference 45.6/44.6/42.6/51.6, 42.1.
     """
     mask = np.zeros((64, 64), np.uint8)
     mask[8:56, 8:56] = 255
@@ -198,8 +200,9 @@ def test_inpainting_keeps_the_unmasked_half_against_the_prompt(engine: Any) -> N
     input; without it, the left half shows the prompt's colour. (The repainted half is a mix: next to the
     kept half the model continues the input's object about as often as it draws the prompt's.)
     Measured (of 16; four other sets, then this file's set): masked, left half in the input's colour
-    16/15/14/14, 15, in the prompt's 0 everywhere, left-half difference 10.6/11.8/12.8/13.1, 11.5; unmasked,
-    input's colour 0/1/0/1, 0, prompt's 16/14/16/15, 16, difference 27.1/31.1/35.3/28.0, 29.9.
+    12/9/12/14, 11, in the prompt's 0/1/1/0, 2, left-half difference 14.4/14.9/14.6/15.0, 13.5; unmasked,
+    input's colour 0 everywhere, prompt's 16/15/15/16, 15, difference 29.5/34.4/33.9/34.5, 29.2. (Version 1:
+    masked 14-16 and 0, unmasked 0-1 and 14-16.)
     """
     mask = np.zeros((64, 64), np.uint8)
     mask[:, 32:] = 255
@@ -214,6 +217,6 @@ def test_inpainting_keeps_the_unmasked_half_against_the_prompt(engine: Any) -> N
                         "prompt colour": sum(c == e.prompt.colour for c, e in zip(colours, done, strict=True)),
                         "difference": round(mad(done, left), 1)}
     masked, unmasked = scores["masked"], scores["unmasked"]
-    assert masked["input colour"] >= 12 and masked["prompt colour"] <= 1, scores
+    assert masked["input colour"] >= 9 and masked["prompt colour"] <= 3, scores
     assert unmasked["input colour"] <= 2 and unmasked["prompt colour"] >= 12, scores
     assert masked["difference"] <= 18 and unmasked["difference"] >= 22, scores

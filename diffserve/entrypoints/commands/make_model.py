@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 from pathlib import Path
+from typing import Any, TypeVar
 
 # Kept in sync with diffserve.zoo.flux_specs.SPECS and tiny_generic_configs.GENERIC_SPECS (a test
 # checks it); listed here so that building the parser stays import-light.
@@ -17,6 +19,8 @@ LORA_KINDS = ("tiny-flux-lora",)  # an adapter for a FLUX model (--base), not a 
 TRAINED_KINDS = ("toy-shapes",)  # the demo model
 TRAINED_VIDEO_KINDS = ("toy-motion",)  # the toy video model (diffserve.zoo.toy_motion): trained with --train
 TRAINED_LORA_KINDS = ("toy-shapes-stars",)  # its circles-to-stars adapter
+
+_Config = TypeVar("_Config", bound=Any)  # a trainer's frozen dataclass config (TrainConfig, LoraTrainConfig)
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -51,7 +55,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                              "toy-shapes: the trained demo model; toy-shapes-stars: its circles-to-stars LoRA; "
                              "toy-motion: the trained toy video model")
     parser.add_argument("dir", type=Path, metavar="DIR", help="output directory (created; must be empty)")
-    parser.add_argument("--seed", type=int, default=0, help="weight seed (default 0)")
+    parser.add_argument("--seed", type=int, default=None,
+                        help="weight seed (default 0; --train: the seed the shipped weights were trained with)")
     parser.add_argument("--guidance-embeds", action="store_true",
                         help="FLUX kinds only: dev-like guidance-distilled transformer (default: schnell-like)")
     parser.add_argument("--base", type=Path, default=None, metavar="MODEL",
@@ -77,7 +82,7 @@ def run(args: argparse.Namespace) -> int:
                               hint="pass --base DIR (e.g. a directory made by make-model tiny-flux)")
         from diffserve.zoo.lora import build_flux_lora
 
-        print(build_flux_lora(args.base, args.dir, seed=args.seed, rank=args.rank, force=args.force))
+        print(build_flux_lora(args.base, args.dir, seed=_seed(args), rank=args.rank, force=args.force))
         return 0
     if args.kind in TRAINED_KINDS:
         print(_toy_shapes(args))
@@ -103,13 +108,13 @@ def run(args: argparse.Namespace) -> int:
     if generic:
         from diffserve.zoo.generic import build_generic_model
 
-        out = build_generic_model(args.kind, args.dir, seed=args.seed, force=args.force)
+        out = build_generic_model(args.kind, args.dir, seed=_seed(args), force=args.force)
     elif args.kind in WAN_KINDS:
         from diffserve.zoo.wan import build_wan_model
 
-        out = build_wan_model(args.kind, args.dir, seed=args.seed, force=args.force)
+        out = build_wan_model(args.kind, args.dir, seed=_seed(args), force=args.force)
     else:
-        out = build_flux_model(args.kind, args.dir, seed=args.seed, guidance_embeds=args.guidance_embeds,
+        out = build_flux_model(args.kind, args.dir, seed=_seed(args), guidance_embeds=args.guidance_embeds,
                                force=args.force)
     print(out)
     return 0
@@ -131,7 +136,7 @@ def _toy_shapes(args: argparse.Namespace) -> Path:
         return build_into(target, lambda staging: _copy_tree(shipped, staging), force=args.force)
     from diffserve.zoo.toy_shapes.train import TrainConfig, train_toy_model
 
-    return train_toy_model(target, TrainConfig(seed=args.seed, threads=args.threads), force=args.force)
+    return train_toy_model(target, _seeded(TrainConfig(threads=args.threads), args), force=args.force)
 
 
 def _toy_motion(args: argparse.Namespace) -> Path:
@@ -149,7 +154,7 @@ def _toy_motion(args: argparse.Namespace) -> Path:
         return build_into(target, lambda staging: _copy_tree(shipped, staging), force=args.force)
     from diffserve.zoo.toy_motion.train import TrainConfig, train_toy_motion
 
-    return train_toy_motion(target, TrainConfig(seed=args.seed, threads=args.threads), force=args.force)
+    return train_toy_motion(target, _seeded(TrainConfig(threads=args.threads), args), force=args.force)
 
 
 def _toy_shapes_stars(args: argparse.Namespace) -> Path:
@@ -177,7 +182,17 @@ def _toy_shapes_stars(args: argparse.Namespace) -> Path:
         build_into(target, lambda staging: _copy_tree(shipped, staging), force=args.force, marker=WEIGHT_NAME)
         return target / WEIGHT_NAME
     base = Path(args.base).expanduser() if args.base is not None else toy_model_dir()
-    return train_stars_lora(target, base, LoraTrainConfig(seed=args.seed, threads=args.threads), force=args.force)
+    return train_stars_lora(target, base, _seeded(LoraTrainConfig(threads=args.threads), args), force=args.force)
+
+
+def _seed(args: argparse.Namespace) -> int:
+    """A random-weight builder's seed: ``--seed``, else 0."""
+    return 0 if args.seed is None else int(args.seed)
+
+
+def _seeded(config: _Config, args: argparse.Namespace) -> _Config:
+    """A trainer's config with ``--seed`` when given; else its own default seed (the shipped weights')."""
+    return config if args.seed is None else dataclasses.replace(config, seed=int(args.seed))
 
 
 def _copy_tree(source: Path, staging: Path) -> None:
