@@ -21,16 +21,17 @@ COMPILE_TESTS = ("tests/models/test_flux_compile.py::",
                  "tests/models/test_lora.py::test_compiled_engine_does_not_recompile_per_adapter")
 # The longest units go first, so no worker is left with one of them at the end (CPU seconds, measured serially
 # on 2 cores: the Ray tests ~115 together, the benchmark smoke ~100, the step cache quality gates ~75, the
-# shared server's modules ~55, the toy-shapes checks ~40 and ~26).
+# shared server's modules ~55; toy-motion's held-out clips ~40 s of wall time under `make test`; the toy-shapes
+# checks, ~40 and ~26 before toy-shapes moved to a 32-token text window, now take a third of that).
 # The next ones by wall time under `make test` (25-100 s each) follow, so the run ends on short units and the
 # three workers finish together (measured: the last worker used to idle ~30 s behind a late long module).
 LONG_FIRST = ("tests/benchmarks/test_bench_smoke.py", RAY_GROUP, COMPILE_GROUP, "tests/models/test_step_cache_quality.py",
-              SHARED_SERVER_GROUP, "tests/zoo/test_toy_shapes.py", "tests/zoo/test_toy_shapes_lora.py",
+              "tests/zoo/test_toy_motion_model.py", SHARED_SERVER_GROUP,
               "tests/executor/test_ray_cluster.py",
               "tests/e2e/test_replicas.py", "tests/ray_serve/test_ray_serve_autoscaling.py",
               "tests/adversarial/test_lifecycle.py", "tests/e2e/test_one_compute_thread.py",
-              "tests/zoo/test_toy_shapes_edits.py", "tests/e2e/test_parallel_cfg.py", "tests/models/test_wan.py",
-              "tests/zoo/test_toy_motion_model.py", "tests/zoo/test_toy_motion.py",
+              "tests/e2e/test_parallel_cfg.py", "tests/models/test_wan.py", "tests/zoo/test_toy_motion.py",
+              "tests/zoo/test_toy_shapes.py", "tests/zoo/test_toy_shapes_lora.py", "tests/zoo/test_toy_shapes_edits.py",
               "tests/e2e/test_parallel_parity.py",
               "tests/e2e/test_wan_parallel.py", "tests/executor/test_executor_semantics.py",
               "tests/models/test_vae_tiling.py", "tests/adversarial/test_worker_faults.py")
