@@ -131,7 +131,7 @@ def test_make_model_copies_the_shipped_model(tmp_path: Path, toy_model: Path) ->
 
 
 def test_training_runs_end_to_end_on_a_tiny_budget(tmp_path: Path) -> None:
-    """The trainer's every stage on a few steps (the real budget is ~20 minutes): a loadable pipeline."""
+    """The trainer's every stage on a few steps (the real training takes ~17 minutes): a loadable pipeline."""
     import torch
     from diffusers import FluxPipeline
 

@@ -110,7 +110,7 @@ def test_make_model_copies_the_shipped_adapter(tmp_path: Path, stars_lora: Path)
 
 def test_adapter_training_runs_end_to_end_on_a_tiny_budget(tmp_path: Path, toy_model: Path,
                                                            stars_lora: Path) -> None:
-    """Every stage of the trainer on two steps (the shipped adapter took 62 s): a file with the shipped keys."""
+    """Every stage of the trainer on two steps (the shipped adapter took 48 s): a file with the shipped keys."""
     from safetensors import safe_open
 
     from diffserve.zoo.toy_shapes.lora import LoraTrainConfig, train_stars_lora
