@@ -10,7 +10,7 @@ import torch
 from torch import Tensor
 
 from diffserve.models.conv_layout import channels_last_convs
-from diffserve.models.wan.vae_norm import sum_of_squares_rms_norms
+from diffserve.models.wan.vae_norm import running_sum_rms_norms
 
 
 class WanVae:
@@ -23,7 +23,7 @@ class WanVae:
         if weight.device.type == "cpu" and weight.dtype != torch.float32:
             channels_last_convs(vae)  # ~5x faster in bfloat16 (models/conv_layout.py)
         if weight.device.type == "cpu":  # about half a CPU decode (models/wan/vae_norm.py); the encoder keeps
-            sum_of_squares_rms_norms(vae.decoder)  # diffusers' norm: an image-to-video condition is theirs bit for bit
+            running_sum_rms_norms(vae.decoder)  # diffusers' norm: an image-to-video condition is theirs bit for bit
         self.vae = vae
         config = vae.config
         self.temporal = int(getattr(config, "scale_factor_temporal", 4) or 4)

@@ -1,0 +1,56 @@
+"""The Wan VAE decoder's RMS norm on CPU (models/wan/vae_norm.py): diffusers' norm to float32 rounding, the same
+bits whatever the thread count and the batch, and put on the decoder only."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from torch.nn import functional as F
+
+from diffserve.models.wan.vae_norm import channel_norm, running_sum_rms_norms
+
+SHAPES = [((8, 16, 4, 64, 64), 1), ((2, 96, 3, 30, 52), 1), ((3, 40, 7), -1)]
+
+
+@pytest.fixture
+def threads() -> object:
+    before = torch.get_num_threads()
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.mark.parametrize(("shape", "dim"), SHAPES)
+def test_the_norm_is_diffusers_to_rounding_and_the_same_for_any_threads_and_batch(shape: tuple[int, ...], dim: int,
+                                                                                  threads: object) -> None:
+    x = torch.randn(shape, generator=torch.Generator().manual_seed(0)) * 3
+    reference = torch.linalg.vector_norm(x, dim=dim, keepdim=True)
+    by_threads = []
+    for count in (1, 2, 3):
+        torch.set_num_threads(count)
+        by_threads.append(channel_norm(x, dim))
+    torch.testing.assert_close(by_threads[0], reference, rtol=2e-6, atol=0.0)
+    assert all(torch.equal(norm, by_threads[0]) for norm in by_threads[1:])
+    alone = [channel_norm(row.unsqueeze(0), dim) for row in x.unbind(0)]
+    assert torch.equal(torch.cat(alone), by_threads[0])
+
+
+def test_the_decoder_gets_it_and_decodes_within_rounding_of_diffusers(tiny_wan_dir: Path) -> None:
+    from diffusers import AutoencoderKLWan
+    from diffusers.models.autoencoders.autoencoder_kl_wan import WanRMS_norm
+
+    from diffserve.models.wan.video import WanVae
+
+    theirs = AutoencoderKLWan.from_pretrained(tiny_wan_dir / "vae", torch_dtype=torch.float32).eval()
+    ours = WanVae(AutoencoderKLWan.from_pretrained(tiny_wan_dir / "vae", torch_dtype=torch.float32).eval()).vae
+    norms = [m for m in ours.decoder.modules() if isinstance(m, WanRMS_norm)]
+    assert norms and all("forward" in vars(m) for m in norms)
+    assert not any("forward" in vars(m) for m in ours.encoder.modules() if isinstance(m, WanRMS_norm))
+    assert running_sum_rms_norms(torch.nn.Linear(2, 2)) == 0
+    latents = torch.randn(2, ours.config.z_dim, 3, 8, 8, generator=torch.Generator().manual_seed(1))
+    with torch.inference_mode():
+        frames, reference = ours.decode(latents).sample, theirs.decode(latents).sample
+    assert not torch.equal(frames, reference)  # another rounding, so the swap is in use
+    psnr = 10 * torch.log10(4.0 / F.mse_loss(frames, reference)).item()  # frames in [-1, 1]
+    assert psnr > 100, psnr
