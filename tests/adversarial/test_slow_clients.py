@@ -60,15 +60,18 @@ def collect(socks: list[socket.socket], until: float, trickle: set[socket.socket
 def test_slow_and_stalled_bodies_hit_the_deadline_while_probes_stay_fast(hardened_server) -> None:
     url = hardened_server.url
     rss_before = rss_mib(hardened_server)
-    start = time.monotonic()
-    tricklers = [open_upload(url, GEN, 60_000) for _ in range(TRICKLERS)]
-    stalled = [open_upload(url, GEN, 60_000) for _ in range(STALLED)]
-    # A 1 MiB upload to a path that does not exist is refused from the route table, body unread.
+    # A 1 MiB upload to a path that does not exist is refused from the route table, body unread: no byte of
+    # the body is ever sent, so a server that waited for it would answer 408 at the body deadline instead.
+    # Checked before the clock of the deadline test starts, with room for a loaded machine (CI once took
+    # over a second to answer all ten while 200 uploads were being opened beside them).
     unrouted = [open_upload(url, "/v1/nowhere", 1 << 20) for _ in range(10)]
-    early = collect(unrouted, time.monotonic() + 1.0, set())
+    early = collect(unrouted, time.monotonic() + BODY_TIMEOUT_S + 10.0, set())
     assert all(data.startswith(b"HTTP/1.1 404") for data, _ in early.values()), early
     for sock in unrouted:
         sock.close()
+    start = time.monotonic()
+    tricklers = [open_upload(url, GEN, 60_000) for _ in range(TRICKLERS)]
+    stalled = [open_upload(url, GEN, 60_000) for _ in range(STALLED)]
     # Probes stay fast while 200 clients hold upload connections open.
     for _ in range(5):
         t = time.monotonic()
