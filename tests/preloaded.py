@@ -9,7 +9,12 @@ module as ``__main__``, so it is the same program a fresh ``python -m`` runs, mi
 A fork is only as good as a fresh start where nothing imported has read the environment differently: a
 request whose import-time environment (``IMPORT_TIME_ENV``: the hub, torch and thread-pool variables) differs
 from the launcher's runs as a plain subprocess instead. The launcher never runs a torch op, so no OpenMP
-thread pool exists when it forks (the mp executor's own fork server relies on the same rule).
+thread pool exists when it forks (the mp executor's own fork server relies on the same rule). A PYTHONPATH
+that only adds entries (a test's folder of worker extensions) is no bar: the child puts them on sys.path.
+
+A forked ``diffserve serve`` or ``generate`` also gets its mp fork server forked from itself before it runs
+(``_fork_the_fork_server``), instead of the fresh interpreter multiprocessing would start on its first worker:
+that one re-imports torch, diffusers and transformers (~6 CPU-s on 2 cores, once per mp server of the suite).
 
 ``LaunchedProcess`` answers the part of ``subprocess.Popen`` the tests use (pid, poll, wait, send_signal,
 terminate, kill, returncode): the launcher reaps the child and sends its exit status down the request's
@@ -57,10 +62,16 @@ PRELOAD = (
 IMPORT_TIME_ENV = ("HF_", "HUGGINGFACE_", "TRANSFORMERS_", "DIFFUSERS_", "TORCH", "PYTORCH_", "OMP_", "MKL_",
                    "KMP_", "CUDA_", "TOKENIZERS_", "XDG_CACHE_HOME", "PYTHON")
 _TESTS_DIR = Path(__file__).resolve().parent
+_PYTHONPATH_AT_IMPORT = os.environ.get("PYTHONPATH")  # imported at collection, before any test's fixture runs
 
 
 def _import_time_env(env: dict[str, str]) -> dict[str, str]:
-    return {k: v for k, v in env.items() if k.startswith(IMPORT_TIME_ENV) and k != "PYTHONUNBUFFERED"}
+    return {k: v for k, v in env.items()
+            if k.startswith(IMPORT_TIME_ENV) and k not in ("PYTHONUNBUFFERED", "PYTHONPATH")}
+
+
+def _python_path(env: dict[str, str]) -> list[str]:
+    return [entry for entry in env.get("PYTHONPATH", "").split(os.pathsep) if entry]
 
 
 # --- the client side (in the pytest process) ---------------------------------------------------------------
@@ -118,6 +129,10 @@ class Launcher:
 
     def __init__(self) -> None:
         self.env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+        # The pytest process's own PYTHONPATH, not a test's that happens to start the launcher (a test adds its
+        # folder for its servers' extension modules; a later test's server would then be refused the fork).
+        self.env.pop("PYTHONPATH", None)
+        self.env.update({"PYTHONPATH": _PYTHONPATH_AT_IMPORT} if _PYTHONPATH_AT_IMPORT is not None else {})
         self._dir = tempfile.mkdtemp(prefix="diffserve-launcher-")
         self.address = os.path.join(self._dir, "socket")
         # stdin is the lifeline: the launcher exits when this pipe closes (pytest ended, however it ended).
@@ -128,7 +143,10 @@ class Launcher:
             raise RuntimeError(f"the preloaded launcher failed to start ({self._proc.wait()})")
 
     def accepts(self, env: dict[str, str]) -> bool:
-        return self._proc.poll() is None and _import_time_env(env) == _import_time_env(self.env)
+        # A PYTHONPATH that adds entries to the launcher's (a test's own extension modules) is put on the child's
+        # sys.path; one that lacks an entry of the launcher's could not be undone for modules already imported.
+        return (self._proc.poll() is None and _import_time_env(env) == _import_time_env(self.env)
+                and set(_python_path(self.env)) <= set(_python_path(env)))
 
     def popen(self, module: str, args: list[str], env: dict[str, str], stdout: Path, stderr: Path,
               cwd: Path | None = None) -> LaunchedProcess:
@@ -200,9 +218,12 @@ def _run_child(request: dict[str, Any]) -> None:
         os.chdir(request["cwd"])
         os.environ.clear()
         os.environ.update(request["env"])
-        sys.path[0] = request["cwd"]  # what `python -m` puts first
+        sys.path[0] = request["cwd"]  # what `python -m` puts first, then PYTHONPATH's entries
+        sys.path[1:1] = [entry for entry in _python_path(request["env"]) if entry not in sys.path]
         sys.argv = [request["module"], *request["args"]]
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+        if request["module"].startswith("diffserve") and request["args"][:1] in (["serve"], ["generate"]):
+            _fork_the_fork_server()
         # `python -m` runs the module as __main__ without importing it under its name first (runpy warns).
         sys.modules.pop(request["module"], None)
         runpy.run_module(request["module"], run_name="__main__", alter_sys=True)
@@ -226,6 +247,46 @@ def _run_child(request: dict[str, Any]) -> None:
         os._exit(code)
 
 
+def _fork_the_fork_server() -> None:
+    """Start this process's mp fork server as a fork of itself, now, while it has one thread and no torch op
+    has run: what multiprocessing would start on the first mp worker is a fresh interpreter importing
+    ``FORKSERVER_PRELOAD`` (~6 CPU-s on 2 cores, one per server); this one has them imported already. The
+    stdlib's bookkeeping is filled in as its own ``ensure_running`` does, so the executor finds a running
+    server (its pid is this process's child) and uses it. Where the stdlib's internals differ from the ones
+    this knows (Python 3.14 added an auth key), nothing is done and the stdlib starts its own."""
+    from multiprocessing import connection, forkserver, resource_tracker
+
+    from diffserve.executor.mp import FORKSERVER_PRELOAD
+
+    server = forkserver._forkserver
+    known = {"_forkserver_address", "_forkserver_alive_fd", "_forkserver_pid", "_preload_modules"}
+    if sys.version_info >= (3, 14) or not known <= vars(server).keys() or server._forkserver_pid is not None:
+        return
+    # Another Python thread could hold a lock the fork would copy. (numpy's OpenBLAS keeps a native pool
+    # thread from import on; it shuts it down around a fork itself, as every fork of the launcher relies on.)
+    if threading.active_count() != 1:
+        return
+    resource_tracker.ensure_running()  # before the fork, as the stdlib does: workers report to it
+    with socket.socket(socket.AF_UNIX) as listener:
+        address = connection.arbitrary_address("AF_UNIX")
+        listener.bind(address)
+        os.chmod(address, 0o600)
+        listener.listen()
+        alive_r, alive_w = os.pipe()  # EOF on alive_r when every holder of alive_w is gone: the server exits
+        pid = os.fork()
+        if pid == 0:
+            try:
+                os.close(alive_w)
+                forkserver.main(listener.fileno(), alive_r, list(FORKSERVER_PRELOAD))
+            finally:
+                os._exit(0)
+        os.close(alive_r)
+    server._forkserver_address = address
+    server._forkserver_alive_fd = alive_w
+    server._forkserver_pid = pid
+    server._preload_modules = list(FORKSERVER_PRELOAD)
+
+
 def serve(address: str) -> None:
     try:
         _serve(address)
@@ -234,7 +295,10 @@ def serve(address: str) -> None:
 
 
 def _serve(address: str) -> None:
-    for name in PRELOAD:
+    # A server's mp fork server is forked from the server (_fork_the_fork_server): what it imports comes too.
+    from diffserve.executor.mp import FORKSERVER_PRELOAD
+
+    for name in (*PRELOAD, *FORKSERVER_PRELOAD):
         importlib.import_module(name)
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     listener.bind(address)
