@@ -1,7 +1,7 @@
 """The native Wan pipeline against plain diffusers on the same tiny directories, prompts and seeds: Wan2.1
 text-to-video, Wan2.2's two-expert MoE (the expert of every step is diffusers' own switch) and Wan2.2
 image-to-video; in float32 the latents the VAE decodes bit for bit and the frames within one level (the decoder's
-RMS norm is a running sum of squares on CPU: models/wan/vae_norm.py), bfloat16 >= 40 dB. Requests are checked
+RMS norm is a running sum of squares on CPU: models/vae_norm.py), bfloat16 >= 40 dB. Requests are checked
 against the model's frames and sizes before any work."""
 
 from __future__ import annotations

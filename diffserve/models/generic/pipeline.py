@@ -49,6 +49,7 @@ from diffserve.models.lora_adapters import LoraAdapters
 from diffserve.models.memory import PhasePeaks, component_weights
 from diffserve.models.offload import offload_diffusers
 from diffserve.models.stepcache.policy import CacheSettings
+from diffserve.models.vae_norm import running_sum_rms_norms
 from diffserve.models.vae_tiling import configure_tiling, tiling
 from diffserve.registry.models import MODEL_FAMILIES, ModelFamily, read_class_name
 from diffserve.types.attestation import Attestation
@@ -78,6 +79,8 @@ class GenericPipeline(Pipeline):
         self.cache, self.step_cache = cache, step_cache  # First-Block Cache where the stage asks and the family has one
         self.loras = loras  # per-request adapters where the family takes them
         configure_tiling(pipe.vae, vae_config)
+        if device.type == "cpu":  # the Qwen-Image VAE's RMS norms without F.normalize's slow CPU kernel (vae_norm.py)
+            running_sum_rms_norms(pipe.vae)
         # Where every batch runs (the thread that loaded the weights, see compute_thread.py). It ends with
         # this pipeline: a thread left behind would keep its OpenMP team, slowing every later torch op of
         # the process.

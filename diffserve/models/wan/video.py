@@ -10,7 +10,7 @@ import torch
 from torch import Tensor
 
 from diffserve.models.conv_layout import channels_last_convs
-from diffserve.models.wan.vae_norm import running_sum_rms_norms
+from diffserve.models.vae_norm import running_sum_rms_norms
 
 
 class WanVae:
@@ -22,7 +22,7 @@ class WanVae:
         weight = next(vae.parameters())
         if weight.device.type == "cpu" and weight.dtype != torch.float32:
             channels_last_convs(vae)  # ~5x faster in bfloat16 (models/conv_layout.py)
-        if weight.device.type == "cpu":  # about half a CPU decode (models/wan/vae_norm.py); the encoder keeps
+        if weight.device.type == "cpu":  # about half a CPU decode (models/vae_norm.py); the encoder keeps
             running_sum_rms_norms(vae.decoder)  # diffusers' norm: an image-to-video condition is theirs bit for bit
         self.vae = vae
         config = vae.config

@@ -1,5 +1,6 @@
-"""The Wan VAE decoder's RMS norm on CPU (models/wan/vae_norm.py): diffusers' norm to float32 rounding, the same
-bits whatever the thread count and the batch, and put on the decoder only."""
+"""The Wan and Qwen-Image VAEs' RMS norm on CPU (models/vae_norm.py): diffusers' norm to float32 rounding, the
+same bits whatever the thread count and the batch; on the Wan decoder only (native path), on the whole Qwen-Image
+VAE (generic path)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import pytest
 import torch
 from torch.nn import functional as F
 
-from diffserve.models.wan.vae_norm import channel_norm, running_sum_rms_norms
+from diffserve.models.vae_norm import channel_norm, running_sum_rms_norms
 
 SHAPES = [((8, 16, 4, 64, 64), 1), ((2, 96, 3, 30, 52), 1), ((3, 40, 7), -1)]
 
@@ -53,4 +54,25 @@ def test_the_decoder_gets_it_and_decodes_within_rounding_of_diffusers(tiny_wan_d
         frames, reference = ours.decode(latents).sample, theirs.decode(latents).sample
     assert not torch.equal(frames, reference)  # another rounding, so the swap is in use
     psnr = 10 * torch.log10(4.0 / F.mse_loss(frames, reference)).item()  # frames in [-1, 1]
+    assert psnr > 100, psnr
+
+
+def test_the_generic_path_gives_qwen_image_vae_the_norm_on_cpu(tiny_qwen_image_dir: Path) -> None:
+    """Qwen-Image's VAE, encoder and decoder, on the generic path: an edit's ~1 MP reference is encoded on every
+    request (docs/models.md), so the encoder gets the norm too; a round trip stays within rounding of diffusers'."""
+    from diffusers import AutoencoderKLQwenImage
+    from diffusers.models.autoencoders.autoencoder_kl_qwenimage import QwenImageRMS_norm
+    from test_generic_pipeline import build
+
+    ours = build(tiny_qwen_image_dir).pipe.vae
+    norms = [m for m in ours.modules() if isinstance(m, QwenImageRMS_norm)]
+    assert norms and all("forward" in vars(m) for m in norms)
+    assert any(m in norms for m in ours.encoder.modules()) and any(m in norms for m in ours.decoder.modules())
+    theirs = AutoencoderKLQwenImage.from_pretrained(tiny_qwen_image_dir / "vae", torch_dtype=torch.float32).eval()
+    image = torch.rand(1, 3, 1, 64, 96, generator=torch.Generator().manual_seed(2)) * 2 - 1
+    with torch.inference_mode():
+        latents, reference = ours.encode(image).latent_dist.mode(), theirs.encode(image).latent_dist.mode()
+        decoded, expected = ours.decode(latents).sample, theirs.decode(reference).sample
+    assert not torch.equal(latents, reference)  # another rounding, so the swap is in use
+    psnr = 10 * torch.log10(4.0 / F.mse_loss(decoded, expected)).item()  # images in [-1, 1]
     assert psnr > 100, psnr
