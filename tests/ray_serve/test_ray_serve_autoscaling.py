@@ -70,10 +70,11 @@ def _listeners(port: int) -> list[str]:
 
 
 class _Load:
-    """``threads`` clients each sending one request after another until stopped; every outcome recorded."""
+    """``threads`` clients each sending one request after another (``pause_s`` apart) until stopped; every outcome
+    recorded."""
 
-    def __init__(self, client: OpenAI, model: str, threads: int) -> None:
-        self.client, self.model = client, model
+    def __init__(self, client: OpenAI, model: str, threads: int, pause_s: float = 0.0) -> None:
+        self.client, self.model, self.pause_s = client, model, pause_s
         self.pids: Counter[int] = Counter()
         self.errors: list[str] = []
         self._stop = threading.Event()
@@ -94,6 +95,7 @@ class _Load:
             except Exception as exc:  # noqa: BLE001 - every failure is a lost request: recorded, asserted on
                 with self._lock:
                     self.errors.append(f"{type(exc).__name__}: {exc}")
+            self._stop.wait(self.pause_s)
 
     def stop(self) -> None:
         self._stop.set()
@@ -151,11 +153,12 @@ def test_ray_serve_scales_up_under_load_and_back_down_idle_losing_no_request(tin
         assert len(load.pids) == 2, f"one replica answered every request: {load.pids}\n{log_path.read_text()[-4000:]}"
         assert peak.get("RUNNING") == 2, peak
 
-        # Idle but for one request at a time (at the target, below two replicas' worth): back to one replica,
-        # the removed one finishing what it held.
+        # Idle but for one request at a time, a quarter second apart (below the target, far below two replicas'
+        # worth; requests keep arriving while the replicas change): back to one replica, the removed one finishing
+        # what it held.
         # Ray Serve first decides (one replica RUNNING, the other STOPPING), then the removed replica drains and its
         # engine stops: two deadlines, the second generous (a loaded machine stops a replica slowly).
-        trickle = _Load(client, model, 1)
+        trickle = _Load(client, model, 1, pause_s=0.25)
         deadline = time.monotonic() + IDLE_S
         while (replicas := _replicas(url)).get("RUNNING") != 1 and time.monotonic() < deadline:
             time.sleep(0.5)
