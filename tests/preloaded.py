@@ -12,9 +12,10 @@ from the launcher's runs as a plain subprocess instead. The launcher never runs 
 thread pool exists when it forks (the mp executor's own fork server relies on the same rule). A PYTHONPATH
 that only adds entries (a test's folder of worker extensions) is no bar: the child puts them on sys.path.
 
-A forked ``diffserve serve`` or ``generate`` also gets its mp fork server forked from itself before it runs
-(``_fork_the_fork_server``), instead of the fresh interpreter multiprocessing would start on its first worker:
-that one re-imports torch, diffusers and transformers (~6 CPU-s on 2 cores, once per mp server of the suite).
+A forked ``diffserve serve`` or ``generate`` (or what asks with ``fork_server=True``) also gets its mp fork
+server forked from itself before it runs (``_fork_the_fork_server``), instead of the fresh interpreter
+multiprocessing would start on its first worker: that one re-imports torch, diffusers and transformers (~6 CPU-s
+on 2 cores, once per mp server of the suite).
 
 ``LaunchedProcess`` answers the part of ``subprocess.Popen`` the tests use (pid, poll, wait, send_signal,
 terminate, kill, returncode): the launcher reaps the child and sends its exit status down the request's
@@ -149,11 +150,11 @@ class Launcher:
                 and set(_python_path(self.env)) <= set(_python_path(env)))
 
     def popen(self, module: str, args: list[str], env: dict[str, str], stdout: Path, stderr: Path,
-              cwd: Path | None = None) -> LaunchedProcess:
+              cwd: Path | None = None, fork_server: bool = False) -> LaunchedProcess:
         conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         conn.connect(self.address)
         request = {"module": module, "args": args, "env": env, "stdout": str(stdout), "stderr": str(stderr),
-                   "cwd": str(cwd or os.getcwd())}
+                   "cwd": str(cwd or os.getcwd()), "fork_server": fork_server}
         conn.sendall(json.dumps(request).encode() + b"\n")
         return LaunchedProcess(conn, [sys.executable, "-m", module, *args])
 
@@ -163,17 +164,20 @@ _launcher_lock = threading.Lock()
 
 
 def start(module: str, args: list[str], env: dict[str, str], log_path: Path, cwd: Path | None = None,
-          stderr_path: Path | None = None) -> LaunchedProcess | subprocess.Popen:
+          stderr_path: Path | None = None, fork_server: bool | None = None) -> LaunchedProcess | subprocess.Popen:
     """``python -m module *args`` with ``env``, stdout (and stderr, unless ``stderr_path``) appended to
     ``log_path``: forked from the launcher where the environment allows it, else a plain subprocess
-    (``DIFFSERVE_TEST_NO_LAUNCHER=1``: always)."""
+    (``DIFFSERVE_TEST_NO_LAUNCHER=1``: always). ``fork_server``: the process will start an mp executor, so its
+    fork server is forked from it first (default: for ``diffserve serve`` and ``generate``)."""
+    if fork_server is None:
+        fork_server = module.startswith("diffserve") and args[:1] in (["serve"], ["generate"])
     global _launcher
     if os.environ.get("DIFFSERVE_TEST_NO_LAUNCHER") != "1":
         with _launcher_lock:
             if _launcher is None:
                 _launcher = Launcher()
         if _launcher.accepts(env):
-            return _launcher.popen(module, args, env, log_path, stderr_path or log_path, cwd)
+            return _launcher.popen(module, args, env, log_path, stderr_path or log_path, cwd, fork_server)
     # As the launcher's child does: each stream opened for appending, the same file when stderr has none of its own.
     with open(log_path, "ab") as out, open(stderr_path or log_path, "ab") as err:
         return subprocess.Popen([sys.executable, "-m", module, *args], stdout=out, stderr=err,
@@ -222,7 +226,7 @@ def _run_child(request: dict[str, Any]) -> None:
         sys.path[1:1] = [entry for entry in _python_path(request["env"]) if entry not in sys.path]
         sys.argv = [request["module"], *request["args"]]
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)
-        if request["module"].startswith("diffserve") and request["args"][:1] in (["serve"], ["generate"]):
+        if request["fork_server"]:
             _fork_the_fork_server()
         # `python -m` runs the module as __main__ without importing it under its name first (runpy warns).
         sys.modules.pop(request["module"], None)

@@ -7,13 +7,13 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
 from typing import Any
 
 import httpx
+import preloaded
 import pytest
 from faults_proc import HERE, deploy, kill_all, pid_alive, wait_gone, wait_until, worker_children
 from server_process import ServerProcess
@@ -138,23 +138,12 @@ def test_sigkill_mid_batch_with_a_worker_stuck_in_a_step(tiny_flux_dir: Path, tm
         server.stop()
 
 
-_PARENT_SCRIPT = """
-import time
-from diffserve.config.resolve import resolve
-from diffserve.executor.factory import make_executor
-
-if __name__ == "__main__":
-    make_executor(resolve(model=None, env={}, deploy_config={
-        "distributed_executor_backend": "mp", "worker_extension_cls": "faults_ext.SlowLoadExtension"}))
-    time.sleep(600)
-"""
-
-
 def test_worker_exits_when_its_parent_dies_during_load(tmp_path: Path) -> None:
-    script = tmp_path / "parent.py"
-    script.write_text(_PARENT_SCRIPT)
-    env = {**os.environ, "FAULTS_LOAD_S": "60"}
-    parent = subprocess.Popen([sys.executable, str(script)], env=env)
+    # tests/mp_parent.py: an mp executor whose worker sleeps 60 s in before_load (faults_ext, on PYTHONPATH).
+    env = {**os.environ, "FAULTS_LOAD_S": "60",
+           "PYTHONPATH": os.pathsep.join([str(HERE.parent), os.environ["PYTHONPATH"]])}
+    parent = preloaded.start("mp_parent", ["faults_ext.SlowLoadExtension"], env, tmp_path / "parent.log",
+                             fork_server=True)
     workers: list[int] = []
     try:
         assert wait_until(lambda: bool(worker_children(parent.pid)), 60.0)

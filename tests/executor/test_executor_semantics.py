@@ -13,6 +13,7 @@ import os
 import signal
 import threading
 import time
+from pathlib import Path
 
 import pytest
 
@@ -202,27 +203,20 @@ def test_sigkill_fails_in_flight_call_fast_and_leaves_no_child(kind: str, reques
     assert not any(_pid_alive(p) for p in pids)
 
 
-_ORPHAN_SCRIPT = """
-import os, sys, time
-from diffserve.config.resolve import resolve
-from diffserve.executor.factory import make_executor
-
-if __name__ == "__main__":
-    ex = make_executor(resolve(model=None, deploy_config={"distributed_executor_backend": "mp"}, env={}))
-    print(ex.worker_pids[0], flush=True)
-    time.sleep(600)
-"""
-
-
 def test_mp_worker_exits_when_its_parent_is_killed(tmp_path) -> None:
-    import subprocess
-    import sys
+    import preloaded
 
-    script = tmp_path / "parent.py"
-    script.write_text(_ORPHAN_SCRIPT)
-    parent = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True)
+    # tests/mp_parent.py prints its worker's pid once the executor is ready.
+    tests_dir = str(Path(__file__).resolve().parents[1])
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [tests_dir, os.environ.get("PYTHONPATH")]))}
+    log = tmp_path / "parent.log"
+    log.touch()
+    parent = preloaded.start("mp_parent", [], env, log, stderr_path=tmp_path / "parent.err", fork_server=True)
     try:
-        worker_pid = int(parent.stdout.readline())
+        deadline = time.monotonic() + 60
+        while not log.read_text().strip() and parent.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        worker_pid = int(log.read_text().split()[0])
         assert _pid_alive(worker_pid)
     finally:
         parent.kill()  # SIGKILL: no atexit, no finalizer runs in the parent
