@@ -200,9 +200,10 @@ def small_flux_dir() -> Path:
 def ray_session():
     """One local Ray for the session's Ray tests, started only when a ray-parametrized test asks for it.
 
-    The executors reuse an initialized Ray instead of starting their own. It is started as theirs is
-    (``start_local_ray``: every node address on 127.0.0.1; PYTHONPATH carries the test directories, which
-    pytest puts on sys.path, so worker extensions defined in test modules import inside the actors).
+    The executors reuse an initialized Ray instead of starting their own. It is theirs: the executor's
+    ``connect("")`` starts it (``start_local_ray``: every node address on 127.0.0.1, which
+    tests/e2e/test_ray.py checks; PYTHONPATH carries the test directories, which pytest puts on sys.path, so
+    worker extensions defined in test modules import inside the actors).
     Logical CPUs are bookkeeping only: at least 4, because a module-scoped 2-rank executor fixture can be
     alive while a test starts another executor (each rank holds one CPU bundle). It stops when the Ray
     group's last test ends (``pytest_runtest_teardown`` below), not with the session: an idle Ray costs
@@ -217,10 +218,10 @@ def ray_session():
 def _start_session_ray() -> None:
     import ray
 
-    from diffserve.executor.ray import start_local_ray
+    from diffserve.executor.ray import connect
 
-    if not ray.is_initialized():  # on loopback only, as the executor's own local Ray
-        start_local_ray(num_cpus=max(4, os.cpu_count() or 2), log_to_driver=False)
+    if not ray.is_initialized():  # the executor's own local Ray (ray_address ""), with more logical CPUs
+        connect("", num_cpus=max(4, os.cpu_count() or 2), log_to_driver=False)
 
 
 def _session_ray_running() -> bool:

@@ -66,8 +66,10 @@ _init_lock = threading.Lock()
 LOOPBACK = "127.0.0.1"
 
 
-def connect(address: str) -> None:
-    """Make sure this process is connected to Ray (``ray_address``, see the module doc)."""
+def connect(address: str, **local_options: Any) -> None:
+    """Make sure this process is connected to Ray (``ray_address``, see the module doc). ``local_options`` go to
+    ``start_local_ray`` when ``address`` is ``""`` and Ray is started here (a test session asks for more logical
+    CPUs than the machine's; the executor passes none)."""
     with _init_lock:  # replicas may be built from several threads; Ray is initialized once
         if ray.is_initialized():
             if address:
@@ -78,8 +80,9 @@ def connect(address: str) -> None:
             logger.info("ray executor: joining the Ray cluster at %s", address)
             join_cluster(address)
             return
-        logger.info("ray executor: starting a local Ray with %d CPU(s) on %s", os.cpu_count() or 1, LOOPBACK)
-        start_local_ray(num_cpus=os.cpu_count() or 1)
+        local_options.setdefault("num_cpus", os.cpu_count() or 1)
+        logger.info("ray executor: starting a local Ray with %d CPU(s) on %s", local_options["num_cpus"], LOOPBACK)
+        start_local_ray(**local_options)
 
 
 def start_local_ray(**options: Any) -> None:
