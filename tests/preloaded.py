@@ -185,14 +185,14 @@ def start(module: str, args: list[str], env: dict[str, str], log_path: Path, cwd
 
 
 def run(module: str, *args: object, env: dict[str, str] | None = None, timeout: float = 300,
-        cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+        cwd: Path | None = None, fork_server: bool | None = None) -> subprocess.CompletedProcess[str]:
     """``subprocess.run([python, "-m", module, *args], capture_output=True, text=True)`` through the
-    launcher; ``env`` defaults to this process's, offline."""
+    launcher; ``env`` defaults to this process's, offline; ``fork_server`` as for ``start``."""
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"} if env is None else env
     argv = [str(a) for a in args]
     with tempfile.TemporaryDirectory(prefix="diffserve-run-") as tmp:
         out, err = Path(tmp) / "stdout", Path(tmp) / "stderr"
-        proc = start(module, argv, env, out, cwd=cwd, stderr_path=err)
+        proc = start(module, argv, env, out, cwd=cwd, stderr_path=err, fork_server=fork_server)
         try:
             code = proc.wait(timeout)
         except subprocess.TimeoutExpired:
@@ -242,9 +242,9 @@ def _run_child(request: dict[str, Any]) -> None:
         traceback.print_exc()
     finally:  # what the interpreter's exit does that matters: threads joined, atexit handlers, flushed output
         with contextlib.suppress(BaseException):
-            for thread in threading.enumerate():
-                if thread is not threading.current_thread() and not thread.daemon:
-                    thread.join()
+            # The interpreter's own first step: threading's exit hooks (a ThreadPoolExecutor's tell its idle
+            # workers to stop), then every non-daemon thread joined.
+            threading._shutdown()  # type: ignore[attr-defined]
             atexit._run_exitfuncs()
             sys.stdout.flush()
             sys.stderr.flush()
