@@ -7,10 +7,9 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
+import preloaded
 import pytest
 import torch
 
@@ -19,6 +18,7 @@ from diffserve.config.resolve import resolve
 from diffserve.worker import compile_cache
 from diffserve.worker.compile_cache import CompileCacheKey, cache_root, compile_cache_dir, key_for
 
+TESTS = Path(__file__).resolve().parents[1]
 NEEDS_CC = pytest.mark.skipif(shutil.which("cc") is None and shutil.which("gcc") is None,
                               reason="torch.compile (inductor) on CPU needs a C compiler")
 
@@ -76,41 +76,17 @@ def test_unwritable_root_falls_back_to_torch_default(tmp_path: Path, monkeypatch
     assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == "/unchanged"
 
 
-# Runs in a fresh process: what Worker.load does for a compiling stage (use_compile_cache), then the same
-# lazy per-module torch.compile(dynamic=True) as FluxTransformer.compile_blocks, on a small module.
-_COMPILE_ONCE = """
-import json, sys, torch
-from diffserve.config.resolve import resolve
-from diffserve.worker.compile_cache import use_compile_cache
-config = resolve(model=sys.argv[1], overrides={"enforce_eager": False, "dtype": "float32"}, env={})
-directory = use_compile_cache(config, "cpu")
-class Block(torch.nn.Module):  # a user module: dynamo does not trace torch.nn's own classes as frames
-    def __init__(self):
-        super().__init__()
-        self.a, self.b = torch.nn.Linear(8, 16), torch.nn.Linear(16, 8)
-    def forward(self, x):
-        return x + self.b(torch.nn.functional.gelu(self.a(x), approximate="tanh"))
-block = Block()
-block.compile(dynamic=True)
-with torch.inference_mode():
-    block(torch.randn(1, 5, 8)); block(torch.randn(1, 7, 8))
-from torch._dynamo.utils import counters
-from torch._inductor import config as inductor_config
-print(json.dumps({"dir": str(directory), "aot": dict(counters["aot_autograd"]), "fx": dict(counters["inductor"]),
-                  "vec_isa_ok": inductor_config.cpp.vec_isa_ok}))
-"""
-
-
 @pytest.mark.slow
 @NEEDS_CC
 def test_second_process_reuses_the_compiled_graphs(tmp_path: Path) -> None:
     model = _model(tmp_path)
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("TORCHINDUCTOR_", "TORCH_COMPILE"))}
-    env.update(DIFFSERVE_CACHE_DIR=str(tmp_path / "cache"), OMP_NUM_THREADS="1")
+    # tests/compile_once.py in two processes forked from the tests' launcher. The run's TORCHINDUCTOR_CACHE_DIR
+    # stays in their environment: use_compile_cache points inductor at the deployment's directory over it.
+    env = {**os.environ, "DIFFSERVE_CACHE_DIR": str(tmp_path / "cache"),
+           "PYTHONPATH": os.pathsep.join(filter(None, [str(TESTS), os.environ.get("PYTHONPATH")]))}
 
     def run() -> dict:
-        proc = subprocess.run([sys.executable, "-c", _COMPILE_ONCE, str(model)], env=env, capture_output=True,
-                              text=True, timeout=240)
+        proc = preloaded.run("compile_once", model, env=env, timeout=240)
         assert proc.returncode == 0, proc.stderr[-3000:]
         return json.loads(proc.stdout.strip().splitlines()[-1])
 
