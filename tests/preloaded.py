@@ -66,6 +66,13 @@ _TESTS_DIR = Path(__file__).resolve().parent
 _PYTHONPATH_AT_IMPORT = os.environ.get("PYTHONPATH")  # imported at collection, before any test's fixture runs
 
 
+def python_path_with(*folders: Path | str) -> str:
+    """This process's PYTHONPATH with ``folders`` first: for a launched program (or the server's workers) that
+    imports a module of the tests' own folders (``tests/``, a folder of worker extensions). The launcher forks it
+    all the same: a PYTHONPATH that only adds entries goes onto the child's ``sys.path``."""
+    return os.pathsep.join(filter(None, [*map(str, folders), os.environ.get("PYTHONPATH")]))
+
+
 def _import_time_env(env: dict[str, str]) -> dict[str, str]:
     return {k: v for k, v in env.items()
             if k.startswith(IMPORT_TIME_ENV) and k not in ("PYTHONUNBUFFERED", "PYTHONPATH")}

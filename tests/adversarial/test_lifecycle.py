@@ -28,7 +28,7 @@ ORPHAN_S = 5.0  # a worker notices its parent is gone within ~0.5 s (watchdog th
 @pytest.fixture(autouse=True)
 def server_env(monkeypatch: pytest.MonkeyPatch) -> None:
     # `diffserve serve` (and its spawned workers) must import faults_ext: put this folder on its path.
-    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(HERE), os.environ.get("PYTHONPATH")])))
+    monkeypatch.setenv("PYTHONPATH", preloaded.python_path_with(HERE))
 
 
 def _loading_workers(server: ServerProcess) -> list[int]:
@@ -141,7 +141,7 @@ def test_sigkill_mid_batch_with_a_worker_stuck_in_a_step(tiny_flux_dir: Path, tm
 def test_worker_exits_when_its_parent_dies_during_load(tmp_path: Path) -> None:
     # tests/mp_parent.py: an mp executor whose worker sleeps 60 s in before_load (faults_ext, on PYTHONPATH).
     env = {**os.environ, "FAULTS_LOAD_S": "60",
-           "PYTHONPATH": os.pathsep.join([str(HERE.parent), os.environ["PYTHONPATH"]])}
+           "PYTHONPATH": preloaded.python_path_with(HERE.parent)}
     parent = preloaded.start("mp_parent", ["faults_ext.SlowLoadExtension"], env, tmp_path / "parent.log",
                              fork_server=True)
     workers: list[int] = []

@@ -24,7 +24,7 @@ TESTS = Path(__file__).resolve().parents[1]
 def _native_threads(model: object, mode: str) -> int:
     # tests/openmp_threads.py, forked from the tests' launcher (torch imported, no torch op run: no OpenMP team).
     env = {**os.environ, "TOKENIZERS_PARALLELISM": "false", "DIFFSERVE_CPU_BF16": "0",
-           "PYTHONPATH": os.pathsep.join(filter(None, [str(TESTS), os.environ.get("PYTHONPATH")]))}
+           "PYTHONPATH": preloaded.python_path_with(TESTS)}
     proc = preloaded.run("openmp_threads", model, mode, env=env, timeout=180)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return int(json.loads(proc.stdout.strip().splitlines()[-1]))

@@ -208,7 +208,7 @@ def test_mp_worker_exits_when_its_parent_is_killed(tmp_path) -> None:
 
     # tests/mp_parent.py prints its worker's pid once the executor is ready.
     tests_dir = str(Path(__file__).resolve().parents[1])
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [tests_dir, os.environ.get("PYTHONPATH")]))}
+    env = {**os.environ, "PYTHONPATH": preloaded.python_path_with(tests_dir)}
     log = tmp_path / "parent.log"
     log.touch()
     parent = preloaded.start("mp_parent", [], env, log, stderr_path=tmp_path / "parent.err", fork_server=True)

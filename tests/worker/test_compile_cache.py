@@ -83,7 +83,7 @@ def test_second_process_reuses_the_compiled_graphs(tmp_path: Path) -> None:
     # tests/compile_once.py in two processes forked from the tests' launcher. The run's TORCHINDUCTOR_CACHE_DIR
     # stays in their environment: use_compile_cache points inductor at the deployment's directory over it.
     env = {**os.environ, "DIFFSERVE_CACHE_DIR": str(tmp_path / "cache"),
-           "PYTHONPATH": os.pathsep.join(filter(None, [str(TESTS), os.environ.get("PYTHONPATH")]))}
+           "PYTHONPATH": preloaded.python_path_with(TESTS)}
 
     def run() -> dict:
         proc = preloaded.run("compile_once", model, env=env, timeout=240)

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import preloaded
 import pytest
 from procs import worker_children
 from server_process import ServerProcess
@@ -65,7 +66,7 @@ class Harness:
 
 def _pythonpath() -> str:
     """The server's path with this folder on it, so its workers can import paced_steps."""
-    return os.pathsep.join(filter(None, [str(HERE), os.environ.get("PYTHONPATH")]))
+    return preloaded.python_path_with(HERE)
 
 
 @pytest.fixture(scope="module")
