@@ -20,7 +20,7 @@ import pytest
 import yaml
 from PIL import Image
 
-from diffserve.entrypoints.openai.video_encoding import read_mp4
+from diffserve.entrypoints.video_encoding import read_mp4
 from diffserve.zoo.toy_motion.checker import read_clip
 from diffserve.zoo.toy_motion.grammar import parse_prompt
 from diffserve.zoo.toy_shapes.grammar import Scene, classify

@@ -9,7 +9,7 @@ import pytest
 from PIL import Image
 
 from diffserve.entrypoints.cli import main
-from diffserve.entrypoints.openai.video_encoding import read_mp4
+from diffserve.entrypoints.video_encoding import read_mp4
 
 pytestmark = pytest.mark.e2e
 

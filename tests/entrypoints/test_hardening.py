@@ -13,11 +13,11 @@ from fastapi.testclient import TestClient
 from PIL import Image
 
 from diffserve.config.resolve import resolve
+from diffserve.entrypoints.api_errors import to_api_error
 from diffserve.entrypoints.api_key import resolve_api_key
 from diffserve.entrypoints.openai.app import create_app
 from diffserve.entrypoints.openai.config_view import REDACTED, config_view
 from diffserve.entrypoints.openai.encoding import MAX_METADATA_CHARS, encode_image
-from diffserve.entrypoints.openai.errors import to_api_error
 from diffserve.entrypoints.openai.hosts import HostAllowList
 from diffserve.entrypoints.openai.images import ImagesHandler
 from diffserve.entrypoints.openai.protocol import parse_body

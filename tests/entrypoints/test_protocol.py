@@ -8,7 +8,7 @@ import pytest
 
 from diffserve.config.schema import ServerConfig
 from diffserve.engine.admission import admit
-from diffserve.entrypoints.openai.errors import to_api_error
+from diffserve.entrypoints.api_errors import to_api_error
 from diffserve.entrypoints.openai.protocol import (
     parse_body,
     parse_size,

@@ -234,7 +234,7 @@ def _lora_choices(values: list[str], kwargs: dict[str, Any]) -> list[str]:
 def _write_videos(output_obj: Any, output: Path, fmt: str, metadata: dict[str, str]) -> None:
     """Each video as an MP4 (``out.mp4``; ``out-0.mp4``... for several) or its frames as PNGs (``DIR/``;
     ``DIR/0/``... for several), with the seed, frames and fps beside the request's metadata."""
-    from diffserve.entrypoints.openai.video_encoding import encode_mp4, write_frames
+    from diffserve.entrypoints.video_encoding import encode_mp4, write_frames
 
     n = len(output_obj.videos)
     for index, (video, seed) in enumerate(zip(output_obj.videos, output_obj.seeds, strict=True)):

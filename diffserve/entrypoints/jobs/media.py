@@ -8,7 +8,7 @@ import math
 from pathlib import Path
 from typing import Any
 
-from diffserve.entrypoints.openai.video_encoding import encode_mp4
+from diffserve.entrypoints.video_encoding import encode_mp4
 
 SPRITE_TILES = 16  # frames in a sprite sheet, at most
 SPRITE_COLUMNS = 4

@@ -22,12 +22,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from diffserve.entrypoints.api_errors import to_api_error
+from diffserve.entrypoints.engine_host import EngineHost
 from diffserve.entrypoints.jobs import media
 from diffserve.entrypoints.jobs.artifacts import INPUT, ArtifactDir
 from diffserve.entrypoints.jobs.job_request import from_row
 from diffserve.entrypoints.jobs.store import Job, JobStore
-from diffserve.entrypoints.openai.engine_host import EngineHost
-from diffserve.entrypoints.openai.errors import to_api_error
 from diffserve.logging import get_logger
 from diffserve.tracing.attributes import MODEL, REQUEST_ID, VIDEO_JOB
 from diffserve.tracing.spans import span

@@ -19,9 +19,9 @@ from diffserve import __version__
 from diffserve.config.resolved import ResolvedConfig
 from diffserve.config.schema import ServerConfig
 from diffserve.engine.client import AsyncEngineClient
+from diffserve.entrypoints.api_errors import APIError, request_id_from, to_api_error
+from diffserve.entrypoints.engine_host import EngineFactory, EngineHost
 from diffserve.entrypoints.openai.edits import EDITS_PATH, EditsHandler
-from diffserve.entrypoints.openai.engine_host import EngineFactory, EngineHost
-from diffserve.entrypoints.openai.errors import APIError, request_id_from, to_api_error
 from diffserve.entrypoints.openai.image_store import ImageStore
 from diffserve.entrypoints.openai.images import ImagesHandler
 from diffserve.entrypoints.openai.metrics import CONTENT_TYPE, ServerMetrics

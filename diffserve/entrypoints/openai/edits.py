@@ -22,7 +22,7 @@ from pydantic import ValidationError
 from starlette.datastructures import UploadFile
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from diffserve.entrypoints.openai.errors import APIError
+from diffserve.entrypoints.api_errors import APIError
 from diffserve.entrypoints.openai.form_fields import FieldTypes, form_number, typed_field
 from diffserve.entrypoints.openai.images import ImagesHandler
 from diffserve.entrypoints.openai.protocol import (

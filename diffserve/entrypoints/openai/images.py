@@ -21,8 +21,8 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from diffserve import __version__
 from diffserve.engine.client import AsyncEngineClient
+from diffserve.entrypoints.api_errors import APIError, request_id_from, to_api_error
 from diffserve.entrypoints.openai.encoding import MIME_TYPES, encode_all
-from diffserve.entrypoints.openai.errors import APIError, request_id_from, to_api_error
 from diffserve.entrypoints.openai.image_store import ImageStore
 from diffserve.entrypoints.openai.metrics import ServerMetrics
 from diffserve.entrypoints.openai.protocol import (

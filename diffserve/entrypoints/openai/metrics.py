@@ -18,7 +18,7 @@ from diffserve.engine.stats import BatchStats
 from diffserve.types.attestation import CacheEntry
 
 if TYPE_CHECKING:  # pragma: no cover
-    from diffserve.entrypoints.openai.engine_host import EngineHost
+    from diffserve.entrypoints.engine_host import EngineHost
 
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64)

@@ -16,7 +16,7 @@ from typing import Any
 
 from starlette.routing import BaseRoute, Match
 
-from diffserve.entrypoints.openai.errors import APIError
+from diffserve.entrypoints.api_errors import APIError
 from diffserve.entrypoints.openai.hosts import HostAllowList
 from diffserve.entrypoints.openai.metrics import ServerMetrics
 

@@ -10,8 +10,8 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
 from diffserve.engine.client import AsyncEngineClient
+from diffserve.entrypoints.api_errors import APIError, engine_dead, not_ready
 from diffserve.entrypoints.openai.config_view import config_view
-from diffserve.entrypoints.openai.errors import APIError, engine_dead, not_ready
 from diffserve.entrypoints.openai.served import ServedModel, ServedModels
 
 

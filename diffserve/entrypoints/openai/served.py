@@ -8,8 +8,8 @@ from dataclasses import dataclass
 
 from diffserve.config.resolved import ResolvedConfig
 from diffserve.engine.client import AsyncEngineClient
-from diffserve.entrypoints.openai.engine_host import EngineFactory, EngineHost
-from diffserve.entrypoints.openai.errors import APIError
+from diffserve.entrypoints.api_errors import APIError
+from diffserve.entrypoints.engine_host import EngineFactory, EngineHost
 from diffserve.registry.models import makes_videos
 
 

@@ -11,9 +11,9 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
 from diffserve.config.schema import ServerConfig
+from diffserve.entrypoints.api_errors import request_id_from, to_api_error
 from diffserve.entrypoints.jobs.runner import JobRunner, RunnerSettings
 from diffserve.entrypoints.jobs.setup import open_artifacts, open_job_store
-from diffserve.entrypoints.openai.errors import request_id_from, to_api_error
 from diffserve.entrypoints.openai.served import ServedModels
 from diffserve.entrypoints.openai.videos import VIDEOS_PATH, VideosHandler
 

@@ -19,11 +19,11 @@ from fastapi import Request
 from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from diffserve.entrypoints.api_errors import APIError
 from diffserve.entrypoints.jobs.artifacts import INPUT, JOB_ID, VARIANTS, ArtifactDir
 from diffserve.entrypoints.jobs.job_request import to_row
 from diffserve.entrypoints.jobs.runner import JobRunner
 from diffserve.entrypoints.jobs.store import COMPLETED, IdempotencyConflict, JobStore
-from diffserve.entrypoints.openai.errors import APIError
 from diffserve.entrypoints.openai.served import ServedModels
 from diffserve.entrypoints.openai.sizes import parse_size
 from diffserve.entrypoints.openai.uploads import input_pixel_limit, open_image, to_rgb_array

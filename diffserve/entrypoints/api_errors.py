@@ -1,7 +1,9 @@
-"""Map diffserve exceptions to HTTP statuses and OpenAI-shaped error bodies.
+"""The API's error contract: diffserve exceptions -> HTTP statuses and OpenAI-shaped error bodies.
 
 Every error the server returns is ``{"error": {"message", "type", "param", "code"}}`` so the
 official SDK raises its typed exception (BadRequestError, AuthenticationError, ...) with our message.
+Shared by the HTTP routes (``openai/``) and the job runner (``jobs/runner.py``: a failed video job's error
+reads as the same body), so it lives beside both rather than in either.
 """
 
 from __future__ import annotations

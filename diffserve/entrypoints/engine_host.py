@@ -2,7 +2,8 @@
 readiness, and hands it to handlers only when it can serve.
 
 The engine is built *after* the server starts listening, so ``GET /health`` answers while the model
-loads and ``GET /ready`` flips once it is loaded and warmed (load balancers route on /ready).
+loads and ``GET /ready`` flips once it is loaded and warmed (load balancers route on /ready). Used by the
+HTTP routes (``openai/``), the job runner (``jobs/``) and the Ray Serve front, so it imports none of them.
 """
 
 from __future__ import annotations
