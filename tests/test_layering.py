@@ -1,4 +1,6 @@
-"""The package order of docs/architecture.md, enforced: no import of a higher layer, no file-level cycle.
+"""The package order of docs/architecture.md, enforced: no import of a higher layer, no file-level cycle, and no
+folder-level cycle (within each package folder, every sub-folder counted as one node beside the folder's files:
+two sub-packages that import each other through different files are still a cycle).
 
 Every ``import``/``from ... import`` of a ``diffserve`` module counts, wherever it is written (module level,
 inside a function, under ``TYPE_CHECKING``): a deferred import is still a dependency.
@@ -27,7 +29,8 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("executor",),
     ("engine",),
     ("zoo",),
-    ("entrypoints", "ray_serve"),
+    ("entrypoints",),
+    ("ray_serve",),
 )
 # Test and demo models (builders, tokenizer makers, the toy model's trainer) are fixtures, not serving code:
 # they build directories for any serving layer to load, so they may use only these.
@@ -142,6 +145,40 @@ def test_no_file_level_import_cycle() -> None:
     assert cycles(import_graph(package_files())) == []
 
 
+def folder_graphs(graph: dict[str, set[str]]) -> dict[str, dict[str, set[str]]]:
+    """package folder -> the import graph among its children: each sub-folder collapsed into one node (named by
+    its package), each of the folder's own files a node (its ``__init__`` named by the folder). Imports within
+    one child are dropped: that child's own folder graph (or the file-level check) sees them."""
+    folders = {module.rsplit(".", 1)[0] for module in graph if "." in module}
+    result: dict[str, dict[str, set[str]]] = {}
+    for folder in sorted(folders):
+        prefix = f"{folder}."
+
+        def child(module: str, prefix: str = prefix) -> str:
+            return prefix + module[len(prefix):].split(".")[0] if module.startswith(prefix) else module
+
+        inside = [module for module in graph if module == folder or module.startswith(prefix)]
+        siblings: dict[str, set[str]] = {child(module): set() for module in inside}
+        for module in inside:
+            siblings[child(module)].update(child(target) for target in graph[module]
+                                           if target == folder or target.startswith(prefix))
+        result[folder] = {node: targets - {node} for node, targets in siblings.items()}
+    return result
+
+
+def folder_cycles(graph: dict[str, set[str]]) -> list[str]:
+    """``"folder: [child, ...]"`` for every cycle among a folder's children (names relative to the package)."""
+    def short(name: str) -> str:
+        return name.removeprefix(f"{ROOT_MODULE}.")
+
+    return [f"{folder}: [{', '.join(short(node) for node in component)}]"
+            for folder, siblings in folder_graphs(graph).items() for component in cycles(siblings)]
+
+
+def test_no_folder_level_import_cycle() -> None:
+    assert folder_cycles(import_graph(package_files())) == []
+
+
 def zoo_violations(graph: dict[str, set[str]]) -> list[str]:
     """Imports of the zoo beyond ZOO_MAY_IMPORT, and serving code below entrypoints importing the zoo."""
     bad = []
@@ -201,6 +238,18 @@ def test_a_file_cycle_is_caught() -> None:
     files = _with(files, "diffserve.config.ping", "from diffserve.config import pong\n")
     files = _with(files, "diffserve.config.pong", "from diffserve.config.ping import X\n")
     assert ["diffserve.config.ping", "diffserve.config.pong"] in cycles(import_graph(files))
+
+
+def test_a_folder_cycle_is_caught() -> None:
+    # config/ping/a.py -> config/pong.py -> config/ping/b.py: no two files in a cycle, but the folder ping and
+    # the file pong import each other.
+    files = {**package_files(), "diffserve.config.ping": ("", True)}
+    files = _with(files, "diffserve.config.ping.a", "from diffserve.config import pong\n")
+    files = _with(files, "diffserve.config.pong", "from diffserve.config.ping.b import X\n")
+    files = _with(files, "diffserve.config.ping.b", "X = 1\n")
+    graph = import_graph(files)
+    assert not [c for c in cycles(graph) if "diffserve.config.pong" in c]
+    assert "diffserve.config: [config.ping, config.pong]" in folder_cycles(graph)
 
 
 def test_relative_imports_are_resolved() -> None:

@@ -1,4 +1,4 @@
-"""The registries, one per axis: kernel backends, model families, executors.
+"""The registries, one per axis: kernel backends, model families, executors, serving fronts.
 
 Each is a small table of names (with their accepted spellings) pointing at ``"module:attr"`` targets that
 are imported only when chosen. They sit below ``config`` so the resolver derives its allowed values,

@@ -8,6 +8,7 @@ from diffserve.config import canonical as c
 from diffserve.config.schema import ATTENTION_ROLES, StageConfig
 from diffserve.registry.backends import ATTENTION_BACKENDS, LINEAR_BACKENDS
 from diffserve.registry.executors import EXECUTOR_ALIASES, EXECUTORS
+from diffserve.registry.fronts import FRONTS
 from diffserve.registry.models import MODEL_FAMILIES
 
 
@@ -46,5 +47,7 @@ def test_every_registry_target_imports() -> None:
             assert issubclass(cls, KernelBackend) and cls.name == name
     for spec in EXECUTORS.values():
         assert issubclass(load_target(spec.target), Executor)
+    for front in FRONTS.values():  # imports no Ray until run
+        assert callable(load_target(front.target))
     for family in MODEL_FAMILIES.values():
         assert callable(family.load_pipeline_class().from_stage)

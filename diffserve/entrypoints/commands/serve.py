@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import os
 import socket
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from diffserve.logging import get_logger
@@ -79,12 +80,19 @@ def run(args: argparse.Namespace) -> int:
     config = models[0].config
     assert config is not None
     if args.ray_serve:
-        from diffserve.ray_serve.runner import run_ray_serve
-
-        return run_ray_serve(models, api_key=api_key, image_ttl_s=args.image_url_ttl, host=args.host,
-                             port=args.port)
+        return _run_front("ray_serve", models, api_key, args)
     _warn_unused_autoscaling(config)
     return _run_uvicorn(models, config, api_key, args)
+
+
+def _run_front(name: str, models: list[ModelServing], api_key: str | None, args: argparse.Namespace) -> int:
+    """A front above this package (Ray Serve), reached by its registry name: importing it here would be a
+    package cycle, since its replicas build this package's app."""
+    from diffserve.registry.fronts import FRONTS
+    from diffserve.registry.targets import load_target
+
+    run_front: Callable[..., int] = load_target(FRONTS[name].target)
+    return run_front(models, api_key=api_key, image_ttl_s=args.image_url_ttl, host=args.host, port=args.port)
 
 
 def _run_uvicorn(models: list[ModelServing], config: ResolvedConfig, api_key: str | None,
