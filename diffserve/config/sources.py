@@ -21,6 +21,7 @@ from diffserve.config.schema import PLATFORMS
 from diffserve.config.yaml_lines import key_line, load_yaml_file
 from diffserve.errors import ConfigError
 from diffserve.logging import get_logger
+from diffserve.registry.example_prompts import EXAMPLE_PROMPTS_KEY, parse_example_prompts
 from diffserve.registry.models import (
     MODEL_FAMILIES,
     MODEL_MARKER_FILE,
@@ -91,6 +92,7 @@ def model_layer(model: str | os.PathLike | None, out: Collector) -> tuple[str | 
     for key, value in marker_defaults.items():
         if key in defaults or key in ("height", "width", "max_sequence_length"):
             out.add(rank, None, f"request_defaults.{key}", value, marker_source)
+    _check_marker_example_prompts(path, out)
     return str(path.resolve()), family
 
 
@@ -135,6 +137,21 @@ def _marker_request_defaults(path: Path, out: Collector) -> tuple[dict[str, Any]
         out.error(f"unknown request default {key!r}", path=f"{MODEL_MARKER_FILE}:request_defaults.{key}",
                   source=str(marker), hint=f"choose from: {', '.join(sorted(known))}")
     return {k: v for k, v in declared.items() if k in known}, source
+
+
+def _check_marker_example_prompts(path: Path, out: Collector) -> None:
+    """Refuse a marker whose ``example_prompts`` is not a list of non-empty strings, here at resolve rather
+    than as a blank prompt box in the playground (the server reads them: registry/example_prompts.py)."""
+    marker = path / MODEL_MARKER_FILE
+    try:
+        doc = json.loads(marker.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return  # no marker; an unreadable one is reported by _marker_request_defaults
+    try:
+        parse_example_prompts(doc)
+    except ValueError as exc:
+        out.error(str(exc), path=f"{MODEL_MARKER_FILE}:{EXAMPLE_PROMPTS_KEY}", source=str(marker),
+                  hint=f'write "{EXAMPLE_PROMPTS_KEY}": ["a prompt the model knows", ...]')
 
 
 def _load_chain(deploy_config: str | os.PathLike | Mapping, out: Collector) -> list[tuple[str, Mapping]]:

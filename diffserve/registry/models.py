@@ -28,7 +28,8 @@ FLUX_LORA_CHECK = "diffserve.models.flux.lora:check_lora_request"
 GENERIC_LORA_CHECK = "diffserve.models.generic.lora:check_lora_request"
 
 # A model directory's own diffserve marker (written by the zoo's builders and trainers): what the directory
-# is and, optionally, its ``request_defaults`` (read by config/sources.py as the model layer).
+# is and, optionally, its ``request_defaults`` (read by config/sources.py as the model layer) and the
+# ``example_prompts`` it knows (registry/example_prompts.py: the playground's first prompt).
 MODEL_MARKER_FILE = "diffserve_model.json"
 
 

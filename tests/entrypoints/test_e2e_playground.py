@@ -2,13 +2,17 @@
 
 The server is the shared ``uni_server`` (tiny FLUX, an API key, ``max_steps: 1000``). The browser is the
 system's Chromium driven by Selenium through its chromedriver (``chromium_session.py``); without one the
-browser tests skip and say how to install it. The tests share one page, as a user would, in file order.
+browser tests skip and say how to install it. The tests share one page, as a user would, in file order. The
+example-prompt tests at the end start a server of two models that declare examples, with a page of their own.
 """
 
 from __future__ import annotations
 
+import json
 import re
+import shutil
 import time
+from pathlib import Path
 
 import httpx
 import pytest
@@ -124,6 +128,12 @@ def test_key_is_asked_for_and_kept_in_session_storage_only(page, server) -> None
     assert not by_id(page, "key-panel").is_displayed()
     assert page.execute_script("return sessionStorage.getItem('diffserve.apiKey')") == server.api_key
     assert page.execute_script("return localStorage.length + document.cookie.length") == 0
+    # tiny-flux (random weights) declares no example prompts: the prompt box holds the page's neutral prompt.
+    card = httpx.get(server.url + "/v1/models", headers=server.auth).json()["data"][0]
+    assert card["diffserve"]["example_prompts"] == []
+    prompt = by_id(page, "prompt").get_attribute("value")
+    assert prompt == page.execute_script("return document.getElementById('prompt').defaultValue")
+    assert prompt and "fox" not in prompt, prompt
     # The config panel: every key with its value, source and location (redacted to the file's name).
     row = wait(page, lambda d: d.find_elements("css selector", "#config tr[data-key='server.max_steps']"))[0]
     key, value, source, location = (c.text for c in row.find_elements("css selector", "th, td"))
@@ -281,3 +291,64 @@ def test_accessibility_basics(page, server) -> None:
         if ratio < 4.5]
     assert not low, f"text below WCAG AA contrast (4.5:1): {low}"
 
+
+
+# --- example prompts: each model's marker file lists prompts it knows; the prompt box starts from the first ------
+TOY_SHAPES = Path(__file__).resolve().parents[2] / "diffserve" / "assets" / "toy-shapes"
+BOAT_EXAMPLES = ["a paper boat on a pond", "a kite over a beach"]
+
+
+@pytest.fixture(scope="module")
+def examples_server(server_launcher, write_deploy, tiny_flux_dir, tmp_path_factory):
+    """The shipped toy-shapes, then ``boats``: tiny FLUX with a marker that lists ``BOAT_EXAMPLES``."""
+    boats = tmp_path_factory.mktemp("boats") / "boats"
+    shutil.copytree(tiny_flux_dir, boats)
+    marker = json.loads((boats / "diffserve_model.json").read_text(encoding="utf-8"))
+    (boats / "diffserve_model.json").write_text(json.dumps({**marker, "example_prompts": BOAT_EXAMPLES}),
+                                                encoding="utf-8")
+    deploy = write_deploy(f"""
+models:
+  - {{model: {TOY_SHAPES}, name: toy-shapes}}
+  - {{model: {boats}, name: boats}}
+""")
+    with server_launcher("--deploy-config", deploy) as proc:
+        yield proc
+
+
+def test_the_model_list_carries_each_models_example_prompts(examples_server) -> None:
+    shipped = json.loads((TOY_SHAPES / "diffserve_model.json").read_text(encoding="utf-8"))["example_prompts"]
+    assert shipped[0] == "a red circle on a blue background"
+    cards = {card["id"]: card["diffserve"] for card in httpx.get(examples_server.url + "/v1/models").json()["data"]}
+    assert cards["toy-shapes"]["example_prompts"] == shipped
+    assert cards["boats"]["example_prompts"] == BOAT_EXAMPLES
+    one = httpx.get(examples_server.url + "/v1/models/boats").json()
+    assert one["diffserve"]["example_prompts"] == BOAT_EXAMPLES
+
+
+def test_the_prompt_box_starts_from_the_picked_models_first_example(examples_server, tmp_path) -> None:
+    from selenium.webdriver.support.ui import Select
+
+    found = find_browser()
+    if isinstance(found, str):
+        pytest.skip(f"no browser for the playground test: {found}")
+    driver = start_chromium(*found, profile_dir=tmp_path / "profile", log_path=tmp_path / "chromedriver.log")
+
+    def prompt_is(expected: str) -> None:
+        wait(driver, lambda d: by_id(d, "prompt").get_attribute("value") == expected,
+             message=f"prompt {by_id(driver, 'prompt').get_attribute('value')!r}, expected {expected!r}")
+
+    try:
+        driver.get(examples_server.url + "/")
+        wait(driver, lambda d: d.execute_script("return document.body.dataset.model") == "toy-shapes")
+        prompt_is("a red circle on a blue background")  # the first model's first example
+        Select(by_id(driver, "model-picker")).select_by_value("boats")
+        prompt_is(BOAT_EXAMPLES[0])
+        Select(by_id(driver, "model-picker")).select_by_value("toy-shapes")
+        prompt_is("a red circle on a blue background")
+        # A prompt the user typed stays whatever model is picked.
+        fill(driver, prompt="a green ring on a white background")
+        Select(by_id(driver, "model-picker")).select_by_value("boats")
+        wait(driver, lambda d: d.execute_script("return document.body.dataset.model") == "boats")
+        assert by_id(driver, "prompt").get_attribute("value") == "a green ring on a white background"
+    finally:
+        driver.quit()

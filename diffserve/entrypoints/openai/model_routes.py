@@ -13,6 +13,7 @@ from diffserve.engine.client import AsyncEngineClient
 from diffserve.entrypoints.api_errors import APIError, engine_dead, not_ready
 from diffserve.entrypoints.openai.config_view import config_view
 from diffserve.entrypoints.openai.served import ServedModel, ServedModels
+from diffserve.registry.example_prompts import model_example_prompts
 
 
 def add_model_routes(app: FastAPI, models: ServedModels, created: int, *, expose_config: bool) -> None:
@@ -98,9 +99,12 @@ def model_health(model: ServedModel) -> tuple[str | None, dict[str, Any]]:
 
 def model_card(model: ServedModel, created: int) -> dict[str, Any]:
     # ``diffserve.makes``: what the model's requests produce, and so which API serves it (the playground's tabs);
-    # ``diffserve.defaults``: what a request that names nothing gets, once the model is loaded (its form's values).
+    # ``diffserve.defaults``: what a request that names nothing gets, once the model is loaded (its form's values);
+    # ``diffserve.example_prompts``: prompts the model knows, from its marker file (the playground's first prompt),
+    # known before it loads.
     engine = model.host.engine
-    info: dict[str, Any] = {"makes": model.makes}
+    examples = model_example_prompts(getattr(model.config, "model", None))
+    info: dict[str, Any] = {"makes": model.makes, "example_prompts": list(examples)}
     defaults = request_defaults(engine) if engine is not None and model.host.is_ready else None
     if defaults is not None:
         info["defaults"] = defaults

@@ -49,6 +49,10 @@ TOY_KIND = "toy-motion"
 TOY_VERSION = 1
 DEFAULT_STEPS = 12  # the model's own request default (marker file)
 GUIDANCE_CHOICES = (1.0, 3.0)  # scored at the end; the better one becomes the request default
+# The marker's example_prompts (the playground's first prompt): grammar prompts the shipped weights animate right
+# on every seed tried (3 of 3, read back by the checker; its squares often come out round), then the demo's.
+EXAMPLE_PROMPTS = ("a red circle moving down on a white background", "a blue triangle moving left on a yellow background",
+                   "a yellow square moving right on a black background")
 
 TRANSFORMER_CONFIG: dict[str, Any] = transformer_config(layers=4, heads=4, head_dim=48, ffn=256)
 
@@ -175,6 +179,7 @@ def _write_marker(out: Path, seed: int, *, guidance: float) -> None:
                        "{colour} background'",
         "request_defaults": {"num_inference_steps": DEFAULT_STEPS, "guidance_scale": guidance, "num_frames": FRAMES,
                              "fps": FPS, "height": SIZE, "width": SIZE},
+        "example_prompts": list(EXAMPLE_PROMPTS),
     })
 
 
