@@ -21,6 +21,7 @@ from diffserve.engine.watchdog import batch_deadline_s, work_units
 from diffserve.errors import EngineDeadError, RequestAbortedError, RequestError, WorkerError
 from diffserve.executor.base import DeadlineExceeded
 from diffserve.logging import get_logger
+from diffserve.tracing.spans import current
 from diffserve.types.request import ProgressEvent
 from diffserve.types.results import RequestResult
 
@@ -139,7 +140,10 @@ class BatchRun:
             # Isolate the failure: rerun each request alone so one bad request fails alone. The reruns make
             # one batch for the failure streak: it failed unless one of them succeeded.
             logger.warning("batch of %d failed (%s); retrying its requests one by one", len(live), exc)
-            outcomes = [BatchRun(self.core, self.replica, [state]).run() for state in live]
+            outcomes = []
+            for state in live:
+                with current([state.request]):  # the rerun's lines name its own request's trace
+                    outcomes.append(BatchRun(self.core, self.replica, [state]).run())
             if any(kind is Outcome.OK for kind, _ in outcomes):
                 return Outcome.OK, None
             if any(kind is Outcome.DEAD for kind, _ in outcomes):

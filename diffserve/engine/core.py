@@ -16,6 +16,7 @@ while idle and per batch. With no replica left the engine is dead: ``/health`` t
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
@@ -32,7 +33,7 @@ from diffserve.errors import EngineDeadError, EngineNotReadyError, RequestAborte
 from diffserve.executor.base import Executor
 from diffserve.logging import get_logger
 from diffserve.tracing.attributes import REQUEST_ID
-from diffserve.tracing.spans import carry, span
+from diffserve.tracing.spans import carry, current, span
 from diffserve.types.request import GenerationRequest
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -118,7 +119,11 @@ class EngineCore:
         with span("diffserve.admission", {REQUEST_ID: request.request_id}):
             admitted = self.admit(request)
         state = RequestState(carry(admitted), sink)
-        (self.encode.scheduler if self.encode is not None else self.scheduler).add(state)
+        queue = self.encode.scheduler if self.encode is not None else self.scheduler
+        ahead = queue.queue_depth
+        queue.add(state)
+        logger.debug("request %s queued behind %d: %d image(s), %s step(s)", state.request_id, ahead, admitted.n,
+                     admitted.num_inference_steps)
         return state
 
     def abort(self, request_id: str) -> bool:
@@ -154,21 +159,34 @@ class EngineCore:
                 # replica runs it instead of failing requests that never started.
                 self.scheduler.requeue(batch)
                 continue
-            replica.heartbeat.beat("running")
-            outcome: tuple[Outcome, BaseException | None]
-            try:
-                outcome = BatchRun(self, replica, batch).run()
-            except Exception as exc:  # a bug here must fail these requests, not stop the loop
-                logger.exception("engine loop error (replica %d)", replica.index)
-                for state in batch:
-                    state.finish(WorkerError(f"engine error: {exc}"))
-                outcome = (Outcome.ERROR, exc)
-            finally:
-                self.scheduler.done(batch)
-                replica.heartbeat.beat("idle")
-            fatal = replica.failures.record(*outcome)
-            if fatal is not None:
-                self._take_out(replica, fatal)
+            # Tracing on: the batch's (first) request's context is current, so every line this thread logs
+            # about the batch, through its delivery, names the request's trace (tracing/spans.py:current).
+            with current([state.request for state in batch]):
+                self._run(replica, batch)
+
+    def _run(self, replica: Replica, batch: list[RequestState]) -> None:
+        """One batch on ``replica``: run it, free its requests' slots, count the outcome for the failure streak."""
+        ids = [state.request_id for state in batch]
+        started = time.monotonic()
+        logger.debug("replica %d runs batch %s after %.0f ms in the queue", replica.index, ids,
+                     (started - min(state.arrival for state in batch)) * 1000.0)
+        replica.heartbeat.beat("running")
+        outcome: tuple[Outcome, BaseException | None]
+        try:
+            outcome = BatchRun(self, replica, batch).run()
+        except Exception as exc:  # a bug here must fail these requests, not stop the loop
+            logger.exception("engine loop error (replica %d)", replica.index)
+            for state in batch:
+                state.finish(WorkerError(f"engine error: {exc}"))
+            outcome = (Outcome.ERROR, exc)
+        finally:
+            self.scheduler.done(batch)
+            replica.heartbeat.beat("idle")
+        logger.debug("replica %d: batch %s ended %s after %.0f ms", replica.index, ids, outcome[0],
+                     (time.monotonic() - started) * 1000.0)
+        fatal = replica.failures.record(*outcome)
+        if fatal is not None:
+            self._take_out(replica, fatal)
 
     # -- what a batch run reports back ---------------------------------------------------------------
 

@@ -16,6 +16,7 @@ from diffserve.engine.scheduler import RequestState, Scheduler
 from diffserve.errors import EngineDeadError, WorkerError
 from diffserve.executor.base import DeadlineExceeded
 from diffserve.logging import get_logger
+from diffserve.tracing.spans import current
 from diffserve.types.results import RequestResult
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -86,15 +87,19 @@ class StageLoop:
             if not batch:
                 continue
             live = [s for s in batch if not s.aborted and not s.finished]
-            try:
-                if live:
-                    outputs = replica.executor.execute([s.request for s in live],
-                                                       timeout=float(self.config.server.batch_deadline_floor_s))
-                    self._hand_on([s for s in live if not s.aborted and not s.finished], outputs)
-            except Exception as exc:  # noqa: BLE001 - every error fails this batch's requests, named by stage
-                self._fail(replica, live, exc)
-            finally:
-                self.scheduler.done(batch)
+            # Tracing on: what this thread logs about the batch names its (first) request's trace.
+            with current([s.request for s in batch]):
+                try:
+                    if live:
+                        logger.debug("%s runs batch %s on replica %d", self.describe(),
+                                     [s.request_id for s in live], replica.index)
+                        outputs = replica.executor.execute([s.request for s in live],
+                                                           timeout=float(self.config.server.batch_deadline_floor_s))
+                        self._hand_on([s for s in live if not s.aborted and not s.finished], outputs)
+                except Exception as exc:  # noqa: BLE001 - every error fails this batch's requests, named by stage
+                    self._fail(replica, live, exc)
+                finally:
+                    self.scheduler.done(batch)
 
     def _hand_on(self, live: list[RequestState], outputs: list[RequestResult]) -> None:
         raise NotImplementedError

@@ -3,6 +3,7 @@ dead worker are handled by exactly one piece of code."""
 
 from __future__ import annotations
 
+import contextvars
 import itertools
 import threading
 from collections.abc import Callable
@@ -31,6 +32,9 @@ class PendingCall:
         self.replies: dict[int, Reply] = {}
         self.failure: BaseException | None = None
         self.done = threading.Event()
+        # The caller's context variables (tracing: its request's trace), for the callbacks a reader thread
+        # runs, so what they log names the same trace as the caller's own lines.
+        self.context = contextvars.copy_context()
 
     def values(self) -> list[Any]:
         """Per-rank values in rank order; raises the first rank's error (or the failure)."""
@@ -76,14 +80,8 @@ class CallTable:
         if call is None:
             return  # the caller timed out or went away; nobody waits for this reply
         if reply.kind in ("step", "partial"):
-            if reply.rank == 0:
-                try:
-                    if reply.kind == "step" and call.on_step is not None:
-                        call.on_step(reply.step, reply.total_steps, reply.progress)
-                    elif reply.kind == "partial" and call.on_partial is not None:
-                        call.on_partial(reply.value)
-                except Exception:  # a broken consumer must not kill the reader thread
-                    logger.exception("%s callback failed", reply.kind)
+            if reply.rank == 0:  # one reader thread: the call's context is never entered twice at once
+                call.context.run(_callback, call, reply)
             return
         call.replies[reply.rank] = reply
         if len(call.replies) >= call.ranks:
@@ -102,6 +100,16 @@ class CallTable:
     @property
     def dead(self) -> EngineDeadError | None:
         return self._dead
+
+
+def _callback(call: PendingCall, reply: Reply) -> None:
+    try:
+        if reply.kind == "step" and call.on_step is not None:
+            call.on_step(reply.step, reply.total_steps, reply.progress)
+        elif reply.kind == "partial" and call.on_partial is not None:
+            call.on_partial(reply.value)
+    except Exception:  # a broken consumer must not kill the reader thread
+        logger.exception("%s callback failed", reply.kind)
 
 
 def remote_exception(reply: Reply) -> Exception:

@@ -11,7 +11,8 @@ last step, decode after it. ``diffserve.denoise`` has one ``diffserve.step`` eve
 ``DIFFSERVE_TRACE_STEPS=1``, one ``diffserve.step`` child span per step.
 
 While the batch runs, the first traced request's ``diffserve.execute`` span is current, so the worker's log
-lines carry its trace and span ids.
+lines carry its trace and span ids; when no request of it is sampled, the first one's carried context is (the
+trace the sampler dropped still names the lines).
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from diffserve.tracing.attributes import (
     attestation_attributes,
     request_attributes,
 )
-from diffserve.tracing.spans import parent_of
+from diffserve.tracing.spans import carried, parent_of
 
 if TYPE_CHECKING:  # pragma: no cover
     from diffserve.types.request import GenerationRequest
@@ -59,6 +60,7 @@ class BatchTrace:
         self._open: dict[str, _Traced] = {}
         self._token: Any = None
         self._size = 0  # requests the batch has run so far (traced or not); the attestation's, once known
+        self._batch = batch
         self.join(batch)
 
     def join(self, requests: Sequence[GenerationRequest]) -> None:
@@ -97,11 +99,17 @@ class BatchTrace:
         return outputs
 
     def __enter__(self) -> BatchTrace:
-        if self._open:
-            from opentelemetry import context, trace
+        from opentelemetry import context, trace
 
+        if self._open:
             first = next(iter(self._open.values()))
             self._token = context.attach(trace.set_span_in_context(first.span))
+            return self
+        for request in self._batch:  # nothing sampled: the log lines still name the first request's trace
+            carrier = carried(request.trace_context)
+            if carrier is not None:
+                self._token = context.attach(carrier)
+                break
         return self
 
     def __exit__(self, kind: type[BaseException] | None, error: BaseException | None,

@@ -5,13 +5,16 @@ Every function returns at once (or returns a shared null context) while ``switch
 The carrier: ``carry(request)`` writes the current context (the HTTP span, while ``EngineCore.submit`` runs in
 the request's task) into ``GenerationRequest.trace_context`` as W3C ``traceparent``/``tracestate`` pairs; the
 request is pickled to mp workers and Ray actors with it, and ``batch.py`` parents the worker's spans on it.
+
+The engine's own threads (a replica's dispatch loop, a stage's) make the carried context current around a
+batch's work (``current``), so the lines they log about it carry the request's trace (``log_context.py``).
 """
 
 from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -56,13 +59,47 @@ def carry(request: GenerationRequest) -> GenerationRequest:
 
 def parent_of(carrier: Sequence[tuple[str, str]]) -> Any:
     """The context a carrier names, or None when it names no sampled span (nothing of it is then traced)."""
+    context = carried(carrier)
+    if context is None:
+        return None
+    from opentelemetry import trace
+
+    return context if trace.get_current_span(context).get_span_context().trace_flags.sampled else None
+
+
+def carried(carrier: Sequence[tuple[str, str]]) -> Any:
+    """The context a carrier names, sampled or not (a dropped trace still has ids for log lines), or None."""
     if not carrier:
         return None
     from opentelemetry import propagate, trace
 
     context = propagate.extract(dict(carrier))
-    parent = trace.get_current_span(context).get_span_context()
-    return context if parent.is_valid and parent.trace_flags.sampled else None
+    return context if trace.get_current_span(context).get_span_context().is_valid else None
+
+
+def current(requests: Sequence[GenerationRequest]) -> contextlib.AbstractContextManager[Any]:
+    """``with current(requests):`` the first request's carried context (its HTTP span) is current in this
+    thread, so what an engine thread logs about a batch carries that request's trace and span ids; one line
+    has room for one trace, so the batch's other requests are not named by it. A null context when off."""
+    if not switch.ON:
+        return _OFF
+    for request in requests:
+        context = carried(request.trace_context)
+        if context is not None:
+            return _attached(context)
+    return _OFF
+
+
+@contextlib.contextmanager
+def _attached(context: Any) -> Iterator[None]:
+    """``context`` (an opentelemetry Context) current inside the block, the previous one again after it."""
+    from opentelemetry import context as otel_context
+
+    token = otel_context.attach(context)
+    try:
+        yield
+    finally:
+        otel_context.detach(token)
 
 
 def wall_ns(monotonic_s: float) -> int:

@@ -8,6 +8,7 @@ forward), and a ``cancel`` for the running batch is noticed between denoise step
 from __future__ import annotations
 
 import contextlib
+import time
 import traceback
 from collections import deque
 from collections.abc import Callable
@@ -102,8 +103,12 @@ class CommandLoop:
 
         step_level = command.kwargs.get("step_level", False)
         self._joins = []
+        ids = [request.request_id for request in command.batch or []]
         try:
+            # Tracing on: the batch's trace is current inside, so the lines logged while it runs name it.
             with trace:
+                logger.debug("worker rank=%d: batch %s starts", rank, ids)
+                started = time.perf_counter()
                 outputs = self.worker.execute(
                     command.batch or [], on_step, lambda: self._cancelled(call_id),
                     joins=joins if step_level else None,
@@ -111,6 +116,8 @@ class CommandLoop:
                                                                  value=trace.finish(results))))
                     if step_level else None)
                 trace.finish(outputs)
+                logger.debug("worker rank=%d: batch %s %s in %.0f ms", rank, ids,
+                             "cancelled" if outputs is None else "done", (time.perf_counter() - started) * 1000.0)
         except Exception as exc:
             self._send(error_reply(call_id, rank, exc))
             return

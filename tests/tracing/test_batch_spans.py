@@ -6,17 +6,22 @@ from __future__ import annotations
 
 import io
 import logging
+import secrets
+import threading
 import time
 from collections.abc import Iterator
+from dataclasses import replace
 
 import pytest
 from otlp_receiver import OtlpReceiver, ReceivedSpan
 
+from diffserve.executor.calls import CallTable
 from diffserve.logging import _FORMAT, _Formatter
 from diffserve.tracing import switch
 from diffserve.tracing.batch import batch_trace
 from diffserve.tracing.provider import start_tracing, stop_tracing
-from diffserve.tracing.spans import carry, queue_waited, span
+from diffserve.tracing.spans import carry, current, queue_waited, span
+from diffserve.types.messages import Reply
 from diffserve.types.request import GenerationRequest
 from diffserve.types.results import RequestResult
 
@@ -142,3 +147,44 @@ def test_queue_wait_and_log_lines_carry_the_trace(receiver: OtlpReceiver) -> Non
     (wait,) = named(receiver.spans(), "diffserve.queue_wait")
     assert wait.parent_span_id == f"{context.span_id:016x}" and wait.attributes["diffserve.request_id"] == "q"
     assert 0.2e9 < wait.end_ns - wait.start_ns < 5e9
+
+
+def test_lines_logged_off_the_request_task_carry_its_trace(receiver: OtlpReceiver) -> None:
+    """The engine's dispatch thread (``current``), the executor's reader thread running a step callback, and a
+    worker's batch none of whose requests the sampler kept: each logs lines naming the request's trace."""
+    assert start_tracing("server")
+    stream = io.StringIO()
+    handler = logging.StreamHandler(stream)
+    handler.setFormatter(_Formatter(_FORMAT))
+    log = logging.getLogger("diffserve.tests.tracing")
+    log.addHandler(handler)
+    with span("HTTP") as http:
+        request = traced("r")
+    parent = f"00-{secrets.token_hex(16)}-{secrets.token_hex(8)}-00"  # a client trace the sampler dropped
+    dropped = replace(request, request_id="d", trace_context=(("traceparent", parent),))
+    calls = CallTable()
+
+    def engine_thread() -> None:  # as EngineCore._loop: the batch's context current around its run
+        with current([GenerationRequest(prompt="p", seed=1, request_id="warmup"), request]):
+            log.warning("engine")
+            call = calls.open(1, on_step=lambda step, total, progress: log.warning("step %d", step))
+        reader = threading.Thread(target=calls.deliver, args=(Reply("step", call.call_id, 0, step=1, total_steps=1),))
+        reader.start()
+        reader.join()
+        with batch_trace([dropped], lambda: dict(WORKER)):
+            log.warning("worker")
+
+    try:
+        thread = threading.Thread(target=engine_thread)
+        thread.start()
+        thread.join()
+    finally:
+        log.removeHandler(handler)
+    stop_tracing()
+
+    context = http.get_span_context()
+    ours = f"trace_id={context.trace_id:032x} span_id={context.span_id:016x}"
+    engine, step, worker = stream.getvalue().splitlines()
+    assert engine.endswith(f"engine {ours}") and step.endswith(f"step 1 {ours}")
+    assert worker.endswith(f"worker trace_id={parent[3:35]} span_id={parent[36:52]}")
+    assert named(receiver.spans(), "diffserve.execute") == []  # dropped: ids in lines, but no spans

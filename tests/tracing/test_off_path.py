@@ -15,18 +15,20 @@ OFF_PATH = textwrap.dedent('''
     from diffserve.tracing.asgi import TracingMiddleware
     from diffserve.tracing.batch import UNTRACED, batch_trace
     from diffserve.tracing.provider import flush_tracing, start_tracing, stop_tracing
-    from diffserve.tracing.spans import annotate, carry, queue_waited, span
+    from diffserve.tracing.spans import annotate, carry, current, queue_waited, span
     from diffserve.types.request import GenerationRequest
 
     assert start_tracing("server", environ={"OTEL_SERVICE_NAME": "x", "OTEL_SDK_DISABLED": "true",
                                             "OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:9"}) is False
     assert start_tracing("server", environ={}) is False and switch.ON is False
     request = GenerationRequest(prompt="p", seed=1)
+    opened_null = span("x")
     with span("diffserve.admission", {"a": 1}) as opened:
         assert opened is None
         assert span("other") is span("another")  # one shared null context, nothing allocated per call
         annotate({"diffserve.model": "m"})
         assert carry(request) is request and request.trace_context == ()
+        assert current([request]) is opened_null  # the engine threads' context: the same null context
 
     class State:
         request, arrival, started = GenerationRequest(prompt="p", seed=1), 0.0, 1.0

@@ -1,5 +1,6 @@
 """Tracing through a real ``diffserve serve``: one request with a client ``traceparent`` on the mp executor is ONE
-trace, the client's, with the server's spans and the worker process's own (exported by that process); with no
+trace, the client's, with the server's spans and the worker process's own (exported by that process); every log
+line of the request names that trace (mp: the worker process's lines too; uni: the worker thread's); with no
 ``OTEL_*`` in the environment nothing reaches a receiver listening on the default OTLP port.
 
 The batch span processor's delay is a minute, so every span arrives through the flush at shutdown: the server's
@@ -9,7 +10,9 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import secrets
+from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -42,13 +45,50 @@ def serving(model: Path, tmp_path: Path, executor: str, env: dict[str, str],
         server.stop()
 
 
-def generate(server: ServerProcess, headers: dict[str, str] | None = None) -> dict:
+def generate(server: ServerProcess, headers: dict[str, str] | None = None, steps: int = STEPS) -> dict:
     client = openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=120)
     # ``user`` reaches one debug log line of the request (images.py), logged while its HTTP span is current.
     result = client.images.generate(model="tiny-flux", prompt="a red circle", size="64x64", user="tracer",
-                                    extra_body={"num_inference_steps": STEPS}, extra_headers=headers or {})
+                                    extra_body={"num_inference_steps": steps}, extra_headers=headers or {})
     assert len(result.data) == 1
     return result.model_extra["diffserve"]
+
+
+# One line of diffserve's log format (diffserve/logging.py), and the ids tracing ends it with.
+LOG_LINE = re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} [A-Z]+ (?P<logger>diffserve[\w.]*): (?P<text>.*)$")
+IDS = re.compile(r" trace_id=(?P<trace>[0-9a-f]{32}) span_id=(?P<span>[0-9a-f]{16})$")
+
+
+def assert_request_lines_traced(log: str, request_id: str, trace_id: str, http: ReceivedSpan,
+                                execute: ReceivedSpan) -> None:
+    """The log-correlation rule, on a server's combined output (its worker processes write to the same stderr).
+
+    The request is the only one in flight, so its lines are the diffserve lines from the first one that names its
+    id (the HTTP handler's) to the last one that does (the engine's end of its batch): every one of them, and every
+    line anywhere that names its id, must end with its trace id. Lines of the server side (HTTP handler, admission,
+    the engine's dispatch thread) name the HTTP span, the worker's (thread or process) its ``diffserve.execute``.
+    Other libraries' lines (their own handlers, e.g. ``[transformers] ...``) are not diffserve's and not checked;
+    the request's prompt is short, so there are none."""
+    lines = log.splitlines()
+    naming = [i for i, line in enumerate(lines) if request_id in line]
+    assert naming, log[-3000:]
+    for i in naming:
+        ids = IDS.search(lines[i])
+        assert LOG_LINE.match(lines[i]) and ids and ids.group("trace") == trace_id, lines[i]
+    sides: Counter[str] = Counter()
+    spans: dict[str, set[str]] = {}
+    for line in lines[naming[0]:naming[-1] + 1]:
+        match = LOG_LINE.match(line)
+        if match is None:
+            continue
+        ids = IDS.search(line)
+        assert ids and ids.group("trace") == trace_id, line
+        side = match.group("logger").split(".")[1]  # entrypoints (HTTP), engine, worker
+        sides[side] += 1
+        spans.setdefault(side, set()).add(ids.group("span"))
+    # Several lines: the HTTP handler's, the engine's (admission, its dispatch thread) and the worker's.
+    assert sides["entrypoints"] >= 1 and sides["engine"] >= 3 and sides["worker"] >= 2, sides
+    assert spans == {"entrypoints": {http.span_id}, "engine": {http.span_id}, "worker": {execute.span_id}}, spans
 
 
 def by_name(spans: list[ReceivedSpan]) -> dict[str, list[ReceivedSpan]]:
@@ -112,9 +152,25 @@ def test_mp_request_is_one_trace_with_the_worker_process_spans(tiny_flux_dir, tm
     encode, decode = named["diffserve.encode"][0], named["diffserve.decode"][0]
     assert execute.start_ns <= encode.start_ns <= encode.end_ns <= denoise.start_ns + 1
     assert denoise.end_ns <= decode.start_ns + 1 and decode.end_ns <= execute.end_ns
-    # Log correlation: the request's line carries its trace and the HTTP span's ids; lines outside a span none.
+    # Log correlation: every line of the request, the worker process's included, names its trace.
+    assert_request_lines_traced(log, info["request_id"], trace_id, http, execute)
     assert f"from user 'tracer' trace_id={trace_id} span_id={http.span_id}" in log, log[-3000:]
     assert "tracing on (server)" in log and "tracing on (worker)" in log
+
+
+def test_uni_every_log_line_of_a_request_names_its_trace(tiny_flux_dir, tmp_path, monkeypatch) -> None:
+    """uni: the HTTP handler's task, the engine's dispatch thread and the worker thread share one process."""
+    trace_id = secrets.token_hex(16)
+    with OtlpReceiver() as receiver:
+        env = {"OTEL_EXPORTER_OTLP_ENDPOINT": receiver.endpoint, "OTEL_BSP_SCHEDULE_DELAY": "60000",
+               "DIFFSERVE_LOG_LEVEL": "DEBUG"}
+        with serving(tiny_flux_dir, tmp_path, "uni", env, monkeypatch) as server:
+            info = generate(server, {"traceparent": f"00-{trace_id}-{secrets.token_hex(8)}-01"}, steps=1)
+        spans = by_name([s for s in receiver.spans() if s.trace_id == trace_id])
+
+    assert info["attestation"]["executor"] == "uni"
+    (http,), (execute,) = spans["POST /v1/images/generations"], spans["diffserve.execute"]
+    assert_request_lines_traced(server.log(), info["request_id"], trace_id, http, execute)
 
 
 def test_without_otel_environment_nothing_is_sent(tiny_flux_dir, tmp_path, monkeypatch) -> None:
