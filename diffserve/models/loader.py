@@ -6,7 +6,7 @@ Only safetensors: there is deliberately no pickle (``torch.load``) path, see doc
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Collection, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -61,35 +61,69 @@ def read_safetensors(component_dir: str | Path, stem: str = "diffusion_pytorch_m
         tensors.update(shard_tensors)
     listed = set(weight_map)
     if listed != tensors.keys():
-        raise ModelLoadError(f"{index} does not match its shards: listed but absent "
-                             f"{sorted(listed - tensors.keys())[:10]}, present but unlisted "
-                             f"{sorted(tensors.keys() - listed)[:10]}")
+        detail = describe_key_mismatch(missing=listed - tensors.keys(), unexpected=tensors.keys() - listed)
+        raise ModelLoadError(f"{index} does not match its shards (missing: listed, in no shard; unexpected: in a "
+                             f"shard, not listed): {detail}; a stale or mixed download? fetch the component again")
     return tensors
+
+
+# How many keys of each kind a mismatch names: enough to recognise the pattern, short enough to stay one line.
+KEYS_NAMED = 5
+OTHER_MODEL_HINT = "a checkpoint of another model or size?"
+
+
+def describe_key_mismatch(missing: Iterable[str] = (), unexpected: Iterable[str] = (),
+                          wrong_shape: Iterable[tuple[str, Sequence[int], Sequence[int]]] = ()) -> str:
+    """The one wording of a weights/module key mismatch, wherever one is found: "missing 1 key: a; unexpected
+    3 keys: a, b, c; wrong shape in 1 key: k (found (3,), expected (4,))", each kind's count and its first
+    ``KEYS_NAMED`` keys (sorted), or "" when nothing is wrong. ``wrong_shape``: (key, found, expected)."""
+    shapes = sorted({(key, tuple(found), tuple(want)) for key, found, want in wrong_shape})
+    kinds = (("missing", sorted(set(missing))), ("unexpected", sorted(set(unexpected))),
+             ("wrong shape in", [f"{key} (found {found}, expected {want})" for key, found, want in shapes]))
+    return "; ".join(f"{kind} {_keys(keys)}" for kind, keys in kinds if keys)
+
+
+def _keys(keys: list[str]) -> str:
+    """"3 keys: a, b, c" (the first ``KEYS_NAMED``, then how many more)."""
+    more = f", ... ({len(keys) - KEYS_NAMED} more)" if len(keys) > KEYS_NAMED else ""
+    return f"{len(keys)} key{'s' if len(keys) > 1 else ''}: {', '.join(keys[:KEYS_NAMED])}{more}"
+
+
+def check_key_match(source: str, target: str, *, missing: Collection[str] = (), unexpected: Collection[str] = (),
+                    wrong_shape: Collection[tuple[str, Sequence[int], Sequence[int]]] = (),
+                    hint: str = OTHER_MODEL_HINT) -> None:
+    """A ``ModelLoadError`` "SOURCE: weights do not match TARGET: <describe_key_mismatch> (HINT)" when any key
+    is missing, unexpected or of the wrong shape; nothing otherwise."""
+    detail = describe_key_mismatch(missing, unexpected, wrong_shape)
+    if detail:
+        raise ModelLoadError(f"{source}: weights do not match {target}: {detail} ({hint})")
 
 
 def load_strict(module: nn.Module, state_dict: dict[str, torch.Tensor], *, dtype: torch.dtype,
                 device: torch.device | str, source: str = "",
-                keep_float32: Callable[[str], bool] | None = None) -> None:
+                keep_float32: Callable[[str], bool] | None = None,
+                file_key: Callable[[str], str] | None = None, dropped: Collection[str] = ()) -> None:
     """Load (by assignment, so a meta-device module gets real tensors) and fail on any key or shape mismatch,
-    naming ``source`` (the file or folder the weights came from) and the first offending keys. Keys for which
-    ``keep_float32`` is true load as float32 whatever ``dtype`` is (a family's precision-critical parameters)."""
-    where = f"{source}: " if source else ""
+    naming ``source`` (the file or folder the weights came from) and the offending keys. Keys for which
+    ``keep_float32`` is true load as float32 whatever ``dtype`` is (a family's precision-critical parameters).
+
+    Where ``state_dict`` was converted from another layout, ``file_key`` names a module key as the file does
+    (so an error names what the user can find in the file) and ``dropped`` lists the file's keys the
+    conversion had no place for (reported as unexpected)."""
+    name = file_key or (lambda key: key)
     expected = module.state_dict()
-    missing, unexpected = sorted(expected.keys() - state_dict.keys()), sorted(state_dict.keys() - expected.keys())
-    if missing or unexpected:
-        raise ModelLoadError(f"{where}weights do not match {type(module).__name__}: missing {missing[:20]}, "
-                             f"unexpected {unexpected[:20]} (a checkpoint of another model or size?)")
+    missing, unexpected = expected.keys() - state_dict.keys(), state_dict.keys() - expected.keys()
+    wrong = [(name(key), tuple(state_dict[key].shape), tuple(want.shape)) for key, want in expected.items()
+             if key in state_dict and state_dict[key].shape != want.shape]
+    check_key_match(source or "weights", type(module).__name__, missing={name(k) for k in missing},
+                    unexpected={name(k) for k in unexpected} | set(dropped), wrong_shape=wrong)
+    where = f"{source}: " if source else ""
     not_float = [key for key, want in expected.items()
                  if want.is_floating_point() and not state_dict[key].is_floating_point()]
     if not_float:
         raise ModelLoadError(f"{where}{len(not_float)} tensors are stored as integers where the model has floating "
-                             f"point weights: {', '.join(f'{k} ({state_dict[k].dtype})' for k in not_float[:5])} "
+                             f"point weights: {', '.join(f'{name(k)} ({state_dict[k].dtype})' for k in not_float[:5])} "
                              "(a quantized checkpoint in another format?)")
-    wrong = [f"{key} {tuple(state_dict[key].shape)} (expected {tuple(want.shape)})"
-             for key, want in expected.items() if state_dict[key].shape != want.shape]
-    if wrong:
-        raise ModelLoadError(f"{where}{len(wrong)} tensors have the wrong shape for the model's config.json: "
-                             f"{', '.join(wrong[:5])} (a checkpoint of another model size?)")
     for key in list(state_dict):  # in place, so an uncast copy is freed as soon as its cast exists
         wanted = torch.float32 if keep_float32 is not None and keep_float32(key) else dtype
         state_dict[key] = state_dict[key].to(device=device, dtype=wanted)
@@ -130,12 +164,20 @@ def read_checkpoint(path: str | Path) -> dict[str, torch.Tensor]:
                              "fetch it again") from None
 
 
-def loading_problems(info: Any) -> str:
-    """What transformers' or diffusers' ``output_loading_info`` reports as missing, unexpected or of the wrong
-    shape ("missing ['a.weight']; mismatched [...]", at most 10 keys each), or "" when nothing."""
-    found = {kind.removesuffix("_keys"): sorted(str(k) for k in info.get(kind) or ())
-             for kind in ("missing_keys", "unexpected_keys", "mismatched_keys")}
-    return "; ".join(f"{kind} {keys[:10]}" for kind, keys in found.items() if keys)
+def check_loading_info(source: str, target: str, info: Any, *, file_key: Callable[[str], str] | None = None,
+                       hint: str = OTHER_MODEL_HINT) -> None:
+    """``check_key_match`` on what transformers' or diffusers' ``output_loading_info`` reports as missing,
+    unexpected or of the wrong shape (what they would only warn about); ``file_key`` names a key as the file does."""
+    name = file_key or (lambda key: key)
+    items = list(info.get("mismatched_keys") or ())
+    # Both libraries report a wrong shape as (key, checkpoint shape, model shape).
+    shaped = [i for i in items if isinstance(i, (tuple, list)) and len(i) == 3]
+    check_key_match(source, target, hint=hint, missing={name(str(k)) for k in info.get("missing_keys") or ()},
+                    unexpected={name(str(k)) for k in info.get("unexpected_keys") or ()},
+                    wrong_shape=[(name(str(key)), tuple(found), tuple(want)) for key, found, want in shaped])
+    if len(shaped) != len(items):  # a library version that lists bare keys: named all the same
+        bare = {name(str(i)) for i in items if not (isinstance(i, (tuple, list)) and len(i) == 3)}
+        raise ModelLoadError(f"{source}: weights do not match {target}: wrong shape in {_keys(sorted(bare))} ({hint})")
 
 
 def strict_from_pretrained(cls: Any, folder: str | Path, **kwargs: Any) -> Any:
@@ -145,10 +187,8 @@ def strict_from_pretrained(cls: Any, folder: str | Path, **kwargs: Any) -> Any:
     # of an error that points at a log table.
     model, info = cls.from_pretrained(str(folder), use_safetensors=True, output_loading_info=True,
                                       ignore_mismatched_sizes=True, **kwargs)
-    detail = loading_problems(info)
-    if detail:
-        raise ModelLoadError(f"{folder}: weights do not match {cls.__name__}: {detail} (a stale or partial download, "
-                             "or a checkpoint of another model? fetch the component again)")
+    check_loading_info(str(folder), cls.__name__, info,
+                       hint="a stale or partial download, or a checkpoint of another model? fetch the component again")
     return model
 
 

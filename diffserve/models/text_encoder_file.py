@@ -15,6 +15,7 @@ tensors, and every missing, unexpected or wrongly shaped key is an error naming 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -23,7 +24,7 @@ import torch
 
 from diffserve.errors import ModelLoadError
 from diffserve.logging import get_logger
-from diffserve.models.loader import loading_problems, looks_like, read_checkpoint
+from diffserve.models.loader import check_loading_info, looks_like, read_checkpoint
 
 logger = get_logger(__name__)
 
@@ -36,13 +37,15 @@ class TextEncoderFileLayout:
     comfyui_prefix: str
     marker: str  # a key fragment every file of this encoder has
     droppable: frozenset[str]  # tensors such files carry that the text-only model has no use for
+    # A level released files have and transformers' model does not (it reports keys without it).
+    inner_prefix: str = ""
 
 
 TEXT_ENCODER_FILES = {
     "text_encoder": TextEncoderFileLayout(
         "CLIP-L", "text_encoders.clip_l.transformer.", "encoder.layers.",
         # CLIPTextModelWithProjection's projection and CLIPModel's temperature: FLUX uses the pooled output only.
-        frozenset({"text_projection.weight", "logit_scale", "text_model.embeddings.position_ids"})),
+        frozenset({"text_projection.weight", "logit_scale", "text_model.embeddings.position_ids"}), "text_model."),
     "text_encoder_2": TextEncoderFileLayout("T5-XXL", "text_encoders.t5xxl.transformer.", "encoder.block.",
                                             frozenset()),
 }
@@ -95,9 +98,21 @@ def load_text_encoder(cls: Any, folder: str | Path, component: str, weights_file
                                           dtype=dtype, ignore_mismatched_sizes=True)
     except (OSError, ValueError, RuntimeError) as exc:
         raise ModelLoadError(f"{weights_file}: cannot load {component} ({cls.__name__}): {exc}") from None
-    detail = loading_problems(info)
-    if detail:
-        raise ModelLoadError(f"{weights_file}: weights do not match {component} ({cls.__name__}, config from "
-                             f"{folder}): {detail} (a checkpoint of another model or size?)")
+    check_loading_info(weights_file, f"{component} ({cls.__name__}, config from {folder})", info,
+                       file_key=_file_key(component, kind, tensors))
     logger.info("loaded %s from %s (%s layout)", component, weights_file, kind)
     return model
+
+
+def _file_key(component: str, kind: str, tensors: dict[str, Any]) -> Callable[[str], str]:
+    """A key of transformers' loading report -> as the file names it (ComfyUI's prefix, CLIP's ``text_model.``)."""
+    layout = TEXT_ENCODER_FILES[component]
+    prefix = layout.comfyui_prefix if kind == "comfyui" else ""
+    inner = layout.inner_prefix if any(k.startswith(layout.inner_prefix) for k in tensors) else ""
+
+    def name(key: str) -> str:
+        if key in tensors or key.startswith(inner) and inner + key not in tensors:
+            return prefix + key
+        return prefix + inner + key  # in the file under the level, or missing from a file that has it
+
+    return name

@@ -55,16 +55,46 @@ def load_vae(vae_dir: str | Path, *, dtype: torch.dtype, device: torch.device | 
     config = read_config(vae_dir)
     tensors = read_checkpoint(weights_file)
     layout = vae_layout(list(tensors), weights_file)
+    prefix = COMFYUI_VAE_PREFIX if layout == "comfyui" else ""
     if layout == "comfyui":
-        tensors = {k[len(COMFYUI_VAE_PREFIX):]: v for k, v in tensors.items() if k.startswith(COMFYUI_VAE_PREFIX)}
+        tensors = {k[len(prefix):]: v for k, v in tensors.items() if k.startswith(prefix)}
+    names: dict[str, str] = {}
+    dropped: list[str] = []
     if layout != "diffusers":
-        given = len(tensors)
+        names = converted_names(list(tensors), config)
+        dropped = sorted(prefix + key for key in tensors.keys() - set(names.values()))  # unknown to the converter
         tensors = convert_ldm_vae_checkpoint(tensors, config)
-        if len(tensors) != given:  # diffusers' converter skips the names it does not know
-            raise ModelLoadError(f"{weights_file}: {given - len(tensors)} of its {given} VAE tensors are not part of "
-                                 "this VAE's architecture (a checkpoint of another model?)")
     with torch.device("meta"):
         vae = AutoencoderKL.from_config(config)
-    load_strict(vae, tensors, dtype=dtype, device=device, source=weights_file)
+
+    def file_key(key: str) -> str:  # errors name keys as the file does: a converted name is not in it
+        found = file_name(key, names)
+        return f"{key} (diffusers' name)" if found is None else prefix + found
+
+    load_strict(vae, tensors, dtype=dtype, device=device, source=weights_file,
+                file_key=file_key if layout != "diffusers" else None, dropped=dropped)
     logger.info("loaded the VAE from %s (%s layout)", weights_file, layout)
     return vae.eval()
+
+
+def converted_names(keys: list[str], config: dict) -> dict[str, str]:
+    """diffusers key -> the latent-diffusion key diffusers' ``convert_ldm_vae_checkpoint`` makes it from, learnt
+    by converting one-element tensors that carry each key's index (its renaming rules stay its own)."""
+    from diffusers.loaders.single_file_utils import convert_ldm_vae_checkpoint
+
+    # 4-D, as the attention weights it reshapes from 1x1 convolutions are; float32 holds every index exactly.
+    probe = {key: torch.full((1, 1, 1, 1), float(i)) for i, key in enumerate(keys)}
+    return {new: keys[int(tag.reshape(-1)[0])] for new, tag in convert_ldm_vae_checkpoint(probe, config).items()}
+
+
+def file_name(key: str, names: dict[str, str]) -> str | None:
+    """The file's name for diffusers ``key``; for one the file lacks, derived from its ``.weight``/``.bias``
+    sibling's (None when that is missing too)."""
+    if key in names:
+        return names[key]
+    stem, _, suffix = key.rpartition(".")
+    for other in ("weight", "bias"):
+        sibling = names.get(f"{stem}.{other}")
+        if other != suffix and sibling is not None and sibling.endswith(f".{other}"):
+            return sibling[: -len(other)] + suffix
+    return None

@@ -18,6 +18,7 @@ from safetensors.torch import load_file, save_file
 
 from diffserve.config.resolve import resolve
 from diffserve.errors import ConfigError, ModelLoadError
+from diffserve.registry.models import MODEL_FAMILIES
 from diffserve.zoo.flux_checkpoints import diffusers_to_bfl, write_single_file
 
 REQUEST = dict(prompt="a fox", height=64, width=64, num_inference_steps=2, seed=3, output_type="pt")
@@ -171,3 +172,100 @@ def test_ae_and_comfyui_vae_files_give_the_folders_image(tiny_flux_dir: Path, tm
 
     with pytest.raises(ModelLoadError, match="keys look like a FLUX transformer, expected a VAE"):
         FluxPipeline.from_pretrained(tiny_flux_dir, components={"vae": str(transformer)})
+
+
+# -- key mismatches: every component and layout names the keys as its file does, with their count. -------------
+
+# component:layout -> (a key to delete, a key to shorten by a row), as the file names them.
+_CLIP, _T5 = "text_encoders.clip_l.transformer.", "text_encoders.t5xxl.transformer."
+KEY_CASES = {
+    "transformer:diffusers": ("transformer_blocks.0.attn.to_k.weight", "proj_out.weight"),
+    "transformer:bfl": ("single_blocks.0.linear1.weight", "double_blocks.0.img_mlp.2.weight"),  # native: 2 / .1
+    "transformer:comfyui": ("model.diffusion_model.double_blocks.0.img_mlp.2.bias",
+                            "model.diffusion_model.final_layer.linear.weight"),
+    "vae:diffusers": ("decoder.mid_block.attentions.0.to_q.weight", "encoder.conv_in.bias"),
+    "vae:ldm": ("decoder.mid.attn_1.q.weight", "decoder.up.0.block.0.conv1.bias"),  # converted to diffusers' names
+    "vae:comfyui": ("first_stage_model.decoder.mid.attn_1.k.bias", "first_stage_model.encoder.conv_out.bias"),
+    "text_encoder:transformers": ("text_model.encoder.layers.0.mlp.fc1.weight", "text_model.final_layer_norm.weight"),
+    "text_encoder:comfyui": (f"{_CLIP}text_model.encoder.layers.1.self_attn.q_proj.bias",
+                             f"{_CLIP}text_model.encoder.layers.0.layer_norm1.weight"),
+    "text_encoder_2:transformers": ("encoder.block.0.layer.0.SelfAttention.q.weight", "encoder.final_layer_norm.weight"),
+    "text_encoder_2:comfyui": (f"{_T5}encoder.block.1.layer.1.layer_norm.weight", f"{_T5}shared.weight"),
+}
+
+
+def _file_tensors(model: Path, component: str, layout: str) -> tuple[dict[str, torch.Tensor], str]:
+    """A single file of ``component`` in ``layout`` (its tensors) and the prefix its component's keys have."""
+    from diffserve.zoo.comfyui_checkpoints import COMFYUI_TEXT_ENCODER_PREFIXES, text_encoder_tensors
+    from diffserve.zoo.vae_checkpoints import COMFYUI_VAE_PREFIX, diffusers_vae_to_ldm
+
+    if component in ("transformer", "vae"):
+        tensors = load_file(str(model / component / "diffusion_pytorch_model.safetensors"))
+        if layout != "diffusers":
+            tensors = diffusers_to_bfl(tensors) if component == "transformer" else diffusers_vae_to_ldm(tensors)
+        prefix = {"transformer": "model.diffusion_model.", "vae": COMFYUI_VAE_PREFIX}[component]
+    else:
+        tensors, prefix = text_encoder_tensors(model, component), COMFYUI_TEXT_ENCODER_PREFIXES[component]
+    prefix = prefix if layout == "comfyui" else ""
+    return {prefix + k: v.contiguous() for k, v in tensors.items()}, prefix
+
+
+def _load_component(model: Path, component: str, path: Path) -> str:
+    """The error of loading ``component`` from ``path`` with the loader the pipeline uses for it."""
+    from transformers import CLIPTextModel, T5EncoderModel
+
+    from diffserve.config.schema import AttentionBackendConfig
+    from diffserve.layers.kernels import build_kernel_set
+    from diffserve.models.flux.transformer import load_flux_transformer
+    from diffserve.models.text_encoder_file import load_text_encoder
+    from diffserve.models.vae_file import load_vae
+
+    with pytest.raises(ModelLoadError) as err:
+        if component == "transformer":
+            kernels = build_kernel_set("torch", AttentionBackendConfig("sdpa"), device="cpu", dtype=torch.float32,
+                                       roles=MODEL_FAMILIES["FluxPipeline"].attention_roles)
+            load_flux_transformer(model / "transformer", kernels, weights_file=str(path))
+        elif component == "vae":
+            load_vae(model / "vae", dtype=torch.float32, device="cpu", weights_file=str(path))
+        else:
+            cls = CLIPTextModel if component == "text_encoder" else T5EncoderModel
+            load_text_encoder(cls, model / component, component, str(path), dtype=torch.float32)
+    return str(err.value)
+
+
+@pytest.mark.parametrize("case", list(KEY_CASES))
+def test_a_missing_unexpected_or_misshapen_key_is_named_with_the_count(tiny_flux_dir: Path, tmp_path: Path,
+                                                                       case: str) -> None:
+    component, layout = case.split(":")
+    tensors, prefix = _file_tensors(tiny_flux_dir, component, layout)
+    dropped, shortened = KEY_CASES[case]
+    inner = "text_model." if component == "text_encoder" else ""  # CLIP files' own level, kept in the names
+    extra = [f"{prefix}{inner}zz_extra.{i}.weight" for i in range(3)]
+    edits = {
+        f"missing 1 key: {dropped} (": lambda t: t.pop(dropped),
+        f"unexpected 3 keys: {', '.join(extra)} (": lambda t: t.update({k: torch.zeros(2) for k in extra}),
+        f"wrong shape in 1 key: {shortened} (found {(tensors[shortened].shape[0] - 1, *tensors[shortened].shape[1:])}, "
+        f"expected {tuple(tensors[shortened].shape)})": lambda t: t.update({shortened: t[shortened][:-1].clone()}),
+    }
+    for expected, edit in edits.items():
+        broken = dict(tensors)
+        edit(broken)
+        path = tmp_path / f"{case.replace(':', '-')}.safetensors"
+        save_file(broken, str(path))
+        text = _load_component(tiny_flux_dir, component, path)
+        assert text.startswith(f"{path}: weights do not match ") and expected in text, (case, text)
+
+
+def test_the_engine_error_names_the_missing_key(tiny_flux_dir: Path, tmp_path: Path) -> None:
+    """What a user meets: the Engine's raised error (the CLI prints it, a server's /health carries it)."""
+    from diffserve import Engine
+
+    tensors, _ = _file_tensors(tiny_flux_dir, "transformer", "bfl")
+    tensors.pop("double_blocks.0.img_attn.qkv.weight")
+    path = tmp_path / "flux1-missing.safetensors"
+    save_file(tensors, str(path))
+    with pytest.raises(ModelLoadError) as err, Engine(str(tiny_flux_dir), dtype="float32", env={},
+                                                      components={"transformer": str(path)}):
+        pass
+    assert f"{path}: weights do not match the transformer's config.json: missing 1 key: " \
+           "double_blocks.0.img_attn.qkv.weight (" in str(err.value)

@@ -15,20 +15,22 @@ into its attention ``qkv`` and its ``mlp_in`` rows, and the MLPs' second Linear 
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from diffserve.errors import ModelLoadError
 from diffserve.layers.linear.gguf import QuantizedWeight
 from diffserve.logging import get_logger
 from diffserve.models.flux.params import FluxParams
-from diffserve.models.flux.weights import convert_diffusers_state_dict
-from diffserve.models.loader import looks_like
+from diffserve.models.flux.weights import conversion_rules, convert_diffusers_state_dict, diffusers_key_names
+from diffserve.models.loader import check_key_match, looks_like
 
 logger = get_logger(__name__)
 
 COMFYUI_PREFIX = "model.diffusion_model."
 _BFL_MLP = re.compile(r"^(double_blocks\.\d+\.(?:img|txt)_mlp)\.2\.(weight|bias)$")
+_NATIVE_MLP = re.compile(r"^(double_blocks\.\d+\.(?:img|txt)_mlp)\.1\.(weight|bias)$")
+_NATIVE_LINEAR1 = re.compile(r"^(single_blocks\.\d+)\.(qkv|mlp_in)\.(weight|bias)$")
 
 
 def detect_layout(keys: Iterable[str], source: str) -> str:
@@ -89,12 +91,44 @@ def _rows(tensor: Any, start: int, stop: int) -> Any:
 
 
 def native_state_dict(state_dict: dict[str, Any], params: FluxParams, source: str) -> tuple[dict[str, Any], str]:
-    """A single file's tensors as the native module's state dict, and the layout they were in."""
+    """A single file's tensors as the native module's state dict, and the layout they were in; a missing or
+    unexpected key is a ModelLoadError naming it as the file does."""
     layout = detect_layout(state_dict, source)
     if layout == "diffusers" and any(isinstance(t, QuantizedWeight) for t in state_dict.values()):
         raise ModelLoadError(f"{source}: quantized weights under diffusers' names are not read (Q/K/V would have "
                              "to be fused packed); GGUF files with BFL names (city96's layout) are")
     if layout == "diffusers":
-        return convert_diffusers_state_dict(state_dict, params), layout
+        return convert_diffusers_state_dict(state_dict, params, source), layout
+    # Checked in the file's own names: after the conversion a missing linear1 would be two native keys.
+    prefix = COMFYUI_PREFIX if layout == "comfyui" else ""
+    found = {key for key in state_dict if key.startswith(prefix)}  # a ComfyUI file's other components aside
+    expected = {prefix + _bfl_name(key) for key in conversion_rules(params)}
+    check_key_match(source, "the transformer's config.json", missing=expected - found, unexpected=found - expected)
     bfl = comfyui_transformer(state_dict, source) if layout == "comfyui" else state_dict
     return bfl_to_native(bfl, params, source), layout
+
+
+def _bfl_name(native: str) -> str:
+    """A native key as BFL's files name it (``bfl_to_native`` in reverse; a single block's ``qkv`` and
+    ``mlp_in`` are both rows of its ``linear1``)."""
+    if mlp := _NATIVE_MLP.match(native):
+        return f"{mlp[1]}.2.{mlp[2]}"
+    if single := _NATIVE_LINEAR1.match(native):
+        return f"{single[1]}.linear1.{single[3]}"
+    return native
+
+
+def file_key_names(layout: str, params: FluxParams) -> Callable[[str], str]:
+    """A native key -> how a file in ``layout`` names it, for load errors (a wrong shape); a single block's
+    ``qkv`` / ``mlp_in`` are named as their rows of ``linear1``."""
+    if layout == "diffusers":
+        return diffusers_key_names(params)
+    prefix = COMFYUI_PREFIX if layout == "comfyui" else ""
+    qkv_rows = 3 * params.hidden_size
+
+    def name(key: str) -> str:
+        single = _NATIVE_LINEAR1.match(key)
+        rows = "" if single is None else f"[:{qkv_rows}]" if single[2] == "qkv" else f"[{qkv_rows}:]"
+        return prefix + _bfl_name(key) + rows
+
+    return name

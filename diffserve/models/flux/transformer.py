@@ -16,7 +16,7 @@ from diffserve.layers.linear.module import Linear
 from diffserve.layers.ulysses import UlyssesAttention
 from diffserve.logging import get_logger
 from diffserve.models.flux.blocks import DoubleStreamBlock, LastLayer, SingleStreamBlock, modulate
-from diffserve.models.flux.checkpoint_layouts import native_state_dict
+from diffserve.models.flux.checkpoint_layouts import file_key_names, native_state_dict
 from diffserve.models.flux.embeddings import MLPEmbedder, rope, timestep_embedding
 from diffserve.models.flux.params import FluxParams
 from diffserve.models.flux.weights import convert_diffusers_state_dict
@@ -162,7 +162,7 @@ def load_flux_transformer(transformer_dir: str | Path, kernels: KernelSet, *, dt
     params = FluxParams.from_diffusers_config(read_config(transformer_dir))
     if weights_file is None:
         source, layout = str(transformer_dir), "diffusers"
-        state_dict = convert_diffusers_state_dict(read_safetensors(transformer_dir), params)
+        state_dict = convert_diffusers_state_dict(read_safetensors(transformer_dir), params, source)
     else:
         source = weights_file
         tensors = read_gguf(weights_file) if weights_file.endswith(".gguf") else read_checkpoint(weights_file)
@@ -171,7 +171,7 @@ def load_flux_transformer(transformer_dir: str | Path, kernels: KernelSet, *, dt
     with torch.device("meta"):
         model = FluxTransformer(params, kernels)
     install_packed(model, state_dict, dtype=dtype, device=device, source=source)
-    load_strict(model, state_dict, dtype=dtype, device=device, source=source)
+    load_strict(model, state_dict, dtype=dtype, device=device, source=source, file_key=file_key_names(layout, params))
     logger.info("loaded FLUX transformer from %s (%s layout; %d double, %d single blocks) with kernels %s", source,
                 layout, params.depth, params.depth_single_blocks, kernels.describe())
     return model.eval().requires_grad_(False)

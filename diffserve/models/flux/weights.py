@@ -7,13 +7,14 @@ tanh-GELU is that projection's activation, which a linear backend may fuse into 
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable
 
 import torch
 from torch import Tensor
 
-from diffserve.errors import ModelLoadError
 from diffserve.models.flux.params import FluxParams
+from diffserve.models.loader import check_key_match
 
 Rule = tuple[tuple[str, ...], Callable[[list[Tensor]], Tensor]]
 
@@ -76,24 +77,31 @@ def conversion_rules(params: FluxParams) -> dict[str, Rule]:
     return rules
 
 
-def convert_diffusers_state_dict(state_dict: dict[str, Tensor], params: FluxParams) -> dict[str, Tensor]:
-    """Return the native state dict (consuming ``state_dict``); any missing or unexpected diffusers key is a
-    ``ModelLoadError``."""
+def convert_diffusers_state_dict(state_dict: dict[str, Tensor], params: FluxParams,
+                                 source: str = "transformer") -> dict[str, Tensor]:
+    """Return the native state dict (consuming ``state_dict``); any missing or unexpected diffusers key, or
+    projections that cannot be fused (of other widths), is a ``ModelLoadError`` naming ``source``."""
     rules = conversion_rules(params)
     needed = {src for sources, _ in rules.values() for src in sources}
-    missing = sorted(needed - state_dict.keys())
-    unexpected = sorted(state_dict.keys() - needed)
-    if missing or unexpected:
-        raise ModelLoadError(
-            "transformer weights do not match its config.json: "
-            f"missing keys {_preview(missing)}; unexpected keys {_preview(unexpected)}"
-        )
-    # Pop as we go so each source tensor can be freed once fused: peak memory stays near one model copy.
-    return {native: fn([state_dict.pop(s) for s in sources]) for native, (sources, fn) in rules.items()}
+    check_key_match(source, "the transformer's config.json", missing=needed - state_dict.keys(),
+                    unexpected=state_dict.keys() - needed)
+    native: dict[str, Tensor] = {}
+    for key, (sources, fn) in rules.items():
+        # Pop as we go so each source tensor can be freed once fused: peak memory stays near one model copy.
+        tensors = [state_dict.pop(s) for s in sources]
+        try:
+            native[key] = fn(tensors)
+        except RuntimeError:  # torch.cat of projections whose widths differ: the odd one out is named
+            widths = Counter(tuple(t.shape[1:]) for t in tensors).most_common(1)[0][0]
+            odd = [(s, tuple(t.shape), (t.shape[0], *widths))
+                   for s, t in zip(sources, tensors, strict=True) if tuple(t.shape[1:]) != widths]
+            check_key_match(source, "the transformer's config.json", wrong_shape=odd,
+                            hint="a checkpoint of another model size?")
+            raise
+    return native
 
 
-def _preview(keys: list[str], limit: int = 20) -> str:
-    if not keys:
-        return "none"
-    more = f" ... and {len(keys) - limit} more" if len(keys) > limit else ""
-    return f"({len(keys)}) " + ", ".join(keys[:limit]) + more
+def diffusers_key_names(params: FluxParams) -> Callable[[str], str]:
+    """A native key -> the diffusers key(s) it is made of, for errors about a diffusers-layout file."""
+    sources = {native: " + ".join(srcs) for native, (srcs, _) in conversion_rules(params).items()}
+    return lambda key: sources.get(key, key)
