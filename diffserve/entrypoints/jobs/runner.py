@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -146,7 +147,17 @@ class JobRunner:
             if won:
                 free -= 1
                 self._models[job.id] = model
-                self._running[job.id] = asyncio.create_task(self._run(job), name=f"diffserve-{job.id}")
+                task = asyncio.create_task(self._run(job), name=f"diffserve-{job.id}")
+                self._running[job.id] = task
+                # _run's finally frees the slot; a task cancelled before it ever ran (a DELETE right after the
+                # claim) runs no finally, so this does, else the model's slot stays taken and its queue stalls.
+                task.add_done_callback(functools.partial(self._forget, job.id))
+
+    def _forget(self, job_id: str, task: asyncio.Task[None]) -> None:
+        if self._running.get(job_id) is task:
+            del self._running[job_id]
+            self._models.pop(job_id, None)
+            self._wake.set()
 
     async def _sweep(self) -> None:
         now = time.time()
