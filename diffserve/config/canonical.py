@@ -20,6 +20,7 @@ from diffserve.errors import ConfigError
 from diffserve.registry.backends import ATTENTION_BACKENDS, LINEAR_BACKENDS
 from diffserve.registry.caches import cache_spellings
 from diffserve.registry.executors import executor_spellings
+from diffserve.registry.models import known_single_file_components
 from diffserve.registry.quantization import offload_spellings, quantization_spellings
 from diffserve.registry.teacache import teacache_spellings
 
@@ -263,9 +264,9 @@ def normalize_lora_modules(value: Any) -> FrozenDict:
     return FrozenDict({name: out[name] for name in sorted(out)})
 
 
-# Components a single file may replace (models/flux/checkpoint_layouts.py, models/vae_file.py and
-# models/text_encoder_file.py read them).
-SINGLE_FILE_COMPONENTS = ("transformer", "vae", "text_encoder", "text_encoder_2")
+# Components a single file may replace in some family (the registry's ``single_file_components``; which ones
+# the served family takes is checked at resolve).
+SINGLE_FILE_COMPONENTS = known_single_file_components()
 
 
 def normalize_components(value: Any) -> FrozenDict:

@@ -252,7 +252,8 @@ def _generic_cache_errors(stages: tuple[StageConfig, ...], family: Any,
 
 def _component_errors(stages: tuple[StageConfig, ...], family: Any,
                       provenance: Mapping[str, Source]) -> list[ConfigError]:
-    """Single-file components: the file must exist, and the stage must run the native FLUX path."""
+    """Single-file components: the file must exist, the stage must run its family's native path, and the family
+    must read that component from a file (the registry's ``single_file_components``)."""
     errors = []
     for stage in stages:
         key = f"stages.{stage.stage_id}.components"
@@ -265,13 +266,29 @@ def _component_errors(stages: tuple[StageConfig, ...], family: Any,
                                       path=f"stages.{stage.stage_id}.enforce_eager",
                                       source=provenance[f"stages.{stage.stage_id}.enforce_eager"].describe(),
                                       hint="set enforce_eager: true (--enforce-eager)"))
-        if stage.components and family is not None and (stage.implementation != "native" or family.implementation
-                                                         != "native"):
-            errors.append(ConfigError(f"single-file components are read by the native FLUX path; {family.class_name} "
-                                      f"runs on the {stage.implementation} path here", path=key,
+        if not stage.components or family is None:
+            continue
+        if stage.implementation != "native" or family.implementation != "native":
+            errors.append(ConfigError(f"single-file components are read on the native path only (by {_readers()}); "
+                                      f"{family.class_name} runs on the {stage.implementation} path here", path=key,
                                       source=provenance[key].describe(),
                                       hint="serve the component from the model's folder, or use implementation: native"))
+            continue
+        takes = (f"it reads {', '.join(family.single_file_components)} from single files"
+                 if family.single_file_components else "it reads no component from a single file")
+        for name in stage.components:
+            if name not in family.single_file_components:
+                # Refused, not ignored: the file would otherwise be fingerprinted as served and never read.
+                errors.append(ConfigError(
+                    f"{family.class_name} does not read its {name} from a single file ({takes})",
+                    path=f"{key}.{name}", source=provenance[key].describe(),
+                    hint=f"serve the {name} from the model's folder: drop components.{name}"))
     return errors
+
+
+def _readers() -> str:
+    """The families whose native pipeline reads some component from a single file."""
+    return ", ".join(name for name, f in MODEL_FAMILIES.items() if f.single_file_components) or "none"
 
 
 def _raise_if_errors(errors: list[ConfigError]) -> None:

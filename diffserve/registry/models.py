@@ -103,6 +103,9 @@ class ModelFamily:
     first_block_cache: FirstBlockCacheSpec | None = None
     # The step caches its native pipeline runs (models/stepcache; TeaCache where a polynomial fits the model).
     native_step_caches: tuple[str, ...] = ()
+    # The components its native pipeline can read from one file (``components: {name: FILE}``) instead of the
+    # model's folder; any other is refused at resolve (config/resolve.py), as is any on the generic path.
+    single_file_components: tuple[str, ...] = ()
 
     def load_stage_pipeline(self, role: str) -> Any:
         """The pipeline class serving ``role`` (``diffusion``: the family's own, see ``load_pipeline_class``)."""
@@ -136,6 +139,10 @@ FLUX_QUANTIZATION_IGNORED = (
 FLUX_MODULATION = ("*.img_mod", "*.txt_mod", "*.modulation", "*.norm1", "*.norm1_context",
                    "single_transformer_blocks.*.norm")
 
+# What the native FLUX pipeline reads from single files: models/flux/checkpoint_layouts.py (transformer),
+# models/vae_file.py, models/text_encoder_file.py (CLIP-L, T5-XXL).
+FLUX_SINGLE_FILES = ("transformer", "vae", "text_encoder", "text_encoder_2")
+
 WAN_PIPELINE = "diffserve.models.wan.pipeline:WanVideoPipeline"
 NATIVE_STEP_CACHES = ("fbcache", "teacache")
 WAN_QUANTIZATION_IGNORED = ("patch_embedding", "condition_embedder", "proj_out")
@@ -152,14 +159,16 @@ MODEL_FAMILIES: dict[str, ModelFamily] = {
                     # tokens; the degree must divide the heads, checked at load: models/flux/pipeline.py).
                     max_world_size=16, parallel_dims=("cfg_parallel_size", "ulysses_degree"),
                     edits=("img2img", "inpaint"), lora_check=FLUX_LORA_CHECK, native_step_caches=NATIVE_STEP_CACHES,
-                    quantization_ignored_layers=FLUX_QUANTIZATION_IGNORED, stage_pipelines=FLUX_STAGES),
+                    quantization_ignored_layers=FLUX_QUANTIZATION_IGNORED, stage_pipelines=FLUX_STAGES,
+                    single_file_components=FLUX_SINGLE_FILES),
         # FLUX.1 Kontext: the native FLUX pipeline, with the reference image's latents as extra tokens.
         ModelFamily("FluxKontextPipeline", "diffserve.models.flux.pipeline:FluxPipeline", "single",
                     attention_roles=("double_block", "single_block"),
                     role_patterns=(("single_transformer_blocks.", "single_block"),
                                    ("transformer_blocks.", "double_block")),
                     edits=("reference",), lora_check=FLUX_LORA_CHECK, native_step_caches=NATIVE_STEP_CACHES,
-                    quantization_ignored_layers=FLUX_QUANTIZATION_IGNORED, stage_pipelines=FLUX_STAGES),
+                    quantization_ignored_layers=FLUX_QUANTIZATION_IGNORED, stage_pipelines=FLUX_STAGES,
+                    single_file_components=FLUX_SINGLE_FILES),
         # SD3/SD3.5 (MMDiT): every block's joint text+image attention; true CFG in the pipeline itself
         # (guidance_scale is the CFG scale), 28 steps at 7.0 as the pipeline's __call__ defaults.
         ModelFamily("StableDiffusion3Pipeline", GENERIC_PIPELINE, "single", attention_roles=("joint_block",),
@@ -232,6 +241,12 @@ MODEL_FAMILIES: dict[str, ModelFamily] = {
 def known_attention_roles() -> tuple[str, ...]:
     """Every role some family declares (what a deploy file may name before the model is known)."""
     return tuple(dict.fromkeys(role for f in MODEL_FAMILIES.values() for role in f.attention_roles))
+
+
+def known_single_file_components() -> tuple[str, ...]:
+    """Every component some family reads from a single file (what ``components`` may name before the model is
+    known; the family's own list is checked at resolve)."""
+    return tuple(dict.fromkeys(c for f in MODEL_FAMILIES.values() for c in f.single_file_components))
 
 
 def read_class_name(model_dir: str | Path) -> str:

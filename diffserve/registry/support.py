@@ -6,7 +6,7 @@ from __future__ import annotations
 from diffserve.registry.models import MODEL_FAMILIES, ModelFamily
 from diffserve.registry.quantization import QUANTIZATION_METHODS
 
-COLUMNS = ("family", "path", "generations", "edits", "LoRA", "step cache", "parallel", "quantization")
+COLUMNS = ("family", "path", "generations", "edits", "LoRA", "step cache", "parallel", "quantization", "single files")
 
 
 def family_support(family: ModelFamily) -> tuple[str, ...]:
@@ -18,7 +18,7 @@ def family_support(family: ModelFamily) -> tuple[str, ...]:
     return (f"`{family.class_name}`", family.implementation,
             "videos" if family.default_num_frames is not None else "images",
             ", ".join(family.edits) or "-", "per request" if family.lora_check else "-",
-            ", ".join(caches) or "-", parallel or "-", methods)
+            ", ".join(caches) or "-", parallel or "-", methods, ", ".join(family.single_file_components) or "-")
 
 
 def support_matrix() -> list[tuple[str, ...]]:

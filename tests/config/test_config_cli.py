@@ -85,6 +85,17 @@ def test_explain_table_and_validate(tmp_path: Path, capsys) -> None:
     assert "did you mean 'dtype'" in err and "cutlass" in err and "2 problem(s)" in err
 
 
+def test_validate_and_explain_refuse_a_component_the_family_does_not_read(tiny_wan_dir: Path, tmp_path: Path,
+                                                                           capsys) -> None:
+    weights = write(tmp_path / "flux1-dev.safetensors", "")
+    deploy = write(tmp_path / "d.yaml", f"components:\n  transformer: {weights}\n")
+    for command in ("validate", "explain"):
+        assert main(["config", command, str(tiny_wan_dir), "--deploy-config", str(deploy), "--platform", "cpu"]) == 1
+        err = capsys.readouterr().err
+        assert f"{deploy.resolve()}:1: stages.0.components.transformer: WanPipeline does not read its transformer " \
+               "from a single file" in err, err
+
+
 def test_schema_command(capsys) -> None:
     assert main(["config", "schema"]) == 0
     schema = json.loads(capsys.readouterr().out)

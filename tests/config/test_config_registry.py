@@ -51,3 +51,13 @@ def test_every_registry_target_imports() -> None:
         assert callable(load_target(front.target))
     for family in MODEL_FAMILIES.values():
         assert callable(family.load_pipeline_class().from_stage)
+
+
+def test_single_file_components_are_the_registrys() -> None:
+    """``components`` may name what some family reads; the native FLUX pipeline reads what its loaders do."""
+    from diffserve.models.text_encoder_file import TEXT_ENCODER_FILES
+
+    assert set(c.SINGLE_FILE_COMPONENTS) == {x for f in MODEL_FAMILIES.values() for x in f.single_file_components}
+    readers = {name: f.single_file_components for name, f in MODEL_FAMILIES.items() if f.single_file_components}
+    assert set(readers) == {"FluxPipeline", "FluxKontextPipeline"}
+    assert all(set(takes) == {"transformer", "vae", *TEXT_ENCODER_FILES} for takes in readers.values())

@@ -119,8 +119,25 @@ def test_broken_and_foreign_files_are_errors_naming_the_file(tiny_flux_dir: Path
 
 def test_generic_path_refuses_single_files(tiny_sd3_dir: Path, tiny_flux_dir: Path, tmp_path: Path) -> None:
     path = write_single_file(tiny_flux_dir, tmp_path / "flux.safetensors")
-    with pytest.raises(ConfigError, match="single-file components are read by the native FLUX path"):
+    with pytest.raises(ConfigError, match=r"single-file components are read on the native path only \(by FluxPipeline"):
         resolve(model=str(tiny_sd3_dir), overrides={"components": {"transformer": str(path)}}, env={})
+
+
+def test_a_family_takes_only_the_components_it_reads_from_files(tiny_wan_dir: Path, tiny_flux_dir: Path,
+                                                                tmp_path: Path) -> None:
+    """Wan reads no single file: a ``components:`` entry is refused at resolve (it used to be accepted, never
+    read and still fingerprinted); FLUX's are accepted."""
+    path = tmp_path / "flux1-tiny.safetensors"
+    path.write_bytes(b"")  # resolve checks only that it exists
+    deploy = tmp_path / "deploy.yaml"
+    deploy.write_text(f"components:\n  transformer: {path}\n")
+    with pytest.raises(ConfigError) as err:
+        resolve(model=str(tiny_wan_dir), deploy_config=deploy, env={})
+    assert err.value.path == "stages.0.components.transformer" and err.value.source == f"{deploy.resolve()}:1"
+    assert "WanPipeline does not read its transformer from a single file (it reads no component" in str(err.value)
+    assert "serve the transformer from the model's folder" in str(err.value)
+    config = resolve(model=str(tiny_flux_dir), deploy_config=deploy, env={})
+    assert config.stages[0].components == {"transformer": str(path)}
 
 
 @pytest.mark.e2e
