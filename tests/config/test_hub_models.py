@@ -82,7 +82,7 @@ def _image(engine_model: str) -> tuple[np.ndarray, dict]:
 def test_a_cached_hub_id_serves_offline_bit_identical_to_its_folder(hub_cache: Path, tiny_flux_dir: Path) -> None:
     from_hub, attestation = _image(REPO)
     from_folder, folder_attestation = _image(str(tiny_flux_dir))
-    assert np.array_equal(from_hub, from_folder)
+    assert np.array_equal(from_hub, from_folder)  # the same files through the same loader and kernels
     assert attestation["model_source"] == {"repo_id": REPO, "revision": "main", "commit": COMMIT}
     assert "model_source" not in folder_attestation  # a local folder has no snapshot to attest
     assert attestation["weights_fingerprint"] == folder_attestation["weights_fingerprint"]  # the same files

@@ -1,8 +1,8 @@
 """Parallel denoising on real worker processes (mp, gloo on 127.0.0.1; ray for CFG): the two true-CFG
-branches on two ranks, Ulysses=2 and CFG=2 x Ulysses=2 give the single-rank images bit for bit, the
-attestation proves the layout and the exchange, a request without true CFG is served by the CFG rank 0
-ranks alone, and a rank killed mid-request takes the whole group down (EngineDeadError, no rank left
-waiting in a collective)."""
+branches on two ranks give the single-rank images bit for bit, Ulysses=2 and CFG=2 x Ulysses=2 within 60 dB
+of them (each rank's GEMMs see its token shard, another shape), the attestation proves the layout and the
+exchange, a request without true CFG is served by the CFG rank 0 ranks alone, and a rank killed mid-request
+takes the whole group down (EngineDeadError, no rank left waiting in a collective)."""
 
 from __future__ import annotations
 
@@ -99,8 +99,9 @@ def test_ulysses_and_cfg_times_ulysses_match_single_rank(tiny_flux_dir, single, 
         for cfg in (True, False):
             reference = single.generate(request(cfg=cfg, n=2))
             out = engine.generate(request(cfg=cfg, n=2))
-            assert psnr(pixels(out), pixels(reference)) >= 60.0
-            assert np.array_equal(pixels(out), pixels(reference))
+            # Not bit for bit: every Linear of a Ulysses rank runs on its image-token shard, a GEMM of another
+            # shape than the single rank's (a CPU kind may sum it in another order). Measured on AVX2: equal.
+            assert psnr(pixels(out), pixels(reference)) >= 60.0, (cfg, psnr(pixels(out), pixels(reference)))
             att = out.attestation
             assert att["parallel"] == {"world_size": world, "cfg_parallel_size": world // 2, "ulysses_degree": 2}
             # Two all_to_alls per attention call on every rank that runs the branch; the image shards

@@ -106,9 +106,10 @@ def test_ray_ulysses2_matches_uni(tiny_flux_dir, single_f32, ray_session) -> Non
     e = engine(tiny_flux_dir, "float32", "ray", ulysses_degree=2, **CACHE)
     try:
         att = check_parity(e, single_f32, "f32 ray ulysses2", min_psnr=60.0).attestation
-        # A cached request on the Ray group: the two ranks agree on every skip, and it is the uni image.
+        # A cached request on the Ray group: the two ranks agree on every skip, and it is the uni image to 60 dB
+        # (as above: a Ulysses rank's GEMMs run on its token shard, another shape than uni's; AVX2: equal).
         cached, reference = e.generate(request(cache_threshold=0.5)), single_f32.generate(request(cache_threshold=0.5))
-        assert np.array_equal(pixels(cached), pixels(reference))
+        assert psnr(pixels(cached), pixels(reference)) >= 60.0, psnr(pixels(cached), pixels(reference))
         decisions = [[t[2] for t in entry["trace"]] for entry in cached.attestation["cache"]]
         assert decisions == [[t[2] for t in entry["trace"]] for entry in reference.attestation["cache"]]
         assert "skip" in decisions[0] and cached.attestation["executor"] == "ray"

@@ -1,7 +1,9 @@
 """Staged topologies: split_text_encoder runs the text encoders as a stage of their own (its own executor,
 dtype and kernels, attested per stage) whose output reaches the denoising stage as a checked payload, a
 repeated prompt skips stage 0 through the conditioning cache; encode_denoise_decode also decodes in a stage of
-its own. The images are the single-stage path's, bit for bit."""
+its own. The images are the single-stage path's: bit for bit where each stage runs the single stage's kernels,
+within 60 dB where a stage moves the text encoders or the VAE onto oneDNN (the single stage runs them on their own
+``nn.Linear``, i.e. ``F.linear``: another GEMM)."""
 
 from __future__ import annotations
 
@@ -41,6 +43,11 @@ def pixels(out: Any) -> np.ndarray:
     return np.asarray(out.images[0])
 
 
+def psnr(a: np.ndarray, b: np.ndarray) -> float:
+    mse = float(np.mean((a.astype(np.float64) - b.astype(np.float64)) ** 2))
+    return float("inf") if mse == 0 else 10 * np.log10(255.0 ** 2 / mse)
+
+
 def test_split_text_encoder_stages_attest_their_kernels_and_match_one_stage(tiny_flux_dir: Path,
                                                                             tmp_path: Path) -> None:
     deploy = tmp_path / "deploy.yaml"
@@ -69,6 +76,8 @@ def test_split_text_encoder_stages_attest_their_kernels_and_match_one_stage(tiny
     # The same prompt: stage 0's conditioning cache answers, its encoders do not run (no kernel call).
     assert again.attestation["conditioning_cache"] == "hit" and again.attestation["stages"][0]["linear"] == {}
     assert window.attestation["conditioning_cache"] == "miss"  # another window is another T5 output
+    # The same kernels as the single stage: stage 0's torch backend is F.linear, what the single stage's text
+    # encoders call through their own nn.Linear; stage 1 is its oneDNN transformer. So bit for bit.
     assert np.array_equal(pixels(first), pixels(reference)) and np.array_equal(pixels(again), pixels(reference))
     assert np.array_equal(pixels(edited), pixels(reference_edit))  # an edit's image crossed both stages
     assert {"text_encoder", "text_encoder_2", "transformer", "vae"} <= set(weights)
@@ -88,7 +97,9 @@ def test_split_text_encoder_stages_attest_their_kernels_and_match_one_stage(tiny
     assert sorted(pids) == sorted(s["worker_pid"] for s in stages)  # Engine.worker_pids covers every stage
     assert stages[2]["linear"] and out.attestation["vae_tiled"] is False  # the VAE's calls on stage 2's kernels
     assert set(out.timings) >= {"encode", "denoise", "decode"}
-    assert np.array_equal(pixels(out), pixels(reference))
+    # Stages 0 and 2 put the text encoders' and the VAE's Linears on oneDNN; the single stage runs them on their
+    # nn.Linear (F.linear): other GEMMs, so a PSNR, not bits.
+    assert psnr(pixels(out), pixels(reference)) >= 60.0, psnr(pixels(out), pixels(reference))
 
 
 def test_lora_step_cache_and_cfg_parallel_after_a_text_encoder_stage(tiny_flux_dir: Path, tmp_path: Path) -> None:
@@ -106,7 +117,9 @@ def test_lora_step_cache_and_cfg_parallel_after_a_text_encoder_stage(tiny_flux_d
     assert [s["executor"] for s in att["stages"]] == ["uni", "mp"] and att["parallel"]["world_size"] == 2
     assert att["lora"] == {"adapters": [{"name": "style", "scale": 0.8}]} and att["lora_linear_calls"] > 0
     assert att["cache"][0]["backend"] == "fbcache" and "negative" in att["cache"][0]
-    assert np.array_equal(pixels(out), pixels(reference))
+    # Stage 0's linear backend is auto (oneDNN on CPU) for the text encoders, which the single stage runs on their
+    # nn.Linear (F.linear): other GEMMs, so a PSNR (the CFG ranks themselves are the single rank's kernels).
+    assert psnr(pixels(out), pixels(reference)) >= 60.0, psnr(pixels(out), pixels(reference))
 
 
 def test_a_payload_that_does_not_fit_names_both_stages() -> None:
@@ -133,4 +146,6 @@ def test_ray_runs_the_text_encoder_stage(ray_session: Any, tiny_flux_dir: Path) 
         reference = single.generate(GenerationRequest(**REQUEST))
     encode, denoise = out.attestation["stages"]
     assert encode["executor"] == "ray" and encode["node"] and encode["worker_pid"] != os.getpid()
-    assert denoise["executor"] == "uni" and np.array_equal(pixels(out), pixels(reference))
+    assert denoise["executor"] == "uni"
+    # Stage 0 runs the text encoders on oneDNN, the single stage on their nn.Linear (F.linear): a PSNR, not bits.
+    assert psnr(pixels(out), pixels(reference)) >= 60.0, psnr(pixels(out), pixels(reference))

@@ -28,6 +28,11 @@ def pixels(out: Any) -> np.ndarray:
     return np.stack([np.asarray(image) for image in out.images])
 
 
+def psnr(a: np.ndarray, b: np.ndarray) -> float:
+    mse = float(np.mean((a.astype(np.float64) - b.astype(np.float64)) ** 2))
+    return float("inf") if mse == 0 else 10 * np.log10(255.0 ** 2 / mse)
+
+
 @pytest.fixture(scope="module")
 def engine(tiny_flux_dir):
     with Engine(str(tiny_flux_dir), env={}, enforce_eager=True, max_batch_size=4,
@@ -94,7 +99,14 @@ def test_parallel_ranks_cache_like_one_rank(tiny_flux_dir, backend: str, paralle
                 cache={"backend": backend}, **parallel) as e:
         out = e.generate(cfg_request)
         uncached = e.generate(request(steps=steps, n=1, cfg=True, cache_threshold=0.0))
-    assert np.array_equal(pixels(out), pixels(reference))
+    if "ulysses_degree" in parallel:
+        # A Ulysses rank's GEMMs run on its image-token shard, another shape than the single rank's: to a PSNR
+        # (float32 60 dB, bfloat16 40 dB: the dtype is the platform's; AVX2, float32: equal). CFG ranks run each
+        # branch's own kernels on its own shapes: bit for bit.
+        floor = 60.0 if reference.attestation["dtype"] == "float32" else 40.0
+        assert psnr(pixels(out), pixels(reference)) >= floor, psnr(pixels(out), pixels(reference))
+    else:
+        assert np.array_equal(pixels(out), pixels(reference))
     entry, expected = out.attestation["cache"][0], reference.attestation["cache"][0]
     assert entry["skipped_steps"] > 0 and entry["negative"]["computed_steps"] + entry["negative"]["skipped_steps"] == steps
     # Decisions agree with the single rank (signals are float64 sums; a Ulysses group adds its shards'

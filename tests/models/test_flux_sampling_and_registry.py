@@ -37,6 +37,8 @@ def test_schedule_matches_diffusers(config: dict, steps: int, seq_len: int) -> N
     ref.set_timesteps(sigmas=np.linspace(1.0, 1 / steps, steps), mu=mu)
     sigmas, timesteps = get_schedule(steps, seq_len, config)
     assert calculate_shift(seq_len) == mu
+    # Exact although diffusers' is another implementation: the same elementwise numpy ops in the same order (each
+    # correctly rounded; exp from the same libm), no reduction or GEMM whose order a CPU kind could change.
     torch.testing.assert_close(sigmas, ref.sigmas, rtol=0, atol=0)
     torch.testing.assert_close(timesteps, ref.timesteps, rtol=0, atol=0)
     assert sigmas[0] <= 1.0 and sigmas[-1] == 0 and bool((sigmas[1:] < sigmas[:-1]).all())
@@ -49,6 +51,7 @@ def test_euler_step_matches_diffusers() -> None:
     ref.set_timesteps(sigmas=np.linspace(1.0, 0.5, 2), mu=0.7)
     x, v = torch.randn(2, 6, 64), torch.randn(2, 6, 64)
     expected = ref.step(v, ref.timesteps[0], x, return_dict=False)[0]
+    # Exact: diffusers' step is the same float32 multiply then add, elementwise (correctly rounded on any CPU).
     torch.testing.assert_close(euler_step(x, v, ref.sigmas[0], ref.sigmas[1]), expected, rtol=0, atol=0)
 
 

@@ -37,6 +37,8 @@ def test_dequantization_is_ggmls(qtype: str) -> None:
     reference = gguf.quants.dequantize(packed, kind)
     raw = torch.from_numpy(np.ascontiguousarray(packed).view(np.uint8).reshape(24, -1))  # as the file holds it
     ours = QuantizedWeight(qtype, raw, 24, 96).dequantize(torch.float32)
+    # Exact although gguf's is numpy: float16 -> float32 is exact and d * q (+ m) are the same correctly rounded
+    # elementwise ops in gguf's order, on any CPU (no reduction).
     assert torch.equal(ours, torch.from_numpy(reference.astype(np.float32)))
     assert QuantizedWeight(qtype, raw, 24, 96).rows(8, 16).dequantize().equal(ours[8:16])
 

@@ -84,6 +84,7 @@ def test_base_requests_are_unchanged_after_lora_requests(engine: Any, tiny_flux_
     after = generate(engine).images[0]
     with Engine(str(tiny_flux_dir), dtype="float32", linear_backend="torch", attention_backend="sdpa",
                 env={}) as plain:
+        # A base request never takes the adapter branch (Linear._run): the plain engine's kernels, bit for bit.
         assert after.tobytes() == plain.generate(GenerationRequest(**REQUEST)).images[0].tobytes()
 
 

@@ -44,6 +44,7 @@ def test_standalone_files_and_an_all_in_one_checkpoint_give_the_folders_image(
     whole = {name: str(bundle) for name in ALL_COMPONENTS}
     for components in ({"text_encoder": str(clip), "text_encoder_2": str(t5)}, whole):
         image, attestation = _image(tiny_flux_dir, components=components)
+        # The file's tensors are the folder's, loaded into the same modules: the same forward, bit for bit.
         assert np.array_equal(image, folder), components
         assert attestation["weights_fingerprint"] != folder_attestation["weights_fingerprint"]
     # The transformer alone from the bundle: the log says what else the file holds and how to use it.
