@@ -10,7 +10,7 @@ TEST_WORKERS ?= 3
 export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 
-.PHONY: venv install install-test browser postgres demo test gpu-check lint bench bench-smoke clean
+.PHONY: venv install install-test browser postgres demo test test-kinds gpu-check lint bench bench-smoke clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -78,6 +78,14 @@ test: install-test browser postgres
 	$(VENV)/bin/ruff check diffserve tests benchmarks
 	$(VENV)/bin/mypy
 	PYTHONDONTWRITEBYTECODE= $(PY) -m pytest -q -n $(TEST_WORKERS)
+	$(MAKE) --no-print-directory test-kinds
+
+# The numerics tests (`-m numerics`: parity, batch invariance, quality gates, platform defaults) again under every
+# CPU kind below this machine's that the suite must hold on (AMX > AVX512_BF16 > AVX2), emulated by capping ATen's,
+# oneDNN's and MKL's instructions (tests/cpu_kinds.py, diffserve/config/platform.py:emulation_env). An AVX2 machine
+# has no kind below it: the main run is its check. KINDS=AVX2 picks kinds.
+test-kinds: install-test
+	PYTHONDONTWRITEBYTECODE= $(PY) tests/cpu_kinds.py $(if $(KINDS),--kinds $(KINDS)) -n $(TEST_WORKERS)
 
 bench: install-test
 	$(PY) -m benchmarks.run

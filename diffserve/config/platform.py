@@ -53,14 +53,25 @@ class CpuKind:
 
     name: str
     flags: tuple[str, ...] = ()
+    # The machine's real kind when this one is emulated (``DIFFSERVE_CPU_KIND``), else "".
+    emulated_on: str = ""
 
     @property
     def native_bfloat16(self) -> bool:
         return self.name in ("AMX", "AVX512_BF16")
 
+    @property
+    def avx512(self) -> bool:
+        """Whether the kernels may use AVX512 (oneDNN's bfloat16 GEMMs need it)."""
+        return self.name in ("AMX", "AVX512_BF16", "AVX512")
+
     def describe(self) -> str:
+        if self.emulated_on:
+            return f"{self.name} (emulated on {self.emulated_on}: {EMULATED_KIND_ENV})"
         return f"{self.name} ({', '.join(self.flags)})" if self.flags else self.name
 
+
+EMULATED_KIND_ENV = "DIFFSERVE_CPU_KIND"
 
 # Most capable first: the first kind whose deciding flag the CPU has wins.
 CPU_KINDS: tuple[tuple[str, tuple[str, ...]], ...] = (
@@ -71,6 +82,15 @@ CPU_KINDS: tuple[tuple[str, tuple[str, ...]], ...] = (
 )
 
 
+# kind -> (ATEN_CPU_CAPABILITY, ONEDNN_MAX_CPU_ISA, MKL_ENABLE_INSTRUCTIONS): the instructions its kernels use.
+_EMULATION: dict[str, tuple[str, str, str]] = {
+    "AMX": ("avx512", "AVX512_CORE_AMX", "AVX512"),
+    "AVX512_BF16": ("avx512", "AVX512_CORE_BF16", "AVX512"),
+    "AVX512": ("avx512", "AVX512_CORE", "AVX512"),
+    "AVX2": ("avx2", "AVX2", "AVX2"),
+}
+
+
 def _cpu_flags(cpuinfo: str) -> list[str]:
     return next((line.split(":", 1)[1].split() for line in cpuinfo.splitlines()
                  if line.startswith(("flags", "Features"))), [])
@@ -78,7 +98,41 @@ def _cpu_flags(cpuinfo: str) -> list[str]:
 
 def cpu_kind(cpuinfo: str | None = None) -> CpuKind:
     """This CPU's kind from ``/proc/cpuinfo`` (or the given text); ``other`` where it cannot be read.
-    No torch import: resolving a config stays cheap."""
+    ``DIFFSERVE_CPU_KIND`` names a kind to emulate instead (``emulation_env``). No torch import: resolving a
+    config stays cheap."""
+    detected = _detected_kind(cpuinfo)
+    requested = os.environ.get(EMULATED_KIND_ENV, "").strip()
+    return detected if cpuinfo is not None or not requested else emulate(detected, requested)
+
+
+def emulate(detected: CpuKind, requested: str) -> CpuKind:
+    """``requested`` emulated on a CPU of kind ``detected``: a kind at or below it (a kind needs its
+    instructions; the same kind is the machine itself), else a ``ConfigError`` naming the variable."""
+    names = [name for name, _ in CPU_KINDS]
+    requested = requested.upper()
+    if requested == detected.name:
+        return detected
+    if requested not in names or detected.name not in names or names.index(requested) < names.index(detected.name):
+        below = names[names.index(detected.name):] if detected.name in names else []
+        raise ConfigError(f"{EMULATED_KIND_ENV}={requested} cannot be emulated on this {detected.name} CPU",
+                          path=EMULATED_KIND_ENV, source="environment",
+                          hint=f"name one of {', '.join(below) or 'no kind'} (a kind needs its instructions), "
+                               "or unset it")
+    return CpuKind(requested, emulated_on=detected.name)
+
+
+def emulation_env(kind: str) -> dict[str, str]:
+    """The environment that makes a process compute as a CPU of ``kind`` would, on a machine of that kind or
+    a more capable one: ATen's kernels (``ATEN_CPU_CAPABILITY``), oneDNN's (``ONEDNN_MAX_CPU_ISA``: no AMX
+    tiles, no AVX512 bfloat16 dot products) and MKL's (``MKL_ENABLE_INSTRUCTIONS``) capped at the kind's
+    instructions, and the kind detection told the same (``DIFFSERVE_CPU_KIND``), so platform defaults and
+    backend choices follow the emulated kind. Read at process start: set it before torch is imported."""
+    aten, onednn, mkl = _EMULATION[kind]
+    return {"ATEN_CPU_CAPABILITY": aten, "ONEDNN_MAX_CPU_ISA": onednn, "MKL_ENABLE_INSTRUCTIONS": mkl,
+            EMULATED_KIND_ENV: kind}
+
+
+def _detected_kind(cpuinfo: str | None) -> CpuKind:
     if cpuinfo is None:
         try:
             with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as fh:

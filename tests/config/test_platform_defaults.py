@@ -12,9 +12,11 @@ import pytest
 import torch
 from config_helpers import run, write
 
-from diffserve.config.platform import cpu_kind, native_bfloat16
+from diffserve.config.platform import cpu_kind, emulate, emulation_env, native_bfloat16
+from diffserve.errors import ConfigError
 from diffserve.models.dtype import resolve_dtype
 
+pytestmark = pytest.mark.numerics  # make test-kinds runs it under every emulated CPU kind
 AVX512_BF16 = "processor : 0\nflags : fpu sse2 avx2 avx512f avx512_bf16 avx512_vnni\n"
 AMX = "processor : 0\nflags : fpu avx2 avx512f avx512_bf16 amx_bf16 amx_tile amx_int8\n"
 AVX512 = "processor : 0\nflags : fpu sse2 avx2 avx512f avx512bw\n"
@@ -41,6 +43,36 @@ def test_every_cpu_kind_is_told_apart() -> None:
     assert list(kinds.values()) == ["AMX", "AVX512_BF16", "AVX512", "AVX2", "other", "other"]
     assert cpu_kind(AMX).native_bfloat16 and cpu_kind(AVX512_BF16).native_bfloat16
     assert not cpu_kind(AVX512).native_bfloat16 and not cpu_kind(AVX2).native_bfloat16
+
+
+def test_a_kind_is_emulated_only_on_a_machine_that_has_its_instructions() -> None:
+    amx, avx2 = cpu_kind(AMX), cpu_kind(AVX2)
+    emulated = emulate(amx, "avx2")
+    assert (emulated.name, emulated.emulated_on, emulated.native_bfloat16, emulated.avx512) == ("AVX2", "AMX", False, False)
+    assert emulated.describe() == "AVX2 (emulated on AMX: DIFFSERVE_CPU_KIND)"
+    assert emulate(amx, "AVX512_BF16").native_bfloat16 and emulate(avx2, "AVX2") == avx2
+    for machine, requested in ((avx2, "AMX"), (avx2, "AVX512_BF16"), (amx, "SSE2")):
+        with pytest.raises(ConfigError, match="cannot be emulated") as info:
+            emulate(machine, requested)
+        assert info.value.path == "DIFFSERVE_CPU_KIND"
+
+
+def test_the_emulation_caps_every_kernel_library_and_tells_the_detection() -> None:
+    assert emulation_env("AVX2") == {"ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2",
+                                     "MKL_ENABLE_INSTRUCTIONS": "AVX2", "DIFFSERVE_CPU_KIND": "AVX2"}
+    assert emulation_env("AVX512_BF16")["ONEDNN_MAX_CPU_ISA"] == "AVX512_CORE_BF16"  # no AMX tiles
+    # A process started with it computes as that kind: torch's kernels and the detection agree.
+    real = cpu_kind()
+    env = {**emulation_env("AVX2"), "PATH": ""}
+    if real.name not in ("AMX", "AVX512_BF16", "AVX512", "AVX2"):
+        pytest.skip(f"an {real.name} CPU emulates no x86 kind")
+    probe = ("import torch; from diffserve.config.platform import cpu_kind; "
+             "print(torch.backends.cpu.get_cpu_capability(), cpu_kind().name, cpu_kind().describe())")
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, env=env, timeout=60)
+    assert out.returncode == 0, out.stderr
+    capability, name, *_ = out.stdout.split()
+    assert (capability, name) == ("AVX2", "AVX2")
+    assert ("emulated on" in out.stdout) == (real.name != "AVX2")
 
 
 @pytest.mark.parametrize(("pin", "dtype"), [("1", "bfloat16"), ("0", "float32")], ids=["avx512-bf16", "avx2"])
@@ -96,7 +128,8 @@ def test_config_explain_names_this_cpu_kind(tiny_flux_dir) -> None:
     row = next(line for line in proc.stdout.splitlines() if line.startswith("0 ") and line.split()[1] == "dtype")
     kind = cpu_kind()
     assert f"the CPU is {kind.describe()}" in row, row
-    assert ("bfloat16" in row) == kind.native_bfloat16
+    # The value column, not the reason (an AVX2 reason says why bfloat16 is not the default).
+    assert row.split()[2] == ("bfloat16" if kind.native_bfloat16 else "float32"), row
     if kind.name == "AMX":
         assert "amx_bf16" in row
 

@@ -34,6 +34,7 @@ def test_registered_with_aliases_and_preferred_by_auto() -> None:
     assert select_linear_backend("auto", "cpu", DTYPES[0]).name == "onednn"
 
 
+@pytest.mark.numerics
 def test_unavailable_reasons_name_every_missing_part() -> None:
     with pytest.raises(BackendUnavailableError) as info:
         select_linear_backend("onednn", "meta", torch.float16)
@@ -44,6 +45,7 @@ def test_unavailable_reasons_name_every_missing_part() -> None:
         "it needs a CPU device, but the device is 'cuda'"
 
 
+@pytest.mark.numerics
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("activation", [None, "gelu_tanh"])
 def test_matches_f_linear_and_counts_under_its_name(dtype: torch.dtype, activation: str | None) -> None:

@@ -76,6 +76,7 @@ def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
     return ((a.double() - b.double()).norm() / b.double().norm()).item()
 
 
+@pytest.mark.numerics
 def test_float32_parity_with_diffusers_and_counters(pair) -> None:
     ref, path, guidance = pair
     model = _native_model(path, "onednn", torch.float32)
@@ -91,6 +92,7 @@ def test_float32_parity_with_diffusers_and_counters(pair) -> None:
     assert sum(m.activation == "gelu_tanh" for m in linears) == 2 * SMALL["num_layers"] + SMALL["num_single_layers"]
 
 
+@pytest.mark.numerics
 @pytest.mark.skipif(not BF16, reason="no oneDNN bfloat16 on this CPU")
 def test_bfloat16_is_as_close_to_float32_as_diffusers_bfloat16(pair) -> None:
     ref, path, guidance = pair
@@ -106,6 +108,7 @@ def test_bfloat16_is_as_close_to_float32_as_diffusers_bfloat16(pair) -> None:
     assert _rel(ours, theirs) < 3e-2
 
 
+@pytest.mark.numerics
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16] if BF16 else [torch.float32])
 def test_a_sample_does_not_depend_on_its_batch(pair, dtype: torch.dtype) -> None:
     _, path, guidance = pair
@@ -117,6 +120,7 @@ def test_a_sample_does_not_depend_on_its_batch(pair, dtype: torch.dtype) -> None
         assert torch.equal(batched[i : i + 1], _run(model, alone)), i
 
 
+@pytest.mark.numerics
 def test_pipeline_batch_equals_requests_alone(tiny_flux_dir) -> None:
     pipe = FluxPipeline.from_pretrained(tiny_flux_dir, linear_backend="onednn", attention_backend="sdpa")
     assert pipe.transformer.kernels.describe()["linear"] == "onednn"

@@ -62,6 +62,7 @@ def _diffusers_images(model_dir, request: GenerationRequest) -> np.ndarray:
     ("dev", dict(height=96, width=160, num_inference_steps=3, guidance_scale=3.5, max_sequence_length=512)),
     ("schnell", dict(negative_prompt="blurry", true_cfg_scale=2.5, width=96)),
 ], ids=["schnell-64", "dev-96x160", "schnell-true-cfg"])
+@pytest.mark.numerics
 def test_images_match_diffusers(request, kind: str, request_kw: dict) -> None:
     pipeline = request.getfixturevalue("pipe" if kind == "schnell" else "dev_pipe")
     model_dir = request.getfixturevalue("tiny_flux_dir" if kind == "schnell" else "tiny_flux_dev_dir")
@@ -111,6 +112,7 @@ def test_seeds_reproduce_and_differ(pipe: FluxPipeline) -> None:
     assert _png(a.images) != _png(c.images)
 
 
+@pytest.mark.numerics
 def test_n_images_reproduce_single_requests(pipe: FluxPipeline) -> None:
     both = pipe(_req(seed=40, n=2))
     assert both.seeds == [40, 41] and both.images.shape[0] == 2
@@ -135,6 +137,7 @@ def test_seeds_are_assigned_at_admission_not_here(pipe: FluxPipeline) -> None:
         pipe(_req(seed=None))
 
 
+@pytest.mark.numerics
 @pytest.mark.parametrize("cfg", [{}, dict(negative_prompt="dark", true_cfg_scale=3.0)])
 def test_batch_equals_requests_alone(pipe: FluxPipeline, cfg: dict) -> None:
     # One batch key (as the scheduler forms them), different prompts, seeds and image counts.

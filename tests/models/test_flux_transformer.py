@@ -62,6 +62,7 @@ def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
     return ((a - b).norm() / b.norm()).item()
 
 
+@pytest.mark.numerics
 @pytest.mark.parametrize("attention", ["sdpa", "math"])
 def test_parity_with_diffusers(pair, attention: str) -> None:
     ref, path, guidance = pair
@@ -74,6 +75,7 @@ def test_parity_with_diffusers(pair, attention: str) -> None:
     assert _rel(got, expected) < 1e-4
 
 
+@pytest.mark.numerics
 def test_math_vs_sdpa_within_1e5(pair) -> None:
     _, path, guidance = pair
     x = _inputs(guidance, seed=3)

@@ -68,6 +68,7 @@ def make_request(**fields: Any) -> GenerationRequest:
                                 "seed": 5, **fields})
 
 
+@pytest.mark.numerics
 @pytest.mark.parametrize("family", list(FAMILIES))
 @pytest.mark.parametrize(("dtype", "floor_db"), [("float32", 60.0), ("bfloat16", 40.0)])
 def test_images_match_plain_diffusers(family: str, dtype: str, floor_db: float, request: Any) -> None:
@@ -116,13 +117,16 @@ def test_per_role_attention_backends_on_pixart(tiny_pixart_dir: Path) -> None:
     assert counts == {"sdpa": 4, "math": 4}
 
 
+@pytest.mark.numerics
 def test_generic_flux_equals_native_flux(tiny_flux_dir: Path) -> None:
     from diffserve.models.flux.pipeline import FluxPipeline
 
     generic = build(tiny_flux_dir, implementation="generic")
     native = FluxPipeline.from_pretrained(tiny_flux_dir, linear_backend="torch", attention_backend="sdpa")
     req = make_request(num_inference_steps=2, max_sequence_length=64)
-    assert torch.equal(generic(req).images, native(req).images)
+    # Two implementations of one model (diffusers' transformer on our kernels, and ours): the same math in another
+    # order, so equal to rounding, not bit for bit (84-89 dB, at most one level apart, on AVX2 and AMX).
+    assert psnr(generic(req).images.numpy(), native(req).images.numpy()) >= 60.0
     assert generic.kernel_counters.snapshot()["attention"] == {"sdpa": 8}
 
 

@@ -78,6 +78,7 @@ def diffusers_video(model_dir: Path, dtype: str, image: np.ndarray | None,
     return (torch.from_numpy(frames) * 255).round().clamp(0, 255).to(torch.uint8).numpy(), ran[::2]
 
 
+@pytest.mark.numerics
 @pytest.mark.parametrize("model", ["tiny_wan_dir", "tiny_wan22_dir", "tiny_wan22_i2v_dir"])
 def test_matches_diffusers_in_float32_and_bfloat16(model: str, request: pytest.FixtureRequest) -> None:
     model_dir = request.getfixturevalue(model)

@@ -87,6 +87,7 @@ def unquantized_images(toy_model: Path) -> list:
     return generate_all(toy_model, held_out_pairs())
 
 
+@pytest.mark.numerics
 def test_the_toy_model_draws_its_prompts(unquantized_images: list) -> None:
     """100 held-out prompt/seed pairs at the model's default steps: colours >= 90%, shape >= 70%."""
     scores = accuracy(held_out_pairs(), unquantized_images)
@@ -98,6 +99,7 @@ def test_the_toy_model_draws_its_prompts(unquantized_images: list) -> None:
 GATE_PAIRS = 32
 
 
+@pytest.mark.numerics
 @pytest.mark.parametrize("method", ["int8", "int8_weight_only"])
 def test_quantized_toy_model_keeps_its_scores_within_5_points(toy_model: Path, unquantized_images: list,
                                                               method: str) -> None:
@@ -108,6 +110,7 @@ def test_quantized_toy_model_keeps_its_scores_within_5_points(toy_model: Path, u
     assert all(abs(scores[k] - reference[k]) <= 0.05 for k in ("background", "colour", "shape")), (scores, reference)
 
 
+@pytest.mark.numerics
 def test_diffusers_flux_pipeline_draws_the_same_shapes(toy_model: Path) -> None:
     import torch
     from diffusers import FluxPipeline

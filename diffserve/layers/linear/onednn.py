@@ -23,6 +23,7 @@ import torch
 import torch.nn.functional as F
 from torch.utils.weak import WeakIdKeyDictionary
 
+from diffserve.config.platform import cpu_kind
 from diffserve.layers.linear.base import LinearBackend, activate
 
 # activation -> oneDNN post-op (attr, algorithm) of ``mkldnn::_linear_pointwise``.
@@ -45,8 +46,10 @@ class OneDnnLinearBackend(LinearBackend):
         if dtype not in _DTYPES:
             missing.append(f"it supports float32/bfloat16 only, but the dtype is {str(dtype).removeprefix('torch.')}")
         elif dtype == torch.bfloat16 and torch.backends.mkldnn.is_available() \
-                and not torch.ops.mkldnn._is_mkldnn_bf16_supported():
-            missing.append("this CPU has no oneDNN bfloat16 support (it needs AVX512 or AMX)")
+                and not (cpu_kind().avx512 and torch.ops.mkldnn._is_mkldnn_bf16_supported()):
+            # The kind as well as torch's check: an emulated AVX2 kind (DIFFSERVE_CPU_KIND) on an AVX512 machine
+            # must choose as a real AVX2 one does, whatever torch's own detection reads.
+            missing.append(f"this CPU ({cpu_kind().name}) has no oneDNN bfloat16 support (it needs AVX512 or AMX)")
         return "; ".join(missing) or None
 
     def __init__(self, device: torch.device, dtype: torch.dtype) -> None:

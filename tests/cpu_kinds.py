@@ -1,0 +1,66 @@
+"""``make test-kinds``: the numerics tests (``-m numerics``) again under every other CPU kind this machine can
+emulate, so a developer on one kind checks the others.
+
+The suite runs on whatever kind CI or a session draws: AVX2 only, AVX512-BF16 or Intel AMX. A kind can be
+emulated on a machine with its instructions (``diffserve.config.platform.emulation_env``: ATen's, oneDNN's and
+MKL's kernels capped at the kind's instructions, and the kind detection told the same), never on a lesser one:
+an AMX machine checks AVX512-BF16 and AVX2, an AVX512-BF16 machine AVX2, and an AVX2 machine only itself, which
+the main run already did. Each kind's run is a fresh pytest process (the caps are read when torch loads), on
+the same xdist workers as ``make test``.
+
+    python tests/cpu_kinds.py [--kinds AVX2,AVX512_BF16] [pytest arguments...]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import time
+
+from diffserve.config.platform import cpu_kind, emulate, emulation_env
+from diffserve.errors import ConfigError
+
+# The kinds the suite must hold on, most capable first (docs/architecture.md, "Tests").
+SUITE_KINDS = ("AMX", "AVX512_BF16", "AVX2")
+
+
+def kinds_below(machine: str) -> list[str]:
+    """The suite's kinds this machine can emulate, its own excluded."""
+    return list(SUITE_KINDS[SUITE_KINDS.index(machine) + 1:]) if machine in SUITE_KINDS else []
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--kinds", help="comma-separated kinds to emulate (default: every kind below this one)")
+    args, pytest_args = parser.parse_known_args(argv)
+    machine = cpu_kind()
+    kinds = args.kinds.upper().split(",") if args.kinds else kinds_below(machine.name)
+    try:
+        for kind in kinds:
+            emulate(machine, kind)
+    except ConfigError as exc:
+        print(f"test-kinds: {exc}")
+        return 2
+    if not kinds:
+        print(f"test-kinds: this {machine.describe()} CPU can emulate none of {', '.join(SUITE_KINDS)} below it "
+              "(a kind needs its instructions); the main run checked it")
+        return 0
+    failed = []
+    for kind in kinds:
+        env = {**os.environ, **emulation_env(kind)}
+        print(f"test-kinds: the numerics tests as {kind} (emulated on {machine.name})", flush=True)
+        started = time.monotonic()
+        code = subprocess.call([sys.executable, "-m", "pytest", "-q", "-m", "numerics", *pytest_args], env=env)
+        print(f"test-kinds: {kind}: {'passed' if code == 0 else f'FAILED ({code})'} in "
+              f"{time.monotonic() - started:.0f} s", flush=True)
+        if code != 0:
+            failed.append(kind)
+    if failed:
+        print(f"test-kinds: failed under {', '.join(failed)}")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
