@@ -65,11 +65,13 @@ def test_the_generic_path_quantizes_its_denoiser(tiny_sd3_dir: Path) -> None:
         "encode", "denoise", "decode"}
 
 
+@pytest.mark.numerics
 def test_small_flux_quality_gate(small_flux_dir: Path) -> None:
-    """small-flux 256x256/4 steps float32 against unquantized: >= 30 dB for int8, >= 40 dB for int8 weight-only
-    (measured 64.8 and 67.2 dB: docs/quantization.md)."""
-    request = GenerationRequest(prompt="a red fox in the snow, watercolor", height=256, width=256, seed=42,
-                                num_inference_steps=4, max_sequence_length=64)
+    """small-flux (its real widths) float32 against unquantized: >= 30 dB for int8, >= 40 dB for int8 weight-only.
+    128x128/2 steps measure 64.1 and 67.3 dB (AVX2), as 256x256/4 steps do 64.8 and 67.2 (docs/quantization.md):
+    the error is per GEMM, not per pixel; on AVX2 an int8 GEMM (no VNNI) costs ~2x float32, so the gate stays small."""
+    request = GenerationRequest(prompt="a red fox in the snow, watercolor", height=128, width=128, seed=42,
+                                num_inference_steps=2, max_sequence_length=16)
     images = {method: FluxPipeline.from_pretrained(small_flux_dir, dtype="float32", quantization=method)(request)
               .images[0] for method in ("none", "int8", "int8_weight_only")}
     assert psnr(images["int8"], images["none"]) >= 30
