@@ -1,12 +1,15 @@
 """Build hermetic, random-weight generic diffusers DiT pipelines (``tiny-sd3``, ``small-sd3``,
-``tiny-pixart-sigma``, ``tiny-qwen-image``, ``tiny-qwen-image-edit``, ``tiny-z-image``, ``tiny-flux2-klein``).
+``tiny-pixart-sigma``, ``tiny-qwen-image``, ``tiny-qwen-image-edit``, ``tiny-qwen-image-edit-plus``, ``tiny-z-image``,
+``tiny-flux2-klein``, ``tiny-flux2``).
 
-The FLUX builder's contract, for other pipeline families: the output is a diffusers-layout directory
-that plain ``diffusers.StableDiffusion3Pipeline`` / ``PixArtSigmaPipeline.from_pretrained`` read;
-every weight comes from a per-component seeded generator and every file is written deterministically,
-so the same seed reproduces byte-identical files; weights are safetensors only; nothing is
+The FLUX builder's contract, for other pipeline families: the output is a diffusers-layout directory that the
+plain diffusers pipeline class's ``from_pretrained(dir)`` reads and runs (tests/zoo/test_plain_diffusers_loads.py);
+where a component is a processor transformers builds only with torchvision (the Qwen-Image-Edit kinds' ``processor/``,
+tiny-flux2's ``tokenizer/``, as in the real checkpoints) the marker file names it (``needs_torchvision``) and a build
+without torchvision says so. Every weight comes from a per-component seeded generator and every file is written
+deterministically, so the same seed reproduces byte-identical files; weights are safetensors only; nothing is
 downloaded; a build goes into a staging directory beside the target and is renamed into place only
-when complete. The configs live in ``tiny_generic_configs``.
+when complete. The configs live in ``generic_specs``.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from diffserve.logging import get_logger
 from diffserve.zoo.components import MARKER_FILE, save_components, write_json
 from diffserve.zoo.generic_specs import (
     ENCODER_CLASSES,
@@ -27,9 +31,12 @@ from diffserve.zoo.publish import build_seeded
 
 __all__ = ["BUILDER_VERSION", "GENERIC_SPECS", "build_generic_model"]
 
+logger = get_logger(__name__)
 
-# Bump when the files a build writes change (recorded in the marker file).
-BUILDER_VERSION = 1
+
+# Bump when the files a build writes change (recorded in the marker file). 2: the marker names the components
+# that need torchvision (``needs_torchvision``).
+BUILDER_VERSION = 2
 
 
 def build_generic_model(kind: str, out_dir: Path | str, *, seed: int = 0, force: bool = False) -> Path:
@@ -40,13 +47,32 @@ def build_generic_model(kind: str, out_dir: Path | str, *, seed: int = 0, force:
     every bad argument.
     """
     spec = get_generic_spec(kind)
-    return build_seeded(kind, out_dir, seed, lambda staging, seed: _write_pipeline(spec, staging, seed=seed),
-                        force=force)
+    out = build_seeded(kind, out_dir, seed, lambda staging, seed: _write_pipeline(spec, staging, seed=seed),
+                       force=force)
+    _warn_without_torchvision(spec, out)
+    return out
+
+
+def _warn_without_torchvision(spec: GenericSpec, out: Path) -> None:
+    """Say which component a plain diffusers load of ``out`` cannot build here, and what to hand it instead: the
+    files are right (real checkpoints name the same processor classes), but transformers builds those only with
+    torchvision, and its error (a placeholder class diffusers cannot load) names neither."""
+    import importlib.util
+
+    from diffserve.models.generic.vl_processor import TORCHVISION_PROCESSORS, torchvision_components
+
+    if importlib.util.find_spec("torchvision") is not None:
+        return
+    for component, class_name in torchvision_components(spec.model_index()).items():
+        logger.warning("%s: plain diffusers cannot load its %s/ (%s) here: %s, which is not installed; load the "
+                       "pipeline with that component handed in (docs/models.md, Hermetic test models)", spec.name,
+                       component, class_name, TORCHVISION_PROCESSORS[class_name])
 
 
 def _write_pipeline(spec: GenericSpec, out: Path, *, seed: int) -> None:
     import diffusers
 
+    from diffserve.models.generic.vl_processor import torchvision_components
     from diffserve.zoo.flux2_specs import MISTRAL_CHAT_TEMPLATE, MISTRAL_SPECIAL_TOKENS
     from diffserve.zoo.lm_tokenizers import write_pixtral_processor, write_qwen_tokenizer, write_vl_processor
     from diffserve.zoo.tokenizers import write_clip_tokenizer, write_t5_tokenizer
@@ -74,14 +100,20 @@ def _write_pipeline(spec: GenericSpec, out: Path, *, seed: int) -> None:
     save_components(factories, out, seed)
 
     write_json(out / "model_index.json", {**spec.model_index(), "_diffusers_version": diffusers.__version__})
-    write_json(out / MARKER_FILE, {
+    marker: dict[str, Any] = {
         "builder_version": BUILDER_VERSION,
         "kind": spec.name,
         "description": spec.description,
         "pipeline": spec.pipeline,
         "seed": seed,
         "random_weights": True,
-    })
+    }
+    # What a plain diffusers load without torchvision must be handed ({component: class}), written whether or not
+    # torchvision is here so that the files stay the same everywhere.
+    needs_torchvision = torchvision_components(spec.model_index())
+    if needs_torchvision:
+        marker["needs_torchvision"] = needs_torchvision
+    write_json(out / MARKER_FILE, marker)
 
 
 def _text_encoder_factory(enc: TextEncoder, vocab_size: int, tokenizer_dir: Path) -> Callable[[], Any]:
