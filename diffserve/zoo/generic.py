@@ -59,7 +59,7 @@ def _warn_without_torchvision(spec: GenericSpec, out: Path) -> None:
     torchvision, and its error (a placeholder class diffusers cannot load) names neither."""
     import importlib.util
 
-    from diffserve.models.generic.vl_processor import TORCHVISION_PROCESSORS, torchvision_components
+    from diffserve.registry.processors import TORCHVISION_PROCESSORS, torchvision_components
 
     if importlib.util.find_spec("torchvision") is not None:
         return
@@ -72,7 +72,7 @@ def _warn_without_torchvision(spec: GenericSpec, out: Path) -> None:
 def _write_pipeline(spec: GenericSpec, out: Path, *, seed: int) -> None:
     import diffusers
 
-    from diffserve.models.generic.vl_processor import torchvision_components
+    from diffserve.registry.processors import torchvision_components
     from diffserve.zoo.flux2_specs import MISTRAL_CHAT_TEMPLATE, MISTRAL_SPECIAL_TOKENS
     from diffserve.zoo.lm_tokenizers import write_pixtral_processor, write_qwen_tokenizer, write_vl_processor
     from diffserve.zoo.tokenizers import write_clip_tokenizer, write_t5_tokenizer

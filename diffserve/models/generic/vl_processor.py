@@ -16,20 +16,9 @@ from pathlib import Path
 from typing import Any
 
 from diffserve.logging import get_logger
+from diffserve.registry.processors import PIXTRAL_PROCESSOR_CLASS, VL_PROCESSOR_CLASS
 
 logger = get_logger(__name__)
-
-VL_PROCESSOR_CLASS = "Qwen2VLProcessor"
-PIXTRAL_PROCESSOR_CLASS = "PixtralProcessor"
-# The processor classes a model_index.json may name that transformers builds only with torchvision, and why: a plain
-# ``from_pretrained(dir)`` without torchvision stops at them (the builders name them in their marker file, a user
-# hands them in as ``processor_components`` does).
-TORCHVISION_PROCESSORS: dict[str, str] = {
-    VL_PROCESSOR_CLASS: "transformers builds Qwen2VLProcessor with a Qwen2VLVideoProcessor, which needs torchvision",
-    PIXTRAL_PROCESSOR_CLASS: "transformers' PixtralProcessor needs torchvision (its module imports the torchvision "
-                             "PixtralImageProcessor)",
-}
-
 
 def load_vl_processor(directory: Path) -> Any:
     """The directory's ``Qwen2VLProcessor``, or its image-only twin where transformers cannot build it."""
@@ -74,13 +63,6 @@ def processor_components(root: Path) -> dict[str, Any]:
     if _names(index.get("tokenizer"), PIXTRAL_PROCESSOR_CLASS):
         components["tokenizer"] = load_pixtral_processor(root / "tokenizer")
     return components
-
-
-def torchvision_components(index: dict[str, Any]) -> dict[str, str]:
-    """The components of a ``model_index.json`` (``index``) whose class transformers builds only with torchvision:
-    ``{component: class name}``."""
-    return {name: entry[-1] for name, entry in sorted(index.items())
-            if isinstance(entry, list) and entry[-1:] and entry[-1] in TORCHVISION_PROCESSORS}
 
 
 def _names(entry: Any, class_name: str) -> bool:
