@@ -62,13 +62,16 @@ class ModelLoad:
 
 def model_load(waiting: list[RequestState], running: list[RequestState], live: dict[int, bool]) -> ModelLoad:
     """The load of one stage's scheduler (``waiting``, ``running``) over its replicas (``live``: index -> serving)."""
+    # Each running request's work read once: its steps advance on the engine thread while this sums, and the
+    # model's total must be its replicas' plus the queue's.
+    running_work = [(state, outstanding_units(state)) for state in running]
     per_replica = {index: [0, 0.0] for index in live}
-    for state in running:
+    for state, units in running_work:
         if state.replica in per_replica:
             entry = per_replica[state.replica]
             entry[0] += 1
-            entry[1] += outstanding_units(state)
+            entry[1] += units
     replicas = tuple(ReplicaLoad(index, live[index], int(count), round(float(work), 6))
                      for index, (count, work) in sorted(per_replica.items()))
-    work = sum(outstanding_units(s) for s in waiting) + sum(outstanding_units(s) for s in running)
+    work = sum(outstanding_units(s) for s in waiting) + sum(units for _, units in running_work)
     return ModelLoad(len(waiting), len(running), round(work, 6), replicas)

@@ -57,3 +57,26 @@ def test_model_load_splits_running_work_by_replica_and_keeps_the_queue_the_model
     assert (by_replica[2].live, by_replica[2].running, by_replica[2].outstanding_work) == (False, 0, 0.0)
     s.done([a, b, joined[0]])
     assert model_load(*s.snapshot(), {0: True}).outstanding_work == pytest.approx(10 * MPIX, rel=1e-5)
+
+
+def test_a_load_agrees_with_itself_while_steps_advance() -> None:
+    # The engine thread advances a running request's steps while a /metrics scrape sums: each request's work is
+    # read once, so the model's total is always its replicas' plus the queue's (an e2e scrape once saw it apart).
+    class Advancing(RequestState):
+        @property  # type: ignore[override]
+        def steps_done(self) -> int:
+            self._reads = getattr(self, "_reads", 0) + 1
+            return self._reads
+
+        @steps_done.setter
+        def steps_done(self, value: int) -> None:
+            pass
+
+    s = Scheduler(max_batch_size=1, max_queue=10)
+    advancing = Advancing(GenerationRequest(request_id="a", prompt="p", height=1024, width=1024,
+                                            num_inference_steps=10, seed=1), sink=lambda item: None)
+    s.add(advancing)
+    s.add(state("b"))
+    s.next_batch(0, replica=0)
+    load = model_load(*s.snapshot(), {0: True})
+    assert load.outstanding_work == pytest.approx(load.replicas[0].outstanding_work + 10 * MPIX, rel=1e-6)

@@ -148,7 +148,9 @@ class ModelGauges(Collector):
             host = model.host
             replicas = host.replicas()
             load = host.load()
-            values = {"ready": float(host.is_ready), "queue_depth": host.queue_depth(),
+            # One snapshot of the scheduler for the queue, the running requests and their work, so a scrape agrees
+            # with itself (in_flight = running + queued, the model's work = its replicas' + the queue's).
+            values = {"ready": float(host.is_ready), "queue_depth": float(load.queue_depth),
                       "replicas_live": host.replicas_live(), "replicas": float(replicas[1]) if replicas else 0.0,
                       "requests_running": float(load.running), "requests_in_flight": float(load.in_flight),
                       "outstanding_work": load.outstanding_work}
