@@ -1,8 +1,8 @@
 """What a compiling worker's process does, once: ``Worker.load``'s compile-cache set-up (``use_compile_cache``),
 then the same lazy per-module ``torch.compile(dynamic=True)`` as ``FluxTransformer.compile_blocks``, on a small
 module; it prints the cache directory and torch's own cache counters as JSON. tests/worker/test_compile_cache.py
-runs it twice, each a fork of the tests' launcher (nothing compiled there: every in-memory cache empty), so the
-second finds the first's graphs only on disk."""
+runs it twice, each a fresh process (every in-memory cache empty), so the second finds the first's graphs only on
+disk."""
 
 from __future__ import annotations
 

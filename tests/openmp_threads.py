@@ -1,8 +1,7 @@
 """How many native threads (OpenMP pool threads among them) a process holds after two requests on a tiny model:
 ``python -m openmp_threads MODEL engine`` runs them in a uni Engine, ``... one-thread`` runs the same requests with
 every torch op on the main thread. It prints the count as JSON. tests/e2e/test_one_compute_thread.py starts both
-through the tests' launcher: a fork of a process that imported torch and never ran a torch op, so no OpenMP
-team exists before the requests, as in a fresh interpreter."""
+as fresh processes: no OpenMP team exists before the requests."""
 
 from __future__ import annotations
 

@@ -46,9 +46,6 @@ def worker_children(pid: int) -> list[int]:
     out = []
     for child in children(pid):
         line = cmdline(child)
-        if "tests/preloaded.py" in line:  # the fork server of a server the tests' launcher forked (tests/preloaded.py)
-            out += children(child)
-            continue
         if "multiprocessing" not in line or "resource_tracker" in line:
             continue
         if "forkserver" in line:

@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 
 import httpx
-import preloaded
+import programs
 
 STARTUP_TIMEOUT_S = 180.0
 
@@ -34,8 +34,8 @@ class ServerProcess:
         # Video jobs go to the server's own state directory (beside its log, so a restart finds them), never ~/.local.
         env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "PYTHONUNBUFFERED": "1",
                "XDG_STATE_HOME": str(log_path.parent / "state"), **(env or {})}
-        # Forked from the preloaded launcher (the imports are paid once per pytest process); a restart appends.
-        self.proc = preloaded.start("diffserve.entrypoints.cli",
+        # A process of its own, as `diffserve serve` from a shell; a restart appends to the same log.
+        self.proc = programs.start("diffserve.entrypoints.cli",
                                     ["serve", *args, "--host", "127.0.0.1", "--port", str(self.port)], env, log_path)
 
     def log(self) -> str:

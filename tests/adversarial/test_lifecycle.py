@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-import preloaded
+import programs
 import pytest
 from faults_proc import HERE, deploy, kill_all, pid_alive, wait_gone, wait_until, worker_children
 from server_process import ServerProcess
@@ -28,7 +28,7 @@ ORPHAN_S = 5.0  # a worker notices its parent is gone within ~0.5 s (watchdog th
 @pytest.fixture(autouse=True)
 def server_env(monkeypatch: pytest.MonkeyPatch) -> None:
     # `diffserve serve` (and its spawned workers) must import faults_ext: put this folder on its path.
-    monkeypatch.setenv("PYTHONPATH", preloaded.python_path_with(HERE))
+    monkeypatch.setenv("PYTHONPATH", programs.python_path_with(HERE))
 
 
 def _loading_workers(server: ServerProcess) -> list[int]:
@@ -141,9 +141,8 @@ def test_sigkill_mid_batch_with_a_worker_stuck_in_a_step(tiny_flux_dir: Path, tm
 def test_worker_exits_when_its_parent_dies_during_load(tmp_path: Path) -> None:
     # tests/mp_parent.py: an mp executor whose worker sleeps 60 s in before_load (faults_ext, on PYTHONPATH).
     env = {**os.environ, "FAULTS_LOAD_S": "60",
-           "PYTHONPATH": preloaded.python_path_with(HERE.parent)}
-    parent = preloaded.start("mp_parent", ["faults_ext.SlowLoadExtension"], env, tmp_path / "parent.log",
-                             fork_server=True)
+           "PYTHONPATH": programs.python_path_with(HERE.parent)}
+    parent = programs.start("mp_parent", ["faults_ext.SlowLoadExtension"], env, tmp_path / "parent.log")
     workers: list[int] = []
     try:
         assert wait_until(lambda: bool(worker_children(parent.pid)), 60.0)

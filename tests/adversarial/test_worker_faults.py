@@ -14,7 +14,7 @@ from typing import Any
 
 import faults_ext
 import httpx
-import preloaded
+import programs
 import pytest
 from background import generate_in_background
 from faults_proc import HERE, deploy, kill_all, pid_alive, wait_gone, wait_until, worker_children
@@ -44,7 +44,7 @@ def request(prompt: str = "a fox") -> GenerationRequest:
 @pytest.fixture
 def server_env(monkeypatch: pytest.MonkeyPatch) -> None:
     # `diffserve serve` (and its spawned workers) must import faults_ext: put this folder on its path.
-    monkeypatch.setenv("PYTHONPATH", preloaded.python_path_with(HERE))
+    monkeypatch.setenv("PYTHONPATH", programs.python_path_with(HERE))
 
 
 def _post_in_thread(url: str) -> tuple[threading.Thread, dict[str, Any]]:

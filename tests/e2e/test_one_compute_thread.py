@@ -13,7 +13,7 @@ import json
 import os
 from pathlib import Path
 
-import preloaded
+import programs
 import pytest
 
 pytestmark = pytest.mark.e2e
@@ -22,10 +22,10 @@ TESTS = Path(__file__).resolve().parents[1]
 
 
 def _native_threads(model: object, mode: str) -> int:
-    # tests/openmp_threads.py, forked from the tests' launcher (torch imported, no torch op run: no OpenMP team).
+    # tests/openmp_threads.py, a fresh process: no OpenMP team before the requests.
     env = {**os.environ, "TOKENIZERS_PARALLELISM": "false", "DIFFSERVE_CPU_BF16": "0",
-           "PYTHONPATH": preloaded.python_path_with(TESTS)}
-    proc = preloaded.run("openmp_threads", model, mode, env=env, timeout=180)
+           "PYTHONPATH": programs.python_path_with(TESTS)}
+    proc = programs.run("openmp_threads", model, mode, env=env, timeout=180)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return int(json.loads(proc.stdout.strip().splitlines()[-1]))
 

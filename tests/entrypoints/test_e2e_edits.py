@@ -14,7 +14,7 @@ import subprocess
 
 import httpx
 import openai
-import preloaded
+import programs
 import pytest
 from PIL import Image
 from test_e2e_generate_cli import run_in_process
@@ -172,7 +172,7 @@ def test_a_corrupt_upload_leaves_the_server_serving(server, client) -> None:
 
 # --- diffserve generate --image/--mask/--strength -----------------------------------------------------------
 def run_cli(*args: object, timeout: float = 300) -> subprocess.CompletedProcess:
-    return preloaded.run("diffserve.entrypoints.cli", *args, timeout=timeout)
+    return programs.run("diffserve.entrypoints.cli", *args, timeout=timeout)
 
 
 def test_generate_cli_edits_with_a_grayscale_mask(tiny_flux_dir, tmp_path, capsys) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import subprocess
 import sys
 
-import preloaded
+import programs
 import pytest
 from PIL import Image
 
@@ -15,8 +15,8 @@ CLI = [sys.executable, "-m", "diffserve.entrypoints.cli"]
 
 
 def run_cli(*args: object, timeout: float = 300) -> subprocess.CompletedProcess:
-    """``python -m diffserve.entrypoints.cli *args`` in a process of its own (forked by the preloaded launcher)."""
-    return preloaded.run("diffserve.entrypoints.cli", *args, timeout=timeout)
+    """``python -m diffserve.entrypoints.cli *args`` in a process of its own."""
+    return programs.run("diffserve.entrypoints.cli", *args, timeout=timeout)
 
 
 def run_in_process(capsys: pytest.CaptureFixture[str], *args: object) -> subprocess.CompletedProcess:

@@ -144,11 +144,11 @@ def test_a_family_takes_only_the_components_it_reads_from_files(tiny_wan_dir: Pa
 def test_generate_cli_reads_a_bfl_file(tiny_flux_dir: Path, tmp_path: Path) -> None:
     """``diffserve generate MODEL --transformer FILE`` in its own process, and a deploy file's ``components:``
     in ``config explain`` with its line."""
-    import preloaded
+    import programs
 
     bfl = write_single_file(tiny_flux_dir, tmp_path / "flux1-tiny.safetensors")
     out = tmp_path / "out.png"
-    proc = preloaded.run("diffserve.entrypoints.cli", "--log-level", "info", "generate", tiny_flux_dir, "a fox",
+    proc = programs.run("diffserve.entrypoints.cli", "--log-level", "info", "generate", tiny_flux_dir, "a fox",
                          "-o", out, "--size", "64x64", "--steps", "2", "--seed", "3", "--no-progress",
                          "--transformer", bfl, timeout=180)
     assert proc.returncode == 0 and out.is_file(), proc.stderr[-2000:]

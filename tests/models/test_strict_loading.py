@@ -10,7 +10,7 @@ import shutil
 from pathlib import Path
 
 import httpx
-import preloaded
+import programs
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
@@ -117,7 +117,7 @@ def _truncated(tiny_flux_dir: Path, tmp_path: Path) -> Path:
 @pytest.mark.e2e
 def test_generate_exits_2_with_one_line(tiny_flux_dir: Path, tmp_path: Path) -> None:
     broken = _truncated(tiny_flux_dir, tmp_path)
-    proc = preloaded.run("diffserve.entrypoints.cli", "generate", tiny_flux_dir, "a fox", "-o", tmp_path / "out.png",
+    proc = programs.run("diffserve.entrypoints.cli", "generate", tiny_flux_dir, "a fox", "-o", tmp_path / "out.png",
                          "--size", "64x64", "--steps", "1", "--no-progress", "--transformer", broken, timeout=180)
     assert proc.returncode == 2, proc.stderr[-2000:]
     assert f"{broken}: not a readable safetensors file" in proc.stderr and "Traceback" not in proc.stderr

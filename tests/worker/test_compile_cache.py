@@ -9,7 +9,7 @@ import os
 import shutil
 from pathlib import Path
 
-import preloaded
+import programs
 import pytest
 import torch
 
@@ -80,13 +80,13 @@ def test_unwritable_root_falls_back_to_torch_default(tmp_path: Path, monkeypatch
 @NEEDS_CC
 def test_second_process_reuses_the_compiled_graphs(tmp_path: Path) -> None:
     model = _model(tmp_path)
-    # tests/compile_once.py in two processes forked from the tests' launcher. The run's TORCHINDUCTOR_CACHE_DIR
+    # tests/compile_once.py in two fresh processes. The run's TORCHINDUCTOR_CACHE_DIR
     # stays in their environment: use_compile_cache points inductor at the deployment's directory over it.
     env = {**os.environ, "DIFFSERVE_CACHE_DIR": str(tmp_path / "cache"),
-           "PYTHONPATH": preloaded.python_path_with(TESTS)}
+           "PYTHONPATH": programs.python_path_with(TESTS)}
 
     def run() -> dict:
-        proc = preloaded.run("compile_once", model, env=env, timeout=240)
+        proc = programs.run("compile_once", model, env=env, timeout=240)
         assert proc.returncode == 0, proc.stderr[-3000:]
         return json.loads(proc.stdout.strip().splitlines()[-1])
 

@@ -6,7 +6,7 @@ import json
 import subprocess
 from pathlib import Path
 
-import preloaded
+import programs
 import pytest
 
 from diffserve.errors import ConfigError
@@ -20,7 +20,7 @@ WEIGHT_FILES = (
 
 
 def _cli(*args: str | Path) -> subprocess.CompletedProcess[str]:
-    return preloaded.run("diffserve.entrypoints.cli", *args, timeout=240)
+    return programs.run("diffserve.entrypoints.cli", *args, timeout=240)
 
 
 def _files(root: Path) -> dict[str, bytes]:

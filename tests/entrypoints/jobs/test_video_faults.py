@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-import preloaded
+import programs
 import pytest
 from procs import worker_children
 from server_process import ServerProcess
@@ -66,7 +66,7 @@ class Harness:
 
 def _pythonpath() -> str:
     """The server's path with this folder on it, so its workers can import paced_steps."""
-    return preloaded.python_path_with(HERE)
+    return programs.python_path_with(HERE)
 
 
 @pytest.fixture(scope="module")
