@@ -100,3 +100,7 @@ class UniExecutor(Executor):
             if thread.is_alive():
                 logger.warning("uni worker thread %s did not stop within %.1fs; left behind as a daemon",
                                thread.name, budget)
+        # The readers end once their worker's channel closes. Joined, so none is still freeing a reply's tensors
+        # when the interpreter finalizes: a daemon thread woken then exits through torch's C++ frames and aborts
+        # the process ("terminate called without an active exception").
+        self._join_readers(budget)

@@ -52,6 +52,16 @@ class ProbeExtension(WorkerExtension):
         time.sleep(seconds)
         return seconds
 
+    def slow_to_free(self) -> SlowToFree:
+        return SlowToFree()
+
+
+class SlowToFree:
+    """A reply value whose last reference, the reader thread's, takes a while to drop (as a reply's tensors do)."""
+
+    def __del__(self) -> None:
+        time.sleep(1.0)
+
 
 EXT = f"{__name__}.ProbeExtension"
 
@@ -168,6 +178,16 @@ def test_shutdown_is_idempotent_and_later_calls_fail_fast(kind: str, request: py
         assert not any(_pid_alive(p) for p in pids)
 
 
+def test_uni_shutdown_leaves_no_thread_of_its_own() -> None:
+    # A daemon thread still freeing a reply's tensors when the interpreter finalizes exits through torch's C++
+    # frames and aborts the process ("terminate called without an active exception", seen at a uni Engine's exit):
+    # shutdown joins the worker and its reader, so nothing of the executor is left running.
+    ex = make_executor(_config("uni", extension=EXT))
+    assert [type(v).__name__ for v in ex.collective_rpc("slow_to_free")] == ["SlowToFree"]  # ours dropped here
+    ex.shutdown()
+    assert [t.name for t in threading.enumerate() if t.name.startswith("diffserve-uni-")] == []
+
+
 @pytest.mark.parametrize("kind", ["mp", "ray"])
 def test_sigkill_fails_in_flight_call_fast_and_leaves_no_child(kind: str, request: pytest.FixtureRequest) -> None:
     _needs_runtime(kind, request)
@@ -204,14 +224,14 @@ def test_sigkill_fails_in_flight_call_fast_and_leaves_no_child(kind: str, reques
 
 
 def test_mp_worker_exits_when_its_parent_is_killed(tmp_path) -> None:
-    import preloaded
+    import programs
 
     # tests/mp_parent.py prints its worker's pid once the executor is ready.
     tests_dir = str(Path(__file__).resolve().parents[1])
-    env = {**os.environ, "PYTHONPATH": preloaded.python_path_with(tests_dir)}
+    env = {**os.environ, "PYTHONPATH": programs.python_path_with(tests_dir)}
     log = tmp_path / "parent.log"
     log.touch()
-    parent = preloaded.start("mp_parent", [], env, log, stderr_path=tmp_path / "parent.err", fork_server=True)
+    parent = programs.start("mp_parent", [], env, log, stderr_path=tmp_path / "parent.err")
     try:
         deadline = time.monotonic() + 60
         while not log.read_text().strip() and parent.poll() is None and time.monotonic() < deadline:
