@@ -157,12 +157,17 @@ def machine() -> dict[str, Any]:
         "transformers": transformers.__version__,
         "diffserve": diffserve_version,
         # The CPU kind (diffserve.config.platform.cpu_kind: AMX, AVX512_BF16, AVX512, AVX2, other): each kind
-        # keeps its own report; torch's capability says AVX512 for the first three.
-        "cpu_capability": cpu_kind().name,
+        # keeps its own report; torch's capability says AVX512 for the first three. An emulated kind
+        # (DIFFSERVE_CPU_KIND) is not that kind's timing: it gets a report of its own, e.g. AVX2-ON-AMX.
+        "cpu_capability": kind_name(cpu_kind()),
         "cpu_kind_flags": ", ".join(cpu_kind().flags),
         "torch_cpu_capability": _cpu_capability(torch),
         "loadavg_at_start": [round(x, 2) for x in load] if load else None,
     }
+
+
+def kind_name(kind: Any) -> str:
+    return f"{kind.name}-ON-{kind.emulated_on}" if kind.emulated_on else str(kind.name)
 
 
 def _cpu_capability(torch: Any) -> str:

@@ -35,7 +35,7 @@ logger = get_logger(__name__)
 
 ENV_PREFIX = "DIFFSERVE_"
 # DIFFSERVE_* variables that are read elsewhere and are not config fields.
-NON_CONFIG_ENV: frozenset[str] = frozenset({"LOG_LEVEL", "CACHE_DIR", "API_KEY", "CPU_BF16",
+NON_CONFIG_ENV: frozenset[str] = frozenset({"LOG_LEVEL", "CACHE_DIR", "API_KEY", "CPU_BF16", "CPU_KIND",
                                             "TRACE_STEPS"})  # tracing/settings.py
 _DECK_KEYS = ("base_config", "platforms", "model")
 
