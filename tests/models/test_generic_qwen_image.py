@@ -77,9 +77,11 @@ def test_one_step_is_refused_not_a_nan_image(tiny_qwen_image_dir: Path) -> None:
     assert image.std() > 0
 
 
+# float32 only: both engines VAE-encode the reference at about a megapixel (the pipeline's own resize), which in
+# bfloat16 on a CPU without native bfloat16 (AVX2) took ~40 s; the transformer's and decoder's bfloat16 parity is
+# test_generic_pipeline.py's (qwen, bfloat16, 40 dB).
 @pytest.mark.parametrize(("fixture", "dtype", "floor_db"), [
-    ("tiny_qwen_image_edit_dir", "float32", 60.0), ("tiny_qwen_image_edit_dir", "bfloat16", 40.0),
-    ("tiny_qwen_image_edit_plus_dir", "float32", 60.0)])
+    ("tiny_qwen_image_edit_dir", "float32", 60.0), ("tiny_qwen_image_edit_plus_dir", "float32", 60.0)])
 def test_qwen_image_edit_matches_diffusers_and_refuses_what_it_cannot_take(fixture: str, dtype: str, floor_db: float,
                                                                            request: pytest.FixtureRequest) -> None:
     import diffusers
