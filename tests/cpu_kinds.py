@@ -15,8 +15,10 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
 
 from diffserve.config.platform import cpu_kind, emulate, emulation_env
@@ -48,18 +50,30 @@ def main(argv: list[str]) -> int:
               "(a kind needs its instructions); the main run checked it")
         return 0
     failed = []
-    for kind in kinds:
-        env = {**os.environ, **emulation_env(kind)}
-        print(f"test-kinds: the numerics tests as {kind} (emulated on {machine.name})", flush=True)
-        started = time.monotonic()
-        code = subprocess.call([sys.executable, "-m", "pytest", "-q", "-m", "numerics", *pytest_args], env=env)
-        print(f"test-kinds: {kind}: {'passed' if code == 0 else f'FAILED ({code})'} in "
-              f"{time.monotonic() - started:.0f} s", flush=True)
-        if code != 0:
-            failed.append(kind)
+    # One cache root for every kind's run (tests/conftest.py reads it): the tiny models are built once, by the
+    # first kind, not once a kind; each run still compares only what it computed itself.
+    root = tempfile.mkdtemp(prefix="diffserve-test-kinds-")
+    caches = {"DIFFSERVE_TEST_CACHE_ROOT": root, "DIFFSERVE_CACHE_DIR": os.path.join(root, "diffserve"),
+              "TORCHINDUCTOR_CACHE_DIR": os.path.join(root, "inductor")}
+    try:
+        for kind in kinds:
+            if not run_kind(kind, machine.name, {**os.environ, **caches, **emulation_env(kind)}, pytest_args):
+                failed.append(kind)
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
     if failed:
         print(f"test-kinds: failed under {', '.join(failed)}")
     return 1 if failed else 0
+
+
+def run_kind(kind: str, machine: str, env: dict[str, str], pytest_args: list[str]) -> bool:
+    """The numerics tests in a fresh pytest process computing as ``kind``; whether they passed."""
+    print(f"test-kinds: the numerics tests as {kind} (emulated on {machine})", flush=True)
+    started = time.monotonic()
+    code = subprocess.call([sys.executable, "-m", "pytest", "-q", "-m", "numerics", *pytest_args], env=env)
+    print(f"test-kinds: {kind}: {'passed' if code == 0 else f'FAILED ({code})'} in "
+          f"{time.monotonic() - started:.0f} s", flush=True)
+    return code == 0
 
 
 if __name__ == "__main__":
