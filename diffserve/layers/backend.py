@@ -2,7 +2,8 @@
 
 Names and ``"module:Class"`` targets come from ``diffserve.registry.backends`` (the one table per kind,
 which config validates against), so nothing heavy (or CUDA-only) is imported until a backend is chosen. ``auto`` walks a preference order and takes the first backend that can run; an explicit
-name that cannot run here raises ``BackendUnavailableError`` saying what is missing (no silent fallback).
+name that cannot run here raises ``BackendUnavailableError`` saying what is missing (no silent fallback). ``auto``
+also passes over a backend that can run but was measured slower here (``auto_skip_reason``).
 """
 
 from __future__ import annotations
@@ -31,6 +32,12 @@ class KernelBackend:
 
     @classmethod
     def unavailable_reason(cls, device: torch.device, dtype: torch.dtype) -> str | None:
+        return None
+
+    @classmethod
+    def auto_skip_reason(cls, device: torch.device, dtype: torch.dtype) -> str | None:
+        """Why ``auto`` passes this runnable backend over here (measured slower than the next one on this
+        device, dtype or CPU kind); ``None``: ``auto`` may take it. An explicit name still gets it."""
         return None
 
     def __repr__(self) -> str:
@@ -74,7 +81,7 @@ class BackendRegistry(Generic[B]):
                 except BackendUnavailableError as exc:
                     reasons.append(str(exc))
                     continue
-                reason = cls.unavailable_reason(device, dtype)
+                reason = cls.unavailable_reason(device, dtype) or cls.auto_skip_reason(device, dtype)
                 if reason is None:
                     logger.debug("%s backend auto -> %s on %s/%s", self.kind, candidate, device, dtype)
                     return cls(device, dtype)

@@ -12,9 +12,11 @@ from diffserve.layers.linear.registry import select_linear_backend
 from diffserve.layers.linear.torch import TorchLinearBackend
 
 
-def test_auto_picks_onednn_on_cpu_where_it_runs_else_torch() -> None:
+def test_auto_picks_onednn_on_cpu_where_it_runs_and_pays_else_torch() -> None:
+    cpu = torch.device("cpu")
     for dtype in (torch.float32, torch.bfloat16):
-        expected = "torch" if OneDnnLinearBackend.unavailable_reason(torch.device("cpu"), dtype) else "onednn"
+        passed_over = OneDnnLinearBackend.unavailable_reason(cpu, dtype) or OneDnnLinearBackend.auto_skip_reason(cpu, dtype)
+        expected = "torch" if passed_over else "onednn"
         assert select_linear_backend("auto", "cpu", dtype).name == expected
     # float16 is not oneDNN's here: auto falls back to the reference backend.
     backend = select_linear_backend("auto", "cpu", torch.float16)
