@@ -22,6 +22,31 @@ logger = get_logger(__name__)
 # Weight files that are pickles (torch.save / legacy checkpoints); named in errors, never opened.
 _PICKLE_SUFFIXES = frozenset({".bin", ".pt", ".pth", ".ckpt", ".pkl"})
 
+# Where a loaded weight starts in memory. safetensors hands each tensor out at its offset in the file (4-byte
+# aligned at worst), and MKL promises the same GEMM result only for inputs aligned to 64 bytes (its
+# conditional-numerical-reproducibility rules): the same weights read from a folder and from a BFL or ComfyUI
+# file could round differently on one CPU. torch's CPU allocator aligns to 64 bytes, so a copy fixes it.
+WEIGHT_ALIGNMENT = 64
+
+
+def aligned(tensor: torch.Tensor) -> torch.Tensor:
+    """``tensor``, or a copy of it in memory aligned to ``WEIGHT_ALIGNMENT`` bytes where it is not (CPU only:
+    accelerator allocators align far more already)."""
+    if tensor.device.type != "cpu" or tensor.data_ptr() % WEIGHT_ALIGNMENT == 0:
+        return tensor
+    return tensor.clone()
+
+
+def align_weights(module: nn.Module) -> nn.Module:
+    """Give every parameter and buffer of ``module`` aligned memory (``aligned``), one tensor at a time so the
+    unaligned original is freed before the next copy: a model's weights give the same numbers whichever
+    file held them."""
+    with torch.no_grad():
+        for tensor in [*module.parameters(), *module.buffers()]:
+            if tensor.device.type == "cpu" and tensor.data_ptr() % WEIGHT_ALIGNMENT:
+                tensor.data = tensor.data.clone()
+    return module
+
 
 def read_config(component_dir: str | Path) -> dict:
     path = Path(component_dir) / "config.json"
@@ -126,7 +151,7 @@ def load_strict(module: nn.Module, state_dict: dict[str, torch.Tensor], *, dtype
                              "(a quantized checkpoint in another format?)")
     for key in list(state_dict):  # in place, so an uncast copy is freed as soon as its cast exists
         wanted = torch.float32 if keep_float32 is not None and keep_float32(key) else dtype
-        state_dict[key] = state_dict[key].to(device=device, dtype=wanted)
+        state_dict[key] = aligned(state_dict[key].to(device=device, dtype=wanted))
     module.load_state_dict(state_dict, strict=True, assign=True)
 
 
@@ -189,7 +214,7 @@ def strict_from_pretrained(cls: Any, folder: str | Path, **kwargs: Any) -> Any:
                                       ignore_mismatched_sizes=True, **kwargs)
     check_loading_info(str(folder), cls.__name__, info,
                        hint="a stale or partial download, or a checkpoint of another model? fetch the component again")
-    return model
+    return align_weights(model)
 
 
 def strict_model_components(root: str | Path, dtype: torch.dtype) -> dict[str, Any]:

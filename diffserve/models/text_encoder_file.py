@@ -24,7 +24,7 @@ import torch
 
 from diffserve.errors import ModelLoadError
 from diffserve.logging import get_logger
-from diffserve.models.loader import check_loading_info, looks_like, read_checkpoint
+from diffserve.models.loader import align_weights, check_loading_info, looks_like, read_checkpoint
 
 logger = get_logger(__name__)
 
@@ -101,7 +101,7 @@ def load_text_encoder(cls: Any, folder: str | Path, component: str, weights_file
     check_loading_info(weights_file, f"{component} ({cls.__name__}, config from {folder})", info,
                        file_key=_file_key(component, kind, tensors))
     logger.info("loaded %s from %s (%s layout)", component, weights_file, kind)
-    return model
+    return align_weights(model)
 
 
 def _file_key(component: str, kind: str, tensors: dict[str, Any]) -> Callable[[str], str]:
