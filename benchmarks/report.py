@@ -56,6 +56,9 @@ def _other_kinds(path: Path, info: dict[str, Any]) -> list[str]:
         except (OSError, ValueError):
             continue
         capability = data.get("machine", {}).get("cpu_capability")
+        if capability is None:  # not a CPU run (RESULTS-GPU.md: benchmarks/gpu.py's own report)
+            lines.append(f"- [{other.name}]({other.name}): the GPU benchmark (benchmarks/gpu.py).")
+            continue
         if capability == info.get("cpu_capability"):
             continue
         titles = ", ".join(s["title"].split(".", 1)[0] for s in data.get("sections", []))
