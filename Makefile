@@ -71,13 +71,14 @@ gpu-check: install-test
 	$(PY) -m pytest -q -m gpu -p no:cacheprovider tests
 	$(PY) -m benchmarks.gpu
 
+# --durations=25: every run (CI's included) says where its minutes went, against the 15-minute budget.
 # pytest writes bytecode caches whatever the caller's PYTHONDONTWRITEBYTECODE says: a run starts ~150 Python processes
 # that import the package, and each xdist worker imports every test module (asserts rewritten by pytest). Measured on
 # 2 cores: collection 9.4 -> 6.1 CPU-s a worker, a worker process's model load 5.3 -> 5.1 CPU-s, with the caches.
 test: install-test browser postgres
 	$(VENV)/bin/ruff check diffserve tests benchmarks
 	$(VENV)/bin/mypy
-	PYTHONDONTWRITEBYTECODE= $(PY) -m pytest -q -n $(TEST_WORKERS)
+	PYTHONDONTWRITEBYTECODE= $(PY) -m pytest -q -n $(TEST_WORKERS) --durations=25
 	$(MAKE) --no-print-directory test-kinds
 
 # The numerics tests (`-m numerics`: parity, batch invariance, quality gates, platform defaults) again under every

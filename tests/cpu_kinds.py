@@ -28,6 +28,21 @@ from diffserve.errors import ConfigError
 SUITE_KINDS = ("AMX", "AVX512_BF16", "AVX2")
 
 
+def int8_gemm_unlike_the_kind() -> str:
+    """Why an int8 GEMM in this process would not compute as the emulated kind's CPUs do ('' where it would).
+    torch sends ``_int_mm`` to oneDNN when the hardware has VNNI (read by cpuinfo, which no environment variable
+    caps); under an emulated kind without it oneDNN is capped at AVX2 and runs its u8s8 kernel, whose int16
+    pair sums saturate (max error 67550 on a 64x256x64 product on an AVX512-BF16 machine), a path no AVX2 CPU
+    takes: there torch runs its exact int32 loop. Such a result says nothing about the kind."""
+    import torch
+
+    kind = cpu_kind()
+    if kind.emulated_on and not kind.avx512 and torch.cpu._is_vnni_supported():
+        return (f"int8 GEMMs are not emulated: torch picks oneDNN by this {kind.emulated_on} CPU's VNNI, and oneDNN "
+                f"capped at {kind.name} saturates (tests/cpu_kinds.py, int8_gemm_unlike_the_kind)")
+    return ""
+
+
 def kinds_below(machine: str) -> list[str]:
     """The suite's kinds this machine can emulate, its own excluded."""
     return list(SUITE_KINDS[SUITE_KINDS.index(machine) + 1:]) if machine in SUITE_KINDS else []

@@ -116,8 +116,10 @@ def test_abort_queued_and_running_others_unharmed(engine: AsyncEngine) -> None:
     long_id, queued_id = results["ids"]
     mine = [c for c in cancelled if long_id in c["request_ids"]]
     assert len(mine) == 1 and mine[0]["steps_done"] < mine[0]["total_steps"] == 100
-    # "Stops at the next step": a few steps of slack for the abort to travel (poll + pipe).
-    assert mine[0]["steps_done"] <= results["seen_at_abort"] + 5, (mine, results["seen_at_abort"])
+    # "Stops at the next step", seen from the client: slack for the abort to travel (poll + pipe) and for the step
+    # events the worker had sent but the event loop had not yet handed to the client (7 behind on a loaded 2-core
+    # run); far below the 100 steps it would otherwise run.
+    assert mine[0]["steps_done"] <= results["seen_at_abort"] + 15, (mine, results["seen_at_abort"])
     assert not any(queued_id in c["request_ids"] for c in cancelled)
     assert engine.stats()["requests_aborted"] >= 2
     assert engine.queue_depth == 0 and engine.num_running == 0

@@ -84,14 +84,16 @@ def reset_peak():  # Linux: "5" resets VmHWM to the current RSS
         f.write("5")
 
 vae = load_vae(sys.argv[1], dtype=torch.float32, device="cpu")
-config = VaeConfig()
+# 768x768 in 256-pixel tiles: the peaks differ as they do at 1024 in the default 512 tiles (~310 vs ~480 MiB
+# apart), at ~60% of the decode work (the auto threshold itself: test_which_sizes_are_tiled).
+config = VaeConfig(tiling="on", tile_size=256)
 configure_tiling(vae, config)
-latents = torch.randn(1, vae.config.latent_channels, 128, 128, generator=torch.Generator().manual_seed(0))
+latents = torch.randn(1, vae.config.latent_channels, 96, 96, generator=torch.Generator().manual_seed(0))
 peaks, images = {}, {}
 with torch.inference_mode():
     for label in ("tiled", "whole"):
         reset_peak()
-        with tiling(vae, config if label == "tiled" else VaeConfig(tiling="off"), 1024, 1024) as tiled:
+        with tiling(vae, config if label == "tiled" else VaeConfig(tiling="off"), 768, 768) as tiled:
             assert tiled == (label == "tiled")
             images[label] = vae.decode(latents, return_dict=False)[0].clamp(-1, 1)
         peaks[label] = peak_mib()
@@ -100,7 +102,7 @@ print(json.dumps({"peak_mib": peaks, "psnr": 10 * math.log10(1 / max(mse, 1e-20)
 """
 
 
-def test_a_1024_image_decodes_in_tiles_with_a_lower_peak(tiny_flux_dir: Path) -> None:
+def test_a_large_image_decodes_in_tiles_with_a_lower_peak(tiny_flux_dir: Path) -> None:
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
     proc = subprocess.run([sys.executable, "-c", SCRIPT, str(tiny_flux_dir / "vae")], capture_output=True,
                           text=True, env=env, timeout=300)
