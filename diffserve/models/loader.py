@@ -43,8 +43,7 @@ def align_weights(module: nn.Module) -> nn.Module:
     file held them."""
     with torch.no_grad():
         for tensor in [*module.parameters(), *module.buffers()]:
-            if tensor.device.type == "cpu" and tensor.data_ptr() % WEIGHT_ALIGNMENT:
-                tensor.data = tensor.data.clone()
+            tensor.data = aligned(tensor.data)
     return module
 
 
