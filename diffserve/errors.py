@@ -86,6 +86,11 @@ class EngineDeadError(DiffserveError, RuntimeError):
     """A worker died or the engine was shut down; no further requests can be served."""
 
 
+class StageUnavailableError(DiffserveError, RuntimeError):
+    """One stage cannot serve this request now (an AR stage's vLLM engine died or missed its deadline), while the
+    engine's other stages still serve requests that skip it (HTTP 503 naming the stage)."""
+
+
 class WorkerError(DiffserveError, RuntimeError):
     """Code inside a worker raised; carries the remote exception type and traceback text."""
 

@@ -27,6 +27,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("models",),
     ("worker",),
     ("executor",),
+    ("ar",),
     ("engine",),
     ("zoo",),
     ("entrypoints",),

@@ -6,7 +6,7 @@ import hashlib
 import json
 from typing import TYPE_CHECKING, Any
 
-from diffserve.config.flatten import flatten_server, flatten_stage
+from diffserve.config.flatten import flatten_ar_stage, flatten_server, flatten_stage
 
 if TYPE_CHECKING:  # pragma: no cover
     from diffserve.config.resolved import ResolvedConfig
@@ -20,6 +20,9 @@ def _canonical(resolved: ResolvedConfig) -> dict[str, Any]:
         "ray_address": resolved.ray_address,
         **flatten_server(resolved.server),
         "stages": [{"stage_id": s.stage_id, **flatten_stage(s)} for s in resolved.stages],
+        # Only when there are AR stages: a deployment without one keeps the fingerprint it always had.
+        **({"ar_stages": [{"stage_id": s.stage_id, **flatten_ar_stage(s)} for s in resolved.ar_stages]}
+           if resolved.ar_stages else {}),
     }
 
 
@@ -40,6 +43,10 @@ def explain_dict(resolved: ResolvedConfig) -> dict[str, Any]:
                 "ray_address": _entry(resolved, "ray_address", resolved.ray_address)}
     pipeline.update({k: _entry(resolved, k, v) for k, v in flatten_server(resolved.server).items()})
     stages = []
+    for ar in resolved.ar_stages:  # they run first, with their own keys (kind: ar)
+        stages.append({"stage_id": ar.stage_id, "kind": "ar", "fields": {
+            key: _entry(resolved, f"stages.{ar.stage_id}.{key}", value) for key, value in flatten_ar_stage(ar).items()
+            if key != "kind"}})
     for stage in resolved.stages:
         fields = {}
         for key, value in flatten_stage(stage).items():

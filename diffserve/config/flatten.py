@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+from diffserve.config.ar_schema import ArStageConfig
 from diffserve.config.schema import ServerConfig, StageConfig
 
 
@@ -39,4 +40,15 @@ def flatten_server(server: ServerConfig) -> dict[str, Any]:
             values.update({f"server.{f.name}.{sub.name}": getattr(value, sub.name) for sub in dataclasses.fields(value)})
         else:
             values[f"server.{f.name}"] = value
+    return values
+
+
+def flatten_ar_stage(stage: ArStageConfig) -> dict[str, Any]:
+    """An AR stage's keys as its deploy entry writes them: diffserve's, then vLLM's flat engine settings."""
+    values: dict[str, Any] = {"kind": "ar"}
+    for f in dataclasses.fields(stage):
+        if f.name not in ("stage_id", "engine_args"):
+            value = getattr(stage, f.name)
+            values[f.name] = dict(value) if f.name in ("default_sampling_params", "kv_connector_extra_config") else value
+    values.update(stage.engine_args)
     return values

@@ -10,10 +10,10 @@ from __future__ import annotations
 import datetime
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from diffserve.config.ar_ingest import AR_KIND, ar_stage_mapping, stage_kind
 from diffserve.config.fields import (
     FLAT_LEAVES,
     PIPELINE_LEAVES,
@@ -24,32 +24,13 @@ from diffserve.config.fields import (
     Leaf,
     did_you_mean,
 )
-from diffserve.config.provenance import Collector, Source, StageRef
+from diffserve.config.ingest_context import Ctx
+from diffserve.config.provenance import Source, StageRef
 from diffserve.config.schema import ATTENTION_ROLES, FrozenDict
-from diffserve.config.yaml_lines import key_line
 from diffserve.errors import ConfigError
 
 _MAX_DEPTH = 32
 _PIPELINE_ONLY = (*TOP_LEVEL_PIPELINE_LEAVES, "server")
-
-
-@dataclass(frozen=True)
-class Ctx:
-    """Where the document being walked sits in the precedence order, and how to cite it."""
-
-    out: Collector
-    rank: int
-    layer: str
-    file: str | None = None
-    detail: str | None = None
-    allow_flat: bool = False   # caller overrides also accept flat names (tensor_parallel_size=2)
-
-    def src(self, mapping: Any, key: Any) -> Source:
-        if self.file is not None:
-            line = key_line(mapping, key) or getattr(mapping, "line", None)
-            return Source(self.layer, self.file, line, self.detail)
-        # Env and caller values have no file: name the variable, or the key the caller used.
-        return Source(self.layer, detail=self.detail or str(key))
 
 
 def _join(path: str, key: Any) -> str:
@@ -260,8 +241,12 @@ def stages_list(ctx: Ctx, value: Any, path: str, source: Source) -> None:
                           path=entry_path, source=id_source, hint="merge the two entries")
             continue
         seen[stage_id] = index
-        ctx.out.stage_refs.append(StageRef(stage_id, id_source, f"{entry_path}.stage_id"))
-        stage_mapping(ctx, entry, stage_id, f"{path}[stage_id={stage_id}]", skip=("stage_id",))
+        kind = stage_kind(ctx, entry, stage_id, entry_path)
+        if kind == AR_KIND:
+            ar_stage_mapping(ctx, entry, stage_id, f"{path}[stage_id={stage_id}]")
+        elif kind is not None:
+            ctx.out.stage_refs.append(StageRef(stage_id, id_source, f"{entry_path}.stage_id"))
+            stage_mapping(ctx, entry, stage_id, f"{path}[stage_id={stage_id}]", skip=("stage_id", "kind"))
 
 
 def pipeline_doc(ctx: Ctx, doc: Mapping, path: str, *, reserved: tuple[str, ...] = (),

@@ -79,6 +79,8 @@ class Collector:
     errors: list[ConfigError] = field(default_factory=list)
     # A deploy file's ``model:`` (the nearest file's): its text and where it was written.
     deploy_model: tuple[str, Source] | None = None
+    # The stage ids some document declared ``kind: ar`` (config/ar_ingest.py).
+    ar_stage_ids: set[int] = field(default_factory=set)
 
     def add(self, rank: int, stage_id: int | None, key: str, value: Any, source: Source) -> None:
         self.assignments.append(Assignment(rank, stage_id, key, value, source))

@@ -14,6 +14,8 @@ import os
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from diffserve.config.ar_ingest import is_ar_key
+from diffserve.config.ar_resolve import build_ar_stages
 from diffserve.config.autoscaling import autoscaling_errors
 from diffserve.config.cache import settle_cache
 from diffserve.config.device_rules import device_errors
@@ -82,9 +84,13 @@ def resolve(model: str | os.PathLike | None = None,
     pipeline = _pick(out.assignments, None, pipeline_keys=True)
     topology, _ = pipeline.get("topology", (PIPELINE_LEAVES["topology"].default, DEFAULT_SOURCE))
     roles = TOPOLOGIES[topology]
-    _check_stage_refs(out, topology, roles)
-
     provenance: dict[str, Source] = {}
+    # The AR stages (kind: ar) run first: stage_ids 0..N-1; the topology's stages follow them.
+    ar_stages = build_ar_stages(out, platform_name, lambda stage_id: _pick(out.assignments, stage_id, ar=True),
+                                provenance)
+    first = len(ar_stages)
+    _check_stage_refs(out, topology, roles, first)
+
     server = _server(pipeline, provenance)
     out.errors.extend(autoscaling_errors(server.autoscaling, provenance))
     provenance["topology"] = pipeline.get("topology", (None, DEFAULT_SOURCE))[1]
@@ -92,7 +98,7 @@ def resolve(model: str | os.PathLike | None = None,
         "ray_address", (PIPELINE_LEAVES["ray_address"].default, DEFAULT_SOURCE))
     warnings: list[str] = []
     stages = tuple(_build_stage(stage_id, role, out, provenance, warnings, platform_name)
-                   for stage_id, role in enumerate(roles))
+                   for stage_id, role in enumerate(roles, start=first))
     out.errors.extend(missing_requirements(stages, provenance))
     out.errors.extend(_implementation_errors(stages, family, provenance))
     out.errors.extend(_component_errors(stages, family, provenance))
@@ -105,20 +111,21 @@ def resolve(model: str | os.PathLike | None = None,
 
     resolved = ResolvedConfig(model=model_path, model_family=family.class_name if family else None,
                               topology=topology, platform=platform_name, server=server,
-                              stages=stages, provenance=FrozenDict(provenance), warnings=tuple(warnings),
+                              stages=stages, ar_stages=ar_stages, provenance=FrozenDict(provenance), warnings=tuple(warnings),
                               deploy_files=tuple(files), ray_address=ray_address,
                               model_source=source if model_path else None)
     return _replace_fingerprint(resolved)
 
 
 def _pick(assignments: Iterable[Assignment], stage_id: int | None, *,
-          pipeline_keys: bool) -> dict[str, tuple[Any, Source]]:
+          pipeline_keys: bool = False, ar: bool = False) -> dict[str, tuple[Any, Source]]:
     """THE precedence rule: per key, highest rank wins; on equal rank a stage value beats a
     pipeline-wide one; on a full tie the later source wins. Picks pipeline-only keys (topology,
-    server.*) or the keys of stage ``stage_id``."""
+    server.*), the keys of stage ``stage_id``, or (``ar``) an AR stage's own keys (pipeline-wide values
+    are the diffusion stages')."""
     best: dict[str, tuple[tuple[int, bool, int], Assignment]] = {}
     for order, item in enumerate(assignments):
-        if item.stage_id not in (None, stage_id):
+        if item.stage_id not in (None, stage_id) or is_ar_key(item.key) != ar or (ar and item.stage_id is None):
             continue
         if (item.key in PIPELINE_LEAVES) != pipeline_keys:
             continue
@@ -139,10 +146,11 @@ def _server(picked: Mapping[str, tuple[Any, Source]], provenance: dict[str, Sour
     return ServerConfig(**sections, **values)
 
 
-def _check_stage_refs(out: Collector, topology: str, roles: tuple[str, ...]) -> None:
+def _check_stage_refs(out: Collector, topology: str, roles: tuple[str, ...], first: int) -> None:
+    """Every diffusion stage a document names exists: stage_ids ``first``.. (after the AR stages)."""
     for ref in out.stage_refs:
-        if ref.stage_id >= len(roles):
-            layout = ", ".join(f"{i} = {role}" for i, role in enumerate(roles))
+        if not first <= ref.stage_id < first + len(roles):
+            layout = ", ".join(f"{i} = {role}" for i, role in enumerate(roles, start=first))
             out.error(f"stage_id {ref.stage_id} does not exist in topology {topology!r} ({layout})",
                       path=ref.path, source=ref.source,
                       hint="use an existing stage_id, or choose a topology with that stage "

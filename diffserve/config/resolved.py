@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from diffserve.config.ar_schema import ArStageConfig
 from diffserve.config.model_source import ModelSource
 from diffserve.config.provenance import Source
 from diffserve.config.schema import FrozenDict, ServerConfig, StageConfig
@@ -30,6 +31,8 @@ class ResolvedConfig:
     ray_address: str = ""
     # What ``model`` was given as and where (a hub id with its repository, revision and commit).
     model_source: ModelSource | None = None
+    # The autoregressive LLM stages that run before the diffusion stages (stage_ids 0..N-1), on vLLM.
+    ar_stages: tuple[ArStageConfig, ...] = ()
 
     def stage(self, stage_id: int) -> StageConfig:
         for stage in self.stages:

@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from diffserve.config.ar_ingest import ar_stage_mapping
 from diffserve.config.canonical import normalize_platform
 from diffserve.config.fields import FLAT_LEAVES, did_you_mean
 from diffserve.config.ingest import Ctx, pipeline_doc, stage_id_of, stage_mapping
@@ -310,6 +311,9 @@ def caller_layers(overrides: Mapping[str, Any] | None, stage_overrides: Mapping[
         if not isinstance(body, Mapping):
             out.error("expected a mapping of field -> value", path=f"stage_overrides.{stage_id}", source=source)
             continue
-        out.stage_refs.append(StageRef(stage_id, source, f"stage_overrides.{stage_id}"))
         ctx = Ctx(out, LAYER_RANK["cli_stage"], "cli_stage", allow_flat=True)
+        if stage_id in out.ar_stage_ids:  # an AR stage the deploy file declared
+            ar_stage_mapping(ctx, body, stage_id, f"stage_overrides.{stage_id}")
+            continue
+        out.stage_refs.append(StageRef(stage_id, source, f"stage_overrides.{stage_id}"))
         stage_mapping(ctx, body, stage_id, f"stage_overrides.{stage_id}")

@@ -102,9 +102,12 @@ class EngineBase:
         dead = self.is_dead
         sets = sorted([*((s.stage, s.replicas, s.scheduler) for s in core.extra_stages),
                        (core.stage, core.replicas, core.scheduler)], key=lambda entry: entry[0].stage_id)
-        return [{"stage_id": stage.stage_id, "role": stage.role, "replicas_live": 0 if dead else len(replicas.live()),
-                 "replicas": replicas.count, "queue_depth": scheduler.queue_depth}
-                for stage, replicas, scheduler in sets]
+        ar = [{"stage_id": s.stage.stage_id, "role": s.stage.role, "kind": "ar",
+               "replicas_live": 0 if dead else s.status()["replicas_live"], "replicas": s.stage.num_replicas,
+               "queue_depth": s.scheduler.queue_depth} for s in core.ar]
+        return [*ar, *({"stage_id": stage.stage_id, "role": stage.role, "replicas_live": 0 if dead else
+                        len(replicas.live()), "replicas": replicas.count, "queue_depth": scheduler.queue_depth}
+                       for stage, replicas, scheduler in sets)]
 
     @property
     def load(self) -> ModelLoad:

@@ -12,7 +12,7 @@ import time
 from typing import TYPE_CHECKING, Any, Protocol
 
 from diffserve.engine.outcome import Outcome
-from diffserve.engine.outputs import build_output
+from diffserve.engine.outputs import build_output, with_ar
 from diffserve.engine.stage_loop import stage_entry
 from diffserve.engine.stats import BatchStats, kernel_delta
 from diffserve.engine.step_joins import StepJoins
@@ -178,7 +178,8 @@ class BatchRun:
                 final.attestation.update(state.carried)  # type: ignore[typeddict-item]
                 final.attestation["stages"] = [*state.stages, stage_entry(self.core.stage, dict(final.attestation))]
                 final.timings.update({k: round(float(v), 3) for k, v in state.stage_timings_ms.items()})
-            finals.append((state, final))
+            finals.append((state, with_ar(final, state.original_prompt, state.revised_prompt, state.ar,
+                                          state.stage_timings_ms)))
         return finals
 
     def _deliver_ok(self, finals: list[Final]) -> None:

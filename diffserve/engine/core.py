@@ -21,6 +21,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from diffserve.engine.admission import admit
+from diffserve.engine.ar_stage import ArStage, ar_chain
 from diffserve.engine.batch_run import BatchRun, Final
 from diffserve.engine.decode_stage import DecodeStage
 from diffserve.engine.encode_stage import EncodeStage
@@ -29,7 +30,13 @@ from diffserve.engine.replicas import Replica, ReplicaSet
 from diffserve.engine.scheduler import RequestState, Scheduler, Sink
 from diffserve.engine.stage_loop import StageLoop
 from diffserve.engine.stats import BatchStats, EngineCounters
-from diffserve.errors import EngineDeadError, EngineNotReadyError, RequestAbortedError, WorkerError
+from diffserve.errors import (
+    EngineDeadError,
+    EngineNotReadyError,
+    RequestAbortedError,
+    RequestError,
+    WorkerError,
+)
 from diffserve.executor.base import Executor
 from diffserve.logging import get_logger
 from diffserve.tracing.attributes import REQUEST_ID
@@ -62,13 +69,15 @@ class EngineCore:
         roles = {s.role: s for s in config.stages}
         self.encode = EncodeStage(self, config, roles["text_encoder"]) if "text_encoder" in roles else None
         self.decode = DecodeStage(self, config, roles["decoder"]) if "decoder" in roles else None
+        # AR stages (kind: ar, vLLM) run before all of these: the last hands on to the diffusion stages' first queue.
+        self.ar = ar_chain(self, config, lambda state: self._diffusion_queue.add(state))
         try:
-            for extra in self.extra_stages:
+            for extra in self.side_stages:
                 extra.start()
             # Builds and warms every replica; a replica dying from here on is taken out (``_take_out``).
             self.replicas.start(on_dead=self._take_out)
         except BaseException:
-            for extra in self.extra_stages:
+            for extra in self.side_stages:
                 extra.shutdown("the engine failed to start")
             raise
         if self._dead is not None:  # every replica died before serving anything
@@ -84,6 +93,11 @@ class EngineCore:
     def extra_stages(self) -> list[StageLoop]:
         """The stages besides the denoising one, in stage order."""
         return [s for s in (self.encode, self.decode) if s is not None]
+
+    @property
+    def side_stages(self) -> list[StageLoop | ArStage]:
+        """Every stage besides the denoising one, AR stages first: what starts, aborts and stops with it."""
+        return [*self.ar, *self.extra_stages]
 
     @property
     def stopping(self) -> threading.Event:
@@ -110,6 +124,9 @@ class EngineCore:
         self.check_health()
         if not self._ready:
             raise EngineNotReadyError("the engine is still loading or warming up")
+        if request.rewrite_prompt and not self.ar:
+            raise RequestError("rewrite_prompt: true needs an AR stage (kind: ar), and this deployment has none",
+                               param="rewrite_prompt")
         return admit(request, self.config.server, self.replicas.capabilities, stage=self.stage,
                      model_dir=self.config.model)
 
@@ -119,18 +136,27 @@ class EngineCore:
         with span("diffserve.admission", {REQUEST_ID: request.request_id}):
             admitted = self.admit(request)
         state = RequestState(carry(admitted), sink)
-        queue = self.encode.scheduler if self.encode is not None else self.scheduler
+        queue = self._diffusion_queue
+        if self.ar and admitted.rewrite_prompt is not False:
+            for stage in self.ar:
+                stage.check_up()
+            queue = self.ar[0].scheduler
         ahead = queue.queue_depth
         queue.add(state)
         logger.debug("request %s queued behind %d: %d image(s), %s step(s)", state.request_id, ahead, admitted.n,
                      admitted.num_inference_steps)
         return state
 
+    @property
+    def _diffusion_queue(self) -> Scheduler:
+        """Where a request enters the diffusion stages: the text encoders' queue, or the denoiser's."""
+        return self.encode.scheduler if self.encode is not None else self.scheduler
+
     def abort(self, request_id: str) -> bool:
         """Abort a queued request (never runs) or a running one (its batch stops at the next step
         once every request in it is aborted). False if the request is unknown or already finished."""
         state, queued = self.scheduler.abort(request_id)
-        for extra in self.extra_stages:  # waiting for (or in) another stage
+        for extra in self.side_stages:  # waiting for (or in) another stage
             if state is None:
                 state, queued = extra.abort(request_id)
         if state is None:
@@ -265,7 +291,7 @@ class EngineCore:
             logger.error("engine is dead: %s", error)
         for state in self.scheduler.drain():
             state.finish(EngineDeadError(str(error)))
-        for extra in self.extra_stages:  # their workers stop with the engine's shutdown
+        for extra in self.side_stages:  # their workers stop with the engine's shutdown
             extra.fail_waiting(str(error))
 
     def check_health(self) -> None:
@@ -313,7 +339,7 @@ class EngineCore:
                 return
             self._is_shutdown = True
         self._stopping.set()
-        for extra in self.extra_stages:
+        for extra in self.side_stages:
             extra.shutdown("the engine was shut down")
         for state in self.scheduler.drain():
             state.finish(EngineDeadError("the engine was shut down"))

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from diffserve.engine.outputs import build_output
+from diffserve.engine.outputs import build_output, with_ar
 from diffserve.engine.scheduler import RequestState
 from diffserve.engine.stage_loop import StageLoop, stage_entry
 from diffserve.types.results import RequestResult
@@ -49,6 +49,7 @@ class DecodeStage(StageLoop):
             final.attestation.update(state.carried)  # type: ignore[typeddict-item]
             final.attestation["stages"] = [*state.stages, stage_entry(self.stage, dict(decoded.attestation))]
             final.timings.update({k: round(float(v), 3) for k, v in state.stage_timings_ms.items()})
-            finals.append((state, final))
+            finals.append((state, with_ar(final, state.original_prompt, state.revised_prompt, state.ar,
+                                          state.stage_timings_ms)))
         self.core.counters.requests_ok += sum(1 for state, _ in finals if not state.finished)
         self.core.deliver(finals)

@@ -58,3 +58,17 @@ def _video_output(request: GenerationRequest, output: RequestResult, queue_ms: f
         config_fingerprint=config_fingerprint, width=int(request.width or 0), height=int(request.height or 0),
         num_inference_steps=request.num_inference_steps or 0, guidance_scale=request.guidance_scale,
         prompt=request.prompt, num_frames=int(request.num_frames or 0), fps=int(request.fps or 0))
+
+
+def with_ar(final: RequestOutput, original_prompt: str | None, revised_prompt: str | None,
+            ar: list[dict[str, Any]], stage_timings_ms: dict[str, float]) -> RequestOutput:
+    """What the AR stages did for this request: the client's prompt back as ``prompt``, the one they drew as
+    ``revised_prompt``, their attestation entries (``attestation["ar"]``) and their times (``ar_stage_<id>``)."""
+    if not ar:
+        return final
+    final.attestation["ar"] = ar
+    final.revised_prompt = revised_prompt
+    if original_prompt is not None:
+        final.prompt = original_prompt
+    final.timings.update({k: round(float(v), 3) for k, v in stage_timings_ms.items() if k.startswith("ar_stage_")})
+    return final

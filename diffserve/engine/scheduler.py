@@ -42,6 +42,11 @@ class RequestState:
     stages: list[dict[str, Any]] = field(default_factory=list)
     carried: dict[str, Any] = field(default_factory=dict)
     stage_timings_ms: dict[str, float] = field(default_factory=dict)  # e.g. the text-encoder stage's "encode"
+    # AR stages (engine/ar_stage.py): the prompt as the client wrote it, the attestation entry of each AR stage
+    # it went through, and the prompt they drew (None: no AR stage rewrote it).
+    original_prompt: str | None = None
+    ar: list[dict[str, Any]] = field(default_factory=list)
+    revised_prompt: str | None = None
     # encode_denoise_decode: the denoising stage's result while the decoding stage works, and its queue time.
     handed: Any = None
     queue_ms: float = 0.0
@@ -107,6 +112,20 @@ class Scheduler:
                 self._running[state.request_id] = state
         queue_waited(batch)
         return batch
+
+    def next_any(self, room: int, timeout: float | None = None, replica: int | None = None) -> list[RequestState]:
+        """Up to ``room`` of the oldest requests whatever their batch keys (an AR stage's vLLM engine batches any
+        prompts together); empty if nothing arrived within ``timeout``."""
+        with self._cond:
+            if not self._waiting and not self._closed and timeout != 0:
+                self._cond.wait(timeout)
+            taken, self._waiting = self._waiting[:max(0, room)], self._waiting[max(0, room):]
+            now = time.monotonic()
+            for state in taken:
+                state.started, state.replica = now, replica
+                self._running[state.request_id] = state
+        queue_waited(taken)
+        return taken
 
     def take_joinable(self, key: BatchKey, room: int, replica: int | None = None) -> list[RequestState]:
         """Step-level batching: up to ``room`` requests from the HEAD of the queue while they share

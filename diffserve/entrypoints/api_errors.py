@@ -18,6 +18,7 @@ from diffserve.errors import (
     LimitExceededError,
     RequestAbortedError,
     RequestError,
+    StageUnavailableError,
 )
 from diffserve.logging import get_logger
 
@@ -80,6 +81,8 @@ def to_api_error(exc: BaseException, request_id: str | None = None) -> APIError:
     if isinstance(exc, EngineNotReadyError):
         return APIError(503, str(exc) or "the model is still loading", type="server_error",
                         code="engine_not_ready")
+    if isinstance(exc, StageUnavailableError):
+        return APIError(503, str(exc), type="server_error", code="stage_unavailable")
     if isinstance(exc, EngineDeadError):
         return APIError(503, str(exc) or "the engine is dead; restart the server", type="server_error",
                         code="engine_dead")

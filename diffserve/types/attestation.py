@@ -107,6 +107,11 @@ class Attestation(KernelTally, total=False):
     # Staged topologies (split_text_encoder): one entry per stage the request went through, in order: stage_id,
     # role, executor, replica, worker_pid, device, dtype, kernel calls (engine/encode_stage.py).
     stages: list[dict[str, Any]]
+    # AR stages (kind: ar, on vLLM): one entry per AR stage the request went through, in order: engine, vLLM
+    # version, worker pids, what each vLLM worker runs (dtype, eager, tensor parallel, attention backend, MoE
+    # experts class, KV blocks, read in the worker: ar/probe.py), the KV handover, tokens in and out
+    # (engine/ar_stage.py).
+    ar: list[dict[str, Any]]
     vae_tiled: bool  # the VAE decoded this image in tiles (the stage's vae section; models/vae_tiling.py)
     # Wan (models/wan/experts.py): the expert that ran each denoise step and each expert's forward calls.
     experts: dict[str, Any]

@@ -67,6 +67,9 @@ class GenerationRequest:
     is_warmup: bool = False
     # False: this request's texts are encoded afresh and not stored in the conditioning cache.
     conditioning_cache: bool = True
+    # AR stages (a deploy file's kind: ar stages): None = rewrite the prompt when the deployment has such a stage;
+    # False = skip them (the prompt goes to the diffusion stages as written); True = require one (400 without).
+    rewrite_prompt: bool | None = None
     # Video models: frames per video (the model's ``k * temporal_factor + 1``; None: the deployment's default)
     # and the frame rate written into the video (None: the deployment's default). Image models refuse both.
     num_frames: int | None = None
@@ -111,6 +114,8 @@ class GenerationRequest:
         if self.fps is not None and (not isinstance(self.fps, int) or isinstance(self.fps, bool)
                                      or not 1 <= self.fps <= MAX_FPS):
             raise RequestError(f"fps={self.fps!r} must be an integer in [1, {MAX_FPS}]", param="fps")
+        if self.rewrite_prompt is not None and not isinstance(self.rewrite_prompt, bool):
+            raise RequestError(f"rewrite_prompt={self.rewrite_prompt!r} must be true or false", param="rewrite_prompt")
         if not isinstance(self.conditioning_cache, bool):
             raise RequestError(f"conditioning_cache={self.conditioning_cache!r} must be true or false",
                                param="conditioning_cache")
@@ -245,6 +250,8 @@ class RequestOutput:
     num_inference_steps: int = 0
     guidance_scale: float | None = None  # as run (the deployment's default when the request gave none)
     prompt: str = ""
+    # The prompt an AR stage drew from ``prompt`` (OpenAI's images API calls it revised_prompt); None: not rewritten.
+    revised_prompt: str | None = None
     finished: bool = True
     memory_peak_mib: dict[str, float] = field(default_factory=dict)
     # A video model's outputs: one uint8 array per video, (frames, height, width, 3) ("pil" output), with

@@ -57,6 +57,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--strength", type=float, default=None,
                         help="edit strength in (0, 1]: the last fraction of the schedule that runs from the noised "
                              "image; 1 = from pure noise (default: the engine's, 0.6)")
+    parser.add_argument("--no-rewrite", action="store_true",
+                        help="skip the deployment's AR stages (kind: ar): draw from the prompt as written")
     parser.add_argument("--no-progress", action="store_true", help="do not draw the progress bar")
     add_config_arguments(parser)
     parser.set_defaults(func=run)
@@ -112,6 +114,8 @@ async def _generate(args: argparse.Namespace, model: str | None, prompt: str, ou
     for name in ("num_frames", "fps"):
         if getattr(args, name) is not None:
             kwargs[name] = getattr(args, name)
+    if args.no_rewrite:
+        kwargs["rewrite_prompt"] = False
     if args.config_cache_threshold is not None:
         # One request: the config flag --cache-threshold is also this request's cache_threshold, so it is
         # checked like an HTTP request's (bounded by cache.max_threshold, refused without a cache backend).
@@ -157,6 +161,8 @@ async def _generate(args: argparse.Namespace, model: str | None, prompt: str, ou
         await asyncio.to_thread(engine.shutdown)
     if output_obj is None:
         raise RuntimeError("the engine finished without an output")
+    if output_obj.revised_prompt is not None:
+        print(f"revised prompt: {output_obj.revised_prompt}")
     metadata = {"prompt": prompt, "steps": str(output_obj.num_inference_steps or request.num_inference_steps),
                 "guidance_scale": str(output_obj.guidance_scale),
                 "config_fingerprint": output_obj.config_fingerprint,

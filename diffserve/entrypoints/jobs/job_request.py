@@ -11,7 +11,7 @@ from diffserve.types.request import GenerationRequest
 # The fields that make a video; everything else of a GenerationRequest is per-run (request id) or absent here.
 STORED_FIELDS = ("prompt", "negative_prompt", "height", "width", "num_inference_steps", "guidance_scale",
                  "true_cfg_scale", "seed", "max_sequence_length", "cache_threshold", "num_frames", "fps",
-                 "conditioning_cache")
+                 "conditioning_cache", "rewrite_prompt")
 
 
 def to_row(request: GenerationRequest, *, seconds: str, has_input: bool) -> dict[str, Any]:

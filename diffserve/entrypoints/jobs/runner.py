@@ -267,6 +267,7 @@ class JobRunner:
                 "num_frames": output.num_frames, "fps": output.fps, "guidance_scale": output.guidance_scale,
                 "width": output.width, "height": output.height, "config_fingerprint": output.config_fingerprint,
                 "timings_ms": {k: float(v) for k, v in output.timings.items()}, "instance": self.settings.owner,
+                "revised_prompt": output.revised_prompt,
                 "attestation": _jsonable(output.attestation)}
 
     async def _end(self, job: Job, request_id: str, code: str, message: str) -> None:

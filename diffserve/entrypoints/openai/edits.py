@@ -41,7 +41,7 @@ IMAGE_FIELDS = frozenset({"image", "image[]"})
 UNSUPPORTED_EDIT_PARAMS = UNSUPPORTED_OPENAI_PARAMS | {"input_fidelity", "markup"}
 INT_FIELDS = frozenset({"n", "output_compression", "num_inference_steps", "seed", "max_sequence_length"})
 FLOAT_FIELDS = frozenset({"guidance_scale", "true_cfg_scale", "cache_threshold", "strength"})
-BOOL_FIELDS = frozenset({"stream", "conditioning_cache"})
+BOOL_FIELDS = frozenset({"stream", "conditioning_cache", "rewrite_prompt"})
 TYPES = FieldTypes(ints=INT_FIELDS, floats=FLOAT_FIELDS, bools=BOOL_FIELDS)
 # ``loras`` as JSON text, or as the SDK flattens ``extra_body={"loras": [{"name", "scale"}]}``.
 LORA_NAME, LORA_SCALE = "loras[][name]", "loras[][scale]"

@@ -157,9 +157,11 @@ class ImagesHandler:
         for blob in encoded:
             if body.response_format == "url":
                 name = self.store.put(blob, MIME_TYPES[body.output_format], body.output_format)
-                data.append(ImageData(url=str(request.url_for("get_image", name=name))))
+                data.append(ImageData(url=str(request.url_for("get_image", name=name)),
+                                      revised_prompt=output.revised_prompt))
             else:
-                data.append(ImageData(b64_json=base64.b64encode(blob).decode("ascii")))
+                data.append(ImageData(b64_json=base64.b64encode(blob).decode("ascii"),
+                                      revised_prompt=output.revised_prompt))
         self.metrics.observe_output(timings, len(encoded), output.attestation.get("cache"))
         self.metrics.observe_conditioning(dict(output.attestation))
         response = ImagesResponse(

@@ -75,6 +75,8 @@ class ImageGenerationRequest(BaseModel):
     loras: list[LoraChoice] | None = Field(default=None, max_length=16)
     # false: encode this request's prompts afresh and keep them out of the conditioning cache.
     conditioning_cache: bool | None = None
+    # false: skip the deployment's AR stages (kind: ar) and draw from the prompt as written; unset: rewrite it.
+    rewrite_prompt: bool | None = None
     stream: bool = False
 
 
@@ -166,7 +168,7 @@ def to_generation_request(body: ImageGenerationRequest, request_id: str, *, imag
                               "request_id": request_id}
     # Unset extensions keep the engine's defaults instead of being overwritten with None.
     for name in ("num_inference_steps", "guidance_scale", "true_cfg_scale", "max_sequence_length", "cache_threshold",
-                 "conditioning_cache"):
+                 "conditioning_cache", "rewrite_prompt"):
         value = getattr(body, name)
         if value is not None:
             kwargs[name] = value

@@ -27,7 +27,7 @@ from diffserve.types.request import MAX_CACHE_THRESHOLD, MAX_GUIDANCE_SCALE, MAX
 
 MAX_SECONDS = 600.0
 TYPES = FieldTypes(ints=frozenset({"seed", "num_inference_steps", "fps", "num_frames"}),
-                   floats=frozenset({"guidance_scale", "cache_threshold"}))
+                   floats=frozenset({"guidance_scale", "cache_threshold"}), bools=frozenset({"rewrite_prompt"}))
 MAX_TEXT_FIELDS = 32
 
 
@@ -56,6 +56,8 @@ class VideoCreateRequest(BaseModel):
     num_frames: int | None = Field(default=None, ge=1)  # overrides seconds
     cache_threshold: float | None = Field(default=None, ge=0, le=MAX_CACHE_THRESHOLD)
     loras: list[LoraChoice] | None = Field(default=None, max_length=16)
+    # false: skip the deployment's AR stages (kind: ar) and draw from the prompt as written; unset: rewrite it.
+    rewrite_prompt: bool | None = None
 
     def seconds_value(self) -> float | None:
         """``seconds`` as a number, or a 400 naming it."""
@@ -152,7 +154,8 @@ def video_object(job: Job) -> dict[str, Any]:
     info["instance"] = result.get("instance") if job.status == COMPLETED else job.owner
     if job.status == COMPLETED:
         info.update({k: result[k] for k in ("attestation", "config_fingerprint", "timings_ms") if k in result})
-    return {"id": job.id, "object": "video", "model": job.model, "prompt": job.prompt, "status": job.status,
+    return {"id": job.id, "object": "video", "model": job.model, "prompt": job.prompt,
+            "revised_prompt": result.get("revised_prompt"), "status": job.status,
             "progress": job.progress, "created_at": int(job.created_at),
             "completed_at": int(job.completed_at) if job.completed_at is not None else None,
             "expires_at": int(job.expires_at) if job.expires_at is not None else None,

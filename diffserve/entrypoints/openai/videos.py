@@ -115,7 +115,7 @@ class VideosHandler:
         fields: dict[str, Any] = {"prompt": body.prompt, "negative_prompt": body.negative_prompt, "seed": body.seed,
                                   "width": width, "height": height, "fps": body.fps, "num_frames": body.num_frames,
                                   "request_id": f"check-{uuid.uuid4().hex}"}
-        for name in ("num_inference_steps", "guidance_scale", "cache_threshold"):
+        for name in ("num_inference_steps", "guidance_scale", "cache_threshold", "rewrite_prompt"):
             if getattr(body, name) is not None:
                 fields[name] = getattr(body, name)
         if body.loras:
