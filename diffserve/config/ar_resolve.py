@@ -119,8 +119,7 @@ def _check_platform(stage: ArStageConfig, platform: str, provenance: Mapping[str
     if world > 1 and stage.executor == "uni":
         out.errors.append(ConfigError(
             f"{world} vLLM ranks need worker processes; uni runs one worker in the server's process",
-            path=f"stages.{sid}.distributed_executor_backend",
-            source=_where(stage, "distributed_executor_backend", provenance),
+            path=f"stages.{sid}.tensor_parallel_size", source=_where(stage, "tensor_parallel_size", provenance),
             hint="set distributed_executor_backend: mp"))
     if stage.role == "prompt_rewrite" and stage.kv_connector_extra_config:
         out.errors.append(ConfigError("kv_connector_extra_config configures a prefill/decode pair's KV handover",

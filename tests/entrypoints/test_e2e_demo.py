@@ -15,15 +15,18 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import openai
 import pytest
 import yaml
 from PIL import Image
 
 from diffserve.entrypoints.video_encoding import read_mp4
+from diffserve.zoo.llm.prompt_grammar import expand
 from diffserve.zoo.toy_motion.checker import read_clip
 from diffserve.zoo.toy_motion.grammar import parse_prompt
 from diffserve.zoo.toy_shapes.grammar import Scene, classify
+from diffserve.zoo.toy_shapes.grammar import parse_prompt as parse_scene
 
 pytestmark = pytest.mark.e2e
 
@@ -95,6 +98,44 @@ def test_the_demo_animates_a_yellow_square_moving_right(demo_client) -> None:
     assert read.count(parse_prompt(VIDEO_PROMPT)) >= 2, read
 
 
+def test_the_demo_rewrites_a_short_prompt_and_draws_what_it_asks(demo_client) -> None:
+    """The demo's AR stage (the toy prompt model on vLLM) expands "green circle" (a pair its training never saw)
+    into the toy grammar; the image the checker reads is the expanded prompt's scene."""
+    short = "green circle"
+    read = []
+    for seed in (42, 43, 44):
+        result = demo_client.images.generate(model="toy-shapes", prompt=short, size="64x64", extra_body={"seed": seed})
+        assert result.data[0].revised_prompt == expand(short) == "a green circle on a black background"
+        [entry] = result.model_extra["diffserve"]["attestation"]["ar"]
+        assert (entry["engine"], entry["role"], entry["worker_pids"]) == ("vllm", "prompt_rewrite",
+                                                                          [entry["workers"][0]["worker_pid"]])
+        read.append(classify(Image.open(io.BytesIO(base64.b64decode(result.data[0].b64_json))).convert("RGB")))
+    assert read.count(parse_scene(expand(short))) >= 2, read
+    # Opting out sends the prompt as written: no AR entry, no revised prompt.
+    plain = demo_client.images.generate(model="toy-shapes", prompt=PROMPT, size="64x64",
+                                        extra_body={"seed": 42, "rewrite_prompt": False})
+    assert plain.data[0].revised_prompt is None and "ar" not in plain.model_extra["diffserve"]["attestation"]
+
+
+def test_the_demo_rewrites_a_short_video_prompt(demo_server) -> None:
+    """The same over the raw /v1/videos contract: "square moving left" becomes a full toy-motion prompt, and the
+    toy-motion checker reads that scene from the MP4."""
+    short = "square moving left"
+    with httpx.Client(base_url=demo_server.url, timeout=60) as http:
+        created = http.post("/v1/videos", json={"model": "toy-motion", "prompt": short, "seed": 42})
+        assert created.status_code == 200, created.text
+        video = created.json()
+        deadline = time.monotonic() + 120
+        while video["status"] not in ("completed", "failed") and time.monotonic() < deadline:
+            time.sleep(0.1)
+            video = http.get(f"/v1/videos/{video['id']}").json()
+        assert video["status"] == "completed", video["error"]
+        assert video["prompt"] == short and video["revised_prompt"] == expand(short)
+        assert video["diffserve"]["attestation"]["ar"][0]["role"] == "prompt_rewrite"
+        frames, _, _ = read_mp4(http.get(f"/v1/videos/{video['id']}/content").content)
+    assert read_clip(list(frames)).scene == parse_prompt(expand(short)), read_clip(list(frames)).scene
+
+
 def test_the_demo_draws_stars_with_the_stars_lora(demo_client) -> None:
     images = []
     for seed in (42, 43, 44):
@@ -154,6 +195,8 @@ def test_the_playground_default_form_draws_the_prompt(demo_server, tmp_path) -> 
             canvas.width = img.naturalWidth; canvas.height = img.naturalHeight;
             canvas.getContext('2d').drawImage(img, 0, 0);
             return canvas.toDataURL('image/png').split(',')[1];""", img)
+        revised = driver.find_element("css selector", '#gallery li.card dd[data-field="revised-prompt"]').text
+    assert revised == PROMPT  # the demo's AR stage drew the full prompt from itself
     image = Image.open(io.BytesIO(base64.b64decode(data))).convert("RGB")
     assert image.size == (64, 64)
     assert classify(image) == Scene("red", "circle", "blue"), classify(image)

@@ -67,7 +67,8 @@
     player.dataset.videoId = video.id;
     player.play().catch(() => {}); // autoplay may be refused; the controls remain
     const info = video.diffserve || {};
-    status(`Done: ${video.size}, ${info.num_frames} frames at ${info.fps} fps, seed ${info.seed} (${video.id})`);
+    const revised = video.revised_prompt ? `; drawn from "${video.revised_prompt}"` : "";
+    status(`Done: ${video.size}, ${info.num_frames} frames at ${info.fps} fps, seed ${info.seed} (${video.id})${revised}`);
   }
 
   async function generate(event) {

@@ -316,6 +316,8 @@
       img.alt = `Generated image ${index + 1} of ${result.data.length} for "${prompt}", seed ${seed}`;
       card.appendChild(img);
       const dl = document.createElement("dl");
+      // An AR stage (kind: ar) rewrote the prompt: what the image was drawn from.
+      if (item.revised_prompt) addField(dl, "revised-prompt", "Revised prompt", item.revised_prompt);
       addField(dl, "seed", "Seed", String(seed));
       addField(dl, "size", "Size", result.size);
       addField(dl, "steps", "Steps", String(info.num_inference_steps));
