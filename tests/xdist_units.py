@@ -27,7 +27,7 @@ COMPILE_TESTS = ("tests/models/test_flux_compile.py::",
 # three workers finish together (measured: the last worker used to idle ~30 s behind a late long module).
 LONG_FIRST = ("tests/benchmarks/test_bench_smoke.py", RAY_GROUP, COMPILE_GROUP, "tests/models/test_step_cache_quality.py",
               "tests/zoo/test_toy_motion_model.py", SHARED_SERVER_GROUP,
-              "tests/executor/test_ray_cluster.py",
+              "tests/executor/test_ray_cluster.py", "tests/e2e/test_ar_stages.py",
               "tests/e2e/test_replicas.py", "tests/ray_serve/test_ray_serve_autoscaling.py",
               "tests/adversarial/test_lifecycle.py", "tests/e2e/test_one_compute_thread.py",
               "tests/e2e/test_parallel_cfg.py", "tests/models/test_wan.py", "tests/zoo/test_toy_motion.py",

@@ -8,11 +8,11 @@ import json
 from pathlib import Path
 
 import pytest
+from config_helpers import line_of, run, write
 
 from diffserve.config import vllm_args
 from diffserve.config.explain import explain_dict, render_table
 from diffserve.errors import ConfigError
-from config_helpers import line_of, run, write
 
 
 @pytest.fixture
@@ -64,7 +64,7 @@ def test_the_issues_deploy_file_resolves(tmp_path: Path, flux_model: Path, llm: 
 
 
 def test_precedence_overlays_and_stage_overrides(tmp_path: Path, flux_model: Path, llm: Path) -> None:
-    base = write(tmp_path / "base.yaml", f"""
+    write(tmp_path / "base.yaml", f"""
         model: {flux_model}
         stages:
           - stage_id: 0

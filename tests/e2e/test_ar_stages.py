@@ -2,7 +2,7 @@
 
 What the deploy YAML alone asks of the AR stage (dtype, eager, max_num_seqs, max_model_len, the executor) is read
 back inside the vLLM worker that ran each request (``ar/probe.py``): on ``uni`` that worker is this process, on
-``mp`` a process of its own. Two sequential requests each, the worker's forward counters reset between them; a
+``mp`` a process of its own per rank (tensor parallel over two). Two sequential requests each, the worker's forward counters reset between them; a
 dense and a MoE model (its experts class attested); a negative control whose worker was forced to other settings
 fails the same check. Then the prefill/decode split (the prompt's KV really loaded: corrupted, it changes the text)
 and the faults (a prompt over max_model_len, a model that does not load, a killed vLLM worker: the stage fails with
@@ -68,21 +68,22 @@ def engine_for(folder: Path, flux: Path, *ar: dict[str, Any], **kwargs: Any) -> 
     return Engine(deploy_config=write_deploy(folder, flux, *ar), **kwargs)
 
 
-def check_reached(entry: dict[str, Any], *, executor: str, moe: bool) -> None:
+def check_reached(entry: dict[str, Any], *, executor: str, moe: bool, tp: int = 1) -> None:
     """The deploy YAML's AR settings, as every vLLM worker of the request read them from its own config."""
     assert entry["engine"] == "vllm" and entry["vllm_version"] == "0.32.0"
+    assert sorted(worker["rank"] for worker in entry["workers"]) == list(range(tp))
     for worker in entry["workers"]:
         assert worker["dtype"] == "float32"
         assert worker["enforce_eager"] is True
         assert worker["max_num_seqs"] == 3
         assert worker["max_model_len"] == 192
-        assert worker["tensor_parallel_size"] == 1 and worker["enable_expert_parallel"] is False
+        assert worker["tensor_parallel_size"] == tp and worker["enable_expert_parallel"] is False
         assert worker["distributed_executor_backend"] == executor
         assert worker["attention_backend"] == "CPU_ATTN"
         assert worker["kv_cache_blocks"] > 0
         assert (worker["moe_experts"] == "CPUUnquantizedExperts") if moe else worker["moe_experts"] is None
     pids = entry["worker_pids"]
-    assert pids == [os.getpid()] if executor == "uni" else os.getpid() not in pids
+    assert pids == [os.getpid()] if executor == "uni" else (os.getpid() not in pids and len(set(pids)) == tp)
 
 
 def two_requests(engine: Engine) -> list[Any]:
@@ -98,7 +99,9 @@ def dense_uni(llms: dict[str, Path], tiny_flux_dir: Path, tmp_path_factory: pyte
 
 @pytest.fixture(scope="module")
 def moe_mp(llms: dict[str, Path], tiny_flux_dir: Path, tmp_path_factory: pytest.TempPathFactory):
-    engine = engine_for(tmp_path_factory.mktemp("mp"), tiny_flux_dir, ar_entry(llms["qwen3-moe"], "mp"))
+    # Tensor parallel over two vLLM worker processes (each expert split over both ranks), each on its own cores.
+    engine = engine_for(tmp_path_factory.mktemp("mp"), tiny_flux_dir,
+                        ar_entry(llms["qwen3-moe"], "mp", tensor_parallel_size=2))
     yield engine
     engine.shutdown()
 
@@ -106,19 +109,19 @@ def moe_mp(llms: dict[str, Path], tiny_flux_dir: Path, tmp_path_factory: pytest.
 @pytest.mark.parametrize("which", ["dense_uni", "moe_mp"])
 def test_deploy_yaml_settings_reach_the_vllm_worker(which: str, request: pytest.FixtureRequest) -> None:
     engine = request.getfixturevalue(which)
-    executor, moe = ("uni", False) if which == "dense_uni" else ("mp", True)
+    executor, moe, tp = ("uni", False, 1) if which == "dense_uni" else ("mp", True, 2)
     first, second = two_requests(engine)
     for output in (first, second):
         [entry] = output.attestation["ar"]
-        check_reached(entry, executor=executor, moe=moe)
+        check_reached(entry, executor=executor, moe=moe, tp=tp)
         assert entry["role"] == "prompt_rewrite" and entry["stage_id"] == 0
         assert entry["output_tokens"] == MAX_TOKENS and entry["prompt_tokens"] > 3
         assert entry["config_fingerprint"] == output.config_fingerprint == engine.config.fingerprint
         # The worker's own counters, reset between the two requests: one forward per token drawn, and the
         # prompt's tokens plus each drawn token but the last.
         assert entry["worker_counts"]["requests"] == 1
-        assert entry["worker_counts"]["ranks"] == [{"forward_calls": MAX_TOKENS,
-                                                   "tokens": entry["prompt_tokens"] + MAX_TOKENS - 1}]
+        assert entry["worker_counts"]["ranks"] == tp * [{"forward_calls": MAX_TOKENS,
+                                                        "tokens": entry["prompt_tokens"] + MAX_TOKENS - 1}]
         assert output.prompt == "a red circle"
         assert output.revised_prompt and set(output.revised_prompt.split()) <= {w[1:] for w in WORDS}
         assert output.timings["ar_stage_0"] > 0
@@ -223,3 +226,4 @@ def test_the_deploy_files_settings_are_explained_with_their_sources(llms: dict[s
         config.source_of("stages.0.max_num_seqs").line))
     assert config.source_of("stages.0.seed").layer == "default"
     assert [s.stage_id for s in config.stages] == [1]
+

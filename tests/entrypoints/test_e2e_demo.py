@@ -115,6 +115,13 @@ def test_the_demo_rewrites_a_short_prompt_and_draws_what_it_asks(demo_client) ->
     plain = demo_client.images.generate(model="toy-shapes", prompt=PROMPT, size="64x64",
                                         extra_body={"seed": 42, "rewrite_prompt": False})
     assert plain.data[0].revised_prompt is None and "ar" not in plain.model_extra["diffserve"]["attestation"]
+    # What the AR stage did is in /metrics; a prompt past its max_model_len is a 400 naming the stage, and the
+    # server goes on serving.
+    metrics = httpx.get(str(demo_client.base_url).removesuffix("/v1/") + "/metrics").text
+    assert 'diffserve_ar_tokens_total{kind="output",role="prompt_rewrite",stage="0"}' in metrics
+    with pytest.raises(openai.BadRequestError, match=r"AR stage 0 \(prompt_rewrite\).*max_model_len of 128"):
+        demo_client.images.generate(model="toy-shapes", prompt="red circle " * 80, size="64x64")
+    assert demo_client.images.generate(model="toy-shapes", prompt=short, size="64x64").data[0].revised_prompt
 
 
 def test_the_demo_rewrites_a_short_video_prompt(demo_server) -> None:

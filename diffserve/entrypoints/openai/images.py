@@ -164,6 +164,7 @@ class ImagesHandler:
                                       revised_prompt=output.revised_prompt))
         self.metrics.observe_output(timings, len(encoded), output.attestation.get("cache"))
         self.metrics.observe_conditioning(dict(output.attestation))
+        self.metrics.observe_ar(dict(output.attestation))
         response = ImagesResponse(
             created=int(time.time()), data=data, output_format=body.output_format,
             size=f"{output.width}x{output.height}",

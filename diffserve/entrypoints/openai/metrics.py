@@ -54,6 +54,12 @@ class ServerMetrics:
         self.conditioning = {name: Counter(
             f"diffserve_conditioning_cache_{name}", f"Requests whose texts were a conditioning-cache {outcome}",
             ["replica"], registry=r) for name, outcome in (("hits", "hit"), ("misses", "miss"))}
+        self.ar_tokens = Counter(
+            "diffserve_ar_tokens", "Tokens of the AR stages' vLLM engines (kind: ar), by stage, role and kind "
+            "(prompt or output)", ["stage", "role", "kind"], registry=r)
+        self.ar_latency = Histogram(
+            "diffserve_ar_stage_seconds", "Per request: time in an AR stage's vLLM engine (first_token and total)",
+            ["stage", "role", "measure"], buckets=LATENCY_BUCKETS, registry=r)
         self.conditioning_evictions = Counter(
             "diffserve_conditioning_cache_evictions", "Texts evicted from the conditioning cache (least recently "
             "used first)", ["replica"], registry=r)
@@ -108,6 +114,16 @@ class ServerMetrics:
                 self.conditioning_evictions.labels(replica=replica).inc(total - seen)
             self._evictions_seen[replica] = max(total, seen)
             self.conditioning_bytes.labels(replica=replica).set(int(state.get("bytes", 0)))
+
+    def observe_ar(self, attestation: dict[str, Any]) -> None:
+        """Per request: each AR stage's tokens in and out and its time to first token and total time."""
+        for entry in attestation.get("ar") or ():
+            stage, role = str(entry.get("stage_id")), str(entry.get("role"))
+            for kind in ("prompt", "output"):
+                self.ar_tokens.labels(stage=stage, role=role, kind=kind).inc(int(entry.get(f"{kind}_tokens") or 0))
+            for measure, key in (("first_token", "first_token_ms"), ("total", "total_ms")):
+                if entry.get(key) is not None:
+                    self.ar_latency.labels(stage=stage, role=role, measure=measure).observe(float(entry[key]) / 1000.0)
 
     def observe_batch(self, stats: BatchStats) -> None:
         """Per executed batch (an engine stats listener, called on the engine thread; prometheus_client
