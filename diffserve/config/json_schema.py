@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from diffserve.config.ar_schema import AR_KEYS, AR_ROLES
 from diffserve.config.fields import SECTIONS, STAGE_KEYS, STAGE_LEAVES, TOP_LEVEL_PIPELINE_LEAVES, Leaf
 from diffserve.config.schema import ATTENTION_ROLES, PLATFORMS
 
@@ -82,8 +83,10 @@ def _stage_properties() -> dict[str, Any]:
 
 def deploy_json_schema() -> dict[str, Any]:
     """The JSON Schema of a deploy YAML file."""
-    stage_entry = {"type": "object", "additionalProperties": False, "required": ["stage_id"],
-                   "properties": {"stage_id": {"type": "integer", "minimum": 0}, **_stage_properties()}}
+    diffusion_entry = {"type": "object", "additionalProperties": False, "required": ["stage_id"],
+                       "properties": {"stage_id": {"type": "integer", "minimum": 0},
+                                      "kind": {"const": "diffusion"}, **_stage_properties()}}
+    stage_entry = {"anyOf": [diffusion_entry, _ar_entry()]}
     overlay_props = {
         **{key: _leaf_schema(leaf) for key, leaf in TOP_LEVEL_PIPELINE_LEAVES.items()},
         "server": _section_schema("server"),
@@ -105,3 +108,18 @@ def deploy_json_schema() -> dict[str, Any]:
                           "properties": {name: overlay for name in PLATFORMS}},
         },
     }
+
+
+def _ar_entry() -> dict[str, Any]:
+    """An AR stage's entry (``kind: ar``): diffserve's keys typed; vLLM's EngineArgs fields are the other keys,
+    checked by name against the installed vLLM at resolve (``config validate``), so the schema lets them through.
+    An overlay of an AR stage that a schema-checking editor validates repeats ``kind: ar``."""
+    own: dict[str, dict[str, Any]] = {"stage_id": {"type": "integer", "minimum": 0}, "kind": {"const": "ar"},
+           "role": {"enum": list(AR_ROLES)}, "model": {"type": "string"}, "system_prompt": {"type": "string"},
+           "default_sampling_params": {"type": "object"}, "num_replicas": {"type": "integer", "minimum": 1},
+           "kv_connector": {"type": "string"}, "kv_connector_extra_config": {"type": "object"},
+           "timeout_s": {"type": "number", "minimum": 1}}
+    for key, (_, _, doc) in AR_KEYS.items():
+        own[key] = {**own[key], "description": doc}
+    return {"type": "object", "required": ["stage_id", "kind"], "properties": own, "additionalProperties": True,
+            "description": "an AR stage (an LLM on vLLM): these keys, plus any vllm.EngineArgs field"}

@@ -184,3 +184,19 @@ def test_without_vllm_the_error_names_the_extra(tmp_path: Path, flux_model: Path
     shown = str(caught.value)
     assert "runs on vLLM, which is not installed" in shown and "diffserve[ar]" in shown
     assert shown.count("not installed") == 2  # once for the engine settings, once for the sampling parameters
+
+
+def test_the_json_schema_takes_ar_entries_and_still_refuses_bad_diffusion_keys() -> None:
+    import jsonschema
+    import yaml
+
+    from diffserve.config.json_schema import deploy_json_schema
+
+    schema = deploy_json_schema()
+    demo = yaml.safe_load((Path(__file__).resolve().parents[2] / "diffserve/assets/demo.yaml").read_text("utf-8"))
+    for entry in demo["models"]:
+        jsonschema.validate({k: v for k, v in entry.items() if k != "name"}, schema)
+    for bad in ({"stage_id": 0, "max_num_seqs": 4}, {"stage_id": 0, "kind": "ar", "role": "rewrite"},
+                {"stage_id": 1, "kind": "diffusion", "bogus": 1}):
+        with pytest.raises(jsonschema.ValidationError):
+            jsonschema.validate({"stages": [bad]}, schema)
