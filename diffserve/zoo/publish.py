@@ -130,11 +130,12 @@ def _unwritable(target: Path, exc: OSError) -> ConfigError:
 
 
 def build_seeded(kind: str, out_dir: Path | str, seed: int, write: Callable[[Path, int], None], *,
-                 force: bool) -> Path:
+                 force: bool, marker: str = "model_index.json") -> Path:
     """A seeded builder's common part: check ``seed``, then ``write(staging, seed)`` published atomically as
-    ``out_dir`` (``build_into``). Raises ConfigError for a bad seed or target."""
+    ``out_dir`` (``build_into``, ``marker`` naming what such a build writes). Raises ConfigError for a bad seed
+    or target."""
     if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
         raise ConfigError(f"seed must be a non-negative integer, got {seed!r}", path="seed")
     target = Path(out_dir).expanduser().absolute()
     logger.info("building %s (seed %d) in %s", kind, seed, target)
-    return build_into(target, lambda staging: write(staging, seed), force=force)
+    return build_into(target, lambda staging: write(staging, seed), force=force, marker=marker)

@@ -1,4 +1,5 @@
-"""``diffserve make-model KIND DIR``: write a hermetic random-weight model (FLUX or a generic diffusers DiT)."""
+"""``diffserve make-model KIND DIR``: write a hermetic random-weight model (FLUX, a generic diffusers DiT, Wan, or a
+small causal language model for the prompt-rewrite stage), or copy or train one of the toy models."""
 
 from __future__ import annotations
 
@@ -19,6 +20,11 @@ LORA_KINDS = ("tiny-flux-lora",)  # an adapter for a FLUX model (--base), not a 
 TRAINED_KINDS = ("toy-shapes",)  # the demo model
 TRAINED_VIDEO_KINDS = ("toy-motion",)  # the toy video model (diffserve.zoo.toy_motion): trained with --train
 TRAINED_LORA_KINDS = ("toy-shapes-stars",)  # its circles-to-stars adapter
+# Causal language models (Hugging Face's layout, which vLLM loads) for the AR prompt-rewrite stage: random ones
+# (diffserve.zoo.llm.specs.LLM_SPECS, a test checks it), and the toy prompter (diffserve.zoo.llm.train), copied from
+# the package or retrained with --train.
+LLM_KINDS = ("tiny-qwen3", "tiny-qwen3-moe")
+TRAINED_LLM_KINDS = ("toy-prompter",)
 
 _Config = TypeVar("_Config", bound=Any)  # a trainer's frozen dataclass config (TrainConfig, LoraTrainConfig)
 
@@ -26,10 +32,11 @@ _Config = TypeVar("_Config", bound=Any)  # a trainer's frozen dataclass config (
 def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
         "make-model",
-        help="write a random-weight FLUX.1, FLUX.2-klein, SD3, PixArt-Sigma, Qwen-Image, Z-Image or Wan pipeline directory "
-             "(no download)",
+        help="write a random-weight FLUX.1, FLUX.2-klein, SD3, PixArt-Sigma, Qwen-Image, Z-Image or Wan pipeline directory, "
+             "or a small Qwen3 language model (no download)",
         description=(
-            "Write a pipeline directory in diffusers layout with random weights from a seeded generator. "
+            "Write a pipeline directory in diffusers layout (a language model: Hugging Face's causal-LM layout) with "
+            "random weights from a seeded generator. "
             "FLUX.1 kinds (FluxPipeline): tiny-flux for tests and demos, small-flux (~150M parameters) for "
             "benchmarks; tiny-flux-kontext is FLUX.1 Kontext (FluxKontextPipeline, edits from a reference image). Generic diffusers DiT pipelines: tiny-sd3 and small-sd3 (~123M-parameter "
             "transformer) are StableDiffusion3Pipeline, tiny-pixart-sigma is PixArtSigmaPipeline, tiny-qwen-image is "
@@ -44,16 +51,23 @@ def register(subparsers: argparse._SubParsersAction) -> None:
             "on a blue background'), and toy-motion, the trained toy video model ('a yellow square moving right on a "
             "black background'): copied from the package, or trained from scratch on this CPU with --train; "
             "toy-shapes-stars is toy-shapes' circles-to-stars LoRA (draws a star where the prompt says circle), copied "
-            "or trained (--train, about a minute) for the toy model at --base (default: the shipped one)."
+            "or trained (--train, about a minute) for the toy model at --base (default: the shipped one). "
+            "Language models (Hugging Face causal-LM layout, which transformers and vLLM load; a Qwen tokenizer made "
+            "locally, with a Qwen chat template): tiny-qwen3 (Qwen3ForCausalLM) and tiny-qwen3-moe "
+            "(Qwen3MoeForCausalLM, 4 experts, 2 per token) have random weights; toy-prompter is trained to expand "
+            "short prompts into the toy models' grammars ('red circle' -> 'a red circle on a blue background'), "
+            "copied from the package or trained here with --train (one to three minutes)."
         ),
     )
     parser.add_argument("kind", choices=MODEL_KINDS + TRAINED_KINDS + TRAINED_VIDEO_KINDS + LORA_KINDS
-                        + TRAINED_LORA_KINDS, metavar="KIND",
+                        + TRAINED_LORA_KINDS + LLM_KINDS + TRAINED_LLM_KINDS, metavar="KIND",
                         help=f"FLUX: {', '.join(FLUX_KINDS)}; generic diffusers DiT: {', '.join(GENERIC_KINDS)}; "
                              f"Wan video: {', '.join(WAN_KINDS)}; "
                              "tiny-flux-lora: a random LoRA (diffusers/PEFT layout) for the FLUX model at --base; "
                              "toy-shapes: the trained demo model; toy-shapes-stars: its circles-to-stars LoRA; "
-                             "toy-motion: the trained toy video model")
+                             "toy-motion: the trained toy video model; "
+                             f"language models: {', '.join(LLM_KINDS)} (random), toy-prompter (trained: expands short "
+                             "prompts into the toy grammars)")
     parser.add_argument("dir", type=Path, metavar="DIR", help="output directory (created; must be empty)")
     parser.add_argument("--seed", type=int, default=None,
                         help="weight seed (default 0; --train: the seed the shipped weights were trained with)")
@@ -64,8 +78,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                              "for")
     parser.add_argument("--rank", type=int, default=4, help="tiny-flux-lora only: LoRA rank (default 4)")
     parser.add_argument("--train", action="store_true",
-                        help="toy-shapes, toy-shapes-stars, toy-motion only: train it here (about 25 minutes / 1 "
-                             "minute / 40 minutes on a 2-core CPU) instead of copying the shipped weights")
+                        help="toy-shapes, toy-shapes-stars, toy-motion, toy-prompter only: train it here (about 25 "
+                             "minutes / 1 minute / 40 minutes / 1-3 minutes on a 2-core CPU) instead of copying the shipped "
+                             "weights")
     parser.add_argument("--threads", type=int, default=2, help="--train only: CPU threads (default 2)")
     parser.add_argument("--force", action="store_true", help="replace an existing model directory at DIR")
     parser.set_defaults(func=run)
@@ -93,8 +108,12 @@ def run(args: argparse.Namespace) -> int:
     if args.kind in TRAINED_VIDEO_KINDS:
         print(_toy_motion(args))
         return 0
+    if args.kind in LLM_KINDS + TRAINED_LLM_KINDS:
+        print(_language_model(args))
+        return 0
     if args.train:
-        raise ConfigError(f"applies to toy-shapes, toy-shapes-stars and toy-motion only, not to {args.kind}",
+        raise ConfigError(f"applies to toy-shapes, toy-shapes-stars, toy-prompter and toy-motion only, not to "
+                          f"{args.kind}",
                           path="--train",
                           hint="random-weight kinds are built, not trained: drop --train")
     generic = args.kind in GENERIC_KINDS
@@ -155,6 +174,31 @@ def _toy_motion(args: argparse.Namespace) -> Path:
     from diffserve.zoo.toy_motion.train import TrainConfig, train_toy_motion
 
     return train_toy_motion(target, _seeded(TrainConfig(threads=args.threads), args), force=args.force)
+
+
+def _language_model(args: argparse.Namespace) -> Path:
+    """A causal LM into DIR: a random tiny-qwen3(-moe), or the toy prompter (trained with --train, else copied)."""
+    from diffserve.errors import ConfigError
+    from diffserve.zoo.llm.build import LLM_MARKER, build_tiny_llm, toy_prompter_dir
+    from diffserve.zoo.publish import build_into, check_target
+
+    if args.guidance_embeds or args.base is not None:
+        raise ConfigError(f"{args.kind} is a language model, not a FLUX pipeline", path="--guidance-embeds/--base",
+                          hint="drop them")
+    if args.kind in LLM_KINDS and args.train:
+        raise ConfigError(f"{args.kind} has random weights: it is built, not trained", path="--train",
+                          hint="drop --train (toy-prompter is the trained language model)")
+    target = Path(args.dir).expanduser().absolute()
+    # Fail on a bad DIR before paying for the torch/transformers imports of the build.
+    check_target(target, force=args.force, marker=LLM_MARKER)
+    if args.kind in LLM_KINDS:
+        return build_tiny_llm(args.kind, target, seed=_seed(args), force=args.force)
+    if not args.train:
+        shipped = toy_prompter_dir()
+        return build_into(target, lambda staging: _copy_tree(shipped, staging), force=args.force, marker=LLM_MARKER)
+    from diffserve.zoo.llm.train import PrompterTrainConfig, train_toy_prompter
+
+    return train_toy_prompter(target, _seeded(PrompterTrainConfig(threads=args.threads), args), force=args.force)
 
 
 def _toy_shapes_stars(args: argparse.Namespace) -> Path:
