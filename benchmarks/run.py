@@ -21,6 +21,7 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 from benchmarks import (  # noqa: E402
+    ar_stage,
     arrivals,
     cold_start,
     e2e_latency,
@@ -72,6 +73,8 @@ MEASUREMENTS = (
     ("video", "o. Video: native Wan vs diffusers' WanPipeline, step vs matmul peak, CFG-parallel", video.measure),
     ("tracing", "p. Tracing: HTTP latency with OpenTelemetry on vs off", tracing.measure),
     ("cache_video", "q. Step cache on the trained toy video model against a random one", step_cache_video.measure),
+    ("ar_stage", "r. The AR stage: vLLM vs transformers generate, and a prompt rewrite in front of toy-shapes",
+     ar_stage.measure),
 )
 
 
@@ -82,7 +85,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="markdown report path (default: this CPU kind's, benchmarks/RESULTS[-KIND].md)")
     p.add_argument("--cache-dir", type=Path, default=DEFAULT_CACHE, help="where built models are kept")
     p.add_argument("--only", default="", help="comma-separated measurement keys: e2e,step,overhead,throughput,cold,replicas,parallel,cache,"
-                   "arrivals,generic,lora,cache_trained,quant,stages,video,tracing,cache_video")
+                   "arrivals,generic,lora,cache_trained,quant,stages,video,tracing,cache_video,ar_stage")
     p.add_argument("--merge", action="store_true",
                    help="keep the sections of the report at --out that this run does not measure (only when "
                         "it was measured in the same mode on the same CPU capability)")

@@ -105,6 +105,15 @@ class Settings:
     cache_video_pairs: int = 8
     cache_video_fbcache: tuple[float, ...] = (0.05, 0.08, 0.15, 0.3, 0.5)
     cache_video_teacache: tuple[float, ...] = (0.08, 0.3, 0.5, 0.8)
+    # The AR stage (section r): the toy prompter on vLLM against transformers' generate (one prompt, then a batch of
+    # ar_batch; ar_iters timed calls each, milliseconds apiece), end to end in front of toy-shapes (ar_requests short
+    # prompts, ar_passes timed passes over them per contender), and with ar_mp the start of a vLLM engine on the mp
+    # executor (~15-20 s on 2 cores).
+    ar_batch: int = 8
+    ar_iters: int = 20
+    ar_requests: int = 8
+    ar_passes: int = 2
+    ar_mp: bool = True
 
 
 TINY_E2E = Case("tiny-flux", 128, 2)
@@ -180,4 +189,9 @@ SMOKE = Settings(
     cache_video_pairs=1,
     cache_video_fbcache=(0.3,),
     cache_video_teacache=(),  # smoke: fbcache only (the teacache path is the same code)
+    ar_batch=2,
+    ar_iters=1,
+    ar_requests=1,
+    ar_passes=1,
+    ar_mp=False,  # smoke: uni only (mp's start is ~20 s)
 )

@@ -133,9 +133,10 @@ class VllmEngine:
 
     def step(self) -> list[ArOutput]:
         """One engine step; the requests that finished in it."""
-        now = time.monotonic()
+        outputs = self.engine.step()
+        now = time.monotonic()  # after the step: a token drawn in it exists from here
         finished = []
-        for output in self.engine.step():
+        for output in outputs:
             run = self.running.get(output.request_id)
             if run is None:
                 continue
@@ -145,7 +146,7 @@ class VllmEngine:
             if not output.finished:
                 continue
             del self.running[output.request_id]
-            end = time.monotonic()
+            end = now
             finished.append(ArOutput(
                 request_id=output.request_id, text=completion.text if completion else "",
                 prompt_token_ids=list(output.prompt_token_ids or []),

@@ -16,7 +16,8 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 SECTION_KEYS = ("e2e", "step", "overhead", "throughput", "cold", "replicas", "parallel", "cache", "arrivals",
-                "generic", "lora", "cache_trained", "quant", "stages", "video", "tracing", "cache_video")
+                "generic", "lora", "cache_trained", "quant", "stages", "video", "tracing", "cache_video",
+                "ar_stage")
 
 
 @pytest.mark.e2e

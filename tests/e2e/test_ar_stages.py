@@ -124,7 +124,7 @@ def test_deploy_yaml_settings_reach_the_vllm_worker(which: str, request: pytest.
                                                         "tokens": entry["prompt_tokens"] + MAX_TOKENS - 1}]
         assert output.prompt == "a red circle"
         assert output.revised_prompt and set(output.revised_prompt.split()) <= {w[1:] for w in WORDS}
-        assert output.timings["ar_stage_0"] > 0
+        assert output.timings["ar_stage_0"] >= entry["total_ms"] >= entry["first_token_ms"] > 0.1
         assert output.attestation["linear"]  # the diffusion stage ran on the rewritten prompt
     assert first.revised_prompt == second.revised_prompt  # greedy, same engine path
     assert first.attestation["ar"][0]["worker_pids"] == second.attestation["ar"][0]["worker_pids"]
