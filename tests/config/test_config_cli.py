@@ -99,7 +99,9 @@ def test_validate_and_explain_refuse_a_component_the_family_does_not_read(tiny_w
 def test_schema_command(capsys) -> None:
     assert main(["config", "schema"]) == 0
     schema = json.loads(capsys.readouterr().out)
-    stage_props = schema["properties"]["stages"]["items"]["properties"]
+    diffusion, ar = schema["properties"]["stages"]["items"]["anyOf"]  # a stages entry: a diffusion or an AR stage
+    assert ar["properties"]["kind"] == {"const": "ar"} and ar["additionalProperties"] is True
+    stage_props = diffusion["properties"]
     assert set(STAGE_KEYS) <= set(stage_props)
     assert stage_props["linear_backend"]["enum"] == ["auto", "torch", "onednn"]
     assert schema["additionalProperties"] is False

@@ -101,7 +101,7 @@ def dense_uni(llms: dict[str, Path], tiny_flux_dir: Path, tmp_path_factory: pyte
 def moe_mp(llms: dict[str, Path], tiny_flux_dir: Path, tmp_path_factory: pytest.TempPathFactory):
     # Tensor parallel over two vLLM worker processes (each expert split over both ranks), each on its own cores.
     engine = engine_for(tmp_path_factory.mktemp("mp"), tiny_flux_dir,
-                        ar_entry(llms["qwen3-moe"], "mp", tensor_parallel_size=2))
+                        ar_entry(llms["qwen3-moe"], "mp", tensor_parallel_size=2, timeout_s=30))
     yield engine
     engine.shutdown()
 
@@ -200,6 +200,24 @@ def test_a_model_that_does_not_load_names_the_stage(llms: dict[str, Path], tiny_
     (broken / "config.json").write_text('{"model_type": "qwen3", "architectures": ["NoSuchForCausalLM"]}')
     with pytest.raises(ModelLoadError, match=r"AR stage 0 \(prompt_rewrite\)"):
         engine_for(tmp_path, tiny_flux_dir, ar_entry(llms["qwen3"], "uni", model=str(broken)))
+
+
+def test_a_hung_vllm_worker_is_a_503_at_the_stages_deadline(moe_mp: Engine) -> None:
+    """Its workers stopped (SIGSTOP), the request fails at timeout_s (30 s: a first request on two busy cores may
+    take several seconds) instead of hanging; resumed, the stage serves again (vLLM drops the late request)."""
+    [entry] = moe_mp.generate(GenerationRequest(prompt="a red circle", seed=7)).attestation["ar"]
+    for pid in entry["worker_pids"]:
+        os.kill(pid, signal.SIGSTOP)
+    started = time.monotonic()
+    try:
+        with pytest.raises(StageUnavailableError, match=r"AR stage 0 \(prompt_rewrite\) did not answer within its "
+                                                        r"timeout_s of 30s"):
+            moe_mp.generate(GenerationRequest(prompt="a red circle", seed=7))
+    finally:
+        for pid in entry["worker_pids"]:
+            os.kill(pid, signal.SIGCONT)
+    assert 30 <= time.monotonic() - started < 60
+    assert moe_mp.generate(GenerationRequest(prompt="a red circle", seed=7)).revised_prompt
 
 
 def test_a_killed_vllm_worker_fails_the_stage_not_the_engine(moe_mp: Engine) -> None:

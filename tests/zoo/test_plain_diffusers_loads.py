@@ -41,6 +41,8 @@ BUILT_HERE = ("small-sd3", "small-wan")  # no test else builds them: this module
 # copy), so the shipped directories are what it writes.
 SHIPPED = ("toy-shapes", "toy-motion")
 ADAPTERS = ("tiny-flux-lora", "toy-shapes-stars")  # LoRAs: loaded onto their base model
+# Causal LMs for AR stages, not diffusers pipelines: transformers and vLLM load them (tests/zoo/test_llm_models.py).
+LANGUAGE_MODELS = ("tiny-qwen3", "tiny-qwen3-moe", "toy-prompter")
 MODELS = (*FIXTURES, *BUILT_HERE, *SHIPPED)
 
 SMALL = {"small-flux", "small-sd3", "small-wan"}  # ~100M parameters: one step is enough to run every module
@@ -62,7 +64,7 @@ def test_the_kinds_here_are_make_models_kinds() -> None:
     subparsers = argparse.ArgumentParser().add_subparsers()
     make_model.register(subparsers)
     kinds = next(action.choices for action in subparsers.choices["make-model"]._actions if action.dest == "kind")
-    assert sorted(kinds) == sorted((*MODELS, *ADAPTERS))
+    assert sorted(kinds) == sorted((*MODELS, *ADAPTERS, *LANGUAGE_MODELS))
     assert len(set(MODELS) | set(ADAPTERS)) == len(MODELS) + len(ADAPTERS)
 
 

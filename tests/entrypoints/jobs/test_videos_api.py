@@ -29,7 +29,7 @@ AUTH = {"Authorization": f"Bearer {API_KEY}"}
 TOY, I2V = "toy-motion", "tiny-i2v"
 CHEAP = {"model": TOY, "prompt": "a ball", "size": "64x48", "num_frames": 5, "num_inference_steps": 1, "seed": 3}
 UNKNOWN_ID = "video_" + "0" * 32
-VIDEO_KEYS = {"id", "object", "model", "prompt", "status", "progress", "created_at", "completed_at", "expires_at",
+VIDEO_KEYS = {"id", "object", "model", "prompt", "revised_prompt", "status", "progress", "created_at", "completed_at", "expires_at",
               "size", "seconds", "remixed_from_video_id", "error", "diffserve"}
 RUN_KEYS = {"seed", "num_inference_steps", "num_frames", "fps", "guidance_scale", "instance"}
 STATUSES = ["queued", "in_progress", "completed"]
