@@ -24,6 +24,7 @@ from diffserve.ar.kv_handover import KvHandover
 from diffserve.ar.vllm_engine import ArOutput, VllmEngine
 from diffserve.config.vllm_args import vllm_version
 from diffserve.engine.scheduler import RequestState, Scheduler
+from diffserve.engine.stage_loop import QueuedStage
 from diffserve.errors import ModelLoadError, RequestError, StageUnavailableError
 from diffserve.logging import get_logger
 
@@ -50,7 +51,7 @@ class ArReplica:
         self.finished_since_count = 0
 
 
-class ArStage:
+class ArStage(QueuedStage):
     def __init__(self, host: ArHost, config: ResolvedConfig, stage: ArStageConfig, handover: KvHandover | None,
                  hand_on: Callable[[RequestState], None]) -> None:
         self.host = host
@@ -226,15 +227,6 @@ class ArStage:
                         f"{self.describe()} did not answer within its timeout_s of {self.stage.timeout_s:g}s"))
 
     # -- the engine's hooks ------------------------------------------------------------------------------------
-
-    def abort(self, request_id: str) -> tuple[RequestState | None, bool]:
-        return self.scheduler.abort(request_id)
-
-    def fail_waiting(self, reason: str) -> None:
-        from diffserve.errors import EngineDeadError
-
-        for state in self.scheduler.drain():
-            state.finish(EngineDeadError(reason))
 
     def shutdown(self, reason: str) -> None:
         self.fail_waiting(reason)

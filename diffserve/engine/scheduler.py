@@ -106,12 +106,16 @@ class Scheduler:
             batch = [s for s in self._waiting if batch_key(s.request) == key][: self.max_batch_size]
             chosen = {id(s) for s in batch}
             self._waiting = [s for s in self._waiting if id(s) not in chosen]
-            now = time.monotonic()
-            for state in batch:
-                state.started, state.replica = now, replica
-                self._running[state.request_id] = state
+            self._start(batch, replica)
         queue_waited(batch)
         return batch
+
+    def _start(self, taken: list[RequestState], replica: int | None) -> None:
+        """``taken`` left the queue for ``replica``: running from now (holds the lock)."""
+        now = time.monotonic()
+        for state in taken:
+            state.started, state.replica = now, replica
+            self._running[state.request_id] = state
 
     def next_any(self, room: int, timeout: float | None = None, replica: int | None = None) -> list[RequestState]:
         """Up to ``room`` of the oldest requests whatever their batch keys (an AR stage's vLLM engine batches any
@@ -120,10 +124,7 @@ class Scheduler:
             if not self._waiting and not self._closed and timeout != 0:
                 self._cond.wait(timeout)
             taken, self._waiting = self._waiting[:max(0, room)], self._waiting[max(0, room):]
-            now = time.monotonic()
-            for state in taken:
-                state.started, state.replica = now, replica
-                self._running[state.request_id] = state
+            self._start(taken, replica)
         queue_waited(taken)
         return taken
 
@@ -134,10 +135,7 @@ class Scheduler:
             taken: list[RequestState] = []
             while self._waiting and len(taken) < room and batch_key(self._waiting[0].request) == key:
                 taken.append(self._waiting.pop(0))
-            now = time.monotonic()
-            for state in taken:
-                state.started, state.replica = now, replica
-                self._running[state.request_id] = state
+            self._start(taken, replica)
         queue_waited(taken)
         return taken
 

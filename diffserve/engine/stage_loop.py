@@ -57,7 +57,21 @@ class StageHost(Protocol):
     def deliver(self, finals: list[tuple[RequestState, Any]]) -> None: ...
 
 
-class StageLoop:
+class QueuedStage:
+    """A stage with a queue of its own (``scheduler``): what the engine aborts in it and fails when it dies."""
+
+    scheduler: Scheduler
+
+    def abort(self, request_id: str) -> tuple[RequestState | None, bool]:
+        return self.scheduler.abort(request_id)
+
+    def fail_waiting(self, reason: str) -> None:
+        """Close this stage's queue and fail what waits in it (or runs in it) with ``reason``."""
+        for state in self.scheduler.drain():
+            state.finish(EngineDeadError(reason))
+
+
+class StageLoop(QueuedStage):
     def __init__(self, core: StageHost, config: ResolvedConfig, stage: StageConfig) -> None:
         self.core = core
         self.config = config
@@ -132,14 +146,6 @@ class StageLoop:
         remaining = self.replicas.take_out(replica, error)
         if remaining == 0:
             self.core.die(EngineDeadError(f"{self.describe()} has no live replica: {error}"))
-
-    def abort(self, request_id: str) -> tuple[RequestState | None, bool]:
-        return self.scheduler.abort(request_id)
-
-    def fail_waiting(self, reason: str) -> None:
-        """Close this stage's queue and fail what waits in it (or runs in it) with ``reason``."""
-        for state in self.scheduler.drain():
-            state.finish(EngineDeadError(reason))
 
     def shutdown(self, reason: str) -> None:
         self.fail_waiting(reason)

@@ -245,3 +245,28 @@ def test_the_deploy_files_settings_are_explained_with_their_sources(llms: dict[s
     assert config.source_of("stages.0.seed").layer == "default"
     assert [s.stage_id for s in config.stages] == [1]
 
+
+
+def test_an_ar_stage_before_a_staged_topology_and_before_the_generic_path(
+        llms: dict[str, Path], tiny_flux_dir: Path, tiny_sd3_dir: Path, tmp_path: Path) -> None:
+    """The AR stage in front of split_text_encoder (its stages numbered after it: 1 = text_encoder on its own worker,
+    2 = diffusion) and in front of a generic diffusers family (SD3), each drawing from the rewritten prompt."""
+    staged = tmp_path / "staged.yaml"
+    staged.write_text(yaml.safe_dump({
+        "model": str(tiny_flux_dir), "topology": "split_text_encoder", "enforce_eager": True,
+        "stages": [ar_entry(llms["qwen3"], "uni"), {"stage_id": 1, "linear_backend": "torch"},
+                   {"stage_id": 2, "request_defaults": {"num_inference_steps": 2, "height": 64, "width": 64}}]}))
+    config = resolve(deploy_config=staged, env={})
+    assert [(s.stage_id, s.role) for s in config.stages] == [(1, "text_encoder"), (2, "diffusion")]
+    assert config.source_of("stages.1.linear_backend").layer == "yaml"
+    with Engine(deploy_config=staged, env={}) as engine:
+        output = engine.generate(GenerationRequest(prompt="a red circle", seed=7))
+    [entry] = output.attestation["ar"]
+    assert entry["stage_id"] == 0 and output.revised_prompt
+    encode, denoise = output.attestation["stages"]
+    assert (encode["stage_id"], encode["role"], set(encode["linear"])) == (1, "text_encoder", {"torch"})
+    assert (denoise["stage_id"], denoise["role"]) == (2, "diffusion")
+    with engine_for(tmp_path / "sd3", tiny_sd3_dir, ar_entry(llms["qwen3"], "uni")) as generic:
+        sd3 = generic.generate(GenerationRequest(prompt="a red circle", seed=7, height=64, width=64))
+    assert sd3.attestation["implementation"] == "generic" and sd3.attestation["ar"][0]["output_tokens"] == MAX_TOKENS
+    assert sd3.revised_prompt == output.revised_prompt  # one LLM, one chat, greedy: the same rewrite
