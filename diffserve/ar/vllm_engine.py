@@ -67,14 +67,19 @@ class VllmEngine:
     tokenizer: Any = None
     attestation: list[dict[str, Any]] = field(default_factory=list)
     running: dict[str, _Running] = field(default_factory=dict)
+    sampling: Any = None  # the stage's SamplingParams, built (and so checked by vLLM) at start
 
     def start(self) -> None:
         from transformers import AutoTokenizer
-        from vllm import EngineArgs
+        from vllm import EngineArgs, SamplingParams
         from vllm.usage.usage_lib import UsageContext
         from vllm.v1.engine.llm_engine import LLMEngine
         from vllm.v1.executor import Executor
 
+        # vLLM's own checks of the sampling defaults, before anything starts (a bad combination fails the start).
+        self.sampling = SamplingParams(**_thawed(self.stage.default_sampling_params))
+        if self.stage.role == "prefill":
+            self.sampling.max_tokens = 1  # the prefill half only computes (and hands over) the prompt's KV
         args = EngineArgs(**self.engine_kwargs())
         multiprocess = self.stage.executor != "uni"
         with _START_LOCK, _vllm_start_environment(self.stage), _process_kept(not multiprocess):
@@ -119,15 +124,10 @@ class VllmEngine:
                                f"above its max_model_len of {limit}", param="prompt")
         return ids
 
-    def add(self, request_id: str, user_prompt: str, sampling: Mapping[str, Any] | None = None) -> list[int]:
+    def add(self, request_id: str, user_prompt: str) -> list[int]:
         """Queue one request in vLLM (it joins the running batch at the next step); its prompt's token ids."""
-        from vllm import SamplingParams
-
         ids = self.prompt_ids(user_prompt)
-        params = SamplingParams(**{**_thawed(self.stage.default_sampling_params), **(sampling or {})})
-        if self.stage.role == "prefill":
-            params.max_tokens = 1  # the prefill half only computes (and hands over) the prompt's KV
-        self.engine.add_request(request_id, {"prompt_token_ids": ids}, params)
+        self.engine.add_request(request_id, {"prompt_token_ids": ids}, self.sampling.clone())
         self.running[request_id] = _Running(time.monotonic())
         return ids
 

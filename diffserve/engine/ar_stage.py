@@ -107,7 +107,12 @@ class ArStage(QueuedStage):
             batch = self.scheduler.next_any(room, timeout=0 if engine.busy else 0.5, replica=replica.index) \
                 if room > 0 else []
             for state in batch:
-                self._add(replica, state)
+                if replica.out is None:
+                    self._add(replica, state)
+                else:  # its engine died while it took this batch
+                    self._fail(state, replica.out)
+            if replica.out is not None:
+                return
             if not engine.busy:
                 continue
             try:
@@ -129,8 +134,12 @@ class ArStage(QueuedStage):
         except RequestError as exc:
             self._fail(state, exc)
             return
-        except Exception as exc:  # noqa: BLE001 - vLLM refused the request (its own checks): this request fails
+        except (ValueError, TypeError) as exc:  # vLLM's own checks of this request's input refused it
             self._fail(state, RequestError(f"{self.describe()}: {exc}", param="prompt"))
+            return
+        except Exception as exc:  # noqa: BLE001 - vLLM's engine is gone: the replica is out, this request with it
+            replica.inflight[state.request_id] = (state, [])
+            self._replica_lost(replica, exc)
             return
         replica.inflight[state.request_id] = (state, ids)
 

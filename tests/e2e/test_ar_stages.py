@@ -200,6 +200,10 @@ def test_a_model_that_does_not_load_names_the_stage(llms: dict[str, Path], tiny_
     (broken / "config.json").write_text('{"model_type": "qwen3", "architectures": ["NoSuchForCausalLM"]}')
     with pytest.raises(ModelLoadError, match=r"AR stage 0 \(prompt_rewrite\)"):
         engine_for(tmp_path, tiny_flux_dir, ar_entry(llms["qwen3"], "uni", model=str(broken)))
+    # Sampling defaults each in range but contradicting each other: vLLM's own check, before its engine starts.
+    contradicting = ar_entry(llms["qwen3"], "uni", default_sampling_params={"min_tokens": 9, "max_tokens": 4})
+    with pytest.raises(ModelLoadError, match=r"AR stage 0 \(prompt_rewrite\).*min_tokens"):
+        engine_for(tmp_path, tiny_flux_dir, contradicting)
 
 
 def test_a_hung_vllm_worker_is_a_503_at_the_stages_deadline(moe_mp: Engine) -> None:
