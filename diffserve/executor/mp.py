@@ -35,6 +35,7 @@ from diffserve.errors import EngineDeadError
 from diffserve.executor.base import DEFAULT_READY_TIMEOUT_S, Executor
 from diffserve.executor.calls import remote_exception
 from diffserve.logging import get_logger
+from diffserve.registry.models import worker_preload_modules
 from diffserve.types.channel import ChannelClosed, PipeChannel
 from diffserve.types.messages import Command
 from diffserve.worker.device import device_for
@@ -174,13 +175,11 @@ class MultiprocExecutor(Executor):
 
 # What every worker imports before its model loads (the heavy part of a worker's start). diffusers and
 # transformers import their models lazily, on first attribute access: their model code (transformers'
-# modeling_utils with its quantizers, the text encoders, diffusers' autoencoders package) is named here, or each
-# worker would import it again after the fork (~1 CPU-s of a tiny FLUX worker's 1.6 s start on 2 cores).
-FORKSERVER_PRELOAD = ["torch", "diffusers", "transformers", "transformers.modeling_utils",
-                      "transformers.models.clip.modeling_clip", "transformers.models.t5.modeling_t5",
-                      "transformers.models.umt5.modeling_umt5", "diffusers.models.autoencoders",
-                      "diffserve.worker.process", "diffserve.models.flux.pipeline",
-                      "diffserve.models.generic.pipeline", "diffserve.models.wan.pipeline"]
+# modeling_utils with its quantizers, and each family's pipeline with the library modules it loads: the registry's
+# ``worker_preload_modules``) is named here, or each worker would import it again after the fork (~1 CPU-s of a
+# tiny FLUX worker's 1.6 s start on 2 cores).
+FORKSERVER_PRELOAD = ["torch", "diffusers", "transformers", "transformers.modeling_utils", "diffserve.worker.process",
+                      *worker_preload_modules()]
 
 
 def worker_context(on_cuda: bool = False) -> Any:

@@ -125,6 +125,7 @@ class ModelFamily:
 
 
 GENERIC_PIPELINE = "diffserve.models.generic.pipeline:GenericPipeline"
+FLUX_PIPELINE = "diffserve.models.flux.pipeline:FluxPipeline"
 # FLUX's text encoders as a stage of their own (topology split_text_encoder).
 FLUX_STAGES = (("text_encoder", "diffserve.models.flux.encode_pipeline:FluxEncodePipeline"),
                ("decoder", "diffserve.models.flux.decode_pipeline:FluxDecodePipeline"))
@@ -144,13 +145,20 @@ FLUX_MODULATION = ("*.img_mod", "*.txt_mod", "*.modulation", "*.norm1", "*.norm1
 FLUX_SINGLE_FILES = ("transformer", "vae", "text_encoder", "text_encoder_2")
 
 WAN_PIPELINE = "diffserve.models.wan.pipeline:WanVideoPipeline"
+# The library modules each pipeline's load imports (diffusers and transformers import their model code lazily, on
+# first attribute access): the mp fork server imports them once before it forks workers (executor/mp.py).
+PIPELINE_LIBRARIES: dict[str, tuple[str, ...]] = {
+    FLUX_PIPELINE: ("transformers.models.clip.modeling_clip", "transformers.models.t5.modeling_t5"),
+    GENERIC_PIPELINE: ("diffusers.models.autoencoders",),
+    WAN_PIPELINE: ("transformers.models.umt5.modeling_umt5",),
+}
 NATIVE_STEP_CACHES = ("fbcache", "teacache")
 WAN_QUANTIZATION_IGNORED = ("patch_embedding", "condition_embedder", "proj_out")
 
 MODEL_FAMILIES: dict[str, ModelFamily] = {
     family.class_name: family
     for family in (
-        ModelFamily("FluxPipeline", "diffserve.models.flux.pipeline:FluxPipeline", "single",
+        ModelFamily("FluxPipeline", FLUX_PIPELINE, "single",
                     attention_roles=("double_block", "single_block"),
                     # implementation: generic runs diffusers' FluxPipeline with these roles.
                     role_patterns=(("single_transformer_blocks.", "single_block"),
@@ -162,7 +170,7 @@ MODEL_FAMILIES: dict[str, ModelFamily] = {
                     quantization_ignored_layers=FLUX_QUANTIZATION_IGNORED, stage_pipelines=FLUX_STAGES,
                     single_file_components=FLUX_SINGLE_FILES),
         # FLUX.1 Kontext: the native FLUX pipeline, with the reference image's latents as extra tokens.
-        ModelFamily("FluxKontextPipeline", "diffserve.models.flux.pipeline:FluxPipeline", "single",
+        ModelFamily("FluxKontextPipeline", FLUX_PIPELINE, "single",
                     attention_roles=("double_block", "single_block"),
                     role_patterns=(("single_transformer_blocks.", "single_block"),
                                    ("transformer_blocks.", "double_block")),
@@ -236,6 +244,15 @@ MODEL_FAMILIES: dict[str, ModelFamily] = {
           for name in ("WanPipeline", "WanImageToVideoPipeline")),
     )
 }
+
+
+def worker_preload_modules() -> list[str]:
+    """Every family's pipeline module and the library modules its load imports, each once, in family order."""
+    modules: dict[str, None] = {}
+    for family in MODEL_FAMILIES.values():
+        modules.update(dict.fromkeys(PIPELINE_LIBRARIES.get(family.pipeline, ())))
+        modules[family.pipeline.split(":", 1)[0]] = None
+    return list(modules)
 
 
 def known_attention_roles() -> tuple[str, ...]:
