@@ -19,8 +19,9 @@ from diffserve import __version__
 from diffserve.config.resolved import ResolvedConfig
 from diffserve.config.schema import ServerConfig
 from diffserve.engine.client import AsyncEngineClient
-from diffserve.entrypoints.api_errors import APIError, request_id_from, to_api_error
+from diffserve.entrypoints.api_errors import APIError
 from diffserve.entrypoints.engine_host import EngineFactory, EngineHost
+from diffserve.entrypoints.openai.answers import answered, error_of, error_response
 from diffserve.entrypoints.openai.edits import EDITS_PATH, EditsHandler
 from diffserve.entrypoints.openai.image_store import ImageStore
 from diffserve.entrypoints.openai.images import ImagesHandler
@@ -42,10 +43,6 @@ from diffserve.tracing.asgi import TracingMiddleware
 from diffserve.tracing.provider import start_tracing, stop_tracing
 
 logger = get_logger(__name__)
-
-
-def error_response(error: APIError) -> JSONResponse:
-    return JSONResponse(error.body(), status_code=error.status, headers=error.headers())
 
 
 def create_app(engine: AsyncEngineClient | None = None, *, engine_factory: EngineFactory | None = None,
@@ -115,21 +112,15 @@ def create_app(engine: AsyncEngineClient | None = None, *, engine_factory: Engin
 
     @app.exception_handler(Exception)
     async def _any_error(request: Request, exc: Exception) -> JSONResponse:
-        return error_response(to_api_error(exc, request_id_from(request.headers.get("x-request-id"))))
+        return error_of(exc, request)
 
     @app.post("/v1/images/generations")
     async def generations(request: Request) -> Response:
-        try:
-            return await handler.create(request)
-        except Exception as exc:  # noqa: BLE001 - every failure becomes an OpenAI-shaped error
-            return error_response(to_api_error(exc, request_id_from(request.headers.get("x-request-id"))))
+        return await answered(request, lambda: handler.create(request))
 
     @app.post(EDITS_PATH)
     async def image_edits(request: Request) -> Response:
-        try:
-            return await edits.create(request)
-        except Exception as exc:  # noqa: BLE001 - every failure becomes an OpenAI-shaped error
-            return error_response(to_api_error(exc, request_id_from(request.headers.get("x-request-id"))))
+        return await answered(request, lambda: edits.create(request))
 
     if videos is not None:
         add_video_routes(app, videos)

@@ -5,15 +5,14 @@ from __future__ import annotations
 
 import os
 import socket
-from collections.abc import Awaitable, Callable
 
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import Response
 
 from diffserve.config.schema import ServerConfig
-from diffserve.entrypoints.api_errors import request_id_from, to_api_error
 from diffserve.entrypoints.jobs.runner import JobRunner, RunnerSettings
 from diffserve.entrypoints.jobs.setup import open_artifacts, open_job_store
+from diffserve.entrypoints.openai.answers import answered
 from diffserve.entrypoints.openai.served import ServedModels
 from diffserve.entrypoints.openai.videos import VIDEOS_PATH, VideosHandler
 
@@ -39,31 +38,22 @@ def video_jobs(models: ServedModels, server: ServerConfig, instance_name: str | 
 
 
 def add_video_routes(app: FastAPI, videos: VideosHandler) -> None:
-    def answered(call: Callable[[], Awaitable[Response]], request: Request) -> Awaitable[Response]:
-        async def run() -> Response:
-            try:
-                return await call()
-            except Exception as exc:  # noqa: BLE001 - every failure becomes an OpenAI-shaped error
-                error = to_api_error(exc, request_id_from(request.headers.get("x-request-id")))
-                return JSONResponse(error.body(), status_code=error.status, headers=error.headers())
-        return run()
-
     @app.post(VIDEOS_PATH)
     async def create_video(request: Request) -> Response:
-        return await answered(lambda: videos.create(request), request)
+        return await answered(request, lambda: videos.create(request))
 
     @app.get(VIDEOS_PATH)
     async def list_videos(request: Request) -> Response:
-        return await answered(lambda: videos.list(request), request)
+        return await answered(request, lambda: videos.list(request))
 
     @app.get(VIDEOS_PATH + "/{video_id}")
     async def retrieve_video(video_id: str, request: Request) -> Response:
-        return await answered(lambda: videos.retrieve(video_id), request)
+        return await answered(request, lambda: videos.retrieve(video_id))
 
     @app.delete(VIDEOS_PATH + "/{video_id}")
     async def delete_video(video_id: str, request: Request) -> Response:
-        return await answered(lambda: videos.delete(video_id), request)
+        return await answered(request, lambda: videos.delete(video_id))
 
     @app.get(VIDEOS_PATH + "/{video_id}/content")
     async def video_content(video_id: str, request: Request) -> Response:
-        return await answered(lambda: videos.content(video_id, request), request)
+        return await answered(request, lambda: videos.content(video_id, request))
