@@ -263,12 +263,11 @@ class JobRunner:
         except OSError as exc:
             raise ArtifactWriteError(f"writing the video's files failed: {type(exc).__name__}: "
                                      f"{exc.strerror or exc}") from exc
-        return {"seed": output.seeds[0], "num_inference_steps": output.num_inference_steps,
-                "num_frames": output.num_frames, "fps": output.fps, "guidance_scale": output.guidance_scale,
-                "width": output.width, "height": output.height, "config_fingerprint": output.config_fingerprint,
+        # What the video object shows of the run (video_protocol.py:video_object); the seed, size, steps, frames
+        # and fps are the admitted request's, stored with the job.
+        return {"config_fingerprint": output.config_fingerprint,
                 "timings_ms": {k: float(v) for k, v in output.timings.items()}, "instance": self.settings.owner,
-                "revised_prompt": output.revised_prompt,
-                "attestation": _jsonable(output.attestation)}
+                "revised_prompt": output.revised_prompt, "attestation": _jsonable(output.attestation)}
 
     async def _end(self, job: Job, request_id: str, code: str, message: str) -> None:
         logger.warning("video job %s failed (%s): %s", job.id, code, message)
