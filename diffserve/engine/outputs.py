@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from diffserve.types.attestation import Attestation
 from diffserve.types.request import GenerationRequest, RequestOutput
 from diffserve.types.results import RequestResult, to_pil
 
@@ -24,9 +25,7 @@ def build_output(request: GenerationRequest, output: RequestResult, queue_ms: fl
     pil = request.output_type == "pil" and output.images.ndim == 4
     height = int(output.images.shape[1]) if pil else int(request.height or 0)
     width = int(output.images.shape[2]) if pil else int(request.width or 0)
-    timings = {"queue": round(queue_ms, 3), **{k: round(float(v), 3) for k, v in output.timings_ms.items()}}
-    attestation = output.attestation.copy()
-    attestation["config_fingerprint"] = config_fingerprint
+    timings, attestation = _timings(output, queue_ms), _attested(output, config_fingerprint)
     return RequestOutput(
         request_id=request.request_id,
         images=images,
@@ -49,15 +48,24 @@ def _video_output(request: GenerationRequest, output: RequestResult, queue_ms: f
     videos = output.images
     pil = request.output_type == "pil"
     listed = [videos[i].numpy() if pil else videos[i] for i in range(videos.shape[0])]
-    timings = {"queue": round(queue_ms, 3), **{k: round(float(v), 3) for k, v in output.timings_ms.items()}}
-    attestation = output.attestation.copy()
-    attestation["config_fingerprint"] = config_fingerprint
+    timings, attestation = _timings(output, queue_ms), _attested(output, config_fingerprint)
     return RequestOutput(
         request_id=request.request_id, images=[], videos=listed, seeds=list(output.seeds), timings=timings,
         memory_peak_mib=dict(output.memory_peak_mib), attestation=attestation,
         config_fingerprint=config_fingerprint, width=int(request.width or 0), height=int(request.height or 0),
         num_inference_steps=request.num_inference_steps or 0, guidance_scale=request.guidance_scale,
         prompt=request.prompt, num_frames=int(request.num_frames or 0), fps=int(request.fps or 0))
+
+
+def _timings(output: RequestResult, queue_ms: float) -> dict[str, float]:
+    return {"queue": round(queue_ms, 3), **{k: round(float(v), 3) for k, v in output.timings_ms.items()}}
+
+
+def _attested(output: RequestResult, config_fingerprint: str) -> Attestation:
+    """The worker's attestation with the deployment's fingerprint (the one place an output gets it)."""
+    attestation = output.attestation.copy()
+    attestation["config_fingerprint"] = config_fingerprint
+    return attestation
 
 
 def with_ar(final: RequestOutput, original_prompt: str | None, revised_prompt: str | None,
