@@ -28,7 +28,8 @@ COMMAND_MODULES = (
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="diffserve", description="Serve FLUX-class diffusion models.")
+    parser = argparse.ArgumentParser(prog="diffserve", description="Serve diffusion transformers (images and videos) "
+                                                                   "behind OpenAI-compatible APIs.")
     parser.add_argument("--version", action="version", version=f"diffserve {__version__}")
     parser.add_argument("--log-level", default=None, help="DEBUG, INFO (default), WARNING, ERROR")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")

@@ -86,7 +86,8 @@ def parse_form(items: list[tuple[str, Any]]) -> tuple[ImageEditRequest, list[Upl
     for name, value in items:
         is_file = isinstance(value, UploadFile)
         if name in UNSUPPORTED_EDIT_PARAMS:
-            raise RequestError(f"parameter {name!r} is not supported by this server (FLUX models)", param=name,
+            raise RequestError(f"parameter {name!r} is not supported by this server: its diffusion models have no "
+                               "such setting", param=name,
                                code="unsupported_parameter")
         if name in IMAGE_FIELDS or name == "mask":
             param = "mask" if name == "mask" else "image"

@@ -104,7 +104,8 @@ def parse_body(raw: bytes) -> ImageGenerationRequest:
         raise RequestError("request body must be a JSON object", param=None, code="invalid_json")
     unsupported = sorted(UNSUPPORTED_OPENAI_PARAMS & data.keys())
     if unsupported:
-        raise RequestError(f"parameter {unsupported[0]!r} is not supported by this server (FLUX models)",
+        raise RequestError(f"parameter {unsupported[0]!r} is not supported by this server: its diffusion models "
+                           "have no such setting",
                            param=unsupported[0], code="unsupported_parameter")
     try:
         return ImageGenerationRequest.model_validate(data)
