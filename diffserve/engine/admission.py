@@ -12,6 +12,7 @@ from dataclasses import replace
 
 from diffserve.config.schema import CacheConfig, RequestDefaultsConfig, ServerConfig, StageConfig
 from diffserve.errors import LimitExceededError, RequestError
+from diffserve.registry.edits import EDIT_KINDS, strength_refused, takes_mask
 from diffserve.registry.models import MODEL_FAMILIES
 from diffserve.types.capabilities import PipelineCapabilities
 from diffserve.types.request import GenerationRequest
@@ -88,7 +89,7 @@ def check_edit(request: GenerationRequest, capabilities: PipelineCapabilities | 
     if not kinds:
         raise RequestError(f"{capabilities.family} ({capabilities.implementation}) does not edit images on this "
                            "deployment", param="image")
-    if ("reference" in kinds or "first_frame" in kinds) and request.mask is not None:
+    if request.mask is not None and not takes_mask(kinds):
         raise RequestError(f"{capabilities.family} takes no mask", param="mask")
     if len(request.images) > 1:  # one image to edit, or one reference (FLUX.1 Kontext as diffusers runs it)
         raise RequestError(f"{len(request.images)} images: {capabilities.family} takes one input image",
@@ -100,13 +101,11 @@ def check_edit(request: GenerationRequest, capabilities: PipelineCapabilities | 
         fill["height"] = max(multiple, h // multiple * multiple)
     if request.width is None:
         fill["width"] = max(multiple, w // multiple * multiple)
-    if request.strength is not None and "first_frame" in kinds:
-        raise RequestError(f"{capabilities.family} animates its image from the first frame and takes no strength",
-                           param="strength")
-    if request.strength is not None and not capabilities.edit_strength:
-        raise RequestError(f"{capabilities.family} edits from its reference image and takes no strength",
-                           param="strength")
-    if request.strength is None and "reference" not in kinds and "first_frame" not in kinds:
+    refused = strength_refused(kinds)
+    if request.strength is not None and (refused or not capabilities.edit_strength):
+        why = refused or EDIT_KINDS["reference"].strength_refused
+        raise RequestError(f"{capabilities.family} {why} and takes no strength", param="strength")
+    if request.strength is None and refused is None:
         fill["strength"] = 0.6
     return replace(request, **fill) if fill else request
 

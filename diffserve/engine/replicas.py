@@ -23,6 +23,7 @@ from diffserve.engine.watchdog import FailureStreak, Heartbeat
 from diffserve.errors import EngineDeadError
 from diffserve.executor.factory import make_executor
 from diffserve.logging import get_logger
+from diffserve.registry.edits import needs_image
 from diffserve.types.request import GenerationRequest
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -65,7 +66,7 @@ def warm_up(executor: Executor, stage: StageConfig) -> None:
     video: dict[str, Any] = {}
     if capabilities is not None and capabilities.video is not None:
         video["num_frames"] = 1  # the shortest clip runs every kernel at the least cost
-        if "first_frame" in capabilities.edits:  # image-to-video: a black first frame
+        if needs_image(capabilities.edits):  # image-to-video: a black first frame
             import numpy as np
 
             video["images"] = (np.zeros((warm.height, warm.width, 3), np.uint8),)

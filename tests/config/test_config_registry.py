@@ -61,3 +61,12 @@ def test_single_file_components_are_the_registrys() -> None:
     readers = {name: f.single_file_components for name, f in MODEL_FAMILIES.items() if f.single_file_components}
     assert set(readers) == {"FluxPipeline", "FluxKontextPipeline"}
     assert all(set(takes) == {"transformer", "vae", *TEXT_ENCODER_FILES} for takes in readers.values())
+
+
+def test_every_familys_edits_are_known_edit_kinds() -> None:
+    from diffserve.registry.edits import EDIT_KINDS
+    from diffserve.registry.models import MODEL_FAMILIES
+
+    used = {kind for family in MODEL_FAMILIES.values() for kind in family.edits}
+    assert used <= set(EDIT_KINDS), used - set(EDIT_KINDS)
+    assert {"img2img", "inpaint", "reference", "first_frame"} <= used  # each kind is some family's

@@ -1,0 +1,48 @@
+"""The kinds of image edit a family runs (its registry entry's ``edits``), and what each takes from a request.
+
+Admission (``engine/admission.py``), the capability check (``types/capabilities.py``) and the warmup
+(``engine/replicas.py``) read these facts here instead of testing kind names: a new kind is one entry.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class EditKind:
+    name: str
+    takes_mask: bool  # a mask of what to repaint may come with the image
+    strength_refused: str | None  # why a request's strength is refused (None: it sets how much noise runs)
+    needs_image: bool  # every request sends an image (image-to-video: the first frame)
+
+
+EDIT_KINDS: dict[str, EditKind] = {kind.name: kind for kind in (
+    EditKind("img2img", takes_mask=True, strength_refused=None, needs_image=False),
+    EditKind("inpaint", takes_mask=True, strength_refused=None, needs_image=False),
+    # The input image's latents as extra tokens (FLUX.1 Kontext, Qwen-Image-Edit): the image is not noised.
+    EditKind("reference", takes_mask=False, strength_refused="edits from its reference image",
+             needs_image=False),
+    # Image-to-video (Wan2.2 I2V): the image is the first frame, every request sends one.
+    EditKind("first_frame", takes_mask=False, strength_refused="animates its image from the first frame",
+             needs_image=True),
+)}
+
+
+def edit_kinds(names: Iterable[str]) -> list[EditKind]:
+    """The kinds of a family's ``edits`` (an unknown name is a KeyError: a registry entry's typo)."""
+    return [EDIT_KINDS[name] for name in names]
+
+
+def takes_mask(names: Iterable[str]) -> bool:
+    return all(kind.takes_mask for kind in edit_kinds(names))
+
+
+def strength_refused(names: Iterable[str]) -> str | None:
+    """Why these kinds take no strength, or None when a request's strength (or the 0.6 default) applies."""
+    return next((kind.strength_refused for kind in edit_kinds(names) if kind.strength_refused), None)
+
+
+def needs_image(names: Iterable[str]) -> bool:
+    return any(kind.needs_image for kind in edit_kinds(names))
