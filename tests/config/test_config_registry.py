@@ -69,4 +69,4 @@ def test_every_familys_edits_are_known_edit_kinds() -> None:
 
     used = {kind for family in MODEL_FAMILIES.values() for kind in family.edits}
     assert used <= set(EDIT_KINDS), used - set(EDIT_KINDS)
-    assert {"img2img", "inpaint", "reference", "first_frame"} <= used  # each kind is some family's
+    assert {"img2img", "inpaint", "reference"} <= used  # first_frame: the Wan pipeline says it (image_to_video)
