@@ -35,6 +35,7 @@ def inspect_deployment(args: argparse.Namespace) -> dict[str, Any]:
     from diffserve.errors import ConfigError
     from diffserve.models import inspect as weights
     from diffserve.models.dtype import resolve_dtype
+    from diffserve.models.single_file_layout import component_layout
     from diffserve.registry.models import MODEL_FAMILIES
 
     config = resolve(model=args.model, **config_kwargs_from_args(args))
@@ -64,7 +65,7 @@ def inspect_deployment(args: argparse.Namespace) -> dict[str, Any]:
         if single is not None and single.endswith(".gguf"):
             report = weights.gguf_report(name, Path(single), stage_dtype=dtype, hash_cache=hash_cache)
         elif single is not None:
-            layout, prefix = _layout(name, list(weights.safetensors_header(single)), single)
+            layout, prefix = component_layout(name, list(weights.safetensors_header(single)), single)
             report = weights.component_report(name, [Path(single)], source="single file", layout=layout,
                                               stage_dtype=dtype, hash_cache=hash_cache, prefix=prefix,
                                               **quantized(name))
@@ -86,24 +87,6 @@ def inspect_deployment(args: argparse.Namespace) -> dict[str, Any]:
             raise ConfigError(str(exc), path="--device-memory", source="cli", hint="e.g. 24GiB") from None
         doc.update(device_memory=budget, fits=total <= budget)
     return doc
-
-
-def _layout(name: str, keys: list[str], source: str) -> tuple[str, str]:
-    """A single file's layout, and the prefix its component's tensors sit under (ComfyUI bundles several)."""
-    if name == "transformer":
-        from diffserve.models.flux.checkpoint_layouts import COMFYUI_PREFIX, detect_layout
-
-        layout = detect_layout(keys, source)
-        return layout, COMFYUI_PREFIX if layout == "comfyui" else ""
-    if name in ("text_encoder", "text_encoder_2"):
-        from diffserve.models.text_encoder_file import TEXT_ENCODER_FILES, text_encoder_layout
-
-        layout = text_encoder_layout(name, keys, source)
-        return layout, TEXT_ENCODER_FILES[name].comfyui_prefix if layout == "comfyui" else ""
-    from diffserve.models.vae_file import COMFYUI_VAE_PREFIX, vae_layout
-
-    layout = vae_layout(keys, source)
-    return layout, COMFYUI_VAE_PREFIX if layout == "comfyui" else ""
 
 
 def _size(n: float) -> str:
