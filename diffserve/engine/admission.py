@@ -91,7 +91,7 @@ def check_edit(request: GenerationRequest, capabilities: PipelineCapabilities | 
                            "deployment", param="image")
     if request.mask is not None and not takes_mask(kinds):
         raise RequestError(f"{capabilities.family} takes no mask", param="mask")
-    if len(request.images) > 1:  # one image to edit, or one reference (FLUX.1 Kontext as diffusers runs it)
+    if len(request.images) > 1:  # one image to edit, or one reference (as diffusers runs reference edits)
         raise RequestError(f"{len(request.images)} images: {capabilities.family} takes one input image",
                            param="image")
     multiple = capabilities.size_multiple

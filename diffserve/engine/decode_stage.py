@@ -1,9 +1,9 @@
-"""The decoding stage of ``topology: encode_denoise_decode`` (stage 2), behind the denoising stage
+"""The decoding stage of ``topology: encode_denoise_decode`` (its last stage), behind the denoising stage
 (``stage_loop.py``: its replicas, queue and loops).
 
 The denoising stage hands each finished request over with its ``LatentsPayload`` (``take``, from the batch
-run) instead of finishing it; a batch of them is decoded on a stage-2 worker (``FluxDecodePipeline``), and
-the request's final output joins both results: the denoising stage's attestation, seeds and timings, the
+run) instead of finishing it; a batch of them is decoded on a decoder stage worker (the family's stage pipeline),
+and the request's final output joins both results: the denoising stage's attestation, seeds and timings, the
 decoded images, this stage's ``decode`` time and ``vae_tiled``, and one ``stages`` entry per stage.
 """
 

@@ -1,8 +1,9 @@
-"""The text-encoder stage of a staged topology (``split_text_encoder``, ``encode_denoise_decode``: stage 0), in
-front of the denoising stage (``stage_loop.py``: its replicas, queue and loops).
+"""The text-encoder stage of a staged topology (``split_text_encoder``, ``encode_denoise_decode``: the first stage
+after any AR stages), in front of the denoising stage (``stage_loop.py``: its replicas, queue and loops).
 
-An admitted request waits here first; a batch of them runs on a stage-0 worker (``FluxEncodePipeline``),
-which returns one ``ConditioningPayload`` per request. The request then carries it (``GenerationRequest.
+An admitted request waits here first (after the AR stages, if any); a batch of them runs on a text-encoder stage
+worker (the family's stage pipeline, registry ``stage_pipelines``), which returns one ``ConditioningPayload`` per
+request. The request then carries it (``GenerationRequest.
 stage_input``) into the denoising stage's queue, where it may batch and join as any request does. So the
 stages pipeline: while the denoising stage runs request k, this stage already encodes k+1. What ran here is
 kept per request (``RequestState.stages``) and joins the final attestation's ``stages`` list.
