@@ -55,19 +55,20 @@ def ar_entry(llm: Path, executor: str, **extra: Any) -> dict[str, Any]:
             **extra}
 
 
-def write_deploy(folder: Path, flux: Path, *ar: dict[str, Any]) -> Path:
-    """A deploy YAML file: the AR stage(s), then tiny FLUX as the diffusion stage."""
+def write_deploy(folder: Path, flux: Path, *ar: dict[str, Any], **diffusion: Any) -> Path:
+    """A deploy YAML file: the AR stage(s), then tiny FLUX as the diffusion stage (with ``diffusion``'s keys)."""
     path = folder / "deploy.yaml"
     doc = {"model": str(flux), "enforce_eager": True, "linear_backend": "torch",
            "stages": [*ar, {"stage_id": len(ar), "request_defaults": {"num_inference_steps": 2, "height": 64,
-                                                                       "width": 64}}]}
+                                                                       "width": 64}, **diffusion}]}
     path.write_text(yaml.safe_dump(doc), encoding="utf-8")
     return path
 
 
-def engine_for(folder: Path, flux: Path, *ar: dict[str, Any], **kwargs: Any) -> Engine:
+def engine_for(folder: Path, flux: Path, *ar: dict[str, Any], diffusion: dict[str, Any] | None = None,
+               **kwargs: Any) -> Engine:
     folder.mkdir(parents=True, exist_ok=True)
-    return Engine(deploy_config=write_deploy(folder, flux, *ar), **kwargs)
+    return Engine(deploy_config=write_deploy(folder, flux, *ar, **(diffusion or {})), **kwargs)
 
 
 def check_reached(entry: dict[str, Any], *, executor: str, moe: bool, tp: int = 1) -> None:
@@ -94,7 +95,9 @@ def two_requests(engine: Engine) -> list[Any]:
 
 @pytest.fixture(scope="module")
 def dense_uni(llms: dict[str, Path], tiny_flux_dir: Path, tmp_path_factory: pytest.TempPathFactory):
-    engine = engine_for(tmp_path_factory.mktemp("uni"), tiny_flux_dir, ar_entry(llms["qwen3"], "uni"))
+    # Behind the AR stage: two replicas of the diffusion stage with a step cache (the combination users meet).
+    engine = engine_for(tmp_path_factory.mktemp("uni"), tiny_flux_dir, ar_entry(llms["qwen3"], "uni"),
+                        diffusion={"num_replicas": 2, "cache": {"backend": "fbcache", "threshold": 0.05}})
     yield engine
     engine.shutdown()
 
@@ -128,6 +131,8 @@ def test_deploy_yaml_settings_reach_the_vllm_worker(which: str, request: pytest.
         assert output.revised_prompt and set(output.revised_prompt.split()) <= {w[1:] for w in WORDS}
         assert output.timings["ar_stage_0"] >= entry["total_ms"] >= entry["first_token_ms"] > 0.1
         assert output.attestation["linear"]  # the diffusion stage ran on the rewritten prompt
+        if which == "dense_uni":  # behind it: replicas and a step cache
+            assert output.attestation["replica"] in (0, 1) and output.attestation["cache"][0]["backend"] == "fbcache"
     assert first.revised_prompt == second.revised_prompt  # greedy, same engine path
     assert first.attestation["ar"][0]["worker_pids"] == second.attestation["ar"][0]["worker_pids"]
 

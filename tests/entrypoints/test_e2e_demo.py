@@ -111,6 +111,12 @@ def test_the_demo_rewrites_a_short_prompt_and_draws_what_it_asks(demo_client) ->
                                                                           [entry["workers"][0]["worker_pid"]])
         read.append(classify(Image.open(io.BytesIO(base64.b64decode(result.data[0].b64_json))).convert("RGB")))
     assert read.count(parse_scene(expand(short))) >= 2, read
+    # With the circles-to-stars LoRA: the rewrite and the adapter, both attested, and a star drawn.
+    starred = demo_client.images.generate(model="toy-shapes", prompt="red circle", size="64x64",
+                                          extra_body={"seed": 42, "loras": [{"name": "stars"}]})
+    attestation = starred.model_extra["diffserve"]["attestation"]
+    assert starred.data[0].revised_prompt == "a red circle on a blue background" and attestation["ar"]
+    assert attestation["lora"] == {"adapters": [{"name": "stars", "scale": 1.0}]}
     # Opting out sends the prompt as written: no AR entry, no revised prompt.
     plain = demo_client.images.generate(model="toy-shapes", prompt=PROMPT, size="64x64",
                                         extra_body={"seed": 42, "rewrite_prompt": False})
