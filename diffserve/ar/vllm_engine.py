@@ -70,7 +70,6 @@ class VllmEngine:
     sampling: Any = None  # the stage's SamplingParams, built (and so checked by vLLM) at start
 
     def start(self) -> None:
-        from transformers import AutoTokenizer
         from vllm import EngineArgs, SamplingParams
         from vllm.usage.usage_lib import UsageContext
         from vllm.v1.engine.llm_engine import LLMEngine
@@ -95,7 +94,7 @@ class VllmEngine:
                 raise
             if not multiprocess:
                 _IN_PROCESS.add(id(self))
-        self.tokenizer = AutoTokenizer.from_pretrained(self.engine_kwargs().get("tokenizer") or self.stage.model)
+        self.tokenizer = self.engine.get_tokenizer()  # vLLM's own (the one its engine detokenizes with)
         self.attestation = list(self.engine.collective_rpc("diffserve_attest"))
         logger.info("%s: vLLM %s engine up (%s, worker pids %s)", self.stage.describe(), vllm_version(),
                     self.stage.executor, [a["worker_pid"] for a in self.attestation])
