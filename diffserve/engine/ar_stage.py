@@ -161,7 +161,7 @@ class ArStage(QueuedStage):
             self.handover.release(ids, int(replica.engine.attestation[0]["block_size"]))
         if state.finished:
             return
-        entry = self._entry(replica, output, counts)
+        entry = self._entry(replica, output)
         if counts is not None:
             entry["worker_counts"] = {"ranks": counts, "requests": replica.finished_since_count}
             replica.finished_since_count = 0
@@ -182,7 +182,7 @@ class ArStage(QueuedStage):
         except Exception as exc:  # noqa: BLE001 - a full or closed next queue fails the request, not the loop
             state.finish(exc)
 
-    def _entry(self, replica: ArReplica, output: ArOutput, counts: Any) -> dict[str, Any]:
+    def _entry(self, replica: ArReplica, output: ArOutput) -> dict[str, Any]:
         first = replica.engine.attestation[0]
         kv_transfer = None
         if first.get("kv_connector") is not None:
