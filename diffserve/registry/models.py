@@ -240,8 +240,9 @@ MODEL_FAMILIES: dict[str, ModelFamily] = {
                       # video tokens (the degree must divide the heads; models/wan/transformer.py).
                       max_world_size=16, parallel_dims=("cfg_parallel_size", "ulysses_degree"), default_steps=50, default_guidance_scale=5.0, max_sequence_length=512,
                       default_num_frames=81, default_fps=16, default_height=480, default_width=832,
-                      native_step_caches=NATIVE_STEP_CACHES, quantization_ignored_layers=WAN_QUANTIZATION_IGNORED)
-          for name in ("WanPipeline", "WanImageToVideoPipeline")),
+                      native_step_caches=NATIVE_STEP_CACHES, quantization_ignored_layers=WAN_QUANTIZATION_IGNORED,
+                      edits=edits)
+          for name, edits in (("WanPipeline", ()), ("WanImageToVideoPipeline", ("first_frame",)))),
     )
 }
 

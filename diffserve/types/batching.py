@@ -49,6 +49,7 @@ class BatchPlan:
     steps: int
     guidance_scale: float
     text_length: int  # max_sequence_length
+    num_frames: int | None = None  # video: frames of every clip
 
 
 def plan_of(request: GenerationRequest, default_size: int) -> BatchPlan:

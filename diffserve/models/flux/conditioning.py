@@ -1,5 +1,5 @@
-"""What every denoise step of a batch reuses (text states, pooled vectors, rotary table, the negative-prompt
-branch under true CFG, an edit's inputs), and whether a request runs true CFG."""
+"""FLUX's per-row values beside the text (the guidance of a guidance-distilled model, an edit's inputs, a
+Kontext reference) and whether a request runs true CFG."""
 
 from __future__ import annotations
 
@@ -7,27 +7,16 @@ from dataclasses import dataclass
 
 from torch import Tensor
 
+from diffserve.models.flux.edits import EditLatents
 from diffserve.types.request import GenerationRequest
 
 
 @dataclass
-class Conditioning:
-    """What every denoise step of a batch reuses: text states, pooled vectors, rotary table, and the
-    negative-prompt ones when the batch runs true CFG (the batch key makes that all-or-none)."""
+class FluxRows:
+    """One row per image: joined and sliced by the runner as rows join and leave."""
 
-    txt: Tensor
-    vec: Tensor
-    pe: Tensor
-    neg_txt: Tensor | None = None
-    neg_vec: Tensor | None = None
-    cfg_scale: float = 1.0
-    # CFG-parallel: this rank holds one branch in txt/vec (cfg_rank 0 the prompt, 1 the negative one)
-    # and gets the other from its CFG group each step.
-    cfg_split: bool = False
-    # Edits (models/flux/edits.py): per row, the input image's clean latents, its noise and the mask.
-    edit_image: Tensor | None = None
-    edit_noise: Tensor | None = None
-    edit_mask: Tensor | None = None
+    guidance: Tensor | None = None  # FLUX.1-dev: the distilled guidance scale of every row
+    edit: EditLatents | None = None  # edits (models/flux/edits.py): clean latents, noise and mask per row
     ref: Tensor | None = None  # Kontext: the reference image's packed latents, appended to every row's tokens
 
 

@@ -94,3 +94,26 @@ def get_schedule(num_steps: int, image_seq_len: int, config: Mapping[str, Any]) 
 def euler_step(latents: Tensor, velocity: Tensor, sigma: Tensor, sigma_next: Tensor) -> Tensor:
     """One flow-match Euler step, accumulated in float32 and returned in the velocity's dtype."""
     return (latents.to(torch.float32) + (sigma_next - sigma) * velocity).to(velocity.dtype)
+
+
+class EulerSampler:
+    """One batch's flow-match Euler schedule (``models/runner``'s ``Sampler``): stateless per row, so rows
+    that joined later step at their own index of the same sigmas."""
+
+    joinable = True
+
+    def __init__(self, steps: int, image_tokens: int, config: Mapping[str, Any], device: torch.device) -> None:
+        sigmas, timesteps = get_schedule(steps, image_tokens, config)
+        self.sigmas, self.timesteps = sigmas.to(device), timesteps.to(device)
+
+    def begin(self, steps: list[int]) -> bool:
+        return False  # one transformer for every step
+
+    def model_timesteps(self, steps: list[int], dtype: torch.dtype) -> Tensor:
+        """Each row's timestep as the transformer takes it: as diffusers, sigma * 1000 in the model dtype,
+        then back to [0, 1]."""
+        return self.timesteps[torch.tensor(steps, device=self.timesteps.device)].to(dtype) / 1000
+
+    def step(self, latents: Tensor, velocity: Tensor, steps: list[int]) -> Tensor:
+        i = torch.tensor(steps, device=latents.device)
+        return euler_step(latents, velocity, self.sigmas[i].view(-1, 1, 1), self.sigmas[i + 1].view(-1, 1, 1))

@@ -1,0 +1,8 @@
+"""The one serving loop of the native families (``loop.NativeRunner``) and the hooks a family writes."""
+
+from diffserve.models.runner.branches import check_ulysses_heads
+from diffserve.models.runner.hooks import Decoded, Prepared, Sampler
+from diffserve.models.runner.loop import NativeRunner
+from diffserve.models.runner.rows import LiveRows
+
+__all__ = ["Decoded", "LiveRows", "NativeRunner", "Prepared", "Sampler", "check_ulysses_heads"]
