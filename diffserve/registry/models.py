@@ -247,6 +247,17 @@ MODEL_FAMILIES: dict[str, ModelFamily] = {
 }
 
 
+def register_family(family: ModelFamily) -> None:
+    """Serve ``family`` (an out-of-tree native family: its hooks class named by ``family.pipeline``). Call it in
+    every process that resolves or builds the model: the server before it resolves, and each worker, e.g. from
+    the ``before_load`` of a ``worker_extension_cls`` (docs/architecture.md, "Add a native family"). Registering
+    the same entry again is a no-op; another entry under a built-in's name is refused."""
+    known = MODEL_FAMILIES.get(family.class_name)
+    if known is not None and known != family:
+        raise ValueError(f"{family.class_name} is already a registered family")
+    MODEL_FAMILIES[family.class_name] = family
+
+
 def worker_preload_modules() -> list[str]:
     """Every family's pipeline module and the library modules its load imports, each once, in family order."""
     modules: dict[str, None] = {}
