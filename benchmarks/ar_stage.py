@@ -106,7 +106,7 @@ def _prompter(models: dict[str, Path]) -> tuple[Path, str]:
 
 def _deploy(llm: Path, max_num_seqs: int, executor: str) -> dict[str, Any]:
     """The deploy config: the AR stage (the prompter), then toy-shapes."""
-    from diffserve.zoo.flux import toy_model_dir
+    from diffserve.zoo.demo import toy_model_dir
     from diffserve.zoo.llm.prompt_grammar import SYSTEM_PROMPT
 
     ar = {"stage_id": 0, "kind": "ar", "role": "prompt_rewrite", "model": str(llm), "dtype": DTYPE,

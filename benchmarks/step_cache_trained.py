@@ -73,7 +73,7 @@ def summarise(points: list[Point], pairs: list[tuple[str, int]]) -> list[dict[st
 
 
 def measure(section: Section, settings: Settings, models: dict[str, Path]) -> None:
-    from diffserve.zoo.flux import toy_model_dir
+    from diffserve.zoo.demo import toy_model_dir
 
     case = settings.cache_trained_case
     paths = cache_sweep.models(toy_model_dir(), random_twin, TWIN_DIR, models)

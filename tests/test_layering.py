@@ -9,6 +9,7 @@ inside a function, under ``TYPE_CHECKING``): a deferred import is still a depend
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
@@ -257,3 +258,40 @@ def test_relative_imports_are_resolved() -> None:
     known = {"diffserve.engine", "diffserve.engine.core", "diffserve.models.flux.x"}
     assert imports_of("from ...engine import core\n", "diffserve.models.flux.x", False, known) == {
         "diffserve.engine.core"}
+
+
+# -- family facts stay in models/, registry/ and the zoo -------------------------------------------------------
+
+# The words that name a model family or one of its parts; every registered family must be named by one of them
+# (so a new family extends this list and the check below covers it).
+FAMILY_WORDS = ("flux", "kontext", "wan", "sd3", "stablediffusion", "pixart", "qwen", "zimage", "z-image", "umt5",
+                "t5", "hunyuan", "ltx")
+FAMILY_NAME = re.compile(r"(?<![a-z0-9])(" + "|".join(map(re.escape, FAMILY_WORDS)) + r")(?![a-z])", re.IGNORECASE)
+SHARED_ROOMS = ("engine", "executor", "worker", "entrypoints")
+
+
+def family_mentions(files: dict[str, str]) -> list[str]:
+    """``path:line: text`` for every line of a shared room's file (code, comments, strings, assets) that names a
+    family."""
+    return [f"{path}:{number}: {line.strip()}" for path, text in sorted(files.items())
+            for number, line in enumerate(text.splitlines(), 1) if FAMILY_NAME.search(line)]
+
+
+def shared_room_files() -> dict[str, str]:
+    return {str(path.relative_to(ROOT)): path.read_text(encoding="utf-8") for room in SHARED_ROOMS
+            for path in sorted((PACKAGE / room).rglob("*")) if path.is_file() and path.suffix in (".py", ".js",
+                                                                                               ".html", ".css")}
+
+
+def test_no_shared_room_names_a_family() -> None:
+    from diffserve.registry.models import MODEL_FAMILIES
+
+    unnamed = [name for name in MODEL_FAMILIES if not FAMILY_NAME.search(name.lower().replace("pipeline", " "))
+               and not any(word in name.lower() for word in FAMILY_WORDS)]
+    assert unnamed == [], f"add a word naming these families to FAMILY_WORDS: {unnamed}"
+    assert family_mentions(shared_room_files()) == []
+
+
+def test_a_family_mention_is_caught() -> None:
+    files = {"diffserve/engine/x.py": "# runs FLUX's loop\nwanted = 1  # not a family\nT5 tokens\nflux2 = 0\n"}
+    assert [m.split(":")[1] for m in family_mentions(files)] == ["1", "3", "4"]

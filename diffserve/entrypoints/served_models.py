@@ -77,10 +77,10 @@ def _check_distinct(models: list[ModelServing]) -> None:
 
 
 def _demo_model() -> str:
-    from diffserve.zoo.flux import ensure_demo_model
+    from diffserve.zoo.demo import ensure_demo_model
 
     path = ensure_demo_model()
-    logger.warning("no MODEL given: serving the built-in toy-shapes demo model from %s, a tiny FLUX trained "
+    logger.warning("no MODEL given: serving the built-in toy-shapes demo model from %s, a tiny model trained "
                    "to draw 'a {colour} {shape} on a {colour} background' (64x64).", path)
     return str(path)
 

@@ -177,7 +177,7 @@ class MultiprocExecutor(Executor):
 # transformers import their models lazily, on first attribute access: their model code (transformers'
 # modeling_utils with its quantizers, and each family's pipeline with the library modules it loads: the registry's
 # ``worker_preload_modules``) is named here, or each worker would import it again after the fork (~1 CPU-s of a
-# tiny FLUX worker's 1.6 s start on 2 cores).
+# tiny image model worker's 1.6 s start on 2 cores).
 FORKSERVER_PRELOAD = ["torch", "diffusers", "transformers", "transformers.modeling_utils", "diffserve.worker.process",
                       *worker_preload_modules()]
 

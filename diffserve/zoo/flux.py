@@ -15,7 +15,7 @@ from typing import Any
 
 from diffserve.errors import ConfigError
 from diffserve.logging import get_logger
-from diffserve.zoo.components import MARKER_FILE, save_components, shipped_model_dir, write_json
+from diffserve.zoo.components import MARKER_FILE, save_components, write_json
 from diffserve.zoo.flux_specs import SCHEDULER_CONFIG, FluxSpec, get_spec
 from diffserve.zoo.publish import build_into
 
@@ -23,7 +23,6 @@ logger = get_logger(__name__)
 
 # Bump when the files a build writes change.
 BUILDER_VERSION = 1
-TOY_ASSET = "toy-shapes"  # the demo model: diffserve/assets/toy-shapes (trained by diffserve.zoo.toy_shapes)
 
 # Class names as FLUX.1 checkpoints spell them. "T5TokenizerFast" is what real FLUX repos use; in
 # transformers 5 it is an alias of T5Tokenizer and both load our tokenizer.json.
@@ -62,21 +61,6 @@ def build_flux_from_spec(spec: FluxSpec, out_dir: Path | str, *, seed: int = 0, 
     logger.info("building %s (seed %d, guidance_embeds=%s) in %s", spec.name, seed, guidance_embeds, target)
     return build_into(target, lambda staging: _write_pipeline(spec, staging, seed=seed,
                                                               guidance_embeds=guidance_embeds), force=force)
-
-
-def ensure_demo_model() -> Path:
-    """Return the demo model: the shipped, trained toy-shapes FLUX.1 (``toy_model_dir``).
-
-    Nothing is built: the weights ship with the package.
-    """
-    path = toy_model_dir()
-    logger.info("using %s: the toy-shapes model (draws 'a red circle on a blue background' and the like)", path)
-    return path
-
-
-def toy_model_dir() -> Path:
-    """The trained toy-shapes pipeline shipped in the package (``diffserve/assets/toy-shapes``)."""
-    return shipped_model_dir(TOY_ASSET)
 
 
 def _write_pipeline(spec: FluxSpec, out: Path, *, seed: int, guidance_embeds: bool) -> None:

@@ -17,7 +17,7 @@ def test_random_twin_is_the_toy_model_with_its_untrained_transformer(tmp_path: P
 
     from benchmarks.step_cache_trained import random_twin
     from diffserve.zoo.components import MARKER_FILE, component_seed
-    from diffserve.zoo.flux import toy_model_dir
+    from diffserve.zoo.demo import toy_model_dir
     from diffserve.zoo.toy_shapes.train import TRANSFORMER_CONFIG
 
     trained = toy_model_dir()

@@ -70,7 +70,7 @@ def _run(model: Path, **overrides) -> tuple[np.ndarray, dict]:
 
 @pytest.mark.parametrize("model_name", ["tiny-flux", "toy-shapes"])
 def test_gguf_images_pass_their_floors_and_are_attested(model_name: str, tiny_flux_dir: Path, tmp_path: Path) -> None:
-    from diffserve.zoo.flux import toy_model_dir
+    from diffserve.zoo.demo import toy_model_dir
 
     model = tiny_flux_dir if model_name == "tiny-flux" else toy_model_dir()
     reference, _ = _run(model)

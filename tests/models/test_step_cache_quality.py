@@ -116,14 +116,14 @@ def _agreement(images: list[np.ndarray]) -> int:
 
 @pytest.fixture(scope="module")
 def toy_uncached() -> list[np.ndarray]:
-    from diffserve.zoo.flux import toy_model_dir
+    from diffserve.zoo.demo import toy_model_dir
 
     return _toy_batch(FluxPipeline.from_pretrained(toy_model_dir(), batch_invariant=False))[0]
 
 
 @pytest.mark.parametrize("backend", sorted(TOY_GATES))
 def test_cached_images_of_the_trained_model_stay_close_and_still_draw_the_prompt(toy_uncached, backend) -> None:
-    from diffserve.zoo.flux import toy_model_dir
+    from diffserve.zoo.demo import toy_model_dir
 
     pipe = FluxPipeline.from_pretrained(toy_model_dir(), cache={"backend": backend}, batch_invariant=False)
     uncached_agreement = _agreement(toy_uncached)

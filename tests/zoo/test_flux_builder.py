@@ -208,9 +208,9 @@ def test_small_flux_transformer_size() -> None:
 
 
 def test_cli_choices_match_specs() -> None:
-    from diffserve.entrypoints.commands.make_model import FLUX_KINDS, GENERIC_KINDS, MODEL_KINDS, WAN_KINDS
     from diffserve.zoo.flux_specs import SPECS
     from diffserve.zoo.generic_specs import GENERIC_SPECS
+    from diffserve.zoo.make_model import FLUX_KINDS, GENERIC_KINDS, MODEL_KINDS, WAN_KINDS
     from diffserve.zoo.wan_specs import WAN_SPECS
 
     assert tuple(SPECS) == FLUX_KINDS

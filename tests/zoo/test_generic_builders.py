@@ -187,7 +187,7 @@ def test_small_sd3_transformer_size() -> None:
 
 def test_modules_import_cheaply() -> None:
     code = (
-        "import sys, diffserve.zoo.generic, diffserve.entrypoints.commands.make_model;"
+        "import sys, diffserve.zoo.generic, diffserve.entrypoints.commands.make_model, diffserve.zoo.make_model;"
         "heavy = [m for m in ('torch', 'transformers', 'diffusers') if m in sys.modules];"
         "assert not heavy, heavy"
     )

@@ -231,9 +231,10 @@ def test_training_runs_end_to_end_on_a_tiny_budget(tmp_path: Path, one_thread: N
 
 
 def test_make_model_refuses_what_a_language_model_cannot_take(tmp_path: Path) -> None:
-    from diffserve.entrypoints.commands.make_model import LLM_KINDS, TRAINED_LLM_KINDS, run
     from diffserve.errors import ConfigError
     from diffserve.zoo.llm.specs import LLM_SPECS, TOY_PROMPTER_SPEC
+    from diffserve.zoo.make_model import LLM_KINDS, TRAINED_LLM_KINDS
+    from diffserve.zoo.make_model import make as run
 
     assert tuple(LLM_SPECS) == LLM_KINDS and (TOY_PROMPTER_SPEC.name,) == TRAINED_LLM_KINDS
     args = {"seed": None, "guidance_embeds": False, "base": None, "rank": 4, "train": False, "threads": 2,

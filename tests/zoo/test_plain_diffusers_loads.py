@@ -89,7 +89,7 @@ def _model_dir(kind: str, request: pytest.FixtureRequest, build_here: Callable[[
     if kind in FIXTURES:
         return Path(request.getfixturevalue(FIXTURES[kind]))
     if kind == "toy-shapes":
-        from diffserve.zoo.flux import toy_model_dir
+        from diffserve.zoo.demo import toy_model_dir
 
         return toy_model_dir()
     if kind == "toy-motion":
@@ -171,7 +171,7 @@ def test_plain_diffusers_applies_the_adapter(kind: str, request: pytest.FixtureR
         base = Path(request.getfixturevalue("tiny_flux_dir"))
         adapter = build_flux_lora(base, tmp_path / kind, seed=0).parent  # make-model's defaults: seed 0, rank 4
     else:
-        from diffserve.zoo.flux import toy_model_dir
+        from diffserve.zoo.demo import toy_model_dir
         from diffserve.zoo.toy_shapes.lora import shipped_stars_lora
 
         base, adapter = toy_model_dir(), shipped_stars_lora().parent  # what make-model copies

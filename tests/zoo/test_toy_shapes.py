@@ -161,7 +161,7 @@ def test_the_trainers_defaults_are_the_shipped_weights_settings(toy_model: Path)
     the shipped adapter): the trainers' defaults, seed included, are what the shipped training.json recorded."""
     from dataclasses import asdict
 
-    from diffserve.entrypoints.commands.make_model import _seeded
+    from diffserve.zoo.make_model import _seeded
     from diffserve.zoo.toy_shapes.lora import LoraTrainConfig, shipped_stars_lora
     from diffserve.zoo.toy_shapes.train import TrainConfig
 
@@ -176,6 +176,6 @@ def test_the_trainers_defaults_are_the_shipped_weights_settings(toy_model: Path)
 
 @pytest.fixture(scope="module")
 def toy_model() -> Path:
-    from diffserve.zoo.flux import toy_model_dir
+    from diffserve.zoo.demo import toy_model_dir
 
     return toy_model_dir()

@@ -122,7 +122,7 @@ def object_colour(image: np.ndarray, background: str) -> str:
 @pytest.fixture(scope="module")
 def engine() -> Iterator[Any]:
     from diffserve import Engine
-    from diffserve.zoo.flux import toy_model_dir
+    from diffserve.zoo.demo import toy_model_dir
 
     # A quality check, not an invariance one: whole-batch kernels (per-sample calls cost ~40% more at 64x64).
     with Engine(str(toy_model_dir()), dtype="float32", max_batch_size=8, batch_invariant=False, env={}) as eng:

@@ -129,7 +129,7 @@ def _psnr(a: Any, b: Any) -> float:
 
 @pytest.fixture(scope="module")
 def toy_model() -> Path:
-    from diffserve.zoo.flux import toy_model_dir
+    from diffserve.zoo.demo import toy_model_dir
 
     return toy_model_dir()
 

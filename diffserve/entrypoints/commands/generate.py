@@ -27,14 +27,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         usage="diffserve generate [MODEL] PROMPT [-o out.png|out.mp4|DIR/] [--seed N] [--steps N] [--size WxH] "
               "[-n N] [--num-frames N] [--fps F] [--image in.png [--image ref.png] [--mask m.png] [--strength S]] "
               "[config flags]",
-        description="Generate images locally. MODEL is optional (default: the toy-shapes demo model, a tiny trained FLUX).")
+        description="Generate images locally. MODEL is optional (default: the toy-shapes demo model).")
     parser.add_argument("words", nargs="+", metavar="[MODEL] PROMPT",
                         help="an optional model directory, then the prompt (quote it)")
     parser.add_argument("-o", "--output", default=None,
                         help="output file (.png, .jpg, .webp; a video model's: .mp4, or DIR/ for one PNG per frame); "
                              "with -n > 1, out-0.png, out-1.png, ... (default out.png, or out.mp4 for a video model)")
     parser.add_argument("--num-frames", type=int, default=None,
-                        help="video models: frames, 4k+1 for Wan (default: the model's, e.g. 81)")
+                        help="video models: frames, a multiple of the model's temporal factor plus 1 (default: the model's, e.g. 81)")
     parser.add_argument("--fps", type=int, default=None, help="video models: frames per second (default: the model's)")
     parser.add_argument("--seed", type=int, default=None, help="seed of the first image (default: random)")
     parser.add_argument("--steps", type=int, default=None, help="denoise steps (default: the engine's)")
@@ -43,7 +43,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--guidance-scale", type=float, default=None)
     parser.add_argument("--negative-prompt", default=None)
     parser.add_argument("--max-sequence-length", type=int, default=None,
-                        help="T5 tokens per prompt, 1..512 (default: the engine's, 512)")
+                        help="text tokens per prompt, 1..512 (default: the model's)")
     parser.add_argument("--lora", action="append", default=None, metavar="NAME_OR_FILE[:SCALE]",
                         help="apply a LoRA adapter at SCALE (default 1; repeatable): a name registered with "
                              "--lora-modules, or a .safetensors file (registered under its file name)")
@@ -131,10 +131,10 @@ async def _generate(args: argparse.Namespace, model: str | None, prompt: str, ou
         config_kwargs["overrides"] = overrides
     config = resolve(model=model, **config_kwargs)
     if config.model is None:  # neither MODEL nor the deploy file's model:
-        from diffserve.zoo.flux import ensure_demo_model
+        from diffserve.zoo.demo import ensure_demo_model
 
         model = str(ensure_demo_model())
-        logger.warning("no MODEL given: using the toy-shapes demo model at %s (a tiny FLUX trained to draw "
+        logger.warning("no MODEL given: using the toy-shapes demo model at %s (a tiny model trained to draw "
                        "'a {colour} {shape} on a {colour} background', 64x64)", model)
         config = resolve(model=model, **config_kwargs)
     for warning in config.warnings:

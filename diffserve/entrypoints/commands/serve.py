@@ -27,7 +27,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
     parser = subparsers.add_parser(
         "serve", help="serve a model over an OpenAI-compatible HTTP API",
-        description="Serve a FLUX model directory (or, without MODEL, the toy-shapes demo model) "
+        description="Serve a model directory (or, without MODEL, the toy-shapes demo model) "
                     "over an OpenAI-compatible HTTP API: POST /v1/images/generations, GET /v1/models, "
                     "/health, /ready, /metrics, /v1/config.")
     parser.add_argument("model", nargs="*", default=[], metavar="MODEL",
@@ -47,7 +47,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         help="read the API key from PATH (surrounding whitespace stripped)")
     server.add_argument("--served-model-name", default=None,
                         help="the model id clients send and /v1/models lists "
-                             "(default: the model directory's name, or tiny-flux for the demo)")
+                             "(default: the model directory's name)")
     # The same setting as --default-num-inference-steps (request_defaults.num_inference_steps, source cli).
     server.add_argument("--default-steps", dest="config_default_num_inference_steps", default=None, metavar="N",
                         help="num_inference_steps of requests that send none: short for "

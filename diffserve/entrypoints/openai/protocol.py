@@ -27,7 +27,7 @@ from diffserve.types.request import (
 OutputFormat = Literal["png", "jpeg", "webp"]
 ResponseFormat = Literal["b64_json", "url"]
 
-# OpenAI parameters the SDK may send that have no meaning for a FLUX server. They are refused with
+# OpenAI parameters the SDK may send that have no meaning for a diffusion server. They are refused with
 # a clear message instead of being accepted and ignored.
 UNSUPPORTED_OPENAI_PARAMS = frozenset({
     "background", "moderation", "quality", "style", "partial_images", "complexity", "frame_count",
@@ -67,7 +67,7 @@ class ImageGenerationRequest(BaseModel):
     guidance_scale: float | None = Field(default=None, ge=0, le=MAX_GUIDANCE_SCALE)
     true_cfg_scale: float | None = Field(default=None, ge=0, le=MAX_TRUE_CFG_SCALE)
     seed: int | None = Field(default=None, ge=0, le=MAX_SEED)
-    # T5 tokens per prompt (1..512); short prompts run much faster with a small window.
+    # Text tokens per prompt (1..512); short prompts run much faster with a small window.
     max_sequence_length: int | None = None
     # Step-cache threshold (higher = more steps skipped, 0 = no caching); unset: the deployment's.
     cache_threshold: float | None = Field(default=None, ge=0, le=MAX_CACHE_THRESHOLD)

@@ -6,8 +6,9 @@ from __future__ import annotations
 
 import json
 import time
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Any
 
 import torch
 
@@ -15,23 +16,23 @@ from diffserve.config.schema import StageConfig
 from diffserve.errors import ModelLoadError
 from diffserve.layers.linear.quantized import QuantizationResult, quantize_linears
 from diffserve.logging import get_logger
-from diffserve.models.base import BuildContext
+from diffserve.models.base import BuildContext, ParallelContext
 from diffserve.models.flux.cached_encoding import CachedTextEncoders
 from diffserve.models.flux.encoders import TextEncoders
 from diffserve.models.flux.lora import flux_lora_adapters
+from diffserve.models.flux.sampling import check_scheduler_config
 from diffserve.models.flux.stage_payloads import PayloadText
 from diffserve.models.flux.transformer import FluxTransformer, load_flux_transformer
+from diffserve.models.lora_adapters import LoraAdapters
 from diffserve.models.memory import component_weights
 from diffserve.models.offload import offload_native
 from diffserve.models.runner import check_ulysses_heads
 from diffserve.models.stage_kernels import stage_kernels
 from diffserve.models.stepcache.teacache import stage_polynomial
 from diffserve.models.vae_file import load_vae
-from diffserve.registry.models import MODEL_FAMILIES, read_class_name
-from diffserve.types.memory import describe_weights
-
-if TYPE_CHECKING:  # pragma: no cover
-    from diffserve.models.flux.pipeline import FluxPipeline
+from diffserve.models.vae_tiling import configure_tiling
+from diffserve.registry.models import MODEL_FAMILIES, ModelFamily, read_class_name
+from diffserve.types.memory import ComponentWeights, describe_weights
 
 logger = get_logger(__name__)
 
@@ -54,8 +55,28 @@ def build_transformer(root: Path, stage: StageConfig,
     return transformer, quantized, device, dtype
 
 
-def load_flux(cls: type[FluxPipeline], root: Path, stage: StageConfig, context: BuildContext) -> FluxPipeline:
-    """``FluxPipeline.from_stage``: every component of ``root`` as ``stage`` says."""
+@dataclass
+class FluxComponents:
+    """Everything ``FluxPipeline`` runs with, loaded and configured as the stage says."""
+
+    transformer: FluxTransformer
+    encoders: TextEncoders | None  # None: another stage encodes (the text comes as payloads)
+    text: CachedTextEncoders | PayloadText
+    vae: Any
+    scheduler_config: dict[str, Any]
+    device: torch.device
+    dtype: torch.dtype
+    family: ModelFamily
+    stage: StageConfig
+    parallel: ParallelContext
+    decoded_elsewhere: bool
+    loras: LoraAdapters | None
+    weights: dict[str, ComponentWeights]
+
+
+def load_flux(root: Path, stage: StageConfig, context: BuildContext) -> FluxComponents:
+    """Every component of ``root`` as ``stage`` says (a component's weights from a single file when
+    ``stage.components`` names it)."""
     if not (root / "transformer").is_dir():
         raise ModelLoadError(f"{root} is not a FLUX model directory (no transformer/ folder)")
     stage_polynomial(stage.cache, "flux", stage.stage_id, FLUX_FIT)  # refused before anything loads
@@ -70,22 +91,22 @@ def load_flux(cls: type[FluxPipeline], root: Path, stage: StageConfig, context: 
         scheduler_config = json.loads((root / "scheduler" / "scheduler_config.json").read_text())
     except (OSError, ValueError) as exc:
         raise ModelLoadError(f"cannot read the scheduler config of {root}: {exc}") from exc
+    check_scheduler_config(scheduler_config)
+    configure_tiling(vae, stage.vae)
     logger.info("loaded %s (%s on %s) in %.1fs", root, dtype, device, time.perf_counter() - start)
-    pipeline = cls(transformer, encoders, vae, scheduler_config, device=device, dtype=dtype,
-                   parallel=context.parallel, cache=stage.cache, family=MODEL_FAMILIES[read_class_name(root)],
-                   vae_config=stage.vae)
-    pipeline.loras = transformer.lora_adapters = flux_lora_adapters(transformer, transformer.params, stage)
-    pipeline.stage_id, pipeline.decoded_elsewhere = stage.stage_id, context.decoded_elsewhere
-    pipeline.text = PayloadText(transformer.params, stage_id=stage.stage_id, role=stage.role, device=device,
-                                dtype=dtype) if encoders is None else CachedTextEncoders.for_model(
+    text = PayloadText(transformer.params, stage_id=stage.stage_id, role=stage.role, device=device,
+                       dtype=dtype) if encoders is None else CachedTextEncoders.for_model(
         encoders, root, stage.conditioning_cache, dict(stage.components), str(dtype),
         stage.text_encoder_quantization, stage.batch_invariant)
+    loras = transformer.lora_adapters = flux_lora_adapters(transformer, transformer.params, stage)
     offload_native(stage.offload, denoiser_blocks=[*transformer.double_blocks, *transformer.single_blocks],
                    components={**encoder_modules, "vae": vae}, device=device)
-    pipeline.weights = {
+    weights = {
         "transformer": component_weights("transformer", transformer, quantization=quantized.attested()),
         **{name: component_weights(name, module, quantization=encoders_quantized[name].attested())
            for name, module in encoder_modules.items()},
         "vae": component_weights("vae", vae)}
-    logger.info("weights: %s", describe_weights(pipeline.weights))
-    return pipeline
+    logger.info("weights: %s", describe_weights(weights))
+    return FluxComponents(transformer, encoders, text, vae, scheduler_config, device, dtype,
+                          MODEL_FAMILIES[read_class_name(root)], stage, context.parallel, context.decoded_elsewhere,
+                          loras, weights)

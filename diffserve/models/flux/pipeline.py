@@ -13,35 +13,27 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from diffserve.config.schema import CacheConfig, ConditioningCacheConfig, StageConfig, VaeConfig
+from diffserve.config.schema import StageConfig
 from diffserve.layers.attestation import KernelCounters
 from diffserve.layers.ulysses import image_shard
-from diffserve.models.base import BuildContext, ParallelContext, PipelineCapabilities
+from diffserve.models.base import BuildContext, PipelineCapabilities
 from diffserve.models.flux import edits
-from diffserve.models.flux.build import FLUX_FIT, load_flux
-from diffserve.models.flux.cached_encoding import CachedTextEncoders
+from diffserve.models.flux.build import FLUX_FIT, FluxComponents, load_flux
 from diffserve.models.flux.conditioning import FluxRows, true_cfg
 from diffserve.models.flux.decode import decode_latents
-from diffserve.models.flux.encoders import TextEncoders
 from diffserve.models.flux.sampling import (
     EulerSampler,
-    check_scheduler_config,
     get_noise,
     image_ids,
     pack,
     text_ids,
 )
-from diffserve.models.flux.stage_payloads import PayloadText
 from diffserve.models.flux.step_cache import cached_velocity
-from diffserve.models.flux.transformer import FluxTransformer
 from diffserve.models.runner import Decoded, LiveRows, NativeRunner, Prepared
 from diffserve.models.stepcache.policy import BranchCache
 from diffserve.models.stepcache.teacache import stage_polynomial
-from diffserve.models.vae_tiling import configure_tiling
-from diffserve.registry.models import MODEL_FAMILIES, ModelFamily
 from diffserve.types.batching import BatchPlan, plan_of
 from diffserve.types.latents import LatentsPayload
-from diffserve.types.memory import ComponentWeights
 from diffserve.types.request import GenerationRequest
 
 __all__ = ["FluxPipeline"]
@@ -52,28 +44,22 @@ class FluxPipeline(NativeRunner):
 
     shards_tokens = True  # Ulysses: each rank keeps its share of the image tokens for the whole loop
 
-    def __init__(self, transformer: FluxTransformer, encoders: TextEncoders | None, vae: Any,
-                 scheduler_config: dict[str, Any], *, device: torch.device, dtype: torch.dtype,
-                 parallel: ParallelContext = ParallelContext(), cache: CacheConfig = CacheConfig(),
-                 family: ModelFamily = MODEL_FAMILIES["FluxPipeline"], vae_config: VaeConfig = VaeConfig()) -> None:
-        check_scheduler_config(scheduler_config)
-        configure_tiling(vae, vae_config)
-        self.transformer, self.encoders, self.vae, self.vae_config = transformer, encoders, vae, vae_config
-        self.scheduler_config = dict(scheduler_config)
-        self.device, self.dtype, self.parallel, self.cache = device, dtype, parallel, cache
-        self.teacache = stage_polynomial(cache, "flux", 0, FLUX_FIT)
-        # Through the conditioning cache (off until from_stage configures it from the stage), or from the
-        # payloads of the stage that encodes (no encoders here).
-        self.text: CachedTextEncoders | PayloadText = (
-            CachedTextEncoders(encoders, ConditioningCacheConfig(max_entries=0), "") if encoders is not None
-            else PayloadText(transformer.params, stage_id=0, role="diffusion", device=device, dtype=dtype))
-        self.vae_scale_factor = 2 ** (len(vae.config.block_out_channels) - 1)
-        self.latent_channels = transformer.params.in_channels // 4
+    def __init__(self, parts: FluxComponents) -> None:
+        self.transformer, self.encoders, self.text, self.vae = parts.transformer, parts.encoders, parts.text, parts.vae
+        self.scheduler_config, self.vae_config = parts.scheduler_config, parts.stage.vae
+        self.device, self.dtype, self.parallel, self.cache = parts.device, parts.dtype, parts.parallel, parts.stage.cache
+        self.loras, self.weights = parts.loras, parts.weights
+        self.stage_id, self.decoded_elsewhere = parts.stage.stage_id, parts.decoded_elsewhere
+        self.teacache = stage_polynomial(self.cache, "flux", self.stage_id, FLUX_FIT)
+        self.vae_scale_factor = 2 ** (len(self.vae.config.block_out_channels) - 1)
+        self.latent_channels = self.transformer.params.in_channels // 4
+        family, parallel = parts.family, parts.parallel
         # What the family edits (registry): FLUX.1 from the image itself, FLUX.1 Kontext from a reference
         # image whose latents ride along as extra tokens.
-        self.kontext = "reference" in family.edits
+        preparer = edits.ReferencePreparer if "reference" in family.edits else edits.EditPreparer
+        self.editor = preparer(self.vae, self.latent_channels, dtype=self.dtype, device=self.device)
         self.capabilities = PipelineCapabilities(
-            family=family.class_name, default_size=int(vae.config.sample_size),
+            family=family.class_name, default_size=int(self.vae.config.sample_size),
             # Ulysses shards the image tokens ((H/16) * (W/16)) evenly: a side that is a multiple of
             # 16 * degree guarantees it, and admission then refuses any other size before a rank sees it.
             size_multiple=2 * self.vae_scale_factor * parallel.ulysses_size,
@@ -82,20 +68,16 @@ class FluxPipeline(NativeRunner):
             step_batching=parallel.world_size == 1, lora=family.lora_check is not None,
             edits=family.edits if parallel.world_size == 1 else (),
             # Per-sample transformer calls and per-prompt encoding; the VAE decodes one image at a time.
-            batch_invariant=transformer.kernels.batch_invariant and (encoders is None or encoders.per_prompt),
-            default_cache_threshold=float(cache.threshold or 0.0))
-        self.weights: dict[str, ComponentWeights] = {}  # set by from_stage (models/memory.py)
-        self.stage_id, self.decoded_elsewhere = 0, False  # set by from_stage (staged topologies)
-        self.editor: edits.EditPreparer | edits.ReferencePreparer = \
-            (edits.ReferencePreparer if self.kontext else edits.EditPreparer)(vae, self.latent_channels, dtype=dtype,
-                                                                            device=device)
+            batch_invariant=self.transformer.kernels.batch_invariant and (
+                self.encoders is None or self.encoders.per_prompt),
+            default_cache_threshold=float(self.cache.threshold or 0.0))
 
     @classmethod
     def from_stage(cls, model_dir: str | Path, stage: StageConfig,
                    context: BuildContext = BuildContext()) -> FluxPipeline:
         """Load every component of ``model_dir`` (a component's weights from a single file when
         ``stage.components`` names it); the transformer's kernels are chosen here, once."""
-        return load_flux(cls, Path(model_dir), stage, context)
+        return cls(load_flux(Path(model_dir), stage, context))
 
     @classmethod
     def from_pretrained(cls, model_dir: str | Path, *, device: str = "cpu", compile: bool = False,

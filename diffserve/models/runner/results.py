@@ -4,23 +4,36 @@ and attested the same way for every native family."""
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING
+from typing import Any, Protocol
 
 import torch
+from torch import Tensor
 
+from diffserve.models.base import ParallelContext
+from diffserve.models.lora_adapters import LoraAdapters
 from diffserve.models.memory import PhasePeaks
 from diffserve.models.runner.branches import BranchCaches
 from diffserve.models.runner.hooks import Decoded
 from diffserve.models.runner.rows import LiveRows, Member
 from diffserve.types.attestation import Attestation
 from diffserve.types.batching import BatchPlan
+from diffserve.types.request import GenerationRequest
 from diffserve.types.results import RequestResult
 
-if TYPE_CHECKING:  # pragma: no cover
-    from diffserve.models.runner.loop import NativeRunner
+
+class Finishing(Protocol):
+    """What the results need of the runner (``NativeRunner`` is one)."""
+
+    parallel: ParallelContext
+    loras: LoraAdapters | None
+
+    def gather(self, latents: Tensor) -> Tensor: ...
+    def decode(self, latents: Tensor, requests: list[GenerationRequest], plan: BatchPlan) -> Decoded: ...
+    def cfg_scale(self, request: GenerationRequest) -> float | None: ...
+    def attest(self, request: GenerationRequest, guided: bool) -> dict[str, Any]: ...
 
 
-def finished_results(runner: NativeRunner, live: LiveRows, done: list[Member], caches: BranchCaches,
+def finished_results(runner: Finishing, live: LiveRows, done: list[Member], caches: BranchCaches,
                      plan: BatchPlan, peaks: PhasePeaks) -> list[RequestResult]:
     """Decode ``done``'s rows and report each request (its rows leave the batch after this)."""
     rows = [row for member in done for row in member.rows]

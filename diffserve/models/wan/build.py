@@ -5,13 +5,16 @@ from __future__ import annotations
 
 import json
 import time
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
+
+import torch
 
 from diffserve.config.schema import StageConfig
 from diffserve.errors import ConfigError, ModelLoadError
 from diffserve.logging import get_logger
-from diffserve.models.base import BuildContext
+from diffserve.models.base import BuildContext, ParallelContext
 from diffserve.models.loader import read_config
 from diffserve.models.memory import component_weights
 from diffserve.models.runner import check_ulysses_heads
@@ -22,11 +25,8 @@ from diffserve.models.wan.text import UMT5Text
 from diffserve.models.wan.transformer import load_wan_transformer
 from diffserve.models.wan.video import WanVae
 from diffserve.registry.models import MODEL_FAMILIES, denoiser_components, read_class_name
-from diffserve.registry.teacache import polynomial_for
-from diffserve.types.memory import describe_weights
-
-if TYPE_CHECKING:  # pragma: no cover
-    from diffserve.models.wan.pipeline import WanVideoPipeline
+from diffserve.registry.teacache import TeaCachePolynomial, polynomial_for
+from diffserve.types.memory import ComponentWeights, describe_weights
 
 logger = get_logger(__name__)
 
@@ -42,8 +42,25 @@ def refuse_unsupported(stage: StageConfig) -> None:
                               hint=f"set {key}: {supported} (quantization and offload run on FLUX)")
 
 
-def load_wan(cls: type[WanVideoPipeline], root: Path, stage: StageConfig, context: BuildContext) -> WanVideoPipeline:
-    """``WanVideoPipeline.from_stage``: every component of ``root`` as ``stage`` says."""
+@dataclass
+class WanComponents:
+    """Everything ``WanVideoPipeline`` runs with, loaded as the stage says."""
+
+    experts: Experts
+    text: UMT5Text
+    vae: WanVae
+    scheduler_config: dict[str, Any]
+    family: str
+    device: torch.device
+    dtype: torch.dtype
+    stage: StageConfig
+    parallel: ParallelContext
+    teacache: TeaCachePolynomial | None
+    weights: dict[str, ComponentWeights]
+
+
+def load_wan(root: Path, stage: StageConfig, context: BuildContext) -> WanComponents:
+    """Every component of ``root`` as ``stage`` says."""
     from diffusers import AutoencoderKLWan
 
     from diffserve.models.loader import strict_from_pretrained
@@ -69,16 +86,13 @@ def load_wan(cls: type[WanVideoPipeline], root: Path, stage: StageConfig, contex
         scheduler_config = json.loads((root / "scheduler" / "scheduler_config.json").read_text())
     except (OSError, ValueError) as exc:
         raise ModelLoadError(f"cannot load the VAE or scheduler of {root}: {exc}") from exc
-    image_to_video = family == "WanImageToVideoPipeline"
+    image_to_video = "first_frame" in MODEL_FAMILIES[family].edits
     if image_to_video != (experts.params.in_channels > 16):
         raise ModelLoadError(f"{root}: a {family} whose transformer takes {experts.params.in_channels} channels "
                              "(text-to-video takes 16, Wan2.2 image-to-video 36)")
-    pipeline = cls(experts, text, WanVae(vae), scheduler_config, family=family, device=device, dtype=dtype,
-                   image_to_video=image_to_video, parallel=parallel, batch_invariant=stage.batch_invariant,
-                   cache=stage.cache, teacache=teacache)
-    pipeline.weights = {**{name: component_weights(name, module) for name, module in transformers.items()},
-                        "text_encoder": component_weights("text_encoder", text.encoder),
-                        "vae": component_weights("vae", vae)}
+    weights = {**{name: component_weights(name, module) for name, module in transformers.items()},
+               "text_encoder": component_weights("text_encoder", text.encoder), "vae": component_weights("vae", vae)}
     logger.info("loaded %s (%s on %s) in %.1fs; weights: %s", root, dtype, device, time.perf_counter() - start,
-                describe_weights(pipeline.weights))
-    return pipeline
+                describe_weights(weights))
+    return WanComponents(experts, text, WanVae(vae), scheduler_config, family, device, dtype, stage, parallel, teacache,
+                         weights)

@@ -16,22 +16,17 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from diffserve.config.schema import CacheConfig, StageConfig
+from diffserve.config.schema import StageConfig
 from diffserve.layers.attestation import KernelCounters
-from diffserve.models.base import BuildContext, ParallelContext, PipelineCapabilities
+from diffserve.models.base import BuildContext, PipelineCapabilities
 from diffserve.models.runner import Decoded, LiveRows, NativeRunner, Prepared
 from diffserve.models.stepcache.policy import BranchCache
-from diffserve.models.wan.build import load_wan
-from diffserve.models.wan.experts import Experts
+from diffserve.models.wan.build import WanComponents, load_wan
 from diffserve.models.wan.sampler import WanSampler
 from diffserve.models.wan.step_cache import cached_forward
-from diffserve.models.wan.text import UMT5Text
-from diffserve.models.wan.video import WanVae
 from diffserve.registry.models import MODEL_FAMILIES
-from diffserve.registry.teacache import TeaCachePolynomial
 from diffserve.types.batching import BatchPlan
 from diffserve.types.capabilities import VideoCapabilities
-from diffserve.types.memory import ComponentWeights
 from diffserve.types.request import GenerationRequest
 
 __all__ = ["WanVideoPipeline"]
@@ -40,30 +35,27 @@ __all__ = ["WanVideoPipeline"]
 class WanVideoPipeline(NativeRunner):
     """Native Wan: a diffusers-format ``WanPipeline`` / ``WanImageToVideoPipeline`` directory in, videos out."""
 
-    def __init__(self, experts: Experts, text: UMT5Text, vae: WanVae, scheduler_config: dict[str, Any], *,
-                 family: str, device: torch.device, dtype: torch.dtype, image_to_video: bool,
-                 parallel: ParallelContext = ParallelContext(), batch_invariant: bool = True,
-                 cache: CacheConfig = CacheConfig(), teacache: TeaCachePolynomial | None = None) -> None:
-        self.experts, self.text, self.vae, self.scheduler_config = experts, text, vae, scheduler_config
-        self.device, self.dtype, self.parallel = device, dtype, parallel
-        self.image_to_video = image_to_video
-        self.cache, self.teacache = cache, teacache
-        params, spec = experts.params, MODEL_FAMILIES[family]
+    def __init__(self, parts: WanComponents) -> None:
+        self.experts, self.text, self.vae, self.scheduler_config = parts.experts, parts.text, parts.vae, \
+            parts.scheduler_config
+        self.device, self.dtype, self.parallel, self.weights = parts.device, parts.dtype, parts.parallel, parts.weights
+        self.image_to_video = "first_frame" in MODEL_FAMILIES[parts.family].edits  # registry data
+        self.cache, self.teacache = parts.stage.cache, parts.teacache
+        params, spec, vae = self.experts.params, MODEL_FAMILIES[parts.family], self.vae
         self.capabilities = PipelineCapabilities(
             # Ulysses splits the tokens frame-major: a height of a multiple of 16 * degree splits every frame evenly.
-            family=family, default_size=spec.default_height,
-            size_multiple=vae.spatial * params.patch_size[1] * parallel.ulysses_size,
+            family=parts.family, default_size=spec.default_height,
+            size_multiple=vae.spatial * params.patch_size[1] * self.parallel.ulysses_size,
             max_sequence_length=spec.max_sequence_length, true_cfg=False, attention_roles=spec.attention_roles,
-            edits=spec.edits, batch_invariant=batch_invariant,
-            default_cache_threshold=float(cache.threshold or 0.0),
+            edits=spec.edits, batch_invariant=parts.stage.batch_invariant,
+            default_cache_threshold=float(self.cache.threshold or 0.0),
             video=VideoCapabilities(temporal_factor=vae.temporal * params.patch_size[0],
                                     default_height=spec.default_height, default_width=spec.default_width))
-        self.weights: dict[str, ComponentWeights] = {}
 
     @classmethod
     def from_stage(cls, model_dir: str | Path, stage: StageConfig,
                    context: BuildContext = BuildContext()) -> WanVideoPipeline:
-        return load_wan(cls, Path(model_dir), stage, context)
+        return cls(load_wan(Path(model_dir), stage, context))
 
     @property
     def kernel_counters(self) -> KernelCounters:
