@@ -40,7 +40,7 @@ def _check_family_parallel(stage: StageConfig, family: ModelFamily, where: Calla
                            out: Collector) -> None:
     prefix = f"stages.{stage.stage_id}"
     # The generic path runs diffusers' own pipeline on one rank: no parallel denoising there.
-    dims = family.parallel_dims if stage.implementation == "native" else ()
+    dims = family.parallel.dims if stage.implementation == "native" else ()
     supported = ", ".join(dims) or "none"
     refused = [name for name in _DEGREES if getattr(stage.parallel, name) > 1 and name not in dims]
     for name in refused:
@@ -49,9 +49,9 @@ def _check_family_parallel(stage: StageConfig, family: ModelFamily, where: Calla
                   f"{_DEGREES[name]}", path=f"{prefix}.parallel.{name}", source=where(f"parallel.{name}"),
                   hint=f"set parallel.{name}: 1 (parallel degrees this model runs: {supported})")
     world = stage.parallel.world_size
-    if not refused and world > family.max_world_size:
+    if not refused and world > family.parallel.max_world_size:
         source = next(where(f"parallel.{name}") for name in _DEGREES if getattr(stage.parallel, name) > 1)
-        out.error(f"parallel world size {world}: {family.class_name} runs at most {family.max_world_size} "
+        out.error(f"parallel world size {world}: {family.class_name} runs at most {family.parallel.max_world_size} "
                   "ranks per replica", path=f"{prefix}.parallel", source=source,
                   hint=f"lower the parallel degrees (this model runs: {supported}); use num_replicas for more")
 

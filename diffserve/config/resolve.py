@@ -197,7 +197,7 @@ def _implementation_errors(stages: tuple[StageConfig, ...], family: Any,
     pipeline for (the generic path runs diffusers' pipeline whole: one stage)."""
     errors = []
     if family is not None:
-        roles = dict(family.stage_pipelines)
+        roles = dict(family.features.stage_pipelines)
         for stage in stages:
             if stage.role == "diffusion":
                 continue
@@ -207,7 +207,7 @@ def _implementation_errors(stages: tuple[StageConfig, ...], family: Any,
                     f"{family.class_name} on the {'generic' if generic else 'native'} path has no "
                     f"{stage.role} stage", path="topology", source=provenance["topology"].describe(),
                     hint="use topology: single" + (f" (a {stage.role} stage runs on: "
-                                                   f"{', '.join(n for n, f in MODEL_FAMILIES.items() if stage.role in dict(f.stage_pipelines))})"
+                                                   f"{', '.join(n for n, f in MODEL_FAMILIES.items() if stage.role in dict(f.features.stage_pipelines))})"
                                                    if stage.role else "")))
     if family is None or family.implementation == "native":
         return errors
@@ -222,10 +222,10 @@ def _text_window_errors(stages: tuple[StageConfig, ...], family: Any,
     errors: list[ConfigError] = []
     for stage in stages:
         length, key = stage.request_defaults.max_sequence_length, f"stages.{stage.stage_id}.request_defaults.max_sequence_length"
-        if family is not None and length is not None and length > family.max_sequence_length:
+        if family is not None and length is not None and length > family.defaults.max_sequence_length:
             errors.append(ConfigError(f"{length} text tokens is past {family.class_name}'s window of "
-                                      f"{family.max_sequence_length}", path=key, source=provenance[key].describe(),
-                                      hint=f"use at most {family.max_sequence_length} (or leave it unset)"))
+                                      f"{family.defaults.max_sequence_length}", path=key, source=provenance[key].describe(),
+                                      hint=f"use at most {family.defaults.max_sequence_length} (or leave it unset)"))
     return errors
 
 
@@ -244,8 +244,8 @@ def _generic_cache_errors(stages: tuple[StageConfig, ...], family: Any,
             errors.append(ConfigError(
                 f"TeaCache rescales its signal with a polynomial fitted per model family, and none is published for "
                 f"{family.class_name}", path=key, source=source,
-                hint="use cache.backend: fbcache" if family.first_block_cache else "use cache.backend: none"))
-        elif family.first_block_cache is None:
+                hint="use cache.backend: fbcache" if family.generic.first_block_cache else "use cache.backend: none"))
+        elif family.generic.first_block_cache is None:
             errors.append(ConfigError(f"{family.class_name} on the generic path has no step cache", path=key,
                                       source=source, hint="use cache.backend: none" + (
                                           " (or implementation: native, which has one)"
@@ -282,10 +282,10 @@ def _component_errors(stages: tuple[StageConfig, ...], family: Any,
                                       source=provenance[key].describe(),
                                       hint="serve the component from the model's folder, or use implementation: native"))
             continue
-        takes = (f"it reads {', '.join(family.single_file_components)} from single files"
-                 if family.single_file_components else "it reads no component from a single file")
+        takes = (f"it reads {', '.join(family.features.single_file_components)} from single files"
+                 if family.features.single_file_components else "it reads no component from a single file")
         for name in stage.components:
-            if name not in family.single_file_components:
+            if name not in family.features.single_file_components:
                 # Refused, not ignored: the file would otherwise be fingerprinted as served and never read.
                 errors.append(ConfigError(
                     f"{family.class_name} does not read its {name} from a single file ({takes})",
@@ -296,7 +296,7 @@ def _component_errors(stages: tuple[StageConfig, ...], family: Any,
 
 def _readers() -> str:
     """The families whose native pipeline reads some component from a single file."""
-    return ", ".join(name for name, f in MODEL_FAMILIES.items() if f.single_file_components) or "none"
+    return ", ".join(name for name, f in MODEL_FAMILIES.items() if f.features.single_file_components) or "none"
 
 
 def _raise_if_errors(errors: list[ConfigError]) -> None:

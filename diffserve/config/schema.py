@@ -71,6 +71,11 @@ class CacheConfig:
                                      "a model without one refuses teacache) or a name to apply it anyway",
                                      c.normalize_teacache_polynomial, choices=c.canonical_values(c.TEACACHE_ALIASES))
 
+    @property
+    def request_threshold(self) -> float:
+        """The ``cache_threshold`` of a request that names none: the resolved ``threshold`` (0: uncached)."""
+        return float(self.threshold or 0.0) if self.backend != "none" else 0.0
+
 
 @dataclass(frozen=True)
 class WarmupConfig:

@@ -77,13 +77,13 @@ def model_layer(model: str | os.PathLike | None, out: Collector) -> tuple[str | 
     rank = LAYER_RANK["model"]
     out.add(rank, None, "implementation", family.implementation, Source("model", str(index), None,
                                                                         f"{class_name}: {family.implementation} path"))
-    out.add(rank, None, "quantization_ignored_layers", family.quantization_ignored_layers,
+    out.add(rank, None, "quantization_ignored_layers", family.features.quantization_ignored_layers,
             Source("model", str(index), None, f"{class_name}: layers kept unquantized"))
     _model_teacache_polynomial(path, class_name, out)
-    defaults: dict[str, Any] = {"num_inference_steps": family.default_steps,
-                                "guidance_scale": family.default_guidance_scale}
-    if family.default_num_frames is not None:  # a video family
-        defaults.update(num_frames=family.default_num_frames, fps=family.default_fps)
+    defaults: dict[str, Any] = {"num_inference_steps": family.defaults.steps,
+                                "guidance_scale": family.defaults.guidance_scale}
+    if family.defaults.modality == "video":
+        defaults.update(num_frames=family.defaults.num_frames, fps=family.defaults.fps)
     marker_defaults, marker_source = _marker_request_defaults(path, out)
     for key, value in defaults.items():
         if key not in marker_defaults:

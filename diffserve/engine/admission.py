@@ -12,14 +12,14 @@ from dataclasses import replace
 
 from diffserve.config.schema import CacheConfig, RequestDefaultsConfig, ServerConfig, StageConfig
 from diffserve.errors import LimitExceededError, RequestError
-from diffserve.registry.edits import EDIT_KINDS, strength_refused, takes_mask
+from diffserve.registry.edits import admit_edit
 from diffserve.registry.models import MODEL_FAMILIES
 from diffserve.types.capabilities import PipelineCapabilities
 from diffserve.types.request import GenerationRequest
 
 
-def check_limits(request: GenerationRequest, server: ServerConfig, default_size: int | None = None) -> None:
-    """The deployment's limits; a size left to the model counts as ``default_size`` when it is known."""
+def check_limits(request: GenerationRequest, server: ServerConfig) -> None:
+    """The deployment's limits (on the request as admission filled it)."""
     # Prompts are tokenized and copied into image metadata: bound them before any of that work.
     for name in ("prompt", "negative_prompt"):
         text = getattr(request, name)
@@ -28,8 +28,7 @@ def check_limits(request: GenerationRequest, server: ServerConfig, default_size:
                                      f"{server.max_prompt_chars}", param=name)
     if request.n > server.max_n:
         raise LimitExceededError(f"n={request.n} is above this server's limit of {server.max_n}", param="n")
-    height = request.height or default_size
-    width = request.width or default_size
+    height, width = request.height, request.width
     if height and width and height * width > server.max_pixels:
         raise LimitExceededError(f"size={width}x{height} has {width * height} pixels, above this server's "
                                  f"limit of {server.max_pixels}", param="size")
@@ -42,13 +41,11 @@ def check_cache(request: GenerationRequest, cache: CacheConfig) -> GenerationReq
     """A request's ``cache_threshold`` against the stage's step cache; an unset one becomes the stage's,
     so requests that differ only in spelling the default batch together."""
     threshold = request.cache_threshold
-    if cache.backend == "none":
-        if threshold:
-            raise RequestError(f"cache_threshold={threshold} needs a step cache, and this deployment has none "
-                               "(cache.backend: none); leave cache_threshold unset", param="cache_threshold")
-        return request
+    if cache.backend == "none" and threshold:
+        raise RequestError(f"cache_threshold={threshold} needs a step cache, and this deployment has none "
+                           "(cache.backend: none); leave cache_threshold unset", param="cache_threshold")
     if threshold is None:
-        return replace(request, cache_threshold=cache.threshold)
+        return replace(request, cache_threshold=cache.request_threshold)
     if threshold > cache.max_threshold:
         raise RequestError(f"cache_threshold={threshold} is above this deployment's cache.max_threshold "
                            f"{cache.max_threshold}; use 0 (no caching) to {cache.max_threshold}",
@@ -58,56 +55,15 @@ def check_cache(request: GenerationRequest, cache: CacheConfig) -> GenerationReq
 
 def fill_defaults(request: GenerationRequest, defaults: RequestDefaultsConfig | None,
                   capabilities: PipelineCapabilities | None = None) -> GenerationRequest:
-    """Unset ``num_inference_steps``/``guidance_scale`` (and a request's size, unless it edits an image) from the
-    deployment's ``request_defaults`` (the model's own, source ``model``, unless the deployment set others); a
-    video model's unset frames, fps and size likewise (its size else the family's); an unset ``max_sequence_length`` from
-    ``request_defaults``, else the model's text limit. The only place an engine's requests get their defaults:
-    nothing downstream fills."""
-    video = capabilities.video if capabilities is not None else None
-    extra: dict[str, int | None] = {}
-    if not request.images:  # an edit (and image-to-video) takes its image's size (check_edit)
-        extra.update(height=defaults.height if defaults is not None else None,
-                     width=defaults.width if defaults is not None else None)
-    if video is not None:  # a video model's size and clip come from the deployment and the model, once, here
-        extra.update(num_frames=defaults.num_frames if defaults is not None else None,
-                     fps=defaults.fps if defaults is not None else None)
-        if not request.images:
-            extra.update(height=extra["height"] or video.default_height, width=extra["width"] or video.default_width)
-    text_length = defaults.max_sequence_length if defaults is not None else None
-    if text_length is None and capabilities is not None:
-        text_length = capabilities.max_sequence_length
-    return request.with_defaults(defaults.num_inference_steps if defaults is not None else None,
-                                 defaults.guidance_scale if defaults is not None else None, text_length, **extra)
-
-
-def check_edit(request: GenerationRequest, capabilities: PipelineCapabilities | None) -> GenerationRequest:
-    """An edit's inputs against what the model edits; fills the size (the first image's, rounded down to the
-    model's multiple) and, for img2img and inpainting, the strength (0.6, as diffusers) when unset."""
-    if not request.images or capabilities is None:
-        return request
-    kinds = capabilities.edits
-    if not kinds:
-        raise RequestError(f"{capabilities.family} ({capabilities.implementation}) does not edit images on this "
-                           "deployment", param="image")
-    if request.mask is not None and not takes_mask(kinds):
-        raise RequestError(f"{capabilities.family} takes no mask", param="mask")
-    if len(request.images) > 1:  # one image to edit, or one reference (as diffusers runs reference edits)
-        raise RequestError(f"{len(request.images)} images: {capabilities.family} takes one input image",
-                           param="image")
-    multiple = capabilities.size_multiple
-    h, w = request.images[0].shape[:2]
-    fill = {}
-    if request.height is None:
-        fill["height"] = max(multiple, h // multiple * multiple)
-    if request.width is None:
-        fill["width"] = max(multiple, w // multiple * multiple)
-    refused = strength_refused(kinds)
-    if request.strength is not None and (refused or not capabilities.edit_strength):
-        why = refused or EDIT_KINDS["reference"].strength_refused
-        raise RequestError(f"{capabilities.family} {why} and takes no strength", param="strength")
-    if request.strength is None and refused is None:
-        fill["strength"] = 0.6
-    return replace(request, **fill) if fill else request
+    """Unset fields from the deployment's ``request_defaults`` (the model's own, source ``model``, unless the
+    deployment set others) and the model's modality (``types/modality.py``: size, a video's clip, the text
+    window). The only place an engine's requests get their defaults: nothing downstream fills."""
+    if capabilities is None:  # no model yet (a model-less engine): what the deployment says, nothing more
+        return request.with_defaults(
+            defaults.num_inference_steps if defaults is not None else None,
+            defaults.guidance_scale if defaults is not None else None,
+            defaults.max_sequence_length if defaults is not None else None)
+    return capabilities.modality.fill(request, defaults, capabilities)
 
 
 def check_loras(request: GenerationRequest, capabilities: PipelineCapabilities | None,
@@ -121,7 +77,7 @@ def check_loras(request: GenerationRequest, capabilities: PipelineCapabilities |
                            "leave loras empty", param="loras")
     if stage is None or model_dir is None or capabilities is None:
         return request
-    # The family owns what makes an adapter valid (files, shapes, rank): registry.models.ModelFamily.lora_check.
+    # The family owns what makes an adapter valid (files, shapes, rank): registry.family.Features.lora_check.
     family = MODEL_FAMILIES[capabilities.family]
     return replace(request, loras=family.check_loras(request.loras, stage, model_dir))
 
@@ -136,9 +92,10 @@ def admit(request: GenerationRequest, server: ServerConfig, capabilities: Pipeli
         cache = cache if cache is not None else stage.cache
         defaults = defaults if defaults is not None else stage.request_defaults
     request = fill_defaults(request, defaults, capabilities)
-    request = check_edit(request, capabilities)
+    if capabilities is not None:
+        request = admit_edit(request, capabilities)
     request = check_loras(request, capabilities, stage, model_dir)
-    check_limits(request, server, capabilities.default_size if capabilities else None)
+    check_limits(request, server)
     if capabilities is not None:
         capabilities.check(request)
     if cache is not None:

@@ -22,6 +22,7 @@ from diffserve.errors import EngineDeadError, RequestAbortedError, RequestError,
 from diffserve.executor.base import DeadlineExceeded
 from diffserve.logging import get_logger
 from diffserve.tracing.spans import current
+from diffserve.types.modality import IMAGE, Modality
 from diffserve.types.request import ProgressEvent
 from diffserve.types.results import RequestResult
 
@@ -79,14 +80,13 @@ class BatchRun:
         requests = [s.request for s in live]
         executor = self.replica.executor
         capabilities = executor.capabilities
-        default_size = capabilities.default_size if capabilities is not None else None
-        deadline = batch_deadline_s(requests, core.config.server, default_size)
+        deadline = batch_deadline_s(requests, core.config.server)
         step_level = (core.stage.batching == "step" and core.stage.max_batch_size > 1
                       and capabilities is not None and capabilities.step_batching)
-        joins = StepJoins(self.replica, core.replicas, core.scheduler, core.stage, core.config.server, live,
-                          default_size) if step_level else None
+        joins = StepJoins(self.replica, core.replicas, core.scheduler, core.stage, core.config.server,
+                          live) if step_level else None
         self.watch = StepWatch(self.replica.pace,
-                               lambda: work_units([s.request for s in live if not s.finished], default_size),
+                               lambda: work_units([s.request for s in live if not s.finished]),
                                compiled=not core.stage.enforce_eager)
         try:
             outputs = executor.execute(
@@ -173,7 +173,7 @@ class BatchRun:
             if output.handoff is not None and self.core.decode is not None:  # encode_denoise_decode
                 self.core.decode.take(state, output, queue_ms)
                 continue
-            final = build_output(state.request, output, queue_ms, self.core.config.fingerprint)
+            final = build_output(state.request, output, queue_ms, self._modality())
             if state.stages:  # a staged topology: each stage's entry, this one last
                 final.attestation.update(state.carried)  # type: ignore[typeddict-item]
                 final.attestation["stages"] = [*state.stages, stage_entry(self.core.stage, dict(final.attestation))]
@@ -181,6 +181,10 @@ class BatchRun:
             finals.append((state, with_ar(final, state.original_prompt, state.revised_prompt, state.ar,
                                           state.stage_timings_ms)))
         return finals
+
+    def _modality(self) -> Modality:
+        capabilities = self.replica.executor.capabilities
+        return capabilities.modality if capabilities is not None else IMAGE
 
     def _deliver_ok(self, finals: list[Final]) -> None:
         self.core.counters.requests_ok += sum(1 for s, item in finals

@@ -127,6 +127,8 @@ class EngineCore:
         if request.rewrite_prompt and not self.ar:
             raise RequestError("rewrite_prompt: true needs an AR stage (kind: ar), and this deployment has none",
                                param="rewrite_prompt")
+        if request.carried.admitted:  # a stored job, admitted when it was created: not admitted twice
+            return request
         return admit(request, self.config.server, self.replicas.capabilities, stage=self.stage,
                      model_dir=self.config.model)
 

@@ -9,8 +9,6 @@ decoded images, this stage's ``decode`` time and ``vae_tiled``, and one ``stages
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 from diffserve.engine.outputs import build_output, with_ar
 from diffserve.engine.scheduler import RequestState
 from diffserve.engine.stage_loop import StageLoop, stage_entry
@@ -23,7 +21,7 @@ class DecodeStage(StageLoop):
         state.stages.append(stage_entry(self.core.stage, dict(output.attestation)))
         state.handed = output
         state.queue_ms = queue_ms
-        state.request = replace(state.request, stage_input=output.handoff)
+        state.request = state.request.carrying(stage_input=output.handoff)
         self.core.scheduler.done([state])  # it left the denoising stage
         try:
             self.scheduler.add(state)
@@ -45,7 +43,7 @@ class DecodeStage(StageLoop):
                 timings_ms={**denoised.timings_ms, **decoded.timings_ms},
                 memory_peak_mib={**denoised.memory_peak_mib, **decoded.memory_peak_mib},
                 attestation={**denoised.attestation, **decoded.attestation})
-            final = build_output(state.request, merged, state.queue_ms, self.config.fingerprint)
+            final = build_output(state.request, merged, state.queue_ms)  # a decoder makes images
             final.attestation.update(state.carried)  # type: ignore[typeddict-item]
             final.attestation["stages"] = [*state.stages, stage_entry(self.stage, dict(decoded.attestation))]
             final.timings.update({k: round(float(v), 3) for k, v in state.stage_timings_ms.items()})

@@ -11,8 +11,6 @@ kept per request (``RequestState.stages``) and joins the final attestation's ``s
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 from diffserve.engine.scheduler import RequestState
 from diffserve.engine.stage_loop import StageLoop, stage_entry
 from diffserve.errors import WorkerError
@@ -33,7 +31,7 @@ class EncodeStage(StageLoop):
             if output.handoff is None:
                 state.finish(WorkerError(f"{self.describe()} returned no conditioning for {state.request_id}"))
                 continue
-            state.request = replace(state.request, stage_input=output.handoff)
+            state.request = state.request.carrying(stage_input=output.handoff)
             attestation = dict(output.attestation)
             state.stages.append(stage_entry(self.stage, attestation))
             state.stage_timings_ms.update(output.timings_ms)  # "encode": this stage's, not the next one's

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from diffserve.types.attestation import Attestation
+from diffserve.types.modality import IMAGE, Modality
 from diffserve.types.request import GenerationRequest, RequestOutput
 from diffserve.types.results import RequestResult, to_pil
 
@@ -17,15 +17,18 @@ def to_images(images: Any, output_type: str) -> list[Any]:
 
 
 def build_output(request: GenerationRequest, output: RequestResult, queue_ms: float,
-                 config_fingerprint: str) -> RequestOutput:
-    if request.num_frames is not None:  # a video model's: [n, frames, H, W, 3]
+                 modality: Modality = IMAGE) -> RequestOutput:
+    """The user's output of a worker's result; its ``config_fingerprint`` is the one the worker attested (every
+    worker runs the engine's resolved config: Ray actors keep the driver's fingerprint)."""
+    config_fingerprint = str(output.attestation.get("config_fingerprint", ""))
+    if modality.output == "videos":  # a video model's: [n, frames, H, W, 3]
         return _video_output(request, output, queue_ms, config_fingerprint)
     images = to_images(output.images, request.output_type)
     # "pil" outputs are [n, H, W, 3]; "pt" is [n, 3, H, W] and "latent" is packed, so trust the request.
     pil = request.output_type == "pil" and output.images.ndim == 4
     height = int(output.images.shape[1]) if pil else int(request.height or 0)
     width = int(output.images.shape[2]) if pil else int(request.width or 0)
-    timings, attestation = _timings(output, queue_ms), _attested(output, config_fingerprint)
+    timings, attestation = _timings(output, queue_ms), output.attestation.copy()
     return RequestOutput(
         request_id=request.request_id,
         images=images,
@@ -48,7 +51,7 @@ def _video_output(request: GenerationRequest, output: RequestResult, queue_ms: f
     videos = output.images
     pil = request.output_type == "pil"
     listed = [videos[i].numpy() if pil else videos[i] for i in range(videos.shape[0])]
-    timings, attestation = _timings(output, queue_ms), _attested(output, config_fingerprint)
+    timings, attestation = _timings(output, queue_ms), output.attestation.copy()
     return RequestOutput(
         request_id=request.request_id, images=[], videos=listed, seeds=list(output.seeds), timings=timings,
         memory_peak_mib=dict(output.memory_peak_mib), attestation=attestation,
@@ -59,13 +62,6 @@ def _video_output(request: GenerationRequest, output: RequestResult, queue_ms: f
 
 def _timings(output: RequestResult, queue_ms: float) -> dict[str, float]:
     return {"queue": round(queue_ms, 3), **{k: round(float(v), 3) for k, v in output.timings_ms.items()}}
-
-
-def _attested(output: RequestResult, config_fingerprint: str) -> Attestation:
-    """The worker's attestation with the deployment's fingerprint (the one place an output gets it)."""
-    attestation = output.attestation.copy()
-    attestation["config_fingerprint"] = config_fingerprint
-    return attestation
 
 
 def with_ar(final: RequestOutput, original_prompt: str | None, revised_prompt: str | None,

@@ -23,8 +23,7 @@ from diffserve.engine.watchdog import FailureStreak, Heartbeat
 from diffserve.errors import EngineDeadError
 from diffserve.executor.factory import make_executor
 from diffserve.logging import get_logger
-from diffserve.registry.edits import needs_image
-from diffserve.types.request import GenerationRequest
+from diffserve.types.request import Carried, GenerationRequest
 
 if TYPE_CHECKING:  # pragma: no cover
     from diffserve.config.resolve import ResolvedConfig
@@ -63,16 +62,12 @@ def warm_up(executor: Executor, stage: StageConfig) -> None:
     """Run the warmup request once on ``executor`` (every replica compiles and allocates its own)."""
     warm = stage.warmup
     capabilities = executor.capabilities
-    video: dict[str, Any] = {}
-    if capabilities is not None and capabilities.video is not None:
-        video["num_frames"] = 1  # the shortest clip runs every kernel at the least cost
-        if needs_image(capabilities.edits):  # image-to-video: a black first frame
-            import numpy as np
-
-            video["images"] = (np.zeros((warm.height, warm.width, 3), np.uint8),)
     request = GenerationRequest(prompt="warmup", height=warm.height, width=warm.width,
                                 num_inference_steps=warm.steps, seed=0, max_sequence_length=64,
-                                request_id=f"warmup-{executor.replica}", is_warmup=True, **video)
+                                request_id=f"warmup-{executor.replica}",
+                                carried=Carried(is_warmup=True)) if capabilities is None \
+        else capabilities.modality.warmup(capabilities, warm.height, warm.width, warm.steps,
+                                          f"warmup-{executor.replica}")
     request = fill_defaults(request, stage.request_defaults, executor.capabilities)
     start = time.monotonic()
     # Checked against the model (not the request limits: the operator chose it), then straight to the

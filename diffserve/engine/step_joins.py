@@ -25,9 +25,9 @@ class StepJoins:
     """The joins of one running batch on ``replica``; ``live`` is the batch's request list, which grows."""
 
     def __init__(self, replica: Replica, replicas: ReplicaSet, scheduler: Scheduler, stage: StageConfig,
-                 server: ServerConfig, live: list[RequestState], default_size: int | None) -> None:
+                 server: ServerConfig, live: list[RequestState]) -> None:
         self.replica, self.replicas, self.scheduler = replica, replicas, scheduler
-        self.stage, self.server, self.default_size = stage, server, default_size
+        self.stage, self.server = stage, server
         self.live = live
         self.key = batch_key(live[0].request)
         self.joined: list[RequestState] = []
@@ -43,7 +43,7 @@ class StepJoins:
         self.joined.extend(states)
         self.live.extend(states)
         added = [s.request for s in states]
-        return added, batch_deadline_s(added, self.server, self.default_size)
+        return added, batch_deadline_s(added, self.server)
 
     def late(self, returned: set[str]) -> list[RequestState]:
         """Joins the worker dropped (they arrived after the batch's last step): run them in a later batch.

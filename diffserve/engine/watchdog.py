@@ -20,12 +20,11 @@ if TYPE_CHECKING:  # pragma: no cover
     from diffserve.config.schema import ServerConfig
     from diffserve.types.request import GenerationRequest
 
-# Model size used when a request gives none and no model reports one (an RPC-only executor).
+# The size of a request no model admitted (an RPC-only executor's): every admitted request has its own.
 _FALLBACK_SIZE = 1024
 
 
-def batch_deadline_s(batch: Iterable[GenerationRequest], server: ServerConfig,
-                     default_size: int | None) -> float:
+def batch_deadline_s(batch: Iterable[GenerationRequest], server: ServerConfig) -> float:
     """Seconds a batch may run before its worker counts as hung.
 
     ``floor + per_mpix_step * steps * megapixels * images``: the work grows with steps, pixels and
@@ -33,16 +32,15 @@ def batch_deadline_s(batch: Iterable[GenerationRequest], server: ServerConfig,
     or wait far too long for small ones. A batch shares one ``BatchKey`` (same size and steps), but the sum
     keeps this correct for any batch.
     """
-    work = sum((request.num_inference_steps or 0) * work_units([request], default_size) for request in batch)
+    work = sum((request.num_inference_steps or 0) * work_units([request]) for request in batch)
     return float(server.batch_deadline_floor_s) + server.batch_deadline_s_per_mpix_step * work
 
 
-def work_units(requests: Iterable[GenerationRequest], default_size: int | None) -> float:
-    """What one denoise step of these requests computes, relatively: megapixels x images x frames (a size the
-    requests leave unset is the model's ``default_size``). The batch deadline and the step heartbeat scale by it."""
-    size = default_size or _FALLBACK_SIZE
-    return sum((request.height or size) * (request.width or size) / 1e6 * request.n * (request.num_frames or 1)
-               for request in requests)
+def work_units(requests: Iterable[GenerationRequest]) -> float:
+    """What one denoise step of these requests computes, relatively: megapixels x images x frames (as admission
+    filled them). The batch deadline and the step heartbeat scale by it."""
+    return sum((request.height or _FALLBACK_SIZE) * (request.width or _FALLBACK_SIZE) / 1e6 * request.n
+               * (request.num_frames or 1) for request in requests)
 
 
 class Heartbeat:

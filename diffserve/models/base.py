@@ -97,24 +97,21 @@ class Pipeline(Protocol):
 
 
 def library_admit(pipeline: Pipeline, request: GenerationRequest) -> GenerationRequest:
-    """A library call's admission (an engine's is ``engine/admission.py``): unset steps, guidance and text
-    length get the model family's defaults (the registry's, which an engine's deployment takes as its own
-    unless it sets others) and the request is checked against the pipeline's capabilities."""
+    """A library call's admission (an engine's is ``engine/admission.py``, through the same modality and edit
+    rules): unset fields get the model family's defaults (the registry's, which an engine's deployment takes as
+    its own unless it sets others) and the stage's cache threshold, and the request is checked against the
+    pipeline's capabilities."""
+    from diffserve.config.schema import RequestDefaultsConfig
+    from diffserve.registry.edits import admit_edit
     from diffserve.registry.models import MODEL_FAMILIES
 
     capabilities = pipeline.capabilities
     family = MODEL_FAMILIES[capabilities.family]
-    video: dict[str, int | None] = {}
-    if capabilities.video is not None:
-        video = {"num_frames": family.default_num_frames, "fps": family.default_fps}
-        if not request.images:
-            video.update(height=capabilities.video.default_height, width=capabilities.video.default_width)
-        elif request.height is None or request.width is None:
-            multiple = capabilities.size_multiple
-            h, w = request.images[0].shape[:2]
-            video.update(height=max(multiple, h // multiple * multiple), width=max(multiple, w // multiple * multiple))
-    request = request.with_defaults(family.default_steps, family.default_guidance_scale, family.max_sequence_length,
-                                    capabilities.default_cache_threshold or None, **video)
+    defaults = RequestDefaultsConfig(num_inference_steps=family.defaults.steps,
+                                     guidance_scale=family.defaults.guidance_scale,
+                                     num_frames=family.defaults.num_frames, fps=family.defaults.fps)
+    request = admit_edit(capabilities.modality.fill(request, defaults, capabilities), capabilities)
+    request = request.with_defaults(cache_threshold=capabilities.default_cache_threshold)
     capabilities.check(request)
     return request
 

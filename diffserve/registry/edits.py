@@ -1,13 +1,24 @@
 """The kinds of image edit a family runs (its registry entry's ``edits``), and what each takes from a request.
 
-Admission (``engine/admission.py``), the capability check (``types/capabilities.py``) and the warmup
-(``engine/replicas.py``) read these facts here instead of testing kind names: a new kind is one entry.
+Admission (``engine/admission.py`` and a library call's ``models/base.py:library_admit``) checks an edit here
+(``admit_edit``); the pipelines declare ``needs_image`` in their capabilities. Nothing tests kind names
+elsewhere: a new kind is one entry.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
+
+from diffserve.errors import RequestError
+
+if TYPE_CHECKING:  # pragma: no cover
+    from diffserve.types.capabilities import PipelineCapabilities
+    from diffserve.types.request import GenerationRequest
+
+# The strength of an img2img or inpainting request that names none (diffusers' FluxImg2ImgPipeline default).
+DEFAULT_STRENGTH = 0.6
 
 
 @dataclass(frozen=True)
@@ -46,3 +57,25 @@ def strength_refused(names: Iterable[str]) -> str | None:
 
 def needs_image(names: Iterable[str]) -> bool:
     return any(kind.needs_image for kind in edit_kinds(names))
+
+
+def admit_edit(request: GenerationRequest, capabilities: PipelineCapabilities) -> GenerationRequest:
+    """An edit's inputs against what the model edits; fills the strength of img2img and inpainting when unset."""
+    if not request.images:
+        return request
+    kinds = capabilities.edits
+    if not kinds:
+        raise RequestError(f"{capabilities.family} ({capabilities.implementation}) does not edit images on this "
+                           "deployment", param="image")
+    if request.mask is not None and not takes_mask(kinds):
+        raise RequestError(f"{capabilities.family} takes no mask", param="mask")
+    if len(request.images) > 1:  # one image to edit, or one reference (as diffusers runs reference edits)
+        raise RequestError(f"{len(request.images)} images: {capabilities.family} takes one input image",
+                           param="image")
+    refused = strength_refused(kinds)
+    if request.strength is not None and (refused or not capabilities.edit_strength):
+        why = refused or EDIT_KINDS["reference"].strength_refused
+        raise RequestError(f"{capabilities.family} {why} and takes no strength", param="strength")
+    if request.strength is None and refused is None:
+        return replace(request, strength=DEFAULT_STRENGTH)
+    return request

@@ -14,14 +14,20 @@ from __future__ import annotations
 import functools
 import json
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from diffserve.registry.targets import load_target
+from diffserve.registry.family import (
+    GENERIC_PIPELINE,
+    MMDIT_FIRST_BLOCK_CACHE,
+    FamilyDefaults,
+    Features,
+    GenericPath,
+    ModelFamily,
+    Parallelism,
+)
 
-# FLUX.1's T5 window: the text limit of the FLUX families (and the longest any family reads).
-T5_MAX_TOKENS = 512
 # Admission's check of a request's LoRA adapters on the native FLUX pipeline (files, shapes, scales).
 FLUX_LORA_CHECK = "diffserve.models.flux.lora:check_lora_request"
 # The generic path's: diffusers/PEFT files keyed by the denoiser's own module names.
@@ -33,98 +39,6 @@ GENERIC_LORA_CHECK = "diffserve.models.generic.lora:check_lora_request"
 MODEL_MARKER_FILE = "diffserve_model.json"
 
 
-@dataclass(frozen=True)
-class FirstBlockCacheSpec:
-    """Where First-Block Cache hooks into a generic family's denoiser (models/generic/step_cache.py): its block
-    list, the index of the image tokens in a block's output tuple, and the block's keyword inputs in the order
-    of its outputs (what a skipped block passes through)."""
-
-    blocks: str = "transformer_blocks"
-    image_output: int = 1
-    block_outputs: tuple[str, ...] = ("encoder_hidden_states", "hidden_states")
-
-
-# MMDiT blocks that return (text, image) and whose text stream the forward drops after the last block.
-MMDIT_FIRST_BLOCK_CACHE = FirstBlockCacheSpec()
-
-
-@dataclass(frozen=True)
-class ModelFamily:
-    """What the resolver must know about a family before any weight is read."""
-
-    class_name: str  # model_index.json "_class_name"
-    pipeline: str  # "module:Class" of the pipeline (a models.base.Pipeline)
-    topology: str  # default stage layout (config.schema.TOPOLOGIES)
-    attention_roles: tuple[str, ...]  # attention call sites that may get their own backend
-    max_world_size: int = 1  # ranks one replica may span (1: no parallel denoising)
-    # The ``parallel.*`` degrees its pipeline implements (config/layout.py refuses any other above 1).
-    parallel_dims: tuple[str, ...] = ()
-    implementation: str = "native"  # "native" (our denoiser) or "generic" (diffusers' pipeline, our kernels)
-    # What a request that names none gets (source "model" in ``config explain``): the real checkpoints'
-    # pipeline defaults, e.g. SD3's 28 steps at CFG 7.0.
-    default_steps: int = 28
-    default_guidance_scale: float = 3.5
-    # Generic families: (substring of the denoiser's module path, role) per attention module, first match
-    # wins, so a role can be chosen per call site; roles whose calls carry a mask (padded text) are listed
-    # in ``masked_roles``, and need a backend that takes one.
-    role_patterns: tuple[tuple[str, str], ...] = ()
-    masked_roles: tuple[str, ...] = ()
-    denoiser: str = "transformer"  # component name of the denoiser in model_index.json
-    # The pipeline's text length cap (its __call__'s max_sequence_length limit).
-    max_sequence_length: int = T5_MAX_TOKENS
-    # Image edits the native pipeline runs: "img2img" (strength), "inpaint" (a mask), "reference" (the
-    # input image's latents as extra tokens, FLUX.1 Kontext). Empty: text to image only.
-    edits: tuple[str, ...] = ()
-    # "module:function" that admission calls with (loras, stage, model_dir) to check and canonicalize a
-    # request's LoRA adapters; None: the family takes no adapters.
-    lora_check: str | None = None
-    # ``quantization_ignored_layers`` of a stage that sets none (source ``model``): the denoiser's modules
-    # that stay in the stage's dtype when it is quantized, by module name (the native and the diffusers
-    # names where a family has both): the embedders, the adaLN modulation and the final layer, as peers keep
-    # them (docs/quantization.md).
-    quantization_ignored_layers: tuple[str, ...] = ()
-    # The pipelines of the stages other than denoising (role -> "module:Class"), for topologies that split
-    # them off (config.schema.TOPOLOGIES); a topology whose roles a family lacks is refused at resolve.
-    stage_pipelines: tuple[tuple[str, str], ...] = ()
-    # Video families: a request's frames and frame rate when it names none (request_defaults, source ``model``)
-    # and its size (diffusers' __call__ defaults); None: an image family.
-    default_num_frames: int | None = None
-    default_fps: int | None = None
-    default_height: int = 0
-    default_width: int = 0
-    # Generic families: the ``__call__`` keyword a request's guidance scale goes to ("true_cfg_scale" where the
-    # pipeline's ``guidance_scale`` is a distilled-guidance input), and the negative prompt its CFG needs when a
-    # request names none (None: the pipeline runs CFG without one; Qwen-Image skips CFG without a negative
-    # prompt, and its model card passes " ").
-    cfg_argument: str = "guidance_scale"
-    cfg_negative_prompt: str | None = None
-    # Generic families: where First-Block Cache hooks in (None: no step cache on the generic path). TeaCache
-    # needs a polynomial fitted per family (registry/teacache.py): none is published for these.
-    first_block_cache: FirstBlockCacheSpec | None = None
-    # The step caches its native pipeline runs (models/stepcache; TeaCache where a polynomial fits the model).
-    native_step_caches: tuple[str, ...] = ()
-    # The components its native pipeline can read from one file (``components: {name: FILE}``) instead of the
-    # model's folder; any other is refused at resolve (config/resolve.py), as is any on the generic path.
-    single_file_components: tuple[str, ...] = ()
-
-    def load_stage_pipeline(self, role: str) -> Any:
-        """The pipeline class serving ``role`` (``diffusion``: the family's own, see ``load_pipeline_class``)."""
-        return load_target(dict(self.stage_pipelines)[role])
-
-    def check_loras(self, loras: tuple[tuple[str, float], ...], stage: Any, model_dir: str) -> tuple[tuple[str, float], ...]:
-        """The family's admission check of a request's adapters (``lora_check``), imported on first use."""
-        if self.lora_check is None:
-            raise ValueError(f"{self.class_name} takes no LoRA adapters")
-        checked: tuple[tuple[str, float], ...] = load_target(self.lora_check)(loras, stage, model_dir)
-        return checked
-
-    def load_pipeline_class(self, implementation: str | None = None) -> Any:
-        """The pipeline class serving this family on ``implementation`` (default: the family's own)."""
-        generic = (implementation or self.implementation) == "generic"
-        return load_target(GENERIC_PIPELINE if generic else self.pipeline)
-
-
-GENERIC_PIPELINE = "diffserve.models.generic.pipeline:GenericPipeline"
 FLUX_PIPELINE = "diffserve.models.flux.pipeline:FluxPipeline"
 # FLUX's text encoders as a stage of their own (topology split_text_encoder).
 FLUX_STAGES = (("text_encoder", "diffserve.models.flux.encode_pipeline:FluxEncodePipeline"),
@@ -155,93 +69,86 @@ PIPELINE_LIBRARIES: dict[str, tuple[str, ...]] = {
 NATIVE_STEP_CACHES = ("fbcache", "teacache")
 WAN_QUANTIZATION_IGNORED = ("patch_embedding", "condition_embedder", "proj_out")
 
+FLUX_ROLES = ("double_block", "single_block")
+# implementation: generic runs diffusers' FluxPipeline with these roles.
+FLUX_GENERIC = GenericPath(role_patterns=(("single_transformer_blocks.", "single_block"),
+                                          ("transformer_blocks.", "double_block")))
+FLUX_FEATURES = Features(lora_check=FLUX_LORA_CHECK, step_caches=NATIVE_STEP_CACHES,
+                         quantization_ignored_layers=FLUX_QUANTIZATION_IGNORED, stage_pipelines=FLUX_STAGES,
+                         single_file_components=FLUX_SINGLE_FILES)
+# CFG-parallel (the two CFG branches on two ranks) times Ulysses (the image or video tokens; the degree must
+# divide the heads, checked at load: models/runner/branches.py).
+CFG_TIMES_ULYSSES = Parallelism(max_world_size=16, dims=("cfg_parallel_size", "ulysses_degree"))
+MMDIT_ROLES = GenericPath(role_patterns=(("", "joint_block"),), first_block_cache=MMDIT_FIRST_BLOCK_CACHE)
+
 MODEL_FAMILIES: dict[str, ModelFamily] = {
     family.class_name: family
     for family in (
-        ModelFamily("FluxPipeline", FLUX_PIPELINE, "single",
-                    attention_roles=("double_block", "single_block"),
-                    # implementation: generic runs diffusers' FluxPipeline with these roles.
-                    role_patterns=(("single_transformer_blocks.", "single_block"),
-                                   ("transformer_blocks.", "double_block")),
-                    # CFG-parallel (the two true-CFG branches on two ranks) times Ulysses (the image
-                    # tokens; the degree must divide the heads, checked at load: models/flux/pipeline.py).
-                    max_world_size=16, parallel_dims=("cfg_parallel_size", "ulysses_degree"),
-                    edits=("img2img", "inpaint"), lora_check=FLUX_LORA_CHECK, native_step_caches=NATIVE_STEP_CACHES,
-                    quantization_ignored_layers=FLUX_QUANTIZATION_IGNORED, stage_pipelines=FLUX_STAGES,
-                    single_file_components=FLUX_SINGLE_FILES),
+        ModelFamily("FluxPipeline", FLUX_PIPELINE, "single", FLUX_ROLES, generic=FLUX_GENERIC,
+                    parallel=CFG_TIMES_ULYSSES, features=replace(FLUX_FEATURES, edits=("img2img", "inpaint"))),
         # FLUX.1 Kontext: the native FLUX pipeline, with the reference image's latents as extra tokens.
-        ModelFamily("FluxKontextPipeline", FLUX_PIPELINE, "single",
-                    attention_roles=("double_block", "single_block"),
-                    role_patterns=(("single_transformer_blocks.", "single_block"),
-                                   ("transformer_blocks.", "double_block")),
-                    edits=("reference",), lora_check=FLUX_LORA_CHECK, native_step_caches=NATIVE_STEP_CACHES,
-                    quantization_ignored_layers=FLUX_QUANTIZATION_IGNORED, stage_pipelines=FLUX_STAGES,
-                    single_file_components=FLUX_SINGLE_FILES),
+        ModelFamily("FluxKontextPipeline", FLUX_PIPELINE, "single", FLUX_ROLES, generic=FLUX_GENERIC,
+                    features=replace(FLUX_FEATURES, edits=("reference",))),
         # SD3/SD3.5 (MMDiT): every block's joint text+image attention; true CFG in the pipeline itself
         # (guidance_scale is the CFG scale), 28 steps at 7.0 as the pipeline's __call__ defaults.
-        ModelFamily("StableDiffusion3Pipeline", GENERIC_PIPELINE, "single", attention_roles=("joint_block",),
-                    implementation="generic", default_steps=28, default_guidance_scale=7.0,
-                    role_patterns=(("", "joint_block"),), max_sequence_length=256,
-                    first_block_cache=MMDIT_FIRST_BLOCK_CACHE,
-                    quantization_ignored_layers=("pos_embed", "time_text_embed", "context_embedder", "*.norm1",
-                                                 "*.norm1_context", "norm_out", "proj_out")),
+        ModelFamily("StableDiffusion3Pipeline", GENERIC_PIPELINE, "single", ("joint_block",),
+                    implementation="generic", defaults=FamilyDefaults(28, 7.0, max_sequence_length=256),
+                    generic=replace(MMDIT_ROLES),
+                    features=Features(quantization_ignored_layers=(
+                        "pos_embed", "time_text_embed", "context_embedder", "*.norm1", "*.norm1_context", "norm_out",
+                        "proj_out"))),
         # PixArt-Sigma: self-attention over the image, cross-attention to the (padded, masked) T5 tokens;
         # 20 steps at CFG 4.5 as its __call__ defaults; T5 up to 300 tokens.
-        ModelFamily("PixArtSigmaPipeline", GENERIC_PIPELINE, "single",
-                    attention_roles=("self_attention", "cross_attention"), implementation="generic",
-                    default_steps=20, default_guidance_scale=4.5,
-                    role_patterns=((".attn1", "self_attention"), (".attn2", "cross_attention")),
-                    masked_roles=("cross_attention",), max_sequence_length=300,
-                    quantization_ignored_layers=("pos_embed", "adaln_single", "caption_projection", "proj_out")),
+        ModelFamily("PixArtSigmaPipeline", GENERIC_PIPELINE, "single", ("self_attention", "cross_attention"),
+                    implementation="generic", defaults=FamilyDefaults(20, 4.5, max_sequence_length=300),
+                    generic=GenericPath(role_patterns=((".attn1", "self_attention"), (".attn2", "cross_attention")),
+                                        masked_roles=("cross_attention",)),
+                    features=Features(quantization_ignored_layers=("pos_embed", "adaln_single", "caption_projection",
+                                                                   "proj_out"))),
         # Qwen-Image (MMDiT, a Qwen2.5-VL text encoder): every block's joint text-image attention, masked where a
         # batch's prompts differ in length; true CFG (two forwards a step) at 4.0 over 50 steps, 1024 px, text up
         # to 1024 tokens, as its __call__ (negative prompt " " when a request names none, as the model card).
         # Qwen-Image-Edit and -Edit-Plus (2509: several reference images, one through the edits API) have the same
-        # entry plus their edits.
-        *(ModelFamily(name, GENERIC_PIPELINE, "single", attention_roles=("joint_block",),
-                      implementation="generic", default_steps=50, default_guidance_scale=4.0,
-                      role_patterns=(("", "joint_block"),), masked_roles=("joint_block",), max_sequence_length=1024,
-                      cfg_argument="true_cfg_scale", cfg_negative_prompt=" ", first_block_cache=MMDIT_FIRST_BLOCK_CACHE,
-                      lora_check=GENERIC_LORA_CHECK, edits=edits,
-                      quantization_ignored_layers=("img_in", "txt_in", "time_text_embed", "*.img_mod", "*.txt_mod",
-                                                   "norm_out", "proj_out"))
-          # Qwen-Image-Edit: the same transformer; the input image is read by the Qwen2.5-VL encoder and its
-          # latents join the image tokens (a reference edit, as FLUX.1 Kontext's).
+        # entry plus their edits: the same transformer; the input image is read by the Qwen2.5-VL encoder and its
+        # latents join the image tokens (a reference edit, as FLUX.1 Kontext's).
+        *(ModelFamily(name, GENERIC_PIPELINE, "single", ("joint_block",), implementation="generic",
+                      defaults=FamilyDefaults(50, 4.0, max_sequence_length=1024),
+                      generic=replace(MMDIT_ROLES, masked_roles=("joint_block",), cfg_argument="true_cfg_scale",
+                                      cfg_negative_prompt=" "),
+                      features=Features(edits=edits, lora_check=GENERIC_LORA_CHECK, quantization_ignored_layers=(
+                          "img_in", "txt_in", "time_text_embed", "*.img_mod", "*.txt_mod", "norm_out", "proj_out")))
           for name, edits in (("QwenImagePipeline", ()), ("QwenImageEditPipeline", ("reference",)),
                               ("QwenImageEditPlusPipeline", ("reference",)))),
         # Z-Image (a single-stream DiT, a Qwen3 text encoder): refiner blocks over the image and the text tokens
         # alone, then joint blocks over both, every call masked (a batch pads its sequences); CFG at 5.0 over 50
         # steps as its __call__ (Z-Image-Turbo's own card uses 9 steps at 0: set them in the deploy file).
-        ModelFamily("ZImagePipeline", GENERIC_PIPELINE, "single",
-                    attention_roles=("image_refiner", "text_refiner", "joint_block"), implementation="generic",
-                    default_steps=50, default_guidance_scale=5.0,
-                    role_patterns=(("noise_refiner.", "image_refiner"), ("context_refiner.", "text_refiner"),
-                                   ("layers.", "joint_block")),
-                    masked_roles=("image_refiner", "text_refiner", "joint_block"), max_sequence_length=512,
-                    quantization_ignored_layers=("all_x_embedder.*", "all_final_layer.*", "t_embedder.*",
-                                                 "cap_embedder.*", "*.adaLN_modulation")),
+        ModelFamily("ZImagePipeline", GENERIC_PIPELINE, "single", ("image_refiner", "text_refiner", "joint_block"),
+                    implementation="generic", defaults=FamilyDefaults(50, 5.0, max_sequence_length=512),
+                    generic=GenericPath(role_patterns=(("noise_refiner.", "image_refiner"),
+                                                       ("context_refiner.", "text_refiner"), ("layers.", "joint_block")),
+                                        masked_roles=("image_refiner", "text_refiner", "joint_block")),
+                    features=Features(quantization_ignored_layers=("all_x_embedder.*", "all_final_layer.*",
+                                                                   "t_embedder.*", "cap_embedder.*",
+                                                                   "*.adaLN_modulation"))),
         # FLUX.2-klein (a Qwen3 text encoder) and FLUX.2-dev (a Mistral3 one): FLUX.2's MMDiT, double- and
         # single-stream blocks as FLUX.1, 50 steps at 4.0 as their __call__. klein runs real CFG (one forward
         # each for the prompt and the empty prompt); dev's guidance is distilled (embedded, one forward a step).
         # Neither __call__ takes a negative prompt.
-        *(ModelFamily(name, GENERIC_PIPELINE, "single", attention_roles=("double_block", "single_block"),
-                      implementation="generic", default_steps=50, default_guidance_scale=4.0,
-                      role_patterns=(("single_transformer_blocks.", "single_block"),
-                                     ("transformer_blocks.", "double_block")), max_sequence_length=512,
-                      quantization_ignored_layers=("x_embedder", "context_embedder", "time_guidance_embed.*",
-                                                   "double_stream_modulation_*", "single_stream_modulation.*",
-                                                   "norm_out.*", "proj_out"))
+        *(ModelFamily(name, GENERIC_PIPELINE, "single", FLUX_ROLES, implementation="generic",
+                      defaults=FamilyDefaults(50, 4.0, max_sequence_length=512), generic=FLUX_GENERIC,
+                      features=Features(quantization_ignored_layers=(
+                          "x_embedder", "context_embedder", "time_guidance_embed.*", "double_stream_modulation_*",
+                          "single_stream_modulation.*", "norm_out.*", "proj_out")))
           for name in ("Flux2KleinPipeline", "Flux2Pipeline")),
         # Wan2.1 / Wan2.2 text-to-video (Wan2.2's two experts: transformer + transformer_2 by boundary_ratio) and
         # Wan2.2 image-to-video: self-attention over the video tokens, cross-attention to UMT5's; real CFG at
         # 5.0 over 50 steps, 81 frames of 480x832 at 16 fps, as diffusers' __call__ and the Wan repos.
-        *(ModelFamily(name, WAN_PIPELINE, "single", attention_roles=("self_attention", "cross_attention"),
-                      # CFG-parallel (Wan runs real CFG: the two branches on two ranks) times Ulysses over the
-                      # video tokens (the degree must divide the heads; models/wan/transformer.py).
-                      max_world_size=16, parallel_dims=("cfg_parallel_size", "ulysses_degree"), default_steps=50, default_guidance_scale=5.0, max_sequence_length=512,
-                      default_num_frames=81, default_fps=16, default_height=480, default_width=832,
-                      native_step_caches=NATIVE_STEP_CACHES, quantization_ignored_layers=WAN_QUANTIZATION_IGNORED,
-                      edits=edits)
+        *(ModelFamily(name, WAN_PIPELINE, "single", ("self_attention", "cross_attention"),
+                      defaults=FamilyDefaults(50, 5.0, max_sequence_length=512, num_frames=81, fps=16, height=480,
+                                              width=832),
+                      parallel=CFG_TIMES_ULYSSES,
+                      features=Features(edits=edits, step_caches=NATIVE_STEP_CACHES,
+                                        quantization_ignored_layers=WAN_QUANTIZATION_IGNORED))
           for name, edits in (("WanPipeline", ()), ("WanImageToVideoPipeline", ("first_frame",)))),
     )
 }
@@ -275,7 +182,7 @@ def known_attention_roles() -> tuple[str, ...]:
 def known_single_file_components() -> tuple[str, ...]:
     """Every component some family reads from a single file (what ``components`` may name before the model is
     known; the family's own list is checked at resolve)."""
-    return tuple(dict.fromkeys(c for f in MODEL_FAMILIES.values() for c in f.single_file_components))
+    return tuple(dict.fromkeys(c for f in MODEL_FAMILIES.values() for c in f.features.single_file_components))
 
 
 def read_class_name(model_dir: str | Path) -> str:
@@ -292,7 +199,7 @@ def makes_videos(model_dir: str | Path | None) -> bool:
         family = MODEL_FAMILIES.get(read_class_name(model_dir)) if model_dir else None
     except (OSError, ValueError, KeyError):
         return False
-    return family is not None and family.default_num_frames is not None
+    return family is not None and family.defaults.modality == "video"
 
 
 def denoiser_components(index: Mapping[str, Any]) -> list[str]:

@@ -12,13 +12,13 @@ COLUMNS = ("family", "path", "generations", "edits", "LoRA", "step cache", "para
 def family_support(family: ModelFamily) -> tuple[str, ...]:
     """One row of the matrix, in ``COLUMNS`` order."""
     generic = family.implementation == "generic"
-    caches = ("fbcache",) if generic and family.first_block_cache else () if generic else family.native_step_caches
-    parallel = " x ".join({"cfg_parallel_size": "CFG", "ulysses_degree": "Ulysses"}[d] for d in family.parallel_dims)
+    caches = ("fbcache",) if generic and family.generic.first_block_cache else () if generic else family.features.step_caches
+    parallel = " x ".join({"cfg_parallel_size": "CFG", "ulysses_degree": "Ulysses"}[d] for d in family.parallel.dims)
     methods = ", ".join(name for name in QUANTIZATION_METHODS if name != "none")
     return (f"`{family.class_name}`", family.implementation,
-            "videos" if family.default_num_frames is not None else "images",
-            ", ".join(family.edits) or "-", "per request" if family.lora_check else "-",
-            ", ".join(caches) or "-", parallel or "-", methods, ", ".join(family.single_file_components) or "-")
+            f"{family.defaults.modality}s",
+            ", ".join(family.features.edits) or "-", "per request" if family.features.lora_check else "-",
+            ", ".join(caches) or "-", parallel or "-", methods, ", ".join(family.features.single_file_components) or "-")
 
 
 def support_matrix() -> list[tuple[str, ...]]:

@@ -68,7 +68,7 @@ class BatchTrace:
         self._size += len(requests)
         now = time.time_ns()
         for request in requests:
-            parent = parent_of(request.trace_context)
+            parent = parent_of(request.carried.trace_context)
             if parent is None:
                 continue
             if self._worker is None:
@@ -106,7 +106,7 @@ class BatchTrace:
             self._token = context.attach(trace.set_span_in_context(first.span))
             return self
         for request in self._batch:  # nothing sampled: the log lines still name the first request's trace
-            carrier = carried(request.trace_context)
+            carrier = carried(request.carried.trace_context)
             if carrier is not None:
                 self._token = context.attach(carrier)
                 break

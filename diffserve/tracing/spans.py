@@ -15,7 +15,6 @@ from __future__ import annotations
 import contextlib
 import time
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import replace
 from typing import TYPE_CHECKING, Any, Protocol
 
 from diffserve.tracing import provider, switch
@@ -54,7 +53,7 @@ def carry(request: GenerationRequest) -> GenerationRequest:
 
     carrier: dict[str, str] = {}
     propagate.inject(carrier)
-    return replace(request, trace_context=tuple(sorted(carrier.items()))) if carrier else request
+    return request.carrying(trace_context=tuple(sorted(carrier.items()))) if carrier else request
 
 
 def parent_of(carrier: Sequence[tuple[str, str]]) -> Any:
@@ -84,7 +83,7 @@ def current(requests: Sequence[GenerationRequest]) -> contextlib.AbstractContext
     if not switch.ON:
         return _OFF
     for request in requests:
-        context = carried(request.trace_context)
+        context = carried(request.carried.trace_context)
         if context is not None:
             return _attached(context)
     return _OFF
@@ -122,7 +121,7 @@ def queue_waited(batch: Sequence[Queued]) -> None:
         return
     end = time.time_ns()
     for state in batch:
-        parent = parent_of(state.request.trace_context)
+        parent = parent_of(state.request.carried.trace_context)
         if parent is None:
             continue
         start = wall_ns(state.arrival)

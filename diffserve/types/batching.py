@@ -49,18 +49,21 @@ class BatchPlan:
     steps: int
     guidance_scale: float
     text_length: int  # max_sequence_length
+    cache_threshold: float = 0.0  # the step cache's (0: uncached)
     num_frames: int | None = None  # video: frames of every clip
 
 
-def plan_of(request: GenerationRequest, default_size: int) -> BatchPlan:
-    """The plan of ``request``'s batch (an unset size is the model's ``default_size``); ``ValueError`` for a
-    request that admission did not complete (engine admission or ``models.base.library_admit`` fill it)."""
-    steps, guidance, length = request.num_inference_steps, request.guidance_scale, request.max_sequence_length
-    if steps is None or guidance is None or length is None:
-        raise ValueError(f"request {request.request_id} was not admitted: num_inference_steps, guidance_scale "
-                         "and max_sequence_length must be set (engine admission or models.base.library_admit "
-                         "fills them)")
-    return BatchPlan(request.height or default_size, request.width or default_size, steps, float(guidance), length)
+def plan_of(request: GenerationRequest) -> BatchPlan:
+    """The plan of ``request``'s batch; ``ValueError`` for a request that admission did not complete (engine
+    admission or ``models.base.library_admit`` fill every field)."""
+    fields = (request.height, request.width, request.num_inference_steps, request.guidance_scale,
+              request.max_sequence_length, request.cache_threshold)
+    height, width, steps, guidance, length, threshold = fields
+    if height is None or width is None or steps is None or guidance is None or length is None or threshold is None:
+        raise ValueError(f"request {request.request_id} was not admitted: size, num_inference_steps, "
+                         "guidance_scale, max_sequence_length and cache_threshold must be set (engine admission or "
+                         "models.base.library_admit fills them)")
+    return BatchPlan(height, width, steps, float(guidance), length, float(threshold), request.num_frames)
 
 
 def _edit_key(request: GenerationRequest) -> tuple[tuple[tuple[int, ...], ...], bool, float | None] | None:

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from diffserve.errors import RequestError
+from diffserve.types.modality import IMAGE, VIDEO, Modality
 
 if TYPE_CHECKING:  # pragma: no cover
     from diffserve.types.request import GenerationRequest
@@ -20,6 +21,7 @@ class VideoCapabilities:
     temporal_factor: int
     default_height: int
     default_width: int
+    animates_image: bool = False  # every request sends its first frame (image-to-video)
 
 
 @dataclass(frozen=True)
@@ -55,6 +57,11 @@ class PipelineCapabilities:
     # divides by zero in diffusers' FlowMatchEulerDiscreteScheduler and every pixel comes out NaN).
     min_inference_steps: int = 1
 
+    @property
+    def modality(self) -> Modality:
+        """What it makes (decided here, once: a pipeline that declares ``video`` makes videos)."""
+        return VIDEO if self.video is not None else IMAGE
+
     def check(self, request: GenerationRequest) -> None:
         """Refuse (``RequestError``, HTTP 400) what this model cannot make: a size off its multiple, a text
         window above its limit, true CFG where it has none."""
@@ -83,19 +90,4 @@ class PipelineCapabilities:
         if request.images and not self.edits:  # engine admission says so first (check_edit); a library call here
             raise RequestError(f"{self.family} ({self.implementation}) does not edit images on this deployment",
                                param="image")
-        self._check_video(request)
-
-    def _check_video(self, request: GenerationRequest) -> None:
-        video = self.video
-        if video is None:
-            for name in ("num_frames", "fps"):
-                if getattr(request, name) is not None:
-                    raise RequestError(f"{self.family} makes images; {name} is for video models", param=name)
-            return
-        frames, factor = request.num_frames, video.temporal_factor
-        if frames is not None and (frames - 1) % factor:
-            fix = max(1, (frames - 1) // factor * factor + 1)
-            raise RequestError(f"num_frames={frames} must be {factor}k+1 for this model (e.g. {fix})",
-                               param="num_frames")
-        if "first_frame" in self.edits and not request.images:
-            raise RequestError(f"{self.family} animates an image: send one (the first frame)", param="image")
+        self.modality.check(request, self)

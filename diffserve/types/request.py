@@ -27,6 +27,25 @@ MAX_FPS = 240
 
 
 @dataclass(frozen=True)
+class Carried:
+    """What the engine adds to a request between the client and the pipeline, apart from what the client asked
+    (as vLLM keeps its ``Request`` apart from the client's ``SamplingParams``)."""
+
+    # Warmup requests run through the normal path but are excluded from counters and metrics.
+    is_warmup: bool = False
+    # A stored job's request, admitted (``engine/admission.py``) when the job was created: the engine runs it
+    # without a second admission (``entrypoints/jobs/job_request.py``).
+    admitted: bool = False
+    # Set by the engine between stages (staged topologies): the previous stage's output for this one (the
+    # denoising stage: the text encoders' ConditioningPayload, types/conditioning.py).
+    stage_input: Any = None
+    # Set by the engine when tracing is on (tracing/spans.py:carry): the W3C trace context (``traceparent``,
+    # ``tracestate``) as (key, value) pairs, travelling with the request to its workers, whose spans join the
+    # request's trace; empty: not traced.
+    trace_context: tuple[tuple[str, str], ...] = ()
+
+
+@dataclass(frozen=True)
 class GenerationRequest:
     """One text-to-image request. ``n`` images share the prompt; image ``i`` uses seed ``seed + i``.
 
@@ -63,8 +82,6 @@ class GenerationRequest:
     mask: Any = None
     strength: float | None = None
     request_id: str = field(default_factory=lambda: uuid.uuid4().hex)
-    # Warmup requests run through the normal path but are excluded from counters and metrics.
-    is_warmup: bool = False
     # False: this request's texts are encoded afresh and not stored in the conditioning cache.
     conditioning_cache: bool = True
     # AR stages (a deploy file's kind: ar stages): None = rewrite the prompt when the deployment has such a stage;
@@ -74,13 +91,19 @@ class GenerationRequest:
     # and the frame rate written into the video (None: the deployment's default). Image models refuse both.
     num_frames: int | None = None
     fps: int | None = None
-    # Set by the engine between stages (staged topologies): the previous stage's output for this one (the
-    # denoising stage: the text encoders' ConditioningPayload, types/conditioning.py). Never from a client.
-    stage_input: Any = None
-    # Set by the engine when tracing is on (tracing/spans.py:carry): the W3C trace context (``traceparent``,
-    # ``tracestate``) as (key, value) pairs, travelling with the request to its workers, whose spans join the
-    # request's trace. Never from a client; empty: not traced.
-    trace_context: tuple[tuple[str, str], ...] = ()
+    # Video models: the clip's length in seconds (OpenAI videos' ``seconds``), for a request that names no
+    # ``num_frames``: admission makes it the nearest clip the model makes at the fps that runs.
+    seconds: float | None = None
+    # What the engine adds on the request's way (never from a client: the HTTP, job and CLI mappers leave it).
+    carried: Carried = field(default_factory=lambda: Carried())
+
+    @property
+    def is_warmup(self) -> bool:
+        return self.carried.is_warmup
+
+    def carrying(self, **changes: Any) -> GenerationRequest:
+        """This request with ``changes`` to what the engine carries (``stage_input``, ``trace_context``)."""
+        return replace(self, carried=replace(self.carried, **changes))
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "loras", _lora_pairs(self.loras))
@@ -114,6 +137,10 @@ class GenerationRequest:
         if self.fps is not None and (not isinstance(self.fps, int) or isinstance(self.fps, bool)
                                      or not 1 <= self.fps <= MAX_FPS):
             raise RequestError(f"fps={self.fps!r} must be an integer in [1, {MAX_FPS}]", param="fps")
+        if self.seconds is not None:
+            _check_float(self.seconds, "seconds", 0.0, float(MAX_FRAMES))
+            if self.seconds <= 0:
+                raise RequestError(f"seconds={self.seconds!r} must be above 0", param="seconds")
         if self.rewrite_prompt is not None and not isinstance(self.rewrite_prompt, bool):
             raise RequestError(f"rewrite_prompt={self.rewrite_prompt!r} must be true or false", param="rewrite_prompt")
         if not isinstance(self.conditioning_cache, bool):

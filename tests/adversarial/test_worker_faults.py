@@ -228,15 +228,18 @@ def test_uni_reader_failure_marks_the_executor_dead() -> None:
 def test_batch_deadline_grows_with_steps_pixels_and_images() -> None:
     server = ServerConfig(batch_deadline_floor_s=10, batch_deadline_s_per_mpix_step=30.0)
     one = GenerationRequest(prompt="x", height=1024, width=512, num_inference_steps=4, n=2)
-    assert batch_deadline_s([one], server, 256) == pytest.approx(10 + 30.0 * 4 * (1024 * 512 / 1e6) * 2)
-    # height/width None: the model's default size; a batch sums its requests' images.
-    default = GenerationRequest(prompt="x", num_inference_steps=2)
-    assert batch_deadline_s([default, default], server, 512) == pytest.approx(10 + 30.0 * 2 * 0.262144 * 2)
+    assert batch_deadline_s([one], server) == pytest.approx(10 + 30.0 * 4 * (1024 * 512 / 1e6) * 2)
+    # The model's default size, as admission filled it; a batch sums its requests' images.
+    default = GenerationRequest(prompt="x", height=512, width=512, num_inference_steps=2)
+    assert batch_deadline_s([default, default], server) == pytest.approx(10 + 30.0 * 2 * 0.262144 * 2)
+    # A request no model admitted (an RPC-only executor's) counts 1024x1024.
+    assert batch_deadline_s([GenerationRequest(prompt="x", num_inference_steps=1)], server) == pytest.approx(
+        10 + 30.0 * 1.048576)
     assert batch_deadline_s([one], ServerConfig(batch_deadline_floor_s=2,
-                                                 batch_deadline_s_per_mpix_step=0.0), 512) == 2.0
+                                                 batch_deadline_s_per_mpix_step=0.0)) == 2.0
     # A video's pixels are every frame's: 17 frames get 17 times the time of one.
     video = GenerationRequest(prompt="x", height=512, width=512, num_inference_steps=4, num_frames=17)
-    assert batch_deadline_s([video], server, 256) == pytest.approx(10 + 30.0 * 4 * 0.262144 * 17)
+    assert batch_deadline_s([video], server) == pytest.approx(10 + 30.0 * 4 * 0.262144 * 17)
 
 
 def test_failure_streak_counts_in_a_row_and_resets_on_success() -> None:

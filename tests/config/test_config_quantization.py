@@ -27,7 +27,7 @@ def test_the_family_brings_its_ignore_list_as_a_model_value(flux_model: Path) ->
     cfg = run(model=flux_model)
     stage = cfg.stages[0]
     assert stage.quantization == "none"  # unquantized unless asked
-    assert stage.quantization_ignored_layers == MODEL_FAMILIES["FluxPipeline"].quantization_ignored_layers
+    assert stage.quantization_ignored_layers == MODEL_FAMILIES["FluxPipeline"].features.quantization_ignored_layers
     assert {"img_in", "final_layer", "x_embedder", "proj_out"} <= set(stage.quantization_ignored_layers)
     assert cfg.provenance["stages.0.quantization_ignored_layers"].layer == "model"
     # An explicit empty list quantizes every Linear layer, and says so.

@@ -57,8 +57,8 @@ def test_single_file_components_are_the_registrys() -> None:
     """``components`` may name what some family reads; the native FLUX pipeline reads what its loaders do."""
     from diffserve.models.text_encoder_file import TEXT_ENCODER_FILES
 
-    assert set(c.SINGLE_FILE_COMPONENTS) == {x for f in MODEL_FAMILIES.values() for x in f.single_file_components}
-    readers = {name: f.single_file_components for name, f in MODEL_FAMILIES.items() if f.single_file_components}
+    assert set(c.SINGLE_FILE_COMPONENTS) == {x for f in MODEL_FAMILIES.values() for x in f.features.single_file_components}
+    readers = {name: f.features.single_file_components for name, f in MODEL_FAMILIES.items() if f.features.single_file_components}
     assert set(readers) == {"FluxPipeline", "FluxKontextPipeline"}
     assert all(set(takes) == {"transformer", "vae", *TEXT_ENCODER_FILES} for takes in readers.values())
 
@@ -67,6 +67,6 @@ def test_every_familys_edits_are_known_edit_kinds() -> None:
     from diffserve.registry.edits import EDIT_KINDS
     from diffserve.registry.models import MODEL_FAMILIES
 
-    used = {kind for family in MODEL_FAMILIES.values() for kind in family.edits}
+    used = {kind for family in MODEL_FAMILIES.values() for kind in family.features.edits}
     assert used <= set(EDIT_KINDS), used - set(EDIT_KINDS)
     assert {"img2img", "inpaint", "reference"} <= used  # first_frame: the Wan pipeline says it (image_to_video)

@@ -22,16 +22,17 @@ from diffserve.models.loader import load_strict, read_safetensors
 from diffserve.models.runner import Decoded, LiveRows, NativeRunner, Prepared
 from diffserve.models.stage_kernels import stage_kernels
 from diffserve.models.stepcache.policy import BranchCache
-from diffserve.registry.models import ModelFamily, register_family
+from diffserve.registry.family import FamilyDefaults, Features, ModelFamily, Parallelism
+from diffserve.registry.models import register_family
 from diffserve.types.batching import BatchPlan, plan_of
 from diffserve.types.request import GenerationRequest
 
 PATCH, DIM, HEADS, BLOCKS, TEXT = 4, 32, 2, 3, 16
 CHANNELS = 3 * PATCH * PATCH
-FAMILY = ModelFamily("ToyNativePipeline", "toy_native_family:ToyNativePipeline", "single",
-                     attention_roles=("self_attention",), max_world_size=2, parallel_dims=("cfg_parallel_size",),
-                     default_steps=4, default_guidance_scale=3.0, max_sequence_length=TEXT,
-                     native_step_caches=("fbcache",))
+FAMILY = ModelFamily("ToyNativePipeline", "toy_native_family:ToyNativePipeline", "single", ("self_attention",),
+                     defaults=FamilyDefaults(steps=4, guidance_scale=3.0, max_sequence_length=TEXT),
+                     parallel=Parallelism(max_world_size=2, dims=("cfg_parallel_size",)),
+                     features=Features(step_caches=("fbcache",)))
 
 
 class ToyDenoiser(nn.Module):
@@ -68,7 +69,7 @@ class ToyNativePipeline(NativeRunner):
         self.capabilities = PipelineCapabilities(
             family=FAMILY.class_name, default_size=32, size_multiple=PATCH, max_sequence_length=TEXT, true_cfg=False,
             attention_roles=FAMILY.attention_roles, step_batching=context.parallel.world_size == 1,
-            batch_invariant=stage.batch_invariant, default_cache_threshold=float(stage.cache.threshold or 0.0))
+            batch_invariant=stage.batch_invariant, default_cache_threshold=stage.cache.request_threshold)
 
     @classmethod
     def from_stage(cls, model_dir: str | Path, stage: StageConfig,
@@ -83,7 +84,7 @@ class ToyNativePipeline(NativeRunner):
         return self.model.counters
 
     def plan(self, request: GenerationRequest) -> BatchPlan:
-        return plan_of(request, self.capabilities.default_size)
+        return plan_of(request)
 
     def cfg_scale(self, request: GenerationRequest) -> float | None:
         return float(request.guidance_scale) if (request.guidance_scale or 0.0) > 1.0 else None

@@ -10,7 +10,7 @@ import pytest
 from diffserve.engine.scheduler import RequestState, Scheduler
 from diffserve.errors import EngineDeadError, EngineOverloadedError, RequestError
 from diffserve.types.batching import batch_key
-from diffserve.types.request import GenerationRequest
+from diffserve.types.request import Carried, GenerationRequest
 
 
 def state(rid: str, **kw) -> RequestState:
@@ -45,7 +45,7 @@ def test_incompatible_request_does_not_block_the_head_or_lose_its_place() -> Non
 
 
 @pytest.mark.parametrize("change", [dict(guidance_scale=1.0), dict(max_sequence_length=32),
-                                    dict(width=256), dict(num_inference_steps=3), dict(is_warmup=True)])
+                                    dict(width=256), dict(num_inference_steps=3), dict(carried=Carried(is_warmup=True))])
 def test_batch_key_separates_what_cannot_share_a_forward(change: dict) -> None:
     base = state("x").request
     assert batch_key(base) != batch_key(state("y", **change).request)

@@ -30,8 +30,8 @@ def clock(monkeypatch: pytest.MonkeyPatch) -> Clock:
 def test_work_counts_pixels_images_and_frames() -> None:
     image = GenerationRequest(prompt="a", height=512, width=512, n=2)
     video = GenerationRequest(prompt="a", height=64, width=64, num_frames=17)
-    assert work_units([image], 1024) == pytest.approx(2 * 0.262144)
-    assert work_units([video, GenerationRequest(prompt="b")], 1024) == pytest.approx(17 * 0.004096 + 1.048576)
+    assert work_units([image]) == pytest.approx(2 * 0.262144)
+    assert work_units([video, GenerationRequest(prompt="b")]) == pytest.approx(17 * 0.004096 + 1.048576)
 
 
 def test_a_stall_is_found_after_five_times_the_learned_pace_and_never_before_the_floor(clock: Clock) -> None:

@@ -9,11 +9,8 @@ import pytest
 from diffserve.config.schema import ServerConfig
 from diffserve.engine.admission import admit
 from diffserve.entrypoints.api_errors import to_api_error
-from diffserve.entrypoints.openai.protocol import (
-    parse_body,
-    parse_size,
-    to_generation_request,
-)
+from diffserve.entrypoints.openai.protocol import parse_body, to_generation_request
+from diffserve.entrypoints.request_fields import parse_size
 from diffserve.errors import (
     EngineDeadError,
     EngineNotReadyError,

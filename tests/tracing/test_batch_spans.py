@@ -161,7 +161,7 @@ def test_lines_logged_off_the_request_task_carry_its_trace(receiver: OtlpReceive
     with span("HTTP") as http:
         request = traced("r")
     parent = f"00-{secrets.token_hex(16)}-{secrets.token_hex(8)}-00"  # a client trace the sampler dropped
-    dropped = replace(request, request_id="d", trace_context=(("traceparent", parent),))
+    dropped = replace(request, request_id="d").carrying(trace_context=(("traceparent", parent),))
     calls = CallTable()
 
     def engine_thread() -> None:  # as EngineCore._loop: the batch's context current around its run

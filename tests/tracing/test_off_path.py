@@ -27,7 +27,7 @@ OFF_PATH = textwrap.dedent('''
         assert opened is None
         assert span("other") is span("another")  # one shared null context, nothing allocated per call
         annotate({"diffserve.model": "m"})
-        assert carry(request) is request and request.trace_context == ()
+        assert carry(request) is request and request.carried.trace_context == ()
         assert current([request]) is opened_null  # the engine threads' context: the same null context
 
     class State:

@@ -97,25 +97,17 @@ async def _generate(args: argparse.Namespace, model: str | None, prompt: str, ou
     from diffserve.engine.async_engine import AsyncEngine
     from diffserve.engine.client import AsyncEngineClient
     from diffserve.entrypoints.openai.encoding import encode_all
-    from diffserve.entrypoints.openai.sizes import parse_size
+    from diffserve.entrypoints.request_fields import to_request
     from diffserve.errors import RequestError
     from diffserve.registry.models import makes_videos
-    from diffserve.types.request import GenerationRequest, ProgressEvent, RequestOutput
+    from diffserve.types.request import ProgressEvent, RequestOutput
 
-    width, height = parse_size(args.size)
-    kwargs: dict[str, Any] = {"prompt": prompt, "n": args.n, "seed": args.seed, "width": width,
-                              "height": height, "negative_prompt": args.negative_prompt}
-    if args.steps is not None:
-        kwargs["num_inference_steps"] = args.steps
-    if args.guidance_scale is not None:
-        kwargs["guidance_scale"] = args.guidance_scale
-    if args.max_sequence_length is not None:
-        kwargs["max_sequence_length"] = args.max_sequence_length
-    for name in ("num_frames", "fps"):
-        if getattr(args, name) is not None:
-            kwargs[name] = getattr(args, name)
-    if args.no_rewrite:
-        kwargs["rewrite_prompt"] = False
+    # The arguments as the request names them (request_fields.to_request: the one mapper of every API).
+    kwargs: dict[str, Any] = {"prompt": prompt, "n": args.n, "seed": args.seed, "size": args.size,
+                              "negative_prompt": args.negative_prompt, "num_inference_steps": args.steps,
+                              "guidance_scale": args.guidance_scale, "max_sequence_length": args.max_sequence_length,
+                              "num_frames": args.num_frames, "fps": args.fps,
+                              "rewrite_prompt": False if args.no_rewrite else None}
     if args.config_cache_threshold is not None:
         # One request: the config flag --cache-threshold is also this request's cache_threshold, so it is
         # checked like an HTTP request's (bounded by cache.max_threshold, refused without a cache backend).
@@ -123,7 +115,7 @@ async def _generate(args: argparse.Namespace, model: str | None, prompt: str, ou
     files = _lora_choices(args.lora or [], kwargs)
     _edit_inputs(args, kwargs)
     # Built (and so validated) before anything loads: a bad argument fails in milliseconds.
-    request = GenerationRequest(**kwargs)
+    request = to_request(kwargs)
     config_kwargs = config_kwargs_from_args(args)
     if files:  # files given to --lora are registered for this one run
         overrides = config_kwargs.get("overrides") or {}

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from diffserve.entrypoints.request_fields import to_request
 from diffserve.types.request import GenerationRequest
 
 # The fields that make a video; everything else of a GenerationRequest is per-run (request id) or absent here.
@@ -25,9 +26,8 @@ def to_row(request: GenerationRequest, *, seconds: str, has_input: bool) -> dict
 
 
 def from_row(fields: dict[str, Any], request_id: str, image: Any = None) -> GenerationRequest:
-    """The engine request of a stored job (``image``: the decoded ``input_reference``, when it has one)."""
-    kwargs = {name: fields[name] for name in STORED_FIELDS if name in fields}
-    kwargs["loras"] = tuple((str(name), float(scale)) for name, scale in fields.get("loras", ()))
-    if image is not None:
-        kwargs["images"] = (image,)
-    return GenerationRequest(request_id=request_id, **kwargs)
+    """The engine request of a stored job, as admitted when the job was created (``image``: the decoded
+    ``input_reference``, when it has one): the engine runs it without admitting it again."""
+    stored = {name: fields[name] for name in (*STORED_FIELDS, "loras") if name in fields}
+    request = to_request(stored, request_id=request_id, images=(image,) if image is not None else None)
+    return request.carrying(admitted=True)

@@ -117,13 +117,11 @@ def request_defaults(engine: AsyncEngineClient) -> dict[str, Any] | None:
     request, e.g. a default size above ``server.max_pixels``)."""
     from diffserve.types.request import GenerationRequest
 
-    capabilities = engine.capabilities
     try:
         filled = engine.admit(GenerationRequest(prompt="defaults", seed=0))
     except Exception:  # noqa: BLE001 - no defaults to show; requests still get the engine's own answer
         return None
-    size = capabilities.default_size if capabilities is not None else None
-    width, height = filled.width or size, filled.height or size
+    width, height = filled.width, filled.height  # admission filled the model's size (types/modality.py)
     defaults: dict[str, Any] = {"size": f"{width}x{height}" if width and height else None,
                                 "num_inference_steps": filled.num_inference_steps,
                                 "guidance_scale": filled.guidance_scale}

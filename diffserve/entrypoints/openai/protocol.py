@@ -13,7 +13,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from diffserve.entrypoints.openai.sizes import parse_size
+from diffserve.entrypoints.request_fields import to_request
 from diffserve.errors import RequestError
 from diffserve.types.attestation import Attestation
 from diffserve.types.request import (
@@ -158,29 +158,14 @@ def request_error(exc: ValidationError) -> RequestError:
 
 def to_generation_request(body: ImageGenerationRequest, request_id: str, *, images: tuple[Any, ...] = (),
                           mask: Any = None) -> GenerationRequest:
-    """Map the body to the engine request (whose construction checks its fields: HTTP 400). The
-    deployment's limits (422) and the model's capabilities are checked once, and unset fields filled with
-    the deployment's defaults, at engine admission.
-    ``images``/``mask``: an edit's decoded inputs (``uploads.py``); ``size`` stays unset without one, so
-    admission takes the first image's size."""
-    width, height = parse_size(body.size)
-    kwargs: dict[str, Any] = {"prompt": body.prompt, "n": body.n, "width": width, "height": height,
-                              "negative_prompt": body.negative_prompt, "seed": body.seed,
-                              "request_id": request_id}
-    # Unset extensions keep the engine's defaults instead of being overwritten with None.
-    for name in ("num_inference_steps", "guidance_scale", "true_cfg_scale", "max_sequence_length", "cache_threshold",
-                 "conditioning_cache", "rewrite_prompt"):
-        value = getattr(body, name)
-        if value is not None:
-            kwargs[name] = value
-    if body.loras:
-        kwargs["loras"] = tuple((choice.name, choice.scale) for choice in body.loras)
+    """The body's engine request (``request_fields.to_request``: its construction checks the fields, HTTP 400).
+    The deployment's limits (422) and the model's capabilities are checked once, and unset fields filled with the
+    deployment's defaults, at engine admission. ``images``/``mask``: an edit's decoded inputs (``uploads.py``);
+    ``size`` stays unset without one, so admission takes the first image's size."""
+    given: dict[str, Any] = {"request_id": request_id}
     if images:
-        kwargs["images"], kwargs["mask"] = tuple(images), mask
-    strength = getattr(body, "strength", None)
-    if strength is not None:
-        kwargs["strength"] = strength
-    return GenerationRequest(**kwargs)
+        given.update(images=tuple(images), mask=mask)
+    return to_request(dict(body), **given)
 
 
 class ImageData(BaseModel):

@@ -138,11 +138,6 @@ def request_hash(body: VideoCreateRequest, image: bytes | None) -> str:
     return digest.hexdigest()
 
 
-def frames_for(seconds: float, fps: int, temporal_factor: int) -> int:
-    """The clip length nearest ``seconds`` at ``fps`` the model can make: ``k * temporal_factor + 1``."""
-    return temporal_factor * max(1, round(seconds * fps / temporal_factor)) + 1
-
-
 def video_object(job: Job) -> dict[str, Any]:
     """The OpenAI video object of a job, with diffserve's ``diffserve`` block (what ran, once it ran)."""
     request, result = job.request, job.result or {}

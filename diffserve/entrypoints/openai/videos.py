@@ -25,17 +25,16 @@ from diffserve.entrypoints.jobs.job_request import to_row
 from diffserve.entrypoints.jobs.runner import JobRunner
 from diffserve.entrypoints.jobs.store import COMPLETED, IdempotencyConflict, JobStore
 from diffserve.entrypoints.openai.served import ServedModels
-from diffserve.entrypoints.openai.sizes import parse_size
 from diffserve.entrypoints.openai.uploads import input_pixel_limit, open_image, to_rgb_array
 from diffserve.entrypoints.openai.video_protocol import (
     MAX_TEXT_FIELDS,
     VideoCreateRequest,
-    frames_for,
     parse_form,
     parse_json,
     request_hash,
     video_object,
 )
+from diffserve.entrypoints.request_fields import to_request
 from diffserve.errors import RequestError
 from diffserve.tracing.attributes import MODEL, VIDEO_JOB
 from diffserve.tracing.spans import annotate
@@ -109,25 +108,11 @@ class VideosHandler:
         return to_rgb_array(image, "input_reference")
 
     def _admit(self, engine: Any, body: VideoCreateRequest, image: Any) -> GenerationRequest:
-        """The engine's admission of this body (400/422 as for images); ``seconds`` becomes frames at the fps
-        that will run, rounded to the nearest clip length the model makes."""
-        width, height = parse_size(body.size)
-        fields: dict[str, Any] = {"prompt": body.prompt, "negative_prompt": body.negative_prompt, "seed": body.seed,
-                                  "width": width, "height": height, "fps": body.fps, "num_frames": body.num_frames,
-                                  "request_id": f"check-{uuid.uuid4().hex}"}
-        for name in ("num_inference_steps", "guidance_scale", "cache_threshold", "rewrite_prompt"):
-            if getattr(body, name) is not None:
-                fields[name] = getattr(body, name)
-        if body.loras:
-            fields["loras"] = tuple((choice.name, choice.scale) for choice in body.loras)
-        if image is not None:
-            fields["images"] = (image,)
-        seconds = body.seconds_value()
-        if seconds is not None and body.num_frames is None:
-            fps = engine.admit(GenerationRequest(**fields)).fps
-            video = engine.capabilities.video if engine.capabilities is not None else None
-            fields["num_frames"] = frames_for(seconds, fps, video.temporal_factor if video is not None else 1)
-        return engine.admit(GenerationRequest(**fields))
+        """The engine's admission of this body, once (400/422 as for images): what the job stores and runs.
+        ``seconds`` becomes frames at the fps that will run (``types/modality.py``)."""
+        request = to_request(dict(body), seconds=body.seconds_value(), request_id=f"check-{uuid.uuid4().hex}",
+                             images=(image,) if image is not None else None)
+        return engine.admit(request)
 
     # -- read -----------------------------------------------------------------------------------------
 

@@ -45,7 +45,7 @@ class FluxDecodePipeline(Pipeline):
         self.channels = int(vae.config.latent_channels)
         self.capabilities = PipelineCapabilities(family=family, default_size=int(vae.config.sample_size),
                                                  size_multiple=16, max_sequence_length=MODEL_FAMILIES[family]
-                                                 .max_sequence_length, true_cfg=True, attention_roles=(),
+                                                 .defaults.max_sequence_length, true_cfg=True, attention_roles=(),
                                                  batch_invariant=True)
         self.weights: dict[str, ComponentWeights] = {"vae": component_weights("vae", vae)}
 
@@ -70,7 +70,7 @@ class FluxDecodePipeline(Pipeline):
         peaks = PhasePeaks(self.device)
         results = []
         for request in batch:  # one request at a time: each carries its own latents and size
-            payload = request.stage_input
+            payload = request.carried.stage_input
             if not isinstance(payload, LatentsPayload):
                 raise WorkerError(f"stage {self.stage.stage_id} ({self.stage.role}) runs after a denoising stage, "
                                   f"but request {request.request_id} arrived without its latents",

@@ -22,13 +22,13 @@ from torch import Tensor
 from diffserve.models.flux.sampling import pack
 from diffserve.types.request import GenerationRequest
 
-DEFAULT_STRENGTH = 0.6  # diffusers' FluxImg2ImgPipeline / FluxInpaintPipeline default
-
 
 def start_step(steps: int, strength: float | None) -> int:
-    """The first schedule index an edit of ``strength`` runs (diffusers' ``get_timesteps``)."""
-    s = DEFAULT_STRENGTH if strength is None else strength
-    return int(max(steps - min(steps * s, steps), 0))
+    """The first schedule index an edit of ``strength`` runs (diffusers' ``get_timesteps``); admission filled an
+    unset strength (``registry/edits.py``)."""
+    if strength is None:
+        raise ValueError("an img2img or inpainting request reached the pipeline without a strength (not admitted)")
+    return int(max(steps - min(steps * strength, steps), 0))
 
 
 @dataclass

@@ -29,7 +29,6 @@ from diffserve.models.generic.kernels import swap_linears
 from diffserve.models.memory import component_weights
 from diffserve.models.stage_kernels import stage_kernels
 from diffserve.registry.models import MODEL_FAMILIES, read_class_name
-from diffserve.types.batching import plan_of
 from diffserve.types.conditioning import ConditioningPayload
 from diffserve.types.memory import ComponentWeights, describe_weights
 from diffserve.types.request import GenerationRequest
@@ -50,7 +49,7 @@ class FluxEncodePipeline(Pipeline):
         spec = MODEL_FAMILIES[family]
         # Admission runs against the denoising stage's capabilities; these only describe this stage.
         self.capabilities = PipelineCapabilities(family=family, default_size=0, size_multiple=1,
-                                                 max_sequence_length=spec.max_sequence_length, true_cfg=True,
+                                                 max_sequence_length=spec.defaults.max_sequence_length, true_cfg=True,
                                                  attention_roles=(), implementation="native",
                                                  batch_invariant=text.encoders.per_prompt)
         self.weights: dict[str, ComponentWeights] = {}
@@ -91,7 +90,11 @@ class FluxEncodePipeline(Pipeline):
         """One result per request, carrying its payload; the texts of a batch are encoded together."""
         batch = list(batch)
         start = time.perf_counter()
-        windows = {r.request_id: plan_of(r, 0).text_length for r in batch}
+        windows: dict[str, int] = {}
+        for r in batch:
+            if r.max_sequence_length is None:
+                raise ValueError(f"request {r.request_id} was not admitted (max_sequence_length must be set)")
+            windows[r.request_id] = r.max_sequence_length
         outputs = []
         with torch.inference_mode():
             for length in sorted(set(windows.values())):  # the batch key shares one window; a library call might not

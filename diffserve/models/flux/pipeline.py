@@ -56,21 +56,21 @@ class FluxPipeline(NativeRunner):
         family, parallel = parts.family, parts.parallel
         # What the family edits (registry): FLUX.1 from the image itself, FLUX.1 Kontext from a reference
         # image whose latents ride along as extra tokens.
-        preparer = edits.ReferencePreparer if "reference" in family.edits else edits.EditPreparer
+        preparer = edits.ReferencePreparer if "reference" in family.features.edits else edits.EditPreparer
         self.editor = preparer(self.vae, self.latent_channels, dtype=self.dtype, device=self.device)
         self.capabilities = PipelineCapabilities(
             family=family.class_name, default_size=int(self.vae.config.sample_size),
             # Ulysses shards the image tokens ((H/16) * (W/16)) evenly: a side that is a multiple of
             # 16 * degree guarantees it, and admission then refuses any other size before a rank sees it.
             size_multiple=2 * self.vae_scale_factor * parallel.ulysses_size,
-            max_sequence_length=family.max_sequence_length, true_cfg=True, attention_roles=family.attention_roles,
+            max_sequence_length=family.defaults.max_sequence_length, true_cfg=True, attention_roles=family.attention_roles,
             # Joins need every rank to agree on the step a request joins at: one rank only, for now.
-            step_batching=parallel.world_size == 1, lora=family.lora_check is not None,
-            edits=family.edits if parallel.world_size == 1 else (),
+            step_batching=parallel.world_size == 1, lora=family.features.lora_check is not None,
+            edits=family.features.edits if parallel.world_size == 1 else (),
             # Per-sample transformer calls and per-prompt encoding; the VAE decodes one image at a time.
             batch_invariant=self.transformer.kernels.batch_invariant and (
                 self.encoders is None or self.encoders.per_prompt),
-            default_cache_threshold=float(self.cache.threshold or 0.0))
+            default_cache_threshold=self.cache.request_threshold)
 
     @classmethod
     def from_stage(cls, model_dir: str | Path, stage: StageConfig,
@@ -96,7 +96,7 @@ class FluxPipeline(NativeRunner):
 
     # -- the runner's hooks ----------------------------------------------------------------------------------
     def plan(self, request: GenerationRequest) -> BatchPlan:
-        return plan_of(request, self.capabilities.default_size)
+        return plan_of(request)
 
     def cfg_scale(self, request: GenerationRequest) -> float | None:
         return float(request.true_cfg_scale) if true_cfg(request) else None

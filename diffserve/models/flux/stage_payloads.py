@@ -36,7 +36,7 @@ class PayloadText:
         return Attestation()  # the encoding stage attests its cache
 
     def _payload(self, request: GenerationRequest, length: int, negative: bool = False) -> ConditioningPayload:
-        payload = request.stage_input
+        payload = request.carried.stage_input
         if not isinstance(payload, ConditioningPayload):
             raise WorkerError(f"stage {self.stage_id} ({self.role}) runs after a text-encoder stage, but request "
                               f"{request.request_id} arrived without its conditioning", remote_type="ConnectorError")

@@ -53,7 +53,7 @@ from diffserve.models.vae_norm import running_sum_rms_norms
 from diffserve.models.vae_tiling import configure_tiling, tiling
 from diffserve.registry.models import MODEL_FAMILIES, ModelFamily, read_class_name
 from diffserve.types.attestation import Attestation
-from diffserve.types.batching import batch_key
+from diffserve.types.batching import batch_key, plan_of
 from diffserve.types.memory import ComponentWeights, describe_weights
 from diffserve.types.request import GenerationRequest
 from diffserve.types.results import BatchResult, RequestResult, StepEvent
@@ -127,12 +127,12 @@ class GenericPipeline(Pipeline):
         default = int(getattr(pipe, "default_sample_size", sample)) * vae_factor
         self.capabilities = PipelineCapabilities(
             family=family.class_name, default_size=default, size_multiple=multiple,
-            max_sequence_length=family.max_sequence_length, true_cfg=False,
+            max_sequence_length=family.defaults.max_sequence_length, true_cfg=False,
             attention_roles=family.attention_roles, step_batching=False, implementation="generic",
-            lora=loras is not None, edits=family.edits,
+            lora=loras is not None, edits=family.features.edits,
             edit_strength="strength" in self._call_params,
             min_inference_steps=2 if getattr(pipe.scheduler.config, "shift_terminal", None) else 1,
-            default_cache_threshold=float(cache.threshold or 0.0) if step_cache is not None else 0.0,
+            default_cache_threshold=cache.request_threshold if step_cache is not None else 0.0,
             negative_prompt="negative_prompt" in self._call_params)
 
     @classmethod
@@ -164,7 +164,7 @@ class GenericPipeline(Pipeline):
         kernels = build_kernel_set(stage.linear_backend, stage.attention_backend, roles=family.attention_roles,
                                    device=device, dtype=dtype, observers=context.kernel_observers,
                                    batch_invariant=stage.batch_invariant)
-        check_masked_roles(kernels, family.masked_roles, stage.stage_id)
+        check_masked_roles(kernels, family.generic.masked_roles, stage.stage_id)
         try:
             pipeline_class = getattr(diffusers, class_name)
             components = strict_model_components(root, dtype)
@@ -181,15 +181,15 @@ class GenericPipeline(Pipeline):
         denoiser = getattr(pipe, family.denoiser)
         ensure_dtype(denoiser, dtype)
         linears = swap_linears(denoiser, kernels)
-        roles = route_attention(denoiser, kernels, family.role_patterns)
+        roles = route_attention(denoiser, kernels, family.generic.role_patterns)
         pipe.to(device)
         weights = quantized_weights(pipe, family.denoiser, stage)
         offload_diffusers(stage.offload, pipe, device)
         # LoRA finds its layers by their diffusers names: before the step cache wraps the blocks.
-        loras = generic_lora_adapters(denoiser, stage) if family.lora_check is not None else None
+        loras = generic_lora_adapters(denoiser, stage) if family.features.lora_check is not None else None
         step_cache = None
-        if stage.cache.backend == "fbcache" and family.first_block_cache is not None:  # config refuses the rest
-            step_cache = GenericStepCache(denoiser, family.first_block_cache)
+        if stage.cache.backend == "fbcache" and family.generic.first_block_cache is not None:  # config refuses the rest
+            step_cache = GenericStepCache(denoiser, family.generic.first_block_cache)
         count_forwards(denoiser, kernels.counters, step_cache.forward_computed if step_cache else lambda: True)
         if not stage.enforce_eager:
             compile_denoiser(denoiser, kernels.counters)
@@ -277,7 +277,7 @@ class GenericPipeline(Pipeline):
               timings: dict[str, float]) -> tuple[Any, bool, list[Any] | None]:
         """The batch's images (or latents), whether the VAE decoded them in tiles, and the step cache's entries
         (one per image; None without a step cache)."""
-        first = batch[0]
+        first, plan = batch[0], plan_of(batch[0])
         self._encode_ms = 0.0
         self._peaks = PhasePeaks(self.device)
         self._peaks.start("denoise")  # the pipeline's own preparation counts as denoise, as in the timings
@@ -285,8 +285,7 @@ class GenericPipeline(Pipeline):
         prompts = [r.prompt for r in batch for _ in range(r.n)]
         seeds = [s for r in batch for s in r.seeds]
         kwargs: dict[str, Any] = dict(
-            prompt=prompts, height=first.height or self.capabilities.default_size,
-            width=first.width or self.capabilities.default_size, num_inference_steps=first.num_inference_steps,
+            prompt=prompts, height=plan.height, width=plan.width, num_inference_steps=plan.steps,
             num_images_per_prompt=1,
             generator=[torch.Generator(device=self.device).manual_seed(s) for s in seeds],
             max_sequence_length=first.max_sequence_length,
@@ -298,11 +297,11 @@ class GenericPipeline(Pipeline):
                           callback_steps=1)
         if "clean_caption" in self._call_params:
             kwargs["clean_caption"] = False  # needs bs4/ftfy; the text goes to the encoder as given
-        kwargs[self.family.cfg_argument] = first.guidance_scale
+        kwargs[self.family.generic.cfg_argument] = first.guidance_scale
         if first.negative_prompt is not None:  # the batch key makes it all-or-none
             kwargs["negative_prompt"] = [r.negative_prompt or "" for r in batch for _ in range(r.n)]
-        elif self.family.cfg_negative_prompt is not None and (first.guidance_scale or 0.0) > 1.0:
-            kwargs["negative_prompt"] = [self.family.cfg_negative_prompt] * len(prompts)
+        elif self.family.generic.cfg_negative_prompt is not None and (first.guidance_scale or 0.0) > 1.0:
+            kwargs["negative_prompt"] = [self.family.generic.cfg_negative_prompt] * len(prompts)
         if first.images:  # a reference edit (Qwen-Image-Edit): each image's input, its size from admission
             images = [PIL.Image.fromarray(r.images[0]) for r in batch for _ in range(r.n)]
             # One image as itself: diffusers' edit pipeline resizes a list otherwise (56 dB apart, measured).
@@ -310,8 +309,8 @@ class GenericPipeline(Pipeline):
         if self.family.class_name == "PixArtSigmaPipeline":
             kwargs["use_resolution_binning"] = False  # the size asked for, not the nearest trained bucket
         if self.step_cache is not None:
-            settings = CacheSettings.for_batch(self.cache, float(first.cache_threshold or 0.0))
-            self.step_cache.start(settings, int(first.num_inference_steps or 0), len(prompts))
+            settings = CacheSettings.for_batch(self.cache, plan.cache_threshold)
+            self.step_cache.start(settings, plan.steps, len(prompts))
         if self.loras is not None:  # the batch key gives every request of the batch the same adapters
             self.loras.activate(first.loras)
         try:

@@ -25,7 +25,7 @@ from torch import Tensor, nn
 
 from diffserve.models.stepcache.policy import BranchCache, CacheSettings
 from diffserve.models.stepcache.report import image_entries
-from diffserve.registry.models import FirstBlockCacheSpec
+from diffserve.registry.family import FirstBlockCacheSpec
 from diffserve.types.attestation import CacheEntry
 
 

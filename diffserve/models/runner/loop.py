@@ -20,7 +20,7 @@ from torch import Tensor
 
 from diffserve.config.schema import CacheConfig
 from diffserve.layers.attestation import KernelCounters
-from diffserve.models.base import ParallelContext, run_one
+from diffserve.models.base import ParallelContext, Pipeline, run_one
 from diffserve.models.lora_adapters import LoraAdapters
 from diffserve.models.memory import PhasePeaks
 from diffserve.models.runner.branches import BranchCaches, Guidance, idle
@@ -39,7 +39,7 @@ from diffserve.types.results import BatchResult, RequestResult, StepEvent
 __all__ = ["NativeRunner"]
 
 
-class NativeRunner:
+class NativeRunner(Pipeline):
     """The shared loop; the attributes below are set by the family's constructor."""
 
     capabilities: PipelineCapabilities
@@ -100,7 +100,7 @@ class NativeRunner:
     # -- the loop -------------------------------------------------------------------------------------------
     def __call__(self, request: GenerationRequest) -> RequestResult:
         """Run one (seeded) request to completion."""
-        return run_one(self, request)  # type: ignore[arg-type]
+        return run_one(self, request)
 
     def run(self, batch: Sequence[GenerationRequest], joins: Callable[[], list[GenerationRequest]] | None = None,
             ) -> Generator[StepEvent | BatchResult, None, None]:
@@ -131,11 +131,9 @@ class NativeRunner:
 
     def _denoise(self, pending: list[GenerationRequest], joins: Callable[[], list[GenerationRequest]] | None,
                  key: Hashable, plan: BatchPlan, guidance: Guidance) -> Generator[StepEvent | BatchResult, None, None]:
-        first = pending[0]
         live = LiveRows()
         peaks = PhasePeaks(self.device)  # the device's peak memory per phase (models/memory.py)
-        # The request's threshold: admission filled it with the stage's when it named none (unset: uncached).
-        settings = CacheSettings.for_batch(self.cache, float(first.cache_threshold or 0.0), self.teacache)
+        settings = CacheSettings.for_batch(self.cache, plan.cache_threshold, self.teacache)
         branches = 2 if guidance.scale is not None and not guidance.split else 1
         caches = BranchCaches(settings, plan.steps, branches, self.parallel, self.kernel_counters)
         sampler: Sampler | None = None

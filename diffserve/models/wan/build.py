@@ -24,6 +24,7 @@ from diffserve.models.wan.experts import Experts
 from diffserve.models.wan.text import UMT5Text
 from diffserve.models.wan.transformer import load_wan_transformer
 from diffserve.models.wan.video import WanVae
+from diffserve.registry.edits import needs_image
 from diffserve.registry.models import MODEL_FAMILIES, denoiser_components, read_class_name
 from diffserve.registry.teacache import TeaCachePolynomial, polynomial_for
 from diffserve.types.memory import ComponentWeights, describe_weights
@@ -86,7 +87,7 @@ def load_wan(root: Path, stage: StageConfig, context: BuildContext) -> WanCompon
         scheduler_config = json.loads((root / "scheduler" / "scheduler_config.json").read_text())
     except (OSError, ValueError) as exc:
         raise ModelLoadError(f"cannot load the VAE or scheduler of {root}: {exc}") from exc
-    image_to_video = "first_frame" in MODEL_FAMILIES[family].edits
+    image_to_video = needs_image(MODEL_FAMILIES[family].features.edits)
     if image_to_video != (experts.params.in_channels > 16):
         raise ModelLoadError(f"{root}: a {family} whose transformer takes {experts.params.in_channels} channels "
                              "(text-to-video takes 16, Wan2.2 image-to-video 36)")

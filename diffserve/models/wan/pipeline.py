@@ -24,8 +24,9 @@ from diffserve.models.stepcache.policy import BranchCache
 from diffserve.models.wan.build import WanComponents, load_wan
 from diffserve.models.wan.sampler import WanSampler
 from diffserve.models.wan.step_cache import cached_forward
+from diffserve.registry.edits import needs_image
 from diffserve.registry.models import MODEL_FAMILIES
-from diffserve.types.batching import BatchPlan
+from diffserve.types.batching import BatchPlan, plan_of
 from diffserve.types.capabilities import VideoCapabilities
 from diffserve.types.request import GenerationRequest
 
@@ -39,18 +40,19 @@ class WanVideoPipeline(NativeRunner):
         self.experts, self.text, self.vae, self.scheduler_config = parts.experts, parts.text, parts.vae, \
             parts.scheduler_config
         self.device, self.dtype, self.parallel, self.weights = parts.device, parts.dtype, parts.parallel, parts.weights
-        self.image_to_video = "first_frame" in MODEL_FAMILIES[parts.family].edits  # registry data
+        self.image_to_video = needs_image(MODEL_FAMILIES[parts.family].features.edits)  # registry data: Wan2.2 I2V
         self.cache, self.teacache = parts.stage.cache, parts.teacache
         params, spec, vae = self.experts.params, MODEL_FAMILIES[parts.family], self.vae
         self.capabilities = PipelineCapabilities(
             # Ulysses splits the tokens frame-major: a height of a multiple of 16 * degree splits every frame evenly.
-            family=parts.family, default_size=spec.default_height,
+            family=parts.family, default_size=spec.defaults.height,
             size_multiple=vae.spatial * params.patch_size[1] * self.parallel.ulysses_size,
-            max_sequence_length=spec.max_sequence_length, true_cfg=False, attention_roles=spec.attention_roles,
-            edits=spec.edits, batch_invariant=parts.stage.batch_invariant,
-            default_cache_threshold=float(self.cache.threshold or 0.0),
+            max_sequence_length=spec.defaults.max_sequence_length, true_cfg=False, attention_roles=spec.attention_roles,
+            edits=spec.features.edits, batch_invariant=parts.stage.batch_invariant,
+            default_cache_threshold=self.cache.request_threshold,
             video=VideoCapabilities(temporal_factor=vae.temporal * params.patch_size[0],
-                                    default_height=spec.default_height, default_width=spec.default_width))
+                                    default_height=spec.defaults.height, default_width=spec.defaults.width,
+                                    animates_image=self.image_to_video))
 
     @classmethod
     def from_stage(cls, model_dir: str | Path, stage: StageConfig,
@@ -63,12 +65,10 @@ class WanVideoPipeline(NativeRunner):
 
     # -- the runner's hooks ----------------------------------------------------------------------------------
     def plan(self, request: GenerationRequest) -> BatchPlan:
-        frames, height, width = request.num_frames, request.height, request.width
-        steps, guidance, length = request.num_inference_steps, request.guidance_scale, request.max_sequence_length
-        if frames is None or height is None or width is None or steps is None or guidance is None or length is None:
-            raise ValueError(f"request {request.request_id} was not admitted (frames, size, steps, guidance and "
-                             "max_sequence_length must be set)")
-        return BatchPlan(height, width, steps, float(guidance), length, num_frames=frames)
+        plan = plan_of(request)
+        if plan.num_frames is None:
+            raise ValueError(f"request {request.request_id} was not admitted (num_frames must be set)")
+        return plan
 
     def cfg_scale(self, request: GenerationRequest) -> float | None:
         guidance = request.guidance_scale
