@@ -295,3 +295,15 @@ def test_no_shared_room_names_a_family() -> None:
 def test_a_family_mention_is_caught() -> None:
     files = {"diffserve/engine/x.py": "# runs FLUX's loop\nwanted = 1  # not a family\nT5 tokens\nflux2 = 0\n"}
     assert [m.split(":")[1] for m in family_mentions(files)] == ["1", "3", "4"]
+
+
+def test_the_job_system_imports_no_http_module() -> None:
+    """The durable job system (store, runner, artifacts) is its own room: the HTTP routes use it, never the other
+    way, and it needs no web framework."""
+    graph = import_graph(package_files())
+    jobs = [m for m in graph if m.startswith("diffserve.entrypoints.jobs")]
+    assert jobs and not [f"{m} imports {t}" for m in jobs for t in graph[m]
+                         if t.startswith("diffserve.entrypoints.openai")]
+    sources = [(PACKAGE / "entrypoints" / "jobs").rglob("*.py")]
+    web = re.compile(r"^\s*(from|import)\s+(starlette|fastapi|uvicorn|httpx)\b", re.MULTILINE)
+    assert not [p.name for files in sources for p in files if web.search(p.read_text(encoding="utf-8"))]

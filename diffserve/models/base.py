@@ -59,10 +59,10 @@ class BuildContext:
     parallel: ParallelContext = ParallelContext()
     kernel_observers: tuple[KernelObserver, ...] = ()
     # Another stage encodes the prompts (topology split_text_encoder): requests arrive with their
-    # conditioning (types/conditioning.py) and this stage loads no text encoder.
+    # conditioning (models/flux/connector_payloads.py) and this stage loads no text encoder.
     encoded_elsewhere: bool = False
     # Another stage decodes (topology encode_denoise_decode): this stage hands on latents
-    # (types/latents.py) instead of images.
+    # (models/flux/connector_payloads.py) instead of images.
     decoded_elsewhere: bool = False
 
 

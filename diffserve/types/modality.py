@@ -14,8 +14,35 @@ from typing import TYPE_CHECKING, Any, Protocol
 from diffserve.errors import RequestError
 
 if TYPE_CHECKING:  # pragma: no cover
-    from diffserve.types.capabilities import PipelineCapabilities
     from diffserve.types.request import GenerationRequest
+
+
+class VideoFacts(Protocol):
+    """A video model's facts (``capabilities.VideoCapabilities`` is one)."""
+
+    @property
+    def temporal_factor(self) -> int: ...
+    @property
+    def default_height(self) -> int: ...
+    @property
+    def default_width(self) -> int: ...
+    @property
+    def animates_image(self) -> bool: ...
+
+
+class ModelFacts(Protocol):
+    """What a modality reads of a loaded model (``capabilities.PipelineCapabilities`` is one)."""
+
+    @property
+    def family(self) -> str: ...
+    @property
+    def default_size(self) -> int: ...
+    @property
+    def size_multiple(self) -> int: ...
+    @property
+    def max_sequence_length(self) -> int: ...
+    @property
+    def video(self) -> VideoFacts | None: ...
 
 
 class RequestDefaults(Protocol):
@@ -46,7 +73,7 @@ class Modality:
     output: str = "images"  # the ``RequestOutput`` field that carries the outputs
 
     def fill(self, request: GenerationRequest, defaults: RequestDefaults | None,
-             capabilities: PipelineCapabilities) -> GenerationRequest:
+             capabilities: ModelFacts) -> GenerationRequest:
         """``request`` with every unset field this modality decides filled (steps, guidance, text length, size,
         a clip's frames and fps); set fields stay as sent."""
         text_length = defaults.max_sequence_length if defaults is not None else None
@@ -57,12 +84,12 @@ class Modality:
             **self._size(request, defaults, capabilities), **self._clip(request, defaults, capabilities)}
         return request.with_defaults(**fill)
 
-    def check(self, request: GenerationRequest, capabilities: PipelineCapabilities) -> None:
+    def check(self, request: GenerationRequest, capabilities: ModelFacts) -> None:
         for name in ("num_frames", "fps", "seconds"):
             if getattr(request, name) is not None:
                 raise RequestError(f"{capabilities.family} makes images; {name} is for video models", param=name)
 
-    def warmup(self, capabilities: PipelineCapabilities, height: int, width: int, steps: int,
+    def warmup(self, capabilities: ModelFacts, height: int, width: int, steps: int,
                request_id: str) -> GenerationRequest:
         """The request a replica runs once before it serves (compiles and allocates what the first request would)."""
         from diffserve.types.request import Carried, GenerationRequest
@@ -72,7 +99,7 @@ class Modality:
                                  **self._warmup_extra(capabilities, height, width))
 
     def _size(self, request: GenerationRequest, defaults: RequestDefaults | None,
-              capabilities: PipelineCapabilities) -> dict[str, int | None]:
+              capabilities: ModelFacts) -> dict[str, int | None]:
         if request.images:  # an edit (or an animated image) takes its image's size
             multiple = capabilities.size_multiple
             h, w = request.images[0].shape[:2]
@@ -81,14 +108,14 @@ class Modality:
         return {"height": (defaults.height if defaults is not None else None) or height,
                 "width": (defaults.width if defaults is not None else None) or width}
 
-    def _default_size(self, capabilities: PipelineCapabilities) -> tuple[int, int]:
+    def _default_size(self, capabilities: ModelFacts) -> tuple[int, int]:
         return capabilities.default_size, capabilities.default_size
 
     def _clip(self, request: GenerationRequest, defaults: RequestDefaults | None,
-              capabilities: PipelineCapabilities) -> dict[str, int | None]:
+              capabilities: ModelFacts) -> dict[str, int | None]:
         return {}
 
-    def _warmup_extra(self, capabilities: PipelineCapabilities, height: int, width: int) -> dict[str, Any]:
+    def _warmup_extra(self, capabilities: ModelFacts, height: int, width: int) -> dict[str, Any]:
         return {}
 
 
@@ -100,7 +127,7 @@ class VideoModality(Modality):
     name: str = "video"
     output: str = "videos"
 
-    def check(self, request: GenerationRequest, capabilities: PipelineCapabilities) -> None:
+    def check(self, request: GenerationRequest, capabilities: ModelFacts) -> None:
         video = capabilities.video
         assert video is not None  # a video modality is a video model's
         frames, factor = request.num_frames, video.temporal_factor
@@ -111,20 +138,20 @@ class VideoModality(Modality):
         if video.animates_image and not request.images:
             raise RequestError(f"{capabilities.family} animates an image: send one (the first frame)", param="image")
 
-    def _default_size(self, capabilities: PipelineCapabilities) -> tuple[int, int]:
+    def _default_size(self, capabilities: ModelFacts) -> tuple[int, int]:
         video = capabilities.video
         assert video is not None
         return video.default_height, video.default_width
 
     def _clip(self, request: GenerationRequest, defaults: RequestDefaults | None,
-              capabilities: PipelineCapabilities) -> dict[str, int | None]:
+              capabilities: ModelFacts) -> dict[str, int | None]:
         fps = request.fps or (defaults.fps if defaults is not None else None)
         frames = defaults.num_frames if defaults is not None else None
         if request.seconds is not None and fps is not None and capabilities.video is not None:
             frames = frames_for(request.seconds, fps, capabilities.video.temporal_factor)
         return {"num_frames": frames, "fps": fps}
 
-    def _warmup_extra(self, capabilities: PipelineCapabilities, height: int, width: int) -> dict[str, Any]:
+    def _warmup_extra(self, capabilities: ModelFacts, height: int, width: int) -> dict[str, Any]:
         extra: dict[str, Any] = {"num_frames": 1}  # the shortest clip runs every kernel at the least cost
         if capabilities.video is not None and capabilities.video.animates_image:  # a black first frame
             import numpy as np

@@ -37,7 +37,7 @@ class Carried:
     # without a second admission (``entrypoints/jobs/job_request.py``).
     admitted: bool = False
     # Set by the engine between stages (staged topologies): the previous stage's output for this one (the
-    # denoising stage: the text encoders' ConditioningPayload, types/conditioning.py).
+    # family's own connector payload, e.g. the text encoders' states for the denoising stage).
     stage_input: Any = None
     # Set by the engine when tracing is on (tracing/spans.py:carry): the W3C trace context (``traceparent``,
     # ``tracestate``) as (key, value) pairs, travelling with the request to its workers, whose spans join the

@@ -45,8 +45,8 @@ class RequestResult:
     timings_ms: dict[str, float] = field(default_factory=dict)
     memory_peak_mib: dict[str, float] = field(default_factory=dict)
     attestation: Attestation = field(default_factory=Attestation)
-    # What the next stage of a staged topology takes from this one (a text-encoder stage: its
-    # types/conditioning.py:ConditioningPayload); None from the last stage.
+    # What the next stage of a staged topology takes from this one (the family's own connector payload, carried
+    # opaque); None from the last stage.
     handoff: Any = None
 
 

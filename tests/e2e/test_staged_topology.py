@@ -18,7 +18,7 @@ import torch
 from diffserve import Engine, GenerationRequest
 from diffserve.config.resolve import resolve
 from diffserve.errors import ConfigError, WorkerError
-from diffserve.types.conditioning import ConditioningPayload
+from diffserve.models.flux.connector_payloads import ConditioningPayload
 from diffserve.zoo.lora import build_flux_lora
 
 pytestmark = pytest.mark.e2e

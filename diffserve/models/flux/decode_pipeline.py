@@ -17,6 +17,7 @@ from diffserve.errors import WorkerError
 from diffserve.layers.attestation import KernelCounters
 from diffserve.logging import get_logger
 from diffserve.models.base import BuildContext, Pipeline, PipelineCapabilities
+from diffserve.models.flux.connector_payloads import LatentsPayload
 from diffserve.models.flux.decode import decode_latents
 from diffserve.models.generic.kernels import swap_linears
 from diffserve.models.memory import PhasePeaks, component_weights
@@ -25,7 +26,6 @@ from diffserve.models.vae_file import load_vae
 from diffserve.models.vae_tiling import configure_tiling
 from diffserve.registry.models import MODEL_FAMILIES, read_class_name
 from diffserve.types.attestation import Attestation
-from diffserve.types.latents import LatentsPayload
 from diffserve.types.memory import ComponentWeights
 from diffserve.types.request import GenerationRequest
 from diffserve.types.results import BatchResult, RequestResult, StepEvent

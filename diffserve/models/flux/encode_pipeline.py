@@ -1,6 +1,6 @@
 """The text-encoder stage of FLUX (``topology: split_text_encoder``, stage 0): CLIP and T5 on this stage's own
 device, dtype, linear backend and ``text_encoder_quantization``, through the conditioning cache; each request
-leaves with a ``ConditioningPayload`` (``types/conditioning.py``) for the denoising stage.
+leaves with a ``ConditioningPayload`` (``models/flux/connector_payloads.py``) for the denoising stage.
 
 The encoders' ``nn.Linear`` layers are moved onto the stage's ``Linear`` (as the generic path does for a
 denoiser), so their calls run on the selected backend and are counted in this stage's attestation; their
@@ -24,12 +24,12 @@ from diffserve.logging import get_logger
 from diffserve.models.base import BuildContext, Pipeline, PipelineCapabilities
 from diffserve.models.flux.cached_encoding import CachedTextEncoders
 from diffserve.models.flux.conditioning import true_cfg
+from diffserve.models.flux.connector_payloads import ConditioningPayload
 from diffserve.models.flux.encoders import TextEncoders
 from diffserve.models.generic.kernels import swap_linears
 from diffserve.models.memory import component_weights
 from diffserve.models.stage_kernels import stage_kernels
 from diffserve.registry.models import MODEL_FAMILIES, read_class_name
-from diffserve.types.conditioning import ConditioningPayload
 from diffserve.types.memory import ComponentWeights, describe_weights
 from diffserve.types.request import GenerationRequest
 from diffserve.types.results import BatchResult, RequestResult, StepEvent

@@ -20,6 +20,7 @@ from diffserve.models.base import BuildContext, PipelineCapabilities
 from diffserve.models.flux import edits
 from diffserve.models.flux.build import FLUX_FIT, FluxComponents, load_flux
 from diffserve.models.flux.conditioning import FluxRows, true_cfg
+from diffserve.models.flux.connector_payloads import LatentsPayload
 from diffserve.models.flux.decode import decode_latents
 from diffserve.models.flux.sampling import (
     EulerSampler,
@@ -33,7 +34,6 @@ from diffserve.models.runner import Decoded, LiveRows, NativeRunner, Prepared
 from diffserve.models.stepcache.policy import BranchCache
 from diffserve.models.stepcache.teacache import stage_polynomial
 from diffserve.types.batching import BatchPlan, plan_of
-from diffserve.types.latents import LatentsPayload
 from diffserve.types.request import GenerationRequest
 
 __all__ = ["FluxPipeline"]
@@ -153,7 +153,7 @@ class FluxPipeline(NativeRunner):
         return edits.reimpose_known(latents, edit, sampler.sigmas, rows.steps, len(sampler.timesteps))
 
     def decode(self, latents: Tensor, requests: list[GenerationRequest], plan: BatchPlan) -> Decoded:
-        if self.decoded_elsewhere:  # the decoding stage of encode_denoise_decode takes them (types/latents.py)
+        if self.decoded_elsewhere:  # the decoding stage of encode_denoise_decode takes them (models/flux/connector_payloads.py)
             outputs = [rows.cpu().contiguous() for rows in latents.split([r.n for r in requests])]
             return Decoded(outputs, handoffs=[LatentsPayload(self.stage_id, "diffusion", rows, plan.height,
                                                              plan.width) for rows in outputs])

@@ -1,5 +1,5 @@
 """The denoising stage's text conditioning when another stage encodes (``topology: split_text_encoder``): each
-request carries its ``ConditioningPayload`` (``types/conditioning.py``), checked against this stage's model,
+request carries its ``ConditioningPayload`` (``models/flux/connector_payloads.py``), checked against this stage's model,
 in place of the text encoders this stage then never loads. Same interface as ``CachedTextEncoders``."""
 
 from __future__ import annotations
@@ -10,9 +10,9 @@ import torch
 from torch import Tensor
 
 from diffserve.errors import WorkerError
+from diffserve.models.flux.connector_payloads import ConditioningPayload
 from diffserve.models.flux.params import FluxParams
 from diffserve.types.attestation import Attestation
-from diffserve.types.conditioning import ConditioningPayload
 from diffserve.types.request import GenerationRequest
 
 

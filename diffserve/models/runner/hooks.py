@@ -12,8 +12,6 @@ from typing import Any, Protocol
 
 from torch import Tensor
 
-from diffserve.types.latents import LatentsPayload
-
 
 @dataclass
 class Prepared:
@@ -33,11 +31,12 @@ class Prepared:
 @dataclass
 class Decoded:
     """What ``decode`` made of finished rows: one tensor per request (images, videos or latents), whether
-    the VAE tiled, and, when another stage decodes, the latents handed on per request."""
+    the VAE tiled, and, when another stage decodes, what is handed on per request (the family's own payload,
+    carried opaque by the engine to its decoding stage)."""
 
     outputs: list[Tensor]
     vae_tiled: bool | None = None
-    handoffs: list[LatentsPayload | None] = field(default_factory=list)
+    handoffs: list[Any] = field(default_factory=list)
 
 
 class Sampler(Protocol):
