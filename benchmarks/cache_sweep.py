@@ -1,10 +1,12 @@
-"""What the step-cache sections on trained toy models (l: toy-shapes, images; q: toy-motion, videos) share: the
-random twin of a trained model, the interleaved per-pair threshold sweep on one Engine per (model, backend), the
-per-point summary against the same engine's uncached outputs, and the report rows.
+"""What the step-cache sections on trained toy models (l: toy-shapes, images; q:
+toy-motion, videos) share: the random twin of a trained model, the interleaved per-pair
+threshold sweep on one Engine per (model, backend), the per-point summary against the
+same engine's uncached outputs, and the report rows.
 
-A section describes itself in a ``Sweep``: its held-out prompt/seed pairs, how to build a request and read an
-output, the output's frames (one for an image, all of a video's) and the checker's verdicts on it. Everything else
-(engine, warm-up, probe, timing, PSNR/SSIM, metrics, rows) is the same code for both.
+A section describes itself in a ``Sweep``: its held-out prompt/seed pairs, how to build
+a request and read an output, the output's frames (one for an image, all of a video's)
+and the checker's verdicts on it. Everything else (engine, warm-up, probe, timing,
+PSNR/SSIM, metrics, rows) is the same code for both.
 """
 
 from __future__ import annotations
@@ -27,17 +29,20 @@ from benchmarks.section import Section, Unavailable
 
 DTYPE = "float32"
 BACKENDS = ("fbcache", "teacache")
-PROBE = 1e-9  # cache on, but no signal falls below it: every step computes and is traced
+PROBE = (
+    1e-9  # cache on, but no signal falls below it: every step computes and is traced
+)
 TRAINED, RANDOM = "trained", "random"
 SIGNALS_SHOWN = 8
-# Files of a trained model's directory that say how it was trained: not its random twin's.
+# Files of a trained model's directory that say how it was trained: not its random
+# twin's.
 TRAINING_FILES = ("loss.png", "training.json")
 
 
 @dataclass
 class Point:
-    """One threshold on one engine: its per-pair seconds, outputs (images or videos) and cache entries (in pair
-    order)."""
+    """One threshold on one engine: its per-pair seconds, outputs (images or videos) and
+    cache entries (in pair order)."""
 
     threshold: float  # 0 = uncached
     seconds: list[float] = field(default_factory=list)
@@ -47,47 +52,83 @@ class Point:
 
 @dataclass(frozen=True)
 class Sweep:
-    """One section's sweep: its requests, how its outputs are read, and what it names its figures."""
+    """One section's sweep: its requests, how its outputs are read, and what it names
+    its figures."""
 
     prefix: str  # metric keys: "<prefix>.<model>.<backend>.<point>.<name>"
     unit: str  # "image" | "video": what one request returns
     steps: int
-    pairs: list[tuple[str, int]]  # held-out (prompt, seed), the same for every point and model
-    request: Callable[[str, int, int, float], Any]  # (prompt, seed, steps, threshold) -> GenerationRequest
+    pairs: list[
+        tuple[str, int]
+    ]  # held-out (prompt, seed), the same for every point and model
+    request: Callable[
+        [str, int, int, float], Any
+    ]  # (prompt, seed, steps, threshold) -> GenerationRequest
     output: Callable[[Any], Any]  # RequestOutput -> the image or video kept per pair
     frames: Callable[[Any], list[Any]]  # an output's frames, each a [H, W, 3] image
-    checks: Callable[[str, Any], dict[str, bool]]  # (prompt, output) -> verdict per name of ``labels``
+    checks: Callable[
+        [str, Any], dict[str, bool]
+    ]  # (prompt, output) -> verdict per name of ``labels``
     labels: Mapping[str, str]  # check name -> its column title
-    defaults: Mapping[str, float]  # per backend: the published default threshold (marked in the rows)
-    cache: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)  # per backend: more cache config
+    defaults: Mapping[
+        str, float
+    ]  # per backend: the published default threshold (marked in the rows)
+    cache: Mapping[str, Mapping[str, Any]] = field(
+        default_factory=dict
+    )  # per backend: more cache config
     warmup: int = 1  # untimed 1-step requests per engine before the probe
 
     def columns(self) -> list[str]:
-        return ["model", "backend", "threshold", "median signal per step (uncached)", "skipped steps (mean)",
-                f"median s/{self.unit}", "spread ±", "runs", "speed-up vs own uncached",
-                "PSNR vs own uncached (dB, all pairs)", "SSIM vs own uncached (mean)", *self.labels.values()]
+        return [
+            "model",
+            "backend",
+            "threshold",
+            "median signal per step (uncached)",
+            "skipped steps (mean)",
+            f"median s/{self.unit}",
+            "spread ±",
+            "runs",
+            "speed-up vs own uncached",
+            "PSNR vs own uncached (dB, all pairs)",
+            "SSIM vs own uncached (mean)",
+            *self.labels.values(),
+        ]
 
 
-def held_out_pairs(scenes: list[Any], n: int, pairs_seed: int, seed_base: int) -> list[tuple[str, int]]:
-    """``n`` prompt/seed pairs: prompts of ``scenes`` drawn by ``random.Random(pairs_seed)``, seeds from
-    ``seed_base`` on; the same on every run and for both models."""
+def held_out_pairs(
+    scenes: list[Any], n: int, pairs_seed: int, seed_base: int
+) -> list[tuple[str, int]]:
+    """``n`` prompt/seed pairs: prompts of ``scenes`` drawn by
+    ``random.Random(pairs_seed)``, seeds from ``seed_base`` on; the same on every run
+    and for both models."""
     rng = random.Random(pairs_seed)
     return [(rng.choice(scenes).prompt, seed_base + i) for i in range(n)]
 
 
-def random_twin(trained: Path, out: Path, transformer: Any, kind: str, version: int) -> Path:
-    """``trained`` with its transformer replaced by the weights its training started from: the same config (its
-    ``transformer/config.json``), built by ``transformer.from_config`` (a diffusers model class) under
-    ``component_seed(seed, "transformer")`` as the toy trainers do (``save_components``), saved as safetensors;
-    the other components copied. Built once into ``out``; rebuilt when the trained weights or ``version``
-    change."""
+def random_twin(
+    trained: Path, out: Path, transformer: Any, kind: str, version: int
+) -> Path:
+    """``trained`` with its transformer replaced by the weights its training started
+    from: the same config (its ``transformer/config.json``), built by
+    ``transformer.from_config`` (a diffusers model class) under ``component_seed(seed,
+    "transformer")`` as the toy trainers do (``save_components``), saved as safetensors;
+    the other components copied. Built once into ``out``; rebuilt when the trained
+    weights or ``version`` change."""
     from diffserve.zoo.components import MARKER_FILE, save_components
     from diffserve.zoo.publish import build_into
 
     marker = json.loads((trained / MARKER_FILE).read_text(encoding="utf-8"))
-    source = hashlib.sha256((trained / "transformer" / "diffusion_pytorch_model.safetensors").read_bytes()).hexdigest()
-    with_marker = {**marker, "kind": kind, "random_weights": True, "twin_version": version,
-                   "twin_of": source, "description": f"{marker.get('kind')} with its untrained transformer"}
+    source = hashlib.sha256(
+        (trained / "transformer" / "diffusion_pytorch_model.safetensors").read_bytes()
+    ).hexdigest()
+    with_marker = {
+        **marker,
+        "kind": kind,
+        "random_weights": True,
+        "twin_version": version,
+        "twin_of": source,
+        "description": f"{marker.get('kind')} with its untrained transformer",
+    }
     try:
         if json.loads((out / MARKER_FILE).read_text(encoding="utf-8")) == with_marker:
             return out
@@ -99,17 +140,30 @@ def random_twin(trained: Path, out: Path, transformer: Any, kind: str, version: 
         for item in trained.iterdir():
             if item.name in ("transformer", MARKER_FILE, *TRAINING_FILES):
                 continue
-            (shutil.copytree if item.is_dir() else shutil.copy2)(item, staging / item.name)
-        save_components({"transformer": lambda: transformer.from_config(config)}, staging, int(marker.get("seed", 0)))
-        (staging / MARKER_FILE).write_text(json.dumps(with_marker, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+            (shutil.copytree if item.is_dir() else shutil.copy2)(
+                item, staging / item.name
+            )
+        save_components(
+            {"transformer": lambda: transformer.from_config(config)},
+            staging,
+            int(marker.get("seed", 0)),
+        )
+        (staging / MARKER_FILE).write_text(
+            json.dumps(with_marker, indent=2, sort_keys=True) + "\n", encoding="utf-8"
+        )
 
     return build_into(out, write, force=True)
 
 
-def models(trained: Path, twin: Callable[[Path, Path], Path], twin_dir: str,
-           built: Mapping[str, Path]) -> dict[str, Path]:
-    """The trained model and its random twin (``twin(trained, out)``), built beside the benchmark's other models
-    (``built``: the run's built models; the default model cache without any)."""
+def models(
+    trained: Path,
+    twin: Callable[[Path, Path], Path],
+    twin_dir: str,
+    built: Mapping[str, Path],
+) -> dict[str, Path]:
+    """The trained model and its random twin (``twin(trained, out)``), built beside the
+    benchmark's other models (``built``: the run's built models; the default model cache
+    without any)."""
     from benchmarks.models import DEFAULT_CACHE
 
     cache_dir = next(iter(built.values())).parent if built else DEFAULT_CACHE
@@ -119,21 +173,38 @@ def models(trained: Path, twin: Callable[[Path, Path], Path], twin_dir: str,
 def method_note(warmup: int, unit: str) -> str:
     """How every point is measured (the same words in both sections)."""
     over = "the pairs" if unit == "image" else "every frame of every pair"
-    return (f"{RANDOM}: the same directory with the transformer its training started from (same config, seed and "
-            f"init). Cache rules: the stage defaults (first step and last step computed, no cap on consecutive skips). "
-            f"Per point: median s/{unit} over the pairs (points interleaved per pair, after {warmup} untimed 1-step "
-            f"warm-up); skipped steps as the mean over the pairs; PSNR over all pairs' pixels (one pooled MSE) and "
-            f"SSIM (11x11 Gaussian, luminance) as the mean over {over}, against the same engine's "
-            f"uncached {unit} of each pair. Signal = the median over pairs and steps of the per-step value compared "
-            f"with the threshold in an uncached run (untimed probe at threshold {PROBE:g}: every step computes); "
-            f"teacache's is its rescaled value, which it accumulates until a step computes.")
+    return (
+        f"{RANDOM}: the same directory with the transformer "
+        "its training started from (same config, seed and "
+        "init). Cache rules: the stage defaults (first step "
+        "and last step computed, no cap on consecutive skips). "
+        f"Per point: median s/{unit} over the pairs (points "
+        f"interleaved per pair, after {warmup} untimed 1-step "
+        "warm-up); skipped steps as the mean over the pairs; "
+        "PSNR over all pairs' pixels (one pooled MSE) and "
+        "SSIM (11x11 Gaussian, luminance) as the mean over "
+        f"{over}, against the same engine's "
+        f"uncached {unit} of each pair. Signal = the median "
+        "over pairs and steps of the per-step value compared "
+        "with the threshold in an uncached run (untimed probe "
+        f"at threshold {PROBE:g}: every step computes); "
+        f"teacache's is its rescaled value, which it accumulates until a step computes."
+    )
 
 
-def run(section: Section, sweep: Sweep, paths: Mapping[str, Path], sweeps: Mapping[str, tuple[float, ...]]) -> None:
-    """Every model of ``paths`` with every backend that has thresholds in ``sweeps``: one engine each, reported."""
+def run(
+    section: Section,
+    sweep: Sweep,
+    paths: Mapping[str, Path],
+    sweeps: Mapping[str, tuple[float, ...]],
+) -> None:
+    """Every model of ``paths`` with every backend that has thresholds in ``sweeps``:
+    one engine each, reported."""
     section.columns = sweep.columns()
     for model, path in paths.items():
-        for backend in (b for b in BACKENDS if sweeps.get(b)):  # a backend without thresholds is not measured
+        for backend in (
+            b for b in BACKENDS if sweeps.get(b)
+        ):  # a backend without thresholds is not measured
             thresholds = tuple(sorted(set(sweeps[backend])))
             points, signals = measure_engine(path, sweep, backend, thresholds)
             report(section, sweep, model, backend, points, signals)
@@ -141,11 +212,17 @@ def run(section: Section, sweep: Sweep, paths: Mapping[str, Path], sweeps: Mappi
             gc.collect()
 
 
-def measure_engine(path: Path, sweep: Sweep, backend: str,
-                   thresholds: tuple[float, ...]) -> tuple[list[Point], list[list[float]]]:
-    """Warm up, probe every pair's signals, then time every threshold on every pair, interleaved."""
-    cache = {"backend": backend, "threshold": sweep.defaults[backend], "max_threshold": max((1.0, *thresholds)),
-             **sweep.cache.get(backend, {})}
+def measure_engine(
+    path: Path, sweep: Sweep, backend: str, thresholds: tuple[float, ...]
+) -> tuple[list[Point], list[list[float]]]:
+    """Warm up, probe every pair's signals, then time every threshold on every pair,
+    interleaved."""
+    cache = {
+        "backend": backend,
+        "threshold": sweep.defaults[backend],
+        "max_threshold": max((1.0, *thresholds)),
+        **sweep.cache.get(backend, {}),
+    }
     engine = C.load_engine(path, DTYPE, enforce_eager=True, cache=cache)
     pairs = sweep.pairs
     try:
@@ -153,9 +230,13 @@ def measure_engine(path: Path, sweep: Sweep, backend: str,
             engine.generate(sweep.request(pairs[0][0], pairs[0][1], 1, 0.0))
         signals = []
         for prompt, seed in pairs:
-            entry = _entry(engine.generate(sweep.request(prompt, seed, sweep.steps, PROBE)))
+            entry = _entry(
+                engine.generate(sweep.request(prompt, seed, sweep.steps, PROBE))
+            )
             if entry["skipped_steps"]:
-                raise AssertionError(f"the probe threshold {PROBE} skipped a step: {entry}")
+                raise AssertionError(
+                    f"the probe threshold {PROBE} skipped a step: {entry}"
+                )
             signals.append([float(s) for _, s, _ in entry["trace"] if s is not None])
         points = [Point(t) for t in (0.0, *thresholds)]
         for i, (prompt, seed) in enumerate(pairs):
@@ -165,7 +246,9 @@ def measure_engine(path: Path, sweep: Sweep, backend: str,
                 output = engine.generate(request)
                 point.seconds.append(time.perf_counter() - t0)
                 point.images.append(sweep.output(output))
-                point.entries.append(_entry(output) if point.threshold else {"skipped_steps": 0})
+                point.entries.append(
+                    _entry(output) if point.threshold else {"skipped_steps": 0}
+                )
     finally:
         C.shutdown(engine)
     return points, signals
@@ -179,38 +262,61 @@ def _entry(output: Any) -> dict[str, Any]:
 
 
 def summarise(points: list[Point], sweep: Sweep) -> list[dict[str, Any]]:
-    """Per point: median s/output, speed-up, mean skipped steps, PSNR (pooled over every frame of every pair) and
-    mean SSIM (over every frame) against the uncached point's output of the same pair (``points[0]``), and per
-    check how many outputs pass it."""
+    """Per point: median s/output, speed-up, mean skipped steps, PSNR (pooled over every
+    frame of every pair) and mean SSIM (over every frame) against the uncached point's
+    output of the same pair (``points[0]``), and per check how many outputs pass it."""
     base = points[0]
     base_s = median(base.seconds)
     reference = [frame for output in base.images for frame in sweep.frames(output)]
     rows = []
     for point in points:
         frames = [frame for output in point.images for frame in sweep.frames(output)]
-        similarity = [ssim(a, b) for a, b in zip(frames, reference, strict=True)] if point is not base else [1.0]
-        verdicts = [sweep.checks(prompt, output) for (prompt, _), output in zip(sweep.pairs, point.images,
-                                                                                strict=True)]
-        rows.append({
-            "threshold": point.threshold, "median_s": median(point.seconds), "spread": spread(point.seconds),
-            "runs": len(point.seconds), "speedup": base_s / median(point.seconds),
-            "skipped": statistics.fmean(e["skipped_steps"] for e in point.entries),
-            "psnr_db": pooled_psnr(frames, reference), "ssim": statistics.fmean(similarity),
-            **{name: sum(v[name] for v in verdicts) for name in sweep.labels}, "pairs": len(sweep.pairs),
-        })
+        similarity = (
+            [ssim(a, b) for a, b in zip(frames, reference, strict=True)]
+            if point is not base
+            else [1.0]
+        )
+        verdicts = [
+            sweep.checks(prompt, output)
+            for (prompt, _), output in zip(sweep.pairs, point.images, strict=True)
+        ]
+        rows.append(
+            {
+                "threshold": point.threshold,
+                "median_s": median(point.seconds),
+                "spread": spread(point.seconds),
+                "runs": len(point.seconds),
+                "speedup": base_s / median(point.seconds),
+                "skipped": statistics.fmean(e["skipped_steps"] for e in point.entries),
+                "psnr_db": pooled_psnr(frames, reference),
+                "ssim": statistics.fmean(similarity),
+                **{name: sum(v[name] for v in verdicts) for name in sweep.labels},
+                "pairs": len(sweep.pairs),
+            }
+        )
     return rows
 
 
 def pooled_psnr(images: list[Any], references: list[Any]) -> float:
-    """PSNR over the pixels of all pairs together (one pooled MSE): finite as soon as one image differs,
-    where a mean of per-image PSNRs would be infinite whenever one image is identical."""
+    """PSNR over the pixels of all pairs together (one pooled MSE): finite as soon as
+    one image differs, where a mean of per-image PSNRs would be infinite whenever one
+    image is identical."""
     import numpy as np
 
-    return psnr(np.concatenate([to_array(x) for x in images]), np.concatenate([to_array(x) for x in references]))
+    return psnr(
+        np.concatenate([to_array(x) for x in images]),
+        np.concatenate([to_array(x) for x in references]),
+    )
 
 
-def report(section: Section, sweep: Sweep, model: str, backend: str, points: list[Point],
-           signals: list[list[float]]) -> None:
+def report(
+    section: Section,
+    sweep: Sweep,
+    model: str,
+    backend: str,
+    points: list[Point],
+    signals: list[list[float]],
+) -> None:
     """One row per point, its metrics, and a note with the probe's signals."""
     flat = [s for row in signals for s in row]
     signal = median(flat)
@@ -219,17 +325,36 @@ def report(section: Section, sweep: Sweep, model: str, backend: str, points: lis
     for row in summarise(points, sweep):
         threshold = row["threshold"]
         default = " (default)" if threshold == sweep.defaults[backend] else ""
-        section.add(model, backend, "uncached" if threshold == 0 else f"{threshold:g}{default}", round(signal, 3),
-                    f"{row['skipped']:.1f}/{sweep.steps}", round(row["median_s"], 3), f"{row['spread']:.0%}",
-                    row["runs"], f"{row['speedup']:.2f}x", _db(row["psnr_db"]) if threshold else "",
-                    f"{row['ssim']:.4f}" if threshold else "",
-                    *(f"{row[name]}/{row['pairs']}" for name in sweep.labels))
+        section.add(
+            model,
+            backend,
+            "uncached" if threshold == 0 else f"{threshold:g}{default}",
+            round(signal, 3),
+            f"{row['skipped']:.1f}/{sweep.steps}",
+            round(row["median_s"], 3),
+            f"{row['spread']:.0%}",
+            row["runs"],
+            f"{row['speedup']:.2f}x",
+            _db(row["psnr_db"]) if threshold else "",
+            f"{row['ssim']:.4f}" if threshold else "",
+            *(f"{row[name]}/{row['pairs']}" for name in sweep.labels),
+        )
         key = f"{prefix}.{'uncached' if threshold == 0 else f't{threshold:g}'}"
-        for name in ("median_s", "speedup", "skipped", "psnr_db", "ssim", *sweep.labels):
+        for name in (
+            "median_s",
+            "speedup",
+            "skipped",
+            "psnr_db",
+            "ssim",
+            *sweep.labels,
+        ):
             section.metrics[f"{key}.{name}"] = row[name]
     first = [round(s, 3) for s in signals[0][:SIGNALS_SHOWN]] if signals else []
-    section.notes.append(f"{model} {backend}: signals per step {min(flat, default=0):.3f}-{max(flat, default=0):.3f} "
-                         f"(median {signal:.3f}); first pair, steps 2-{len(first) + 1}: {first}")
+    section.notes.append(
+        f"{model} {backend}: signals "
+        f"per step {min(flat, default=0):.3f}-{max(flat, default=0):.3f} "
+        f"(median {signal:.3f}); first pair, steps 2-{len(first) + 1}: {first}"
+    )
 
 
 def _db(value: float) -> str:

@@ -1,8 +1,10 @@
-"""Shared measurement helpers: interleaved timing, medians, thread pinning, PSNR, machine facts.
+"""Shared measurement helpers: interleaved timing, medians, thread pinning, PSNR,
+machine facts.
 
-Every contender is timed with ``time.perf_counter`` and summarised by the median over repeated runs
-after warm-up. Contenders are interleaved (A B, then B A, ...) so slow drift of a shared machine
-(thermal, other tenants) lands on all of them alike instead of on whichever ran last.
+Every contender is timed with ``time.perf_counter`` and summarised by the median over
+repeated runs after warm-up. Contenders are interleaved (A B, then B A, ...) so slow
+drift of a shared machine (thermal, other tenants) lands on all of them alike instead of
+on whichever ran last.
 """
 
 from __future__ import annotations
@@ -19,7 +21,8 @@ import numpy as np
 
 
 def cores() -> int:
-    """Cores this process may run on (affinity-aware); every contender gets this many threads."""
+    """Cores this process may run on (affinity-aware); every contender gets this many
+    threads."""
     try:
         return len(os.sched_getaffinity(0))
     except AttributeError:  # pragma: no cover - non-Linux
@@ -27,7 +30,8 @@ def cores() -> int:
 
 
 def pin_threads() -> int:
-    """Give torch (intra-op) the same thread count for every contender in this process."""
+    """Give torch (intra-op) the same thread count for every contender in this
+    process."""
     import torch
 
     n = cores()
@@ -36,7 +40,8 @@ def pin_threads() -> int:
 
 
 def subprocess_env() -> dict[str, str]:
-    """Environment for child processes: offline, and the same thread count as in-process contenders."""
+    """Environment for child processes: offline, and the same thread count as in-process
+    contenders."""
     env = dict(os.environ)
     env.update(
         HF_HUB_OFFLINE="1",
@@ -62,10 +67,11 @@ def interleaved(
     budget_s: float | None = None,
     min_iters: int = 3,
 ) -> tuple[dict[str, list[float]], dict[str, Any]]:
-    """Time each contender after ``warmup`` untimed calls, alternating the order every round
-    (ABC, CBA, ...). With ``budget_s``, the first timed round sets how many rounds fit in the budget
-    (between ``min_iters`` and ``iters``), so slow cases (bfloat16 on CPUs without bf16 units) cannot
-    blow the run's time limit. Returns the seconds of every timed call and each one's last result."""
+    """Time each contender after ``warmup`` untimed calls, alternating the order every
+    round (ABC, CBA, ...). With ``budget_s``, the first timed round sets how many rounds
+    fit in the budget (between ``min_iters`` and ``iters``), so slow cases (bfloat16 on
+    CPUs without bf16 units) cannot blow the run's time limit. Returns the seconds of
+    every timed call and each one's last result."""
     names = list(contenders)
     last: dict[str, Any] = {}
     for _ in range(warmup):
@@ -81,7 +87,9 @@ def interleaved(
             samples[name].append(seconds)
         if i == 0 and budget_s is not None:
             per_round = sum(samples[name][0] for name in names)
-            rounds = max(min(min_iters, iters), min(iters, int(budget_s // max(per_round, 1e-9))))
+            rounds = max(
+                min(min_iters, iters), min(iters, int(budget_s // max(per_round, 1e-9)))
+            )
         i += 1
     return samples, last
 
@@ -91,7 +99,8 @@ def median(values: Sequence[float]) -> float:
 
 
 def spread(values: Sequence[float]) -> float:
-    """Relative half-range (max - min) / (2 * median): a rough noise figure printed next to medians."""
+    """Relative half-range (max - min) / (2 * median): a rough noise figure printed next
+    to medians."""
     if len(values) < 2:
         return 0.0
     m = median(values)
@@ -99,7 +108,8 @@ def spread(values: Sequence[float]) -> float:
 
 
 def to_array(image: Any) -> np.ndarray:
-    """A PIL image, uint8 numpy array or uint8 tensor [H, W, 3] (or [1, H, W, 3]) as float32."""
+    """A PIL image, uint8 numpy array or uint8 tensor [H, W, 3] (or [1, H, W, 3]) as
+    float32."""
     if hasattr(image, "detach"):
         image = image.detach().cpu().float().numpy()
     arr = np.asarray(image, dtype=np.float32)
@@ -132,7 +142,9 @@ def machine() -> dict[str, Any]:
         pass
     mem_gib = None
     with contextlib.suppress(ValueError, OSError, AttributeError):
-        mem_gib = round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30, 1)
+        mem_gib = round(
+            os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30, 1
+        )
     try:
         load = os.getloadavg()
     except OSError:
@@ -156,9 +168,10 @@ def machine() -> dict[str, Any]:
         "diffusers": diffusers.__version__,
         "transformers": transformers.__version__,
         "diffserve": diffserve_version,
-        # The CPU kind (diffserve.config.platform.cpu_kind: AMX, AVX512_BF16, AVX512, AVX2, other): each kind
-        # keeps its own report; torch's capability says AVX512 for the first three. An emulated kind
-        # (DIFFSERVE_CPU_KIND) is not that kind's timing: it gets a report of its own, e.g. AVX2-ON-AMX.
+        # The CPU kind (diffserve.config.platform.cpu_kind: AMX, AVX512_BF16, AVX512,
+        # AVX2, other): each kind keeps its own report; torch's capability says AVX512
+        # for the first three. An emulated kind (DIFFSERVE_CPU_KIND) is not that kind's
+        # timing: it gets a report of its own, e.g. AVX2-ON-AMX.
         "cpu_capability": kind_name(cpu_kind()),
         "cpu_kind_flags": ", ".join(cpu_kind().flags),
         "torch_cpu_capability": _cpu_capability(torch),
@@ -178,7 +191,8 @@ def _cpu_capability(torch: Any) -> str:
 
 
 def _luma(image: Any) -> np.ndarray:
-    """ITU-R BT.601 luminance (0..255, float64) of an RGB image; a single-channel image as is."""
+    """ITU-R BT.601 luminance (0..255, float64) of an RGB image; a single-channel image
+    as is."""
     arr = to_array(image).astype(np.float64)
     if arr.ndim == 3 and arr.shape[-1] >= 3:
         return arr[..., 0] * 0.299 + arr[..., 1] * 0.587 + arr[..., 2] * 0.114
@@ -192,8 +206,9 @@ def _gaussian_filter(x: np.ndarray, kernel: np.ndarray) -> np.ndarray:
 
 
 def ssim(a: Any, b: Any, *, window: int = 11, sigma: float = 1.5) -> float:
-    """Mean SSIM (Wang et al. 2004) between two 8-bit images on their luminance: 11x11 Gaussian
-    window (sigma 1.5), K1 = 0.01, K2 = 0.03, L = 255, 'valid' windows only. 1.0 when identical."""
+    """Mean SSIM (Wang et al. 2004) between two 8-bit images on their luminance: 11x11
+    Gaussian window (sigma 1.5), K1 = 0.01, K2 = 0.03, L = 255, 'valid' windows only.
+    1.0 when identical."""
     x, y = _luma(a), _luma(b)
     if x.shape != y.shape:
         raise ValueError(f"image shapes differ: {x.shape} vs {y.shape}")
@@ -208,5 +223,7 @@ def ssim(a: Any, b: Any, *, window: int = 11, sigma: float = 1.5) -> float:
     var_x = _gaussian_filter(x * x, kernel) - mu_x**2
     var_y = _gaussian_filter(y * y, kernel) - mu_y**2
     cov = _gaussian_filter(x * y, kernel) - mu_x * mu_y
-    ssim_map = ((2 * mu_x * mu_y + c1) * (2 * cov + c2)) / ((mu_x**2 + mu_y**2 + c1) * (var_x + var_y + c2))
+    ssim_map = ((2 * mu_x * mu_y + c1) * (2 * cov + c2)) / (
+        (mu_x**2 + mu_y**2 + c1) * (var_x + var_y + c2)
+    )
     return float(ssim_map.mean())

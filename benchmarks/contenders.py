@@ -1,5 +1,6 @@
-"""The two things being compared, built from the same model directory and called with the same request:
-``diffusers.FluxPipeline`` (the library called directly) and diffserve's ``Engine``."""
+"""The two things being compared, built from the same model directory and called with
+the same request: ``diffusers.FluxPipeline`` (the library called directly) and
+diffserve's ``Engine``."""
 
 from __future__ import annotations
 
@@ -13,14 +14,20 @@ from benchmarks.settings import GUIDANCE_SCALE, MAX_SEQUENCE_LENGTH, PROMPT, SEE
 def torch_dtype(name: str) -> Any:
     import torch
 
-    return {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[name]
+    return {
+        "float32": torch.float32,
+        "bfloat16": torch.bfloat16,
+        "float16": torch.float16,
+    }[name]
 
 
 def load_diffusers(path: Path, dtype: str) -> Any:
     """diffusers' FluxPipeline from the very directory diffserve loads, in ``dtype``."""
     import diffusers
 
-    pipe = diffusers.FluxPipeline.from_pretrained(str(path), torch_dtype=torch_dtype(dtype))
+    pipe = diffusers.FluxPipeline.from_pretrained(
+        str(path), torch_dtype=torch_dtype(dtype)
+    )
     pipe.set_progress_bar_config(disable=True)
     return pipe
 
@@ -47,10 +54,18 @@ def diffusers_call(pipe: Any, case: Case, *, batch: int = 1) -> Callable[[], lis
     return call
 
 
-def request(case: Case, *, seed: int = SEED, n: int = 1, max_sequence_length: int = MAX_SEQUENCE_LENGTH,
-            **extra: Any) -> Any:
-    """The diffserve request equivalent to ``diffusers_call`` (same prompt, seed, text length)."""
+def request(
+    case: Case,
+    *,
+    seed: int = SEED,
+    n: int = 1,
+    max_sequence_length: int = MAX_SEQUENCE_LENGTH,
+    **extra: Any,
+) -> Any:
+    """The diffserve request equivalent to ``diffusers_call`` (same prompt, seed, text
+    length)."""
     from diffserve import GenerationRequest
+
     return GenerationRequest(
         prompt=PROMPT,
         height=case.size,
@@ -65,16 +80,19 @@ def request(case: Case, *, seed: int = SEED, n: int = 1, max_sequence_length: in
 
 
 def load_engine(path: Path, dtype: str, **overrides: Any) -> Any:
-    """diffserve's Engine (uni executor unless ``distributed_executor_backend`` says otherwise)."""
+    """diffserve's Engine (uni executor unless ``distributed_executor_backend`` says
+    otherwise)."""
     from diffserve import Engine
+
     overrides.setdefault("distributed_executor_backend", "uni")
     overrides.setdefault("enforce_eager", True)
     return Engine(str(path), dtype=dtype, **overrides)
 
 
 class EngineCall:
-    """One ``Engine.generate`` per call with a fresh request (a request_id is single-use: the engine
-    rejects an id still in flight). Keeps the last output's per-phase timings for the report."""
+    """One ``Engine.generate`` per call with a fresh request (a request_id is
+    single-use: the engine rejects an id still in flight). Keeps the last output's
+    per-phase timings for the report."""
 
     def __init__(self, engine: Any, case: Case, **request_kwargs: Any) -> None:
         self.engine, self.case, self.request_kwargs = engine, case, request_kwargs
@@ -91,28 +109,34 @@ def engine_call(engine: Any, case: Case, **request_kwargs: Any) -> EngineCall:
 
 
 def on_worker_thread(engine: Any, fn: Callable[[], Any]) -> Any:
-    """``fn()`` run on a uni engine's worker thread (an RPC between batches), returning its result.
+    """``fn()`` run on a uni engine's worker thread (an RPC between batches), returning
+    its result.
 
-    Why: with GNU OpenMP, once two threads of one process run torch's parallel regions, libgomp stops
-    spinning between regions and every op of both pays a wake-up (30-50% on 2 cores; docs/engine.md, "One
-    compute thread per process"). A user runs diffusers on one thread and diffserve's uni worker is one
-    thread, so a comparison in one process runs the diffusers contender on the engine's worker thread:
-    both then use the one OpenMP team, as each would alone."""
+    Why: with GNU OpenMP, once two threads of one process run torch's parallel regions,
+    libgomp stops spinning between regions and every op of both pays a wake-up (30-50%
+    on 2 cores; docs/engine.md, "One compute thread per process"). A user runs diffusers
+    on one thread and diffserve's uni worker is one thread, so a comparison in one
+    process runs the diffusers contender on the engine's worker thread: both then use
+    the one OpenMP team, as each would alone."""
     return engine.collective_rpc(lambda worker: fn())[0]
 
 
 def diffusers_on_worker(engine: Any, path: Path, dtype: str) -> Any:
-    """``load_diffusers`` on the engine's worker thread (the load's parallel copies included)."""
+    """``load_diffusers`` on the engine's worker thread (the load's parallel copies
+    included)."""
     return on_worker_thread(engine, lambda: load_diffusers(path, dtype))
 
 
-def diffusers_call_on_worker(engine: Any, pipe: Any, case: Case, *, batch: int = 1) -> Callable[[], list[Any]]:
+def diffusers_call_on_worker(
+    engine: Any, pipe: Any, case: Case, *, batch: int = 1
+) -> Callable[[], list[Any]]:
     """``diffusers_call`` run on the engine's worker thread."""
     call = diffusers_call(pipe, case, batch=batch)
     return lambda: on_worker_thread(engine, call)
 
 
 def shutdown(engine: Any) -> None:
-    """Engines own worker processes/threads; close them even when a measurement failed."""
+    """Engines own worker processes/threads; close them even when a measurement
+    failed."""
     if engine is not None and hasattr(engine, "shutdown"):
         engine.shutdown()

@@ -1,4 +1,5 @@
-"""Writes RESULTS.md (machine, models, one table per measurement, the targets table) and the JSON twin."""
+"""Writes RESULTS.md (machine, models, one table per measurement, the targets table) and
+the JSON twin."""
 
 from __future__ import annotations
 
@@ -9,7 +10,13 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.section import Section
-from benchmarks.settings import GUIDANCE_SCALE, MAX_SEQUENCE_LENGTH, PROMPT, SEED, Settings
+from benchmarks.settings import (
+    GUIDANCE_SCALE,
+    MAX_SEQUENCE_LENGTH,
+    PROMPT,
+    SEED,
+    Settings,
+)
 from benchmarks.targets import Target
 
 COMMAND = "python -m benchmarks.run"
@@ -26,9 +33,17 @@ def _now() -> str:
     return time.strftime("%Y-%m-%d %H:%M:%S %Z")
 
 
-def write_json(path: Path, info: dict[str, Any], models: dict[str, Any], settings: Settings,
-               sections: list[Section], targets: list[Target], total_s: float, *,
-               generated: str | None = None) -> None:
+def write_json(
+    path: Path,
+    info: dict[str, Any],
+    models: dict[str, Any],
+    settings: Settings,
+    sections: list[Section],
+    targets: list[Target],
+    total_s: float,
+    *,
+    generated: str | None = None,
+) -> None:
     data = {
         "generated": generated or _now(),
         "mode": "smoke" if settings.smoke else "full",
@@ -44,8 +59,8 @@ def write_json(path: Path, info: dict[str, Any], models: dict[str, Any], setting
 
 
 def _other_kinds(path: Path, info: dict[str, Any]) -> list[str]:
-    """Links to the reports beside this one that were measured on another CPU capability (each kind keeps
-    its own file: one never overwrites the other)."""
+    """Links to the reports beside this one that were measured on another CPU capability
+    (each kind keeps its own file: one never overwrites the other)."""
     lines = []
     for other in sorted(Path(path).parent.glob("RESULTS*.md")):
         twin = json_path(other)
@@ -56,39 +71,69 @@ def _other_kinds(path: Path, info: dict[str, Any]) -> list[str]:
         except (OSError, ValueError):
             continue
         capability = data.get("machine", {}).get("cpu_capability")
-        if capability is None:  # not a CPU run (RESULTS-GPU.md: benchmarks/gpu.py's own report)
-            lines.append(f"- [{other.name}]({other.name}): the GPU benchmark (benchmarks/gpu.py).")
+        if (
+            capability is None
+        ):  # not a CPU run (RESULTS-GPU.md: benchmarks/gpu.py's own report)
+            lines.append(
+                f"- [{other.name}]({other.name}): the GPU benchmark "
+                "(benchmarks/gpu.py)."
+            )
             continue
         if capability == info.get("cpu_capability"):
             continue
-        titles = ", ".join(s["title"].split(".", 1)[0] for s in data.get("sections", []))
-        lines.append(f"- [{other.name}]({other.name}): measured on a CPU of kind {capability} ({data.get('mode')} "
-                     f"run, sections {titles}).")
+        titles = ", ".join(
+            s["title"].split(".", 1)[0] for s in data.get("sections", [])
+        )
+        lines.append(
+            f"- [{other.name}]({other.name}): measured on a CPU "
+            f"of kind {capability} ({data.get('mode')} "
+            f"run, sections {titles})."
+        )
     return ["Reports of other machine kinds:", "", *lines, ""] if lines else []
 
 
-def write_markdown(path: Path, info: dict[str, Any], models: dict[str, Any], settings: Settings,
-                   sections: list[Section], targets: list[Target], total_s: float, *,
-                   generated: str | None = None) -> None:
-    mode = "smoke (CI: tiny model, a couple of iterations; numbers are not meaningful)" if settings.smoke \
+def write_markdown(
+    path: Path,
+    info: dict[str, Any],
+    models: dict[str, Any],
+    settings: Settings,
+    sections: list[Section],
+    targets: list[Target],
+    total_s: float,
+    *,
+    generated: str | None = None,
+) -> None:
+    mode = (
+        "smoke (CI: tiny model, a couple of iterations; numbers are not meaningful)"
+        if settings.smoke
         else "full"
+    )
     lines = [
         "# diffserve benchmarks vs diffusers (identical weights, same run)",
         "",
-        f"Generated {generated or _now()} by `{COMMAND}{' --smoke' if settings.smoke else ''}`"
+        f"Generated {generated or _now()} "
+        f"by `{COMMAND}{' --smoke' if settings.smoke else ''}`"
         f" in {total_s:.0f} s; mode: {mode}.",
         "",
-        "Every latency is the median over repeated runs after warm-up, contenders interleaved (A B, B A, ...)"
-        " in one process so machine drift lands on all of them; `spread ±` is (max - min) / 2 / median."
-        f" Every request: prompt {PROMPT!r}, seed {SEED}, guidance_scale {GUIDANCE_SCALE},"
+        "Every latency is the median over repeated runs after "
+        "warm-up, contenders interleaved (A B, B A, ...)"
+        " in one process so machine drift lands on all of them; "
+        "`spread ±` is (max - min) / 2 / median."
+        f" Every request: prompt {PROMPT!r}, seed {SEED}, guidance_scale "
+        f"{GUIDANCE_SCALE},"
         f" max_sequence_length {MAX_SEQUENCE_LENGTH} unless a section says otherwise;"
         f" torch threads = {info.get('torch_threads')} for every contender.",
         "",
         *_other_kinds(path, info),
         "## Targets",
         "",
-        *_table(["target", "goal", "measured", "status", "note"],
-                [[t.name, t.target, t.measured, _status(t.status), t.note] for t in targets]),
+        *_table(
+            ["target", "goal", "measured", "status", "note"],
+            [
+                [t.name, t.target, t.measured, _status(t.status), t.note]
+                for t in targets
+            ],
+        ),
         "",
         "## Machine",
         "",
@@ -96,11 +141,14 @@ def write_markdown(path: Path, info: dict[str, Any], models: dict[str, Any], set
         "",
         "## Models",
         "",
-        "Built with `diffserve.zoo.flux.build_flux_model(kind, dir, seed=0)`; both engines load the same "
+        "Built with `diffserve.zoo.flux.build_flux_model(kind, "
+        "dir, seed=0)`; both engines load the same "
         "directory.",
         "",
-        *_table(["model", *next(iter(models.values()), {}).keys()],
-                [[name, *facts.values()] for name, facts in models.items()]),
+        *_table(
+            ["model", *next(iter(models.values()), {}).keys()],
+            [[name, *facts.values()] for name, facts in models.items()],
+        ),
         "",
     ]
     for section in sections:
@@ -130,5 +178,8 @@ def _table(columns: list[str], rows: list[list[Any]]) -> list[str]:
     width = max([len(columns), *(len(r) for r in rows)]) if rows or columns else 0
     header = [*columns, *[""] * (width - len(columns))]
     out = ["| " + " | ".join(cell(c) for c in header) + " |", "|" + "---|" * width]
-    out += ["| " + " | ".join(cell(v) for v in [*row, *[""] * (width - len(row))]) + " |" for row in rows]
+    out += [
+        "| " + " | ".join(cell(v) for v in [*row, *[""] * (width - len(row))]) + " |"
+        for row in rows
+    ]
     return out

@@ -1,5 +1,5 @@
-"""The result of one measurement, and the guard that turns a missing or broken piece into a row
-that says so instead of a crashed run."""
+"""The result of one measurement, and the guard that turns a missing or broken piece
+into a row that says so instead of a crashed run."""
 
 from __future__ import annotations
 
@@ -12,7 +12,8 @@ from typing import Any
 
 @dataclass
 class Section:
-    """One measurement's table. ``metrics`` holds the numbers the targets table reads (by key)."""
+    """One measurement's table. ``metrics`` holds the numbers the targets table reads
+    (by key)."""
 
     key: str
     title: str
@@ -32,13 +33,15 @@ class Section:
 
 
 class Unavailable(Exception):
-    """Raised by a measurement that cannot run here: an optional contender is not installed (cache-dit), or
-    the case does not fit the measurement (e.g. a size Ulysses cannot shard)."""
+    """Raised by a measurement that cannot run here: an optional contender is not
+    installed (cache-dit), or the case does not fit the measurement (e.g. a size Ulysses
+    cannot shard)."""
 
 
 def guarded(key: str, title: str, fn: Callable[[Section], None]) -> Section:
-    """Run ``fn`` on a fresh Section. ImportError/Unavailable -> "not available"; any other error ->
-    "failed" with the exception, keeping whatever rows were measured before it."""
+    """Run ``fn`` on a fresh Section. ImportError/Unavailable -> "not available"; any
+    other error -> "failed" with the exception, keeping whatever rows were measured
+    before it."""
     section = Section(key=key, title=title)
     t0 = time.perf_counter()
     print(f"[bench] {title} ...", flush=True)
@@ -49,7 +52,13 @@ def guarded(key: str, title: str, fn: Callable[[Section], None]) -> Section:
     except Exception as exc:  # noqa: BLE001 - one broken measurement must not lose the others
         section.status = "failed"
         section.reason = f"{type(exc).__name__}: {exc}"
-        section.notes.append("traceback tail: " + " | ".join(traceback.format_exc().strip().splitlines()[-4:]))
+        section.notes.append(
+            "traceback tail: "
+            + " | ".join(traceback.format_exc().strip().splitlines()[-4:])
+        )
     section.seconds = round(time.perf_counter() - t0, 1)
-    print(f"[bench] {title}: {section.status} {section.reason} ({section.seconds}s)", flush=True)
+    print(
+        f"[bench] {title}: {section.status} {section.reason} ({section.seconds}s)",
+        flush=True,
+    )
     return section

@@ -1,7 +1,8 @@
 """How much each measurement does in full and smoke mode.
 
-Full mode is sized to finish in under 15 minutes on the 2-core CPU machine; smoke mode (CI) uses the
-tiny model only with a couple of iterations so the harness cannot rot, and its numbers mean nothing.
+Full mode is sized to finish in under 15 minutes on the 2-core CPU machine; smoke mode
+(CI) uses the tiny model only with a couple of iterations so the harness cannot rot, and
+its numbers mean nothing.
 """
 
 from __future__ import annotations
@@ -12,8 +13,9 @@ PROMPT = "a red fox in the snow, watercolor"
 SEED = 42
 # The same text length for every contender; FLUX pads the T5 prompt to this many tokens.
 MAX_SEQUENCE_LENGTH = 64
-# FLUX's default. The benchmark models are schnell-like (no guidance embedding, no true CFG), so both
-# engines run one transformer forward per step whatever this is; it is passed for identical requests.
+# FLUX's default. The benchmark models are schnell-like (no guidance embedding, no true
+# CFG), so both engines run one transformer forward per step whatever this is; it is
+# passed for identical requests.
 GUIDANCE_SCALE = 3.5
 
 
@@ -21,7 +23,9 @@ GUIDANCE_SCALE = 3.5
 class Case:
     """One image-generation workload: which model, image size and denoise steps."""
 
-    model: str  # "tiny-flux" | "small-flux" | ... ("toy-shapes"/"toy-motion": the trained toy models, l and q)
+    # "tiny-flux" | "small-flux" | ... ("toy-shapes"/"toy-motion": the trained toy
+    # models, l and q)
+    model: str
     size: int  # square images, pixels per side
     steps: int
 
@@ -37,8 +41,8 @@ class Settings:
     iters: int  # timed calls per contender (the median is reported)
     e2e_cases: tuple[Case, ...]
     dtypes: tuple[str, ...]
-    # Compiled diffserve is a third contender in these models' end-to-end cases (compile is slow on
-    # 2 cores, so it is measured where the target asks for it: small-flux).
+    # Compiled diffserve is a third contender in these models' end-to-end cases (compile
+    # is slow on 2 cores, so it is measured where the target asks for it: small-flux).
     compile_models: tuple[str, ...]
     step_case: Case  # transformer step alone
     step_iters: int
@@ -47,68 +51,95 @@ class Settings:
     throughput_case: Case
     clients: tuple[int, ...]
     batch_sizes: tuple[int, ...]  # max_batch_size: 1 = batching off
-    throughput_images: int  # images per (clients, batch size) point, split evenly over the clients
+    throughput_images: (
+        int  # images per (clients, batch size) point, split evenly over the clients
+    )
     throughput_eager: bool
-    throughput_rounds: int  # every point is measured this many times, interleaved; the median counts
+    throughput_rounds: (
+        int  # every point is measured this many times, interleaved; the median counts
+    )
     cold_case: Case
     cold_repeats: int
-    # Also time `diffserve generate --no-enforce-eager`: its first start (empty compile cache) once, and
-    # its second start (compile cache warm) cold_repeats times.
+    # Also time `diffserve generate --no-enforce-eager`: its first start (empty compile
+    # cache) once, and its second start (compile cache warm) cold_repeats times.
     cold_compile: bool
     models: tuple[str, ...] = field(default=("tiny-flux", "small-flux"))
-    # Seconds of timed calls one case may use after its first round (None: always ``iters``).
+    # Seconds of timed calls one case may use after its first round (None: always
+    # ``iters``).
     case_budget_s: float | None = None
-    # Step cache vs cache-dit (section h): the case and the thresholds swept on both engines. On the
-    # random-weight benchmark models block 0's residual changes by ~0.5 relative per step, so the
-    # published FBCache default 0.08 never skips; these straddle that signal.
+    # Step cache vs cache-dit (section h): the case and the thresholds swept on both
+    # engines. On the random-weight benchmark models block 0's residual changes by ~0.5
+    # relative per step, so the published FBCache default 0.08 never skips; these
+    # straddle that signal.
     cache_case: Case = Case("small-flux", 256, 28)
     cache_thresholds: tuple[float, ...] = (0.55, 0.6, 0.65, 0.7, 0.75)
-    # Step-level vs request-level batching under Poisson arrivals (section i): the case, the requests
-    # per contender, level and round (one seeded trace), the load levels as fractions of the sequential
-    # capacity 1/S (S: the slower engine's single-request time) and max_batch_size in both modes.
+    # Step-level vs request-level batching under Poisson arrivals (section i): the case,
+    # the requests per contender, level and round (one seeded trace), the load levels as
+    # fractions of the sequential capacity 1/S (S: the slower engine's single-request
+    # time) and max_batch_size in both modes.
     arrivals_case: Case = Case("tiny-flux", 128, 10)
     arrivals_requests: int = 40
     arrivals_loads: tuple[float, ...] = (0.5, 0.9)
     arrivals_batch: int = 4
-    arrivals_rounds: int = 2  # every level runs the trace this many times per contender, order reversed
-    # The generic path (section j): SD3 on diffusers' own pipeline class with our kernels, vs that pipeline.
-    generic_cases: tuple[Case, ...] = (Case("tiny-sd3", 128, 4), Case("small-sd3", 256, 4))
-    # Per-request LoRA (section k): one adapter vs the base per image; 8 clients with 4 adapters vs base.
+    arrivals_rounds: int = (
+        2  # every level runs the trace this many times per contender, order reversed
+    )
+    # The generic path (section j): SD3 on diffusers' own pipeline class with our
+    # kernels, vs that pipeline.
+    generic_cases: tuple[Case, ...] = (
+        Case("tiny-sd3", 128, 4),
+        Case("small-sd3", 256, 4),
+    )
+    # Per-request LoRA (section k): one adapter vs the base per image; 8 clients with 4
+    # adapters vs base.
     lora_case: Case = Case("small-flux", 256, 4)
     lora_images: int = 16
-    # Step cache on the trained toy-shapes model against its random twin (section l): the case (64x64 is the
-    # model's size; 28 steps, FLUX.1-dev's default, where the published thresholds were tuned), the held-out
-    # prompt/seed pairs per point and each backend's thresholds (0 = uncached is always added).
+    # Step cache on the trained toy-shapes model against its random twin (section l):
+    # the case (64x64 is the model's size; 28 steps, FLUX.1-dev's default, where the
+    # published thresholds were tuned), the held-out prompt/seed pairs per point and
+    # each backend's thresholds (0 = uncached is always added).
     cache_trained_case: Case = Case("toy-shapes", 64, 28)
     cache_trained_pairs: int = 8
     cache_trained_fbcache: tuple[float, ...] = (0.05, 0.08, 0.15, 0.3, 0.5)
     cache_trained_teacache: tuple[float, ...] = (0.2, 0.4, 0.6, 0.8)
-    # Quantized weights (section m): the case and the methods, unquantized first (the reference).
+    # Quantized weights (section m): the case and the methods, unquantized first (the
+    # reference).
     quant_case: Case = Case("small-flux", 256, 4)
-    quant_methods: tuple[str, ...] = ("none", "int8", "int8_weight_only", "fp8_weight_only")
-    # Stages at runtime (section n): the case and the images per throughput round (over 8 clients).
+    quant_methods: tuple[str, ...] = (
+        "none",
+        "int8",
+        "int8_weight_only",
+        "fp8_weight_only",
+    )
+    # Stages at runtime (section n): the case and the images per throughput round (over
+    # 8 clients).
     stages_case: Case = Case("small-flux", 256, 4)
     stages_images: int = 16
-    # Video (section o): native Wan vs diffusers' WanPipeline (CFG 5.0) at these frame counts (4k+1).
+    # Video (section o): native Wan vs diffusers' WanPipeline (CFG 5.0) at these frame
+    # counts (4k+1).
     video_case: Case = Case("small-wan", 256, 4)
     video_frames: tuple[int, ...] = (9, 17)
-    # Tracing (section p): HTTP latency with OpenTelemetry on vs off, in blocks of requests alternating off/on.
+    # Tracing (section p): HTTP latency with OpenTelemetry on vs off, in blocks of
+    # requests alternating off/on.
     tracing_case: Case = Case("tiny-flux", 128, 2)
     tracing_rounds: int = 6
     tracing_block: int = 5
-    # Step cache on the trained toy video model against its random twin (section q): the case (64x64 and 17 frames
-    # are the model's; 24 steps, twice its default 12, so a sweep has steps to skip), the held-out pairs per point
-    # and each backend's thresholds (0 = uncached is always added). teacache runs Wan2.1-T2V-1.3B's polynomial, whose
-    # published 0.05/0.08 skip nothing here: its rescaled value is ~0.22 per step on the trained model (so 0.3/0.5/0.8
-    # skip about one, two, three steps per computed one) and in the hundreds on the random twin (it never skips).
+    # Step cache on the trained toy video model against its random twin (section q): the
+    # case (64x64 and 17 frames are the model's; 24 steps, twice its default 12, so a
+    # sweep has steps to skip), the held-out pairs per point and each backend's
+    # thresholds (0 = uncached is always added). teacache runs Wan2.1-T2V-1.3B's
+    # polynomial, whose published 0.05/0.08 skip nothing here: its rescaled value is
+    # ~0.22 per step on the trained model (so 0.3/0.5/0.8 skip about one, two, three
+    # steps per computed one) and in the hundreds on the random twin (it never skips).
     cache_video_case: Case = Case("toy-motion", 64, 24)
     cache_video_pairs: int = 8
     cache_video_fbcache: tuple[float, ...] = (0.05, 0.08, 0.15, 0.3, 0.5)
     cache_video_teacache: tuple[float, ...] = (0.08, 0.3, 0.5, 0.8)
-    # The AR stage (section r): the toy prompter on vLLM against transformers' generate (one prompt, then a batch of
-    # ar_batch; ar_iters timed calls each, milliseconds apiece), end to end in front of toy-shapes (ar_requests short
-    # prompts, ar_passes timed passes over them per contender), and with ar_mp the start of a vLLM engine on the mp
-    # executor (~15-20 s on 2 cores).
+    # The AR stage (section r): the toy prompter on vLLM against transformers' generate
+    # (one prompt, then a batch of ar_batch; ar_iters timed calls each, milliseconds
+    # apiece), end to end in front of toy-shapes (ar_requests short prompts, ar_passes
+    # timed passes over them per contender), and with ar_mp the start of a vLLM engine
+    # on the mp executor (~15-20 s on 2 cores).
     ar_batch: int = 8
     ar_iters: int = 20
     ar_requests: int = 8
@@ -128,7 +159,8 @@ FULL = Settings(
     compile_models=("small-flux",),
     step_case=SMALL_E2E,
     step_iters=10,
-    matmul_size=4096,  # the peak is the best of 512² .. 4096² (AMX bfloat16 peaks above 2048²)
+    # the peak is the best of 512² .. 4096² (AMX bfloat16 peaks above 2048²)
+    matmul_size=4096,
     overhead_case=SMALL_E2E,
     throughput_case=Case("small-flux", 128, 2),
     clients=(1, 4, 8),
@@ -175,7 +207,8 @@ SMOKE = Settings(
     cache_trained_case=Case("toy-shapes", 64, 8),
     cache_trained_pairs=1,
     cache_trained_fbcache=(0.3,),
-    cache_trained_teacache=(),  # smoke: fbcache only (the teacache path is the same code)
+    # smoke: fbcache only (the teacache path is the same code)
+    cache_trained_teacache=(),
     quant_case=Case("tiny-flux", 64, 2),
     quant_methods=("none", "int8"),
     stages_case=Case("tiny-flux", 64, 2),

@@ -9,7 +9,14 @@ from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
 
-__all__ = ["AsyncEngine", "Engine", "GenerationRequest", "RequestOutput", "resolve", "__version__"]
+__all__ = [
+    "AsyncEngine",
+    "Engine",
+    "GenerationRequest",
+    "RequestOutput",
+    "resolve",
+    "__version__",
+]
 
 _LAZY = {
     "Engine": "diffserve.engine.engine",

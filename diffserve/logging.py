@@ -9,8 +9,9 @@ from collections.abc import Callable
 _ROOT = "diffserve"
 _FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 _configured = False
-# Text appended to each line of configure_logging's handler, computed on the logging thread: tracing installs
-# one (" trace_id=... span_id=..." while a span is current: tracing/log_context.py). None: the plain format.
+# Text appended to each line of configure_logging's handler, computed on the logging
+# thread: tracing installs one (" trace_id=... span_id=..." while a span is current:
+# tracing/log_context.py). None: the plain format.
 _line_context: Callable[[], str] | None = None
 
 
@@ -22,13 +23,15 @@ def get_logger(name: str) -> logging.Logger:
 
 
 def set_line_context(context: Callable[[], str] | None) -> None:
-    """Install (or, with None, remove) the function whose text ends every log line of the ``diffserve`` handler."""
+    """Install (or, with None, remove) the function whose text ends every log line of
+    the ``diffserve`` handler."""
     global _line_context
     _line_context = context
 
 
 class _Formatter(logging.Formatter):
-    """The one line format, plus the line context when one is installed (before any traceback lines)."""
+    """The one line format, plus the line context when one is installed (before any
+    traceback lines)."""
 
     def formatMessage(self, record: logging.LogRecord) -> str:
         text = super().formatMessage(record)
@@ -37,7 +40,8 @@ class _Formatter(logging.Formatter):
 
 
 def configure_logging(level: str | int | None = None) -> None:
-    """Attach one stderr handler to the ``diffserve`` logger. Called by the CLI, never on import."""
+    """Attach one stderr handler to the ``diffserve`` logger. Called by the CLI, never
+    on import."""
     global _configured
     root = logging.getLogger(_ROOT)
     if level is None:

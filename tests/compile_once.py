@@ -1,8 +1,9 @@
-"""What a compiling worker's process does, once: ``Worker.load``'s compile-cache set-up (``use_compile_cache``),
-then the same lazy per-module ``torch.compile(dynamic=True)`` as ``FluxTransformer.compile_blocks``, on a small
-module; it prints the cache directory and torch's own cache counters as JSON. tests/worker/test_compile_cache.py
-runs it twice, each a fresh process (every in-memory cache empty), so the second finds the first's graphs only on
-disk."""
+"""What a compiling worker's process does, once: ``Worker.load``'s compile-cache set-up
+(``use_compile_cache``), then the same lazy per-module ``torch.compile(dynamic=True)``
+as ``FluxTransformer.compile_blocks``, on a small module; it prints the cache directory
+and torch's own cache counters as JSON. tests/worker/test_compile_cache.py runs it
+twice, each a fresh process (every in-memory cache empty), so the second finds the
+first's graphs only on disk."""
 
 from __future__ import annotations
 
@@ -15,7 +16,9 @@ from diffserve.config.resolve import resolve
 from diffserve.worker.compile_cache import use_compile_cache
 
 
-class Block(torch.nn.Module):  # a user module: dynamo does not trace torch.nn's own classes as frames
+class Block(
+    torch.nn.Module
+):  # a user module: dynamo does not trace torch.nn's own classes as frames
     def __init__(self) -> None:
         super().__init__()
         self.a, self.b = torch.nn.Linear(8, 16), torch.nn.Linear(16, 8)
@@ -25,7 +28,9 @@ class Block(torch.nn.Module):  # a user module: dynamo does not trace torch.nn's
 
 
 def main(model: str) -> dict[str, object]:
-    config = resolve(model=model, overrides={"enforce_eager": False, "dtype": "float32"}, env={})
+    config = resolve(
+        model=model, overrides={"enforce_eager": False, "dtype": "float32"}, env={}
+    )
     directory = use_compile_cache(config, "cpu")
     block = Block()
     block.compile(dynamic=True)
@@ -35,8 +40,12 @@ def main(model: str) -> dict[str, object]:
     from torch._dynamo.utils import counters
     from torch._inductor import config as inductor_config
 
-    return {"dir": str(directory), "aot": dict(counters["aot_autograd"]), "fx": dict(counters["inductor"]),
-            "vec_isa_ok": inductor_config.cpp.vec_isa_ok}
+    return {
+        "dir": str(directory),
+        "aot": dict(counters["aot_autograd"]),
+        "fx": dict(counters["inductor"]),
+        "vec_isa_ok": inductor_config.cpp.vec_isa_ok,
+    }
 
 
 if __name__ == "__main__":

@@ -1,9 +1,11 @@
-"""Hugging Face hub stand-ins for the hub-id tests: a cache laid out on disk as huggingface_hub lays it out,
-and a hub HTTP server on 127.0.0.1 serving the file API for local folders (set ``HF_ENDPOINT`` to its url).
+"""Hugging Face hub stand-ins for the hub-id tests: a cache laid out on disk as
+huggingface_hub lays it out, and a hub HTTP server on 127.0.0.1 serving the file API for
+local folders (set ``HF_ENDPOINT`` to its url).
 
-The server answers what ``huggingface_hub`` asks: model info (``/api/models/{repo}/revision/{rev}``), the
-recursive file tree, and ``HEAD``/``GET`` of ``/{repo}/resolve/{rev}/{file}`` with the commit and ETag headers;
-gated and unknown repositories get the hub's error codes. Every request is logged (``requests``).
+The server answers what ``huggingface_hub`` asks: model info
+(``/api/models/{repo}/revision/{rev}``), the recursive file tree, and ``HEAD``/``GET``
+of ``/{repo}/resolve/{rev}/{file}`` with the commit and ETag headers; gated and unknown
+repositories get the hub's error codes. Every request is logged (``requests``).
 """
 
 from __future__ import annotations
@@ -26,11 +28,22 @@ def commit_of(label: str) -> str:
 
 
 def repo_files(folder: Path) -> dict[str, Path]:
-    return {p.relative_to(folder).as_posix(): p for p in sorted(folder.rglob("*")) if p.is_file()}
+    return {
+        p.relative_to(folder).as_posix(): p
+        for p in sorted(folder.rglob("*"))
+        if p.is_file()
+    }
 
 
-def lay_out_cache(cache: Path, repo_id: str, folder: Path, commit: str, refs: tuple[str, ...] = ("main",)) -> Path:
-    """Put ``folder`` in the hub cache at ``cache`` as snapshot ``commit`` (blobs + relative symlinks, refs)."""
+def lay_out_cache(
+    cache: Path,
+    repo_id: str,
+    folder: Path,
+    commit: str,
+    refs: tuple[str, ...] = ("main",),
+) -> Path:
+    """Put ``folder`` in the hub cache at ``cache`` as snapshot ``commit`` (blobs +
+    relative symlinks, refs)."""
     repo = cache / f"models--{repo_id.replace('/', '--')}"
     snapshot = repo / "snapshots" / commit
     for name, path in repo_files(folder).items():
@@ -49,7 +62,8 @@ def lay_out_cache(cache: Path, repo_id: str, folder: Path, commit: str, refs: tu
 
 @dataclass
 class FakeHub:
-    """Repositories served (``repos[repo_id] = (commit, folder)``), gated ids, and the request log."""
+    """Repositories served (``repos[repo_id] = (commit, folder)``), gated ids, and the
+    request log."""
 
     repos: dict[str, tuple[str, Path]] = field(default_factory=dict)
     gated: set[str] = field(default_factory=set)
@@ -59,8 +73,13 @@ class FakeHub:
     def downloaded(self, repo_id: str) -> list[str]:
         """Files whose content was fetched (GET of a resolve URL) for ``repo_id``."""
         prefix = f"/{repo_id}/resolve/"
-        return sorted({path[len(prefix):].split("/", 1)[1] for method, path in self.requests
-                       if method == "GET" and path.startswith(prefix)})
+        return sorted(
+            {
+                path[len(prefix) :].split("/", 1)[1]
+                for method, path in self.requests
+                if method == "GET" and path.startswith(prefix)
+            }
+        )
 
 
 def _handler(hub: FakeHub) -> type[BaseHTTPRequestHandler]:
@@ -74,7 +93,9 @@ def _handler(hub: FakeHub) -> type[BaseHTTPRequestHandler]:
         def do_GET(self) -> None:
             self._answer(body=True)
 
-        def _send(self, status: int, headers: dict[str, str], data: bytes, body: bool) -> None:
+        def _send(
+            self, status: int, headers: dict[str, str], data: bytes, body: bool
+        ) -> None:
             self.send_response(status)
             for key, value in {**headers, "Content-Length": str(len(data))}.items():
                 self.send_header(key, value)
@@ -83,8 +104,12 @@ def _handler(hub: FakeHub) -> type[BaseHTTPRequestHandler]:
                 self.wfile.write(data)
 
         def _error(self, status: int, code: str, body: bool) -> None:
-            self._send(status, {"X-Error-Code": code, "Content-Type": "application/json"},
-                       json.dumps({"error": code}).encode(), body)
+            self._send(
+                status,
+                {"X-Error-Code": code, "Content-Type": "application/json"},
+                json.dumps({"error": code}).encode(),
+                body,
+            )
 
         def _repo(self, parts: list[str], body: bool) -> tuple[str, str, Path] | None:
             repo_id = "/".join(parts[:2])
@@ -109,17 +134,33 @@ def _handler(hub: FakeHub) -> type[BaseHTTPRequestHandler]:
                 rest = parts[4:]
                 files = repo_files(folder)
                 if rest[:1] == ["revision"]:
-                    doc = {"id": repo_id, "sha": commit, "siblings": [{"rfilename": f} for f in files]}
+                    doc = {
+                        "id": repo_id,
+                        "sha": commit,
+                        "siblings": [{"rfilename": f} for f in files],
+                    }
                 elif rest[:1] == ["tree"]:
-                    doc = [{"type": "file", "path": f, "size": p.stat().st_size,
-                            "oid": hashlib.sha1(p.read_bytes()).hexdigest()} for f, p in files.items()]
+                    doc = [
+                        {
+                            "type": "file",
+                            "path": f,
+                            "size": p.stat().st_size,
+                            "oid": hashlib.sha1(p.read_bytes()).hexdigest(),
+                        }
+                        for f, p in files.items()
+                    ]
                 else:
                     self._error(404, "EntryNotFound", body)
                     return
                 if len(rest) > 1 and rest[1] not in ("main", commit):
                     self._error(404, "RevisionNotFound", body)
                     return
-                self._send(200, {"Content-Type": "application/json"}, json.dumps(doc).encode(), body)
+                self._send(
+                    200,
+                    {"Content-Type": "application/json"},
+                    json.dumps(doc).encode(),
+                    body,
+                )
                 return
             found = self._repo(parts, body)
             if found is None:
@@ -136,15 +177,24 @@ def _handler(hub: FakeHub) -> type[BaseHTTPRequestHandler]:
                 self._error(404, "EntryNotFound", body)
                 return
             data = file.read_bytes()
-            self._send(200, {"X-Repo-Commit": commit, "ETag": f'"{hashlib.sha1(data).hexdigest()}"',
-                             "Content-Type": "application/octet-stream"}, data, body)
+            self._send(
+                200,
+                {
+                    "X-Repo-Commit": commit,
+                    "ETag": f'"{hashlib.sha1(data).hexdigest()}"',
+                    "Content-Type": "application/octet-stream",
+                },
+                data,
+                body,
+            )
 
     return Handler
 
 
 @contextmanager
 def serve_hub(hub: FakeHub, timeout_s: float = 300.0) -> Iterator[FakeHub]:
-    """Run the hub on 127.0.0.1 (a free port) until the block ends or ``timeout_s`` passes."""
+    """Run the hub on 127.0.0.1 (a free port) until the block ends or ``timeout_s``
+    passes."""
     server = ThreadingHTTPServer(("127.0.0.1", 0), _handler(hub))
     server.daemon_threads = True
     hub.url = f"http://127.0.0.1:{server.server_address[1]}"

@@ -1,7 +1,8 @@
-"""An engine process to kill: an mp executor (with the worker extension named by argv[1], if any), its first
-worker's pid printed once it is ready, then a long sleep until the test SIGKILLs it. The orphan-worker tests
-(tests/adversarial/test_lifecycle.py, tests/executor/test_executor_semantics.py) start it as a process of its own
-(``programs.start``), like a server."""
+"""An engine process to kill: an mp executor (with the worker extension named by
+argv[1], if any), its first worker's pid printed once it is ready, then a long sleep
+until the test SIGKILLs it. The orphan-worker tests
+(tests/adversarial/test_lifecycle.py, tests/executor/test_executor_semantics.py) start
+it as a process of its own (``programs.start``), like a server."""
 
 from __future__ import annotations
 

@@ -1,6 +1,7 @@
-"""A tiny OTLP/HTTP trace receiver on 127.0.0.1 for the tracing tests: ``POST /v1/traces`` with protobuf
-``ExportTraceServiceRequest`` bodies (what opentelemetry-exporter-otlp-proto-http sends), decoded into
-``ReceivedSpan``s with their resource's attributes."""
+"""A tiny OTLP/HTTP trace receiver on 127.0.0.1 for the tracing tests: ``POST
+/v1/traces`` with protobuf ``ExportTraceServiceRequest`` bodies (what
+opentelemetry-exporter-otlp-proto-http sends), decoded into ``ReceivedSpan``s with their
+resource's attributes."""
 
 from __future__ import annotations
 
@@ -40,7 +41,8 @@ def _attributes(pairs: Any) -> dict[str, Any]:
 
 class OtlpReceiver:
     """``with OtlpReceiver() as receiver:`` -> ``receiver.endpoint`` (the base URL for
-    ``OTEL_EXPORTER_OTLP_ENDPOINT``), ``receiver.posts`` (bodies received), ``receiver.spans()``."""
+    ``OTEL_EXPORTER_OTLP_ENDPOINT``), ``receiver.posts`` (bodies received),
+    ``receiver.spans()``."""
 
     def __init__(self, port: int = 0) -> None:
         from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
@@ -78,8 +80,12 @@ class OtlpReceiver:
         self._server = ThreadingHTTPServer(("127.0.0.1", port), Handler)
         self.port = self._server.server_address[1]
         self.endpoint = f"http://127.0.0.1:{self.port}"
-        self._thread = threading.Thread(target=self._server.serve_forever, kwargs={"poll_interval": 0.05},
-                                        name="otlp-receiver", daemon=True)
+        self._thread = threading.Thread(
+            target=self._server.serve_forever,
+            kwargs={"poll_interval": 0.05},
+            name="otlp-receiver",
+            daemon=True,
+        )
 
     def __enter__(self) -> OtlpReceiver:
         self._thread.start()
@@ -98,11 +104,22 @@ class OtlpReceiver:
                 resource = _attributes(resource_spans.resource.attributes)
                 for scope_spans in resource_spans.scope_spans:
                     for span in scope_spans.spans:
-                        found.append(ReceivedSpan(
-                            name=span.name, trace_id=span.trace_id.hex(), span_id=span.span_id.hex(),
-                            parent_span_id=span.parent_span_id.hex(), kind=span.kind,
-                            start_ns=span.start_time_unix_nano, end_ns=span.end_time_unix_nano,
-                            attributes=_attributes(span.attributes), resource=resource,
-                            events=[(event.name, _attributes(event.attributes)) for event in span.events],
-                            status_code=span.status.code))
+                        found.append(
+                            ReceivedSpan(
+                                name=span.name,
+                                trace_id=span.trace_id.hex(),
+                                span_id=span.span_id.hex(),
+                                parent_span_id=span.parent_span_id.hex(),
+                                kind=span.kind,
+                                start_ns=span.start_time_unix_nano,
+                                end_ns=span.end_time_unix_nano,
+                                attributes=_attributes(span.attributes),
+                                resource=resource,
+                                events=[
+                                    (event.name, _attributes(event.attributes))
+                                    for event in span.events
+                                ],
+                                status_code=span.status.code,
+                            )
+                        )
         return found

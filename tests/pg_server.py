@@ -1,6 +1,7 @@
-"""A throwaway PostgreSQL server for tests: Debian's binaries (``make postgres`` installs them), a new cluster
-in a temporary directory, listening on 127.0.0.1 only, run under ``timeout`` so it stops by itself even if the
-test process dies; as root it runs as the ``postgres`` user (the server refuses root)."""
+"""A throwaway PostgreSQL server for tests: Debian's binaries (``make postgres``
+installs them), a new cluster in a temporary directory, listening on 127.0.0.1 only, run
+under ``timeout`` so it stops by itself even if the test process dies; as root it runs
+as the ``postgres`` user (the server refuses root)."""
 
 from __future__ import annotations
 
@@ -34,11 +35,14 @@ def _free_port() -> int:
 
 @contextmanager
 def postgres_server() -> Iterator[str]:
-    """The server's base URL (``postgresql+psycopg://diffserve@127.0.0.1:PORT``); databases are the caller's.
-    Its cluster lives in a directory of its own (pytest's are closed to the ``postgres`` user), removed after."""
+    """The server's base URL (``postgresql+psycopg://diffserve@127.0.0.1:PORT``);
+    databases are the caller's. Its cluster lives in a directory of its own (pytest's
+    are closed to the ``postgres`` user), removed after."""
     bin_dir = postgres_bin()
     if bin_dir is None:
-        raise RuntimeError("PostgreSQL is not installed (make postgres installs Debian's postgresql)")
+        raise RuntimeError(
+            "PostgreSQL is not installed (make postgres installs Debian's postgresql)"
+        )
     root = Path(tempfile.mkdtemp(prefix="diffserve-pg-"))
     data = root / "pgdata"
     data.mkdir()
@@ -47,25 +51,71 @@ def postgres_server() -> Iterator[str]:
         shutil.chown(root, "postgres")
         shutil.chown(data, "postgres")
         as_user = ["runuser", "-u", "postgres", "--"]
-    subprocess.run([*as_user, str(bin_dir / "initdb"), "-D", str(data), "-A", "trust", "-U", "diffserve",
-                    "--no-sync"], check=True, capture_output=True, timeout=120)
+    subprocess.run(
+        [
+            *as_user,
+            str(bin_dir / "initdb"),
+            "-D",
+            str(data),
+            "-A",
+            "trust",
+            "-U",
+            "diffserve",
+            "--no-sync",
+        ],
+        check=True,
+        capture_output=True,
+        timeout=120,
+    )
     port = _free_port()
     server = subprocess.Popen(
-        [*as_user, "timeout", "--signal=INT", str(LIFETIME_S), str(bin_dir / "postgres"), "-D", str(data),
-         "-h", "127.0.0.1", "-p", str(port), "-k", str(data), "-c", "fsync=off"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        [
+            *as_user,
+            "timeout",
+            "--signal=INT",
+            str(LIFETIME_S),
+            str(bin_dir / "postgres"),
+            "-D",
+            str(data),
+            "-h",
+            "127.0.0.1",
+            "-p",
+            str(port),
+            "-k",
+            str(data),
+            "-c",
+            "fsync=off",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
     try:
         deadline = time.monotonic() + 60
-        # An open port is not a ready server: during recovery it accepts and refuses with "the database system
-        # is starting up". pg_isready answers 0 only once the server accepts sessions.
+        # An open port is not a ready server: during recovery it accepts and refuses
+        # with "the database system is starting up". pg_isready answers 0 only once the
+        # server accepts sessions.
         while True:
-            ready = subprocess.run([str(bin_dir / "pg_isready"), "-h", "127.0.0.1", "-p", str(port), "-t", "1"],
-                                   capture_output=True, timeout=10)
+            ready = subprocess.run(
+                [
+                    str(bin_dir / "pg_isready"),
+                    "-h",
+                    "127.0.0.1",
+                    "-p",
+                    str(port),
+                    "-t",
+                    "1",
+                ],
+                capture_output=True,
+                timeout=10,
+            )
             if ready.returncode == 0:
                 break
             if server.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"postgres did not start: {server.stderr.read().decode()[-2000:]}"
-                                   if server.stderr else "postgres did not start")
+                raise RuntimeError(
+                    f"postgres did not start: {server.stderr.read().decode()[-2000:]}"
+                    if server.stderr
+                    else "postgres did not start"
+                )
             time.sleep(0.1)
         yield f"postgresql+psycopg://diffserve@127.0.0.1:{port}"
     finally:

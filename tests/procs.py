@@ -1,5 +1,6 @@
-"""The processes of the system under test, from /proc (psutil is not a dependency): children, command lines,
-and the mp workers of an engine process (forked by its multiprocessing fork server, or spawned)."""
+"""The processes of the system under test, from /proc (psutil is not a dependency):
+children, command lines, and the mp workers of an engine process (forked by its
+multiprocessing fork server, or spawned)."""
 
 from __future__ import annotations
 
@@ -12,8 +13,9 @@ def _stat(pid: int) -> list[str] | None:
         text = Path(f"/proc/{pid}/stat").read_text()
     except (FileNotFoundError, ProcessLookupError, PermissionError):
         return None
-    # The command name is in parentheses and may contain spaces: split after the last ')'.
-    return text[text.rindex(")") + 2:].split()
+    # The command name is in parentheses and may contain spaces: split after the last
+    # ')'.
+    return text[text.rindex(")") + 2 :].split()
 
 
 def pid_alive(pid: int) -> bool:
@@ -35,14 +37,20 @@ def children(pid: int) -> list[int]:
 
 def cmdline(pid: int) -> str:
     try:
-        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        return (
+            Path(f"/proc/{pid}/cmdline")
+            .read_bytes()
+            .replace(b"\0", b" ")
+            .decode(errors="replace")
+        )
     except (FileNotFoundError, ProcessLookupError):
         return ""
 
 
 def worker_children(pid: int) -> list[int]:
-    """The mp worker processes of the engine process ``pid``: forked by its multiprocessing fork server (a
-    child of ``pid`` itself), or spawned as its own children; never the fork server or resource tracker."""
+    """The mp worker processes of the engine process ``pid``: forked by its
+    multiprocessing fork server (a child of ``pid`` itself), or spawned as its own
+    children; never the fork server or resource tracker."""
     out = []
     for child in children(pid):
         line = cmdline(child)

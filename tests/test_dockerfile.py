@@ -1,7 +1,8 @@
-"""The Dockerfile, read instruction by instruction (no image can be built here): known instructions only, a CPU
-and a CUDA base chosen by a build argument, torch pinned to the Makefile's version and installed before the
-package, the package installed the README way, a non-root user, a health check on /ready, the served port
-exposed, and every copied path present in the repository."""
+"""The Dockerfile, read instruction by instruction (no image can be built here): known
+instructions only, a CPU and a CUDA base chosen by a build argument, torch pinned to the
+Makefile's version and installed before the package, the package installed the README
+way, a non-root user, a health check on /ready, the served port exposed, and every
+copied path present in the repository."""
 
 from __future__ import annotations
 
@@ -12,8 +13,20 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
-INSTRUCTIONS = {"FROM", "ARG", "ENV", "RUN", "COPY", "WORKDIR", "USER", "EXPOSE", "HEALTHCHECK", "ENTRYPOINT", "CMD",
-                "LABEL"}
+INSTRUCTIONS = {
+    "FROM",
+    "ARG",
+    "ENV",
+    "RUN",
+    "COPY",
+    "WORKDIR",
+    "USER",
+    "EXPOSE",
+    "HEALTHCHECK",
+    "ENTRYPOINT",
+    "CMD",
+    "LABEL",
+}
 
 
 def instructions() -> list[tuple[str, str]]:
@@ -46,21 +59,37 @@ def test_every_instruction_is_known_and_upper_case() -> None:
 
 
 def test_a_build_argument_picks_the_cpu_or_the_cuda_base() -> None:
-    stages = {rest.split(" AS ")[1].strip(): rest.split(" AS ")[0].strip() for rest in of("FROM") if " AS " in rest}
+    stages = {
+        rest.split(" AS ")[1].strip(): rest.split(" AS ")[0].strip()
+        for rest in of("FROM")
+        if " AS " in rest
+    }
     assert set(stages) == {"base-cpu", "base-cuda"}, stages
     assert of("FROM")[-1] == "base-${BASE}"
     assert "BASE=cpu" in of("ARG")
 
 
 def test_torch_is_pinned_to_the_makefiles_version_and_installed_first() -> None:
-    pinned = re.search(r"^TORCH_VERSION \?= (\S+)$", (REPO / "Makefile").read_text(encoding="utf-8"), re.M)
+    pinned = re.search(
+        r"^TORCH_VERSION \?= (\S+)$",
+        (REPO / "Makefile").read_text(encoding="utf-8"),
+        re.M,
+    )
     assert pinned is not None
     assert f"TORCH_VERSION={pinned.group(1)}" in of("ARG")
     runs = of("RUN")
-    torch_run = next(i for i, run in enumerate(runs) if "torch==${TORCH_VERSION}" in run)
-    package_run = next(i for i, run in enumerate(runs) if re.search(r"pip install .*\"\.\[server,video,otel\]\"", run))
+    torch_run = next(
+        i for i, run in enumerate(runs) if "torch==${TORCH_VERSION}" in run
+    )
+    package_run = next(
+        i
+        for i, run in enumerate(runs)
+        if re.search(r"pip install .*\"\.\[server,video,otel\]\"", run)
+    )
     assert torch_run < package_run
-    assert not [run for run in runs if re.search(r"pip install[^&]* torch(?!==)", run)], "an unpinned torch"
+    assert not [
+        run for run in runs if re.search(r"pip install[^&]* torch(?!==)", run)
+    ], "an unpinned torch"
 
 
 def test_it_runs_as_a_non_root_user_that_it_creates() -> None:
@@ -85,6 +114,9 @@ def test_what_it_copies_exists_and_is_not_ignored(source: str) -> None:
     copied = [part for rest in of("COPY") for part in rest.split()[:-1]]
     assert source in copied
     assert (REPO / source).exists()
-    ignored = {line.strip() for line in (REPO / ".dockerignore").read_text(encoding="utf-8").splitlines()
-               if line.strip() and not line.startswith("#")}
+    ignored = {
+        line.strip()
+        for line in (REPO / ".dockerignore").read_text(encoding="utf-8").splitlines()
+        if line.strip() and not line.startswith("#")
+    }
     assert source not in ignored

@@ -16,13 +16,16 @@ def test_no_module_exceeds_line_budget() -> None:
         for p in PACKAGE.rglob("*.py")
         if (n := len(p.read_text(encoding="utf-8").splitlines())) > MAX_LINES
     }
-    assert not too_long, f"files over {MAX_LINES} lines (split them by concept): {too_long}"
+    assert not too_long, (
+        f"files over {MAX_LINES} lines (split them by concept): {too_long}"
+    )
 
 
 def test_import_is_cheap_and_side_effect_free() -> None:
     code = (
         "import sys, logging, diffserve, diffserve.errors, diffserve.logging;"
-        "heavy = [m for m in ('torch', 'transformers', 'diffusers', 'fastapi') if m in sys.modules];"
+        "heavy = [m for m in ('torch', 'transformers', 'diffusers', "
+        "'fastapi') if m in sys.modules];"
         "assert not heavy, heavy;"
         "assert not logging.getLogger('diffserve').handlers"
     )
@@ -41,7 +44,8 @@ def test_no_print_outside_cli() -> None:
 
 
 def test_the_suite_keeps_its_caches_to_itself() -> None:
-    """Compile caches live in the run's own directory (tests/conftest.py), on every xdist worker too."""
+    """Compile caches live in the run's own directory (tests/conftest.py), on every
+    xdist worker too."""
     import os
     from pathlib import Path
 
@@ -54,15 +58,23 @@ def test_the_suite_keeps_its_caches_to_itself() -> None:
 
 
 def test_tests_taking_the_session_cluster_are_named_for_it() -> None:
-    """xdist hands the Ray tests to one worker by name (tests/xdist_units.py): a test that takes the
-    ``ray_session`` fixture but is not named for Ray would start a second Ray on another worker."""
+    """xdist hands the Ray tests to one worker by name (tests/xdist_units.py): a test
+    that takes the ``ray_session`` fixture but is not named for Ray would start a second
+    Ray on another worker."""
     import ast
 
     from xdist_units import RAY_TEST
 
     tests = Path(__file__).resolve().parent
-    unnamed = [f"{path.relative_to(tests)}::{node.name}" for path in tests.rglob("test_*.py")
-               for node in ast.walk(ast.parse(path.read_text(encoding="utf-8")))
-               if isinstance(node, ast.FunctionDef) and node.name.startswith("test_")
-               and "ray_session" in {arg.arg for arg in node.args.args} and not RAY_TEST.search(node.name)]
-    assert not unnamed, f"name these test_ray_... (or parametrize them [ray]): {unnamed}"
+    unnamed = [
+        f"{path.relative_to(tests)}::{node.name}"
+        for path in tests.rglob("test_*.py")
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8")))
+        if isinstance(node, ast.FunctionDef)
+        and node.name.startswith("test_")
+        and "ray_session" in {arg.arg for arg in node.args.args}
+        and not RAY_TEST.search(node.name)
+    ]
+    assert not unnamed, (
+        f"name these test_ray_... (or parametrize them [ray]): {unnamed}"
+    )

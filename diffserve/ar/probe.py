@@ -1,10 +1,13 @@
-"""The attestation probe: a vLLM ``worker_extension_cls`` that diffserve installs in every vLLM worker.
+"""The attestation probe: a vLLM ``worker_extension_cls`` that diffserve installs in
+every vLLM worker.
 
-vLLM mixes this class into its worker (CPU, CUDA) and ``collective_rpc`` calls its methods on every rank, so what
-it reports is read inside the process that runs the model: its pid, the settings the worker received
-(``vllm_config``), the attention backend of its attention layers, the experts implementation of a MoE model and
-its KV-cache blocks. A forward hook counts the model's forward calls and tokens since the last read (reset on
-read). Every return value is plain picklable data: vLLM's worker pipe hangs the engine on anything else.
+vLLM mixes this class into its worker (CPU, CUDA) and ``collective_rpc`` calls its
+methods on every rank, so what it reports is read inside the process that runs the
+model: its pid, the settings the worker received (``vllm_config``), the attention
+backend of its attention layers, the experts implementation of a MoE model and its
+KV-cache blocks. A forward hook counts the model's forward calls and tokens since the
+last read (reset on read). Every return value is plain picklable data: vLLM's worker
+pipe hangs the engine on anything else.
 """
 
 from __future__ import annotations
@@ -17,7 +20,8 @@ _MOE_LAYER_HINTS = ("FusedMoE", "RoutedExperts", "SharedFusedMoE")
 
 
 class AttestationProbe:
-    """Methods vLLM adds to its worker class (``self`` is the worker: ``vllm_config``, ``model_runner``)."""
+    """Methods vLLM adds to its worker class (``self`` is the worker: ``vllm_config``,
+    ``model_runner``)."""
 
     vllm_config: Any
     model_runner: Any
@@ -27,7 +31,8 @@ class AttestationProbe:
         return runner.get_model() if hasattr(runner, "get_model") else runner.model
 
     def diffserve_attest(self) -> dict[str, Any]:
-        """What this rank runs, read from its own objects; installs the forward counter on first call."""
+        """What this rank runs, read from its own objects; installs the forward counter
+        on first call."""
         config = self.vllm_config
         model = self._diffserve_model()
         if not hasattr(model, "_diffserve_counts"):
@@ -38,10 +43,16 @@ class AttestationProbe:
                 positions = kwargs.get("positions", args[1] if len(args) > 1 else None)
                 tokens = ids if ids is not None else positions
                 module._diffserve_counts["forward_calls"] += 1
-                module._diffserve_counts["tokens"] += int(tokens.numel()) if tokens is not None else 0
+                module._diffserve_counts["tokens"] += (
+                    int(tokens.numel()) if tokens is not None else 0
+                )
 
             model.register_forward_pre_hook(count, with_kwargs=True)
-        parallel, cache, model_config = config.parallel_config, config.cache_config, config.model_config
+        parallel, cache, model_config = (
+            config.parallel_config,
+            config.cache_config,
+            config.model_config,
+        )
         return {
             "worker_pid": os.getpid(),
             "rank": int(getattr(parallel, "rank", 0)),
@@ -62,7 +73,8 @@ class AttestationProbe:
         }
 
     def diffserve_counts(self) -> dict[str, int]:
-        """The model's forward calls and tokens since the last read; reading resets them."""
+        """The model's forward calls and tokens since the last read; reading resets
+        them."""
         counts = getattr(self._diffserve_model(), "_diffserve_counts", None)
         if counts is None:
             return {"forward_calls": 0, "tokens": 0}
@@ -81,7 +93,8 @@ def _attention_backend(model: Any) -> str | None:
 
 
 def _moe_experts(model: Any) -> str | None:
-    """The class that computes a MoE layer's experts (``CPUUnquantizedExperts`` on CPU), None for a dense model."""
+    """The class that computes a MoE layer's experts (``CPUUnquantizedExperts`` on CPU),
+    None for a dense model."""
     layers = [m for m in model.modules() if type(m).__name__ in _MOE_LAYER_HINTS]
     for module in layers:
         method = getattr(module, "quant_method", None)

@@ -1,9 +1,11 @@
-"""Ingest of an AR stage's entry (``kind: ar``): diffserve's keys (``ar_schema.AR_KEYS``) and vLLM's flat engine
-settings, each checked, canonicalized and recorded with its source as ``ar.<key>`` of that stage.
+"""Ingest of an AR stage's entry (``kind: ar``): diffserve's keys
+(``ar_schema.AR_KEYS``) and vLLM's flat engine settings, each checked, canonicalized and
+recorded with its source as ``ar.<key>`` of that stage.
 
-Which stage ids are AR is known from the first document that says ``kind: ar`` for them (documents are walked
-root ``base_config`` first, then the file, its ``platforms:`` block and the caller), so an overlay or a
-caller's ``stage_overrides`` for that stage need not repeat the kind.
+Which stage ids are AR is known from the first document that says ``kind: ar`` for them
+(documents are walked root ``base_config`` first, then the file, its ``platforms:``
+block and the caller), so an overlay or a caller's ``stage_overrides`` for that stage
+need not repeat the kind.
 """
 
 from __future__ import annotations
@@ -12,7 +14,13 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from diffserve.config.ar_schema import AR_KEYS, OWNED_ENGINE_ARGS, VLLM_KEYS, plain_data, sampling_value
+from diffserve.config.ar_schema import (
+    AR_KEYS,
+    OWNED_ENGINE_ARGS,
+    VLLM_KEYS,
+    plain_data,
+    sampling_value,
+)
 from diffserve.config.fields import did_you_mean
 from diffserve.config.ingest_context import Ctx
 from diffserve.config.provenance import Source
@@ -34,7 +42,8 @@ def is_ar_key(key: str) -> bool:
 
 
 def ar_stage_mapping(ctx: Ctx, body: Mapping, stage_id: int, path: str) -> None:
-    """Every key of one AR stage entry (``stage_id`` and ``kind`` are read by the caller)."""
+    """Every key of one AR stage entry (``stage_id`` and ``kind`` are read by the
+    caller)."""
     vllm_missing = False
     for key, value in body.items():
         if key in ("stage_id", "kind") or value is None:
@@ -42,7 +51,12 @@ def ar_stage_mapping(ctx: Ctx, body: Mapping, stage_id: int, path: str) -> None:
         source = ctx.src(body, key)
         full = f"{path}.{key}"
         if not isinstance(key, str):
-            ctx.out.error(f"key {key!r} is not a string", path=path, source=source, hint="quote it")
+            ctx.out.error(
+                f"key {key!r} is not a string",
+                path=path,
+                source=source,
+                hint="quote it",
+            )
             continue
         try:
             if key in AR_KEYS:
@@ -50,8 +64,12 @@ def ar_stage_mapping(ctx: Ctx, body: Mapping, stage_id: int, path: str) -> None:
                 if value is None:
                     continue
             elif key in OWNED_ENGINE_ARGS:
-                ctx.out.error(f"{key} is set by diffserve on an ar stage", path=full, source=source,
-                              hint=OWNED_ENGINE_ARGS[key])
+                ctx.out.error(
+                    f"{key} is set by diffserve on an ar stage",
+                    path=full,
+                    source=source,
+                    hint=OWNED_ENGINE_ARGS[key],
+                )
                 continue
             else:
                 if vllm_missing:
@@ -59,11 +77,23 @@ def ar_stage_mapping(ctx: Ctx, body: Mapping, stage_id: int, path: str) -> None:
                 names = engine_arg_names()
                 if key not in names:
                     hint = did_you_mean(key, [*AR_KEYS, *names]) or (
-                        "an ar stage takes diffserve's keys (" + ", ".join(AR_KEYS) + ") and vLLM's EngineArgs fields")
-                    ctx.out.error(f"unknown key {key!r} (neither an ar stage key nor a vLLM EngineArgs field)",
-                                  path=full, source=source, hint=hint)
+                        "an ar stage takes diffserve's keys ("
+                        + ", ".join(AR_KEYS)
+                        + ") and vLLM's EngineArgs fields"
+                    )
+                    ctx.out.error(
+                        f"unknown key {key!r} (neither an ar stage key nor a "
+                        "vLLM EngineArgs field)",
+                        path=full,
+                        source=source,
+                        hint=hint,
+                    )
                     continue
-                value = VLLM_KEYS[key](value) if key in VLLM_KEYS else plain_data(value, key)
+                value = (
+                    VLLM_KEYS[key](value)
+                    if key in VLLM_KEYS
+                    else plain_data(value, key)
+                )
         except ConfigError as exc:
             if exc.hint and "diffserve[ar]" in exc.hint:
                 vllm_missing = True  # said once per stage, not once per key
@@ -80,8 +110,12 @@ def _own_value(ctx: Ctx, key: str, value: Any, path: str, source: Source) -> Any
         checked = {}
         for name, item in canonical.items():
             if name not in names:
-                ctx.out.error(f"unknown sampling parameter {name!r}", path=f"{path}.{name}", source=source,
-                              hint=did_you_mean(name, names) or "use vLLM SamplingParams fields")
+                ctx.out.error(
+                    f"unknown sampling parameter {name!r}",
+                    path=f"{path}.{name}",
+                    source=source,
+                    hint=did_you_mean(name, names) or "use vLLM SamplingParams fields",
+                )
                 continue
             try:
                 checked[name] = sampling_value(name, item)
@@ -97,18 +131,26 @@ def _own_value(ctx: Ctx, key: str, value: Any, path: str, source: Source) -> Any
 
 
 def stage_kind(ctx: Ctx, entry: Mapping, stage_id: int, path: str) -> str | None:
-    """``diffusion`` or ``ar`` for one ``stages:`` entry (None after an error): its ``kind`` if written, else
-    what an earlier document declared for that stage id."""
+    """``diffusion`` or ``ar`` for one ``stages:`` entry (None after an error): its
+    ``kind`` if written, else what an earlier document declared for that stage id."""
     kind = entry.get("kind")
     if kind is None:
         return AR_KIND if stage_id in ctx.out.ar_stage_ids else "diffusion"
     if kind not in STAGE_KINDS:
-        ctx.out.error(f"stage kind {kind!r} is not one of {', '.join(STAGE_KINDS)}", path=f"{path}.kind",
-                      source=ctx.src(entry, "kind"), hint="write kind: ar for an LLM stage (diffusion stages omit it)")
+        ctx.out.error(
+            f"stage kind {kind!r} is not one of {', '.join(STAGE_KINDS)}",
+            path=f"{path}.kind",
+            source=ctx.src(entry, "kind"),
+            hint="write kind: ar for an LLM stage (diffusion stages omit it)",
+        )
         return None
     if kind == "diffusion" and stage_id in ctx.out.ar_stage_ids:
-        ctx.out.error(f"stage {stage_id} is an ar stage in an earlier document", path=f"{path}.kind",
-                      source=ctx.src(entry, "kind"), hint="give the diffusion stage another stage_id")
+        ctx.out.error(
+            f"stage {stage_id} is an ar stage in an earlier document",
+            path=f"{path}.kind",
+            source=ctx.src(entry, "kind"),
+            hint="give the diffusion stage another stage_id",
+        )
         return None
     if kind == AR_KIND:
         ctx.out.ar_stage_ids.add(stage_id)

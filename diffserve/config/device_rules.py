@@ -1,9 +1,10 @@
-"""What a stage's device must be able to do for its weight settings: refused at resolve time, never fallen
-back from at run time.
+"""What a stage's device must be able to do for its weight settings: refused at resolve
+time, never fallen back from at run time.
 
-A quantization method the device cannot run (``fp8`` needs CUDA compute capability >= 8.9), quantization
-without torchao installed, offload on a CPU-only stage, and a quantization on top of a GGUF transformer (whose
-file already chose its method) are each a ``ConfigError`` naming the stage key, the device and what would run.
+A quantization method the device cannot run (``fp8`` needs CUDA compute capability >=
+8.9), quantization without torchao installed, offload on a CPU-only stage, and a
+quantization on top of a GGUF transformer (whose file already chose its method) are each
+a ``ConfigError`` naming the stage key, the device and what would run.
 """
 
 from __future__ import annotations
@@ -25,40 +26,77 @@ _ACCELERATORS = ("cuda", "rocm", "xpu")
 _QUANTIZATION_KEYS = ("quantization", "text_encoder_quantization")
 
 
-def device_errors(stages: tuple[StageConfig, ...], platform: str,
-                  provenance: Mapping[str, Source]) -> list[ConfigError]:
+def device_errors(
+    stages: tuple[StageConfig, ...], platform: str, provenance: Mapping[str, Source]
+) -> list[ConfigError]:
     """Every weight setting of ``stages`` that ``platform`` cannot run."""
     errors: list[ConfigError] = []
     for stage in stages:
-        def error(key: str, rule: str, hint: str, stage_id: int = stage.stage_id) -> None:
+
+        def error(
+            key: str, rule: str, hint: str, stage_id: int = stage.stage_id
+        ) -> None:
             path = f"stages.{stage_id}.{key}"
-            errors.append(ConfigError(rule, path=path, source=provenance.get(path, DEFAULT_SOURCE).describe(),
-                                      hint=hint))
+            errors.append(
+                ConfigError(
+                    rule,
+                    path=path,
+                    source=provenance.get(path, DEFAULT_SOURCE).describe(),
+                    hint=hint,
+                )
+            )
 
         for key in _QUANTIZATION_KEYS:
             method = QUANTIZATION_METHODS[getattr(stage, key)]
             if method.name == "none":
                 continue
             if not module_available(QUANTIZATION_PACKAGE):
-                error(key, f"quantization {method.name!r} runs on torchao, which is not installed",
-                      f'pip install "diffserve[{QUANTIZATION_EXTRA}]", or set {key}: none')
+                error(
+                    key,
+                    f"quantization {method.name!r} runs on torchao, which "
+                    "is not installed",
+                    f'pip install "diffserve[{QUANTIZATION_EXTRA}]", or '
+                    f"set {key}: none",
+                )
             missing = _device_shortfall(method, platform, stage.devices)
             if missing:
-                error(key, f"{method.name} ({method.doc}) {missing}", f"on this device use {_runnable(platform)}")
+                error(
+                    key,
+                    f"{method.name} ({method.doc}) {missing}",
+                    f"on this device use {_runnable(platform)}",
+                )
         if stage.offload != "none" and platform not in _ACCELERATORS:
-            error("offload", f"offload {stage.offload!r} moves weights between an accelerator and host memory; "
-                             f"this stage runs on {platform}, where the weights already are in host memory",
-                  "set offload: none (to save memory on a CPU, use quantization: int8 or int8_weight_only)")
+            error(
+                "offload",
+                f"offload {stage.offload!r} moves weights between an "
+                "accelerator and host memory; "
+                f"this stage runs on {platform}, where the weights already "
+                "are in host memory",
+                "set offload: none (to save memory on a CPU, use quantization: "
+                "int8 or int8_weight_only)",
+            )
         if stage.offload == "sequential" and not stage.enforce_eager:
-            error("offload", "offload 'sequential' swaps the denoiser's block weights at every call, which a "
-                             "compiled graph cannot follow", "set enforce_eager: true, or use offload: model")
-        if stage.quantization != "none" and stage.components.get("transformer", "").endswith(".gguf"):
-            error("quantization", "a GGUF transformer is already quantized by its file (its own method)",
-                  "set quantization: none, or serve a safetensors transformer")
+            error(
+                "offload",
+                "offload 'sequential' swaps the denoiser's block weights "
+                "at every call, which a "
+                "compiled graph cannot follow",
+                "set enforce_eager: true, or use offload: model",
+            )
+        if stage.quantization != "none" and stage.components.get(
+            "transformer", ""
+        ).endswith(".gguf"):
+            error(
+                "quantization",
+                "a GGUF transformer is already quantized by its file (its own method)",
+                "set quantization: none, or serve a safetensors transformer",
+            )
     return errors
 
 
-def _device_shortfall(method: QuantizationMethod, platform: str, devices: tuple[int, ...]) -> str | None:
+def _device_shortfall(
+    method: QuantizationMethod, platform: str, devices: tuple[int, ...]
+) -> str | None:
     """Why ``platform`` cannot run ``method`` (None: it can)."""
     if method.min_cuda_capability is None:
         return None
@@ -69,15 +107,25 @@ def _device_shortfall(method: QuantizationMethod, platform: str, devices: tuple[
     import torch  # the platform is cuda: torch was imported to detect it
 
     if not torch.cuda.is_available():
-        return None  # a cuda platform named for another machine (config validate): checked where it runs
+        # a cuda platform named for another machine (config validate): checked where it
+        # runs
+        return None
     for index in devices or range(torch.cuda.device_count()):
-        if index < torch.cuda.device_count() and torch.cuda.get_device_capability(index) < (major, minor):
+        if index < torch.cuda.device_count() and torch.cuda.get_device_capability(
+            index
+        ) < (major, minor):
             found = ".".join(map(str, torch.cuda.get_device_capability(index)))
-            return f"{needs}; cuda:{index} ({torch.cuda.get_device_name(index)}) has {found}"
+            return (
+                f"{needs}; cuda:{index} ({torch.cuda.get_device_name(index)}) "
+                f"has {found}"
+            )
     return None
 
 
 def _runnable(platform: str) -> str:
-    names = [m.name for m in QUANTIZATION_METHODS.values()
-             if m.name != "none" and (m.min_cuda_capability is None or platform == "cuda")]
+    names = [
+        m.name
+        for m in QUANTIZATION_METHODS.values()
+        if m.name != "none" and (m.min_cuda_capability is None or platform == "cuda")
+    ]
     return ", ".join(names[:-1]) + f" or {names[-1]}"

@@ -1,4 +1,5 @@
-"""Show the work: every effective value with its source, and the fingerprint of the effective values."""
+"""Show the work: every effective value with its source, and the fingerprint of the
+effective values."""
 
 from __future__ import annotations
 
@@ -19,16 +20,30 @@ def _canonical(resolved: ResolvedConfig) -> dict[str, Any]:
         "topology": resolved.topology,
         "ray_address": resolved.ray_address,
         **flatten_server(resolved.server),
-        "stages": [{"stage_id": s.stage_id, **flatten_stage(s)} for s in resolved.stages],
-        # Only when there are AR stages: a deployment without one keeps the fingerprint it always had.
-        **({"ar_stages": [{"stage_id": s.stage_id, **flatten_ar_stage(s)} for s in resolved.ar_stages]}
-           if resolved.ar_stages else {}),
+        "stages": [
+            {"stage_id": s.stage_id, **flatten_stage(s)} for s in resolved.stages
+        ],
+        # Only when there are AR stages: a deployment without one keeps the fingerprint
+        # it always had.
+        **(
+            {
+                "ar_stages": [
+                    {"stage_id": s.stage_id, **flatten_ar_stage(s)}
+                    for s in resolved.ar_stages
+                ]
+            }
+            if resolved.ar_stages
+            else {}
+        ),
     }
 
 
 def fingerprint_of(resolved: ResolvedConfig) -> str:
-    """Hash of the canonical effective values; provenance, warnings and key order do not count."""
-    text = json.dumps(_canonical(resolved), sort_keys=True, separators=(",", ":"), default=repr)
+    """Hash of the canonical effective values; provenance, warnings and key order do not
+    count."""
+    text = json.dumps(
+        _canonical(resolved), sort_keys=True, separators=(",", ":"), default=repr
+    )
     return hashlib.sha256(text.encode("utf-8")).hexdigest()[:16]
 
 
@@ -39,14 +54,26 @@ def _entry(resolved: ResolvedConfig, key: str, value: Any) -> dict[str, Any]:
 
 def explain_dict(resolved: ResolvedConfig) -> dict[str, Any]:
     """The ``diffserve config explain --json`` document."""
-    pipeline = {"topology": _entry(resolved, "topology", resolved.topology),
-                "ray_address": _entry(resolved, "ray_address", resolved.ray_address)}
-    pipeline.update({k: _entry(resolved, k, v) for k, v in flatten_server(resolved.server).items()})
+    pipeline = {
+        "topology": _entry(resolved, "topology", resolved.topology),
+        "ray_address": _entry(resolved, "ray_address", resolved.ray_address),
+    }
+    pipeline.update(
+        {k: _entry(resolved, k, v) for k, v in flatten_server(resolved.server).items()}
+    )
     stages = []
     for ar in resolved.ar_stages:  # they run first, with their own keys (kind: ar)
-        stages.append({"stage_id": ar.stage_id, "kind": "ar", "fields": {
-            key: _entry(resolved, f"stages.{ar.stage_id}.{key}", value) for key, value in flatten_ar_stage(ar).items()
-            if key != "kind"}})
+        stages.append(
+            {
+                "stage_id": ar.stage_id,
+                "kind": "ar",
+                "fields": {
+                    key: _entry(resolved, f"stages.{ar.stage_id}.{key}", value)
+                    for key, value in flatten_ar_stage(ar).items()
+                    if key != "kind"
+                },
+            }
+        )
     for stage in resolved.stages:
         fields = {}
         for key, value in flatten_stage(stage).items():
@@ -57,7 +84,9 @@ def explain_dict(resolved: ResolvedConfig) -> dict[str, Any]:
     return {
         "fingerprint": resolved.fingerprint,
         "model": resolved.model,
-        "model_source": resolved.model_source.describe() if resolved.model_source else None,
+        "model_source": resolved.model_source.describe()
+        if resolved.model_source
+        else None,
         "platform": resolved.platform,
         "deploy_files": list(resolved.deploy_files),
         "pipeline": pipeline,
@@ -73,19 +102,34 @@ def _show(value: Any) -> str:
 
 
 def render_table(resolved: ResolvedConfig) -> str:
-    """A readable table: stage, key, value, source, location (one row per effective value)."""
+    """A readable table: stage, key, value, source, location (one row per effective
+    value)."""
     doc = explain_dict(resolved)
     rows = [("stage", "key", "value", "source", "location")]
-    entries = [("-", "", doc["pipeline"])] + [(str(s["stage_id"]), f"stages.{s['stage_id']}.", s["fields"])
-                                            for s in doc["stages"]]
+    entries = [("-", "", doc["pipeline"])] + [
+        (str(s["stage_id"]), f"stages.{s['stage_id']}.", s["fields"])
+        for s in doc["stages"]
+    ]
     for stage, prefix, fields in entries:
         for key, entry in fields.items():
-            # Env and caller values have no file; show the variable or key they came from instead.
-            where = entry["location"] or resolved.source_of("topology" if key == "role" else prefix + key).detail
-            rows.append((stage, key, _show(entry["value"]), entry["source"], where or ""))
+            # Env and caller values have no file; show the variable or key they came
+            # from instead.
+            where = (
+                entry["location"]
+                or resolved.source_of(
+                    "topology" if key == "role" else prefix + key
+                ).detail
+            )
+            rows.append(
+                (stage, key, _show(entry["value"]), entry["source"], where or "")
+            )
     widths = [max(len(row[i]) for row in rows) for i in range(4)]
     lines = [f"platform: {resolved.platform}   fingerprint: {resolved.fingerprint}"]
     for row in rows:
-        lines.append("  ".join(cell.ljust(widths[i]) if i < 4 else cell for i, cell in enumerate(row)).rstrip())
+        lines.append(
+            "  ".join(
+                cell.ljust(widths[i]) if i < 4 else cell for i, cell in enumerate(row)
+            ).rstrip()
+        )
     lines.extend(f"warning: {w}" for w in resolved.warnings)
     return "\n".join(lines)

@@ -1,4 +1,5 @@
-"""Dotted key -> value views of the resolved sections (what explain shows and the fingerprint hashes)."""
+"""Dotted key -> value views of the resolved sections (what explain shows and the
+fingerprint hashes)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,8 @@ from diffserve.config.schema import ServerConfig, StageConfig
 
 
 def flatten_stage(stage: StageConfig) -> dict[str, Any]:
-    """Dotted key -> value of every setting of a stage (roles and extras one key each)."""
+    """Dotted key -> value of every setting of a stage (roles and extras one key
+    each)."""
     values: dict[str, Any] = {}
     for f in dataclasses.fields(stage):
         if f.name in ("stage_id",):
@@ -32,23 +34,34 @@ def flatten_stage(stage: StageConfig) -> dict[str, Any]:
 
 
 def flatten_server(server: ServerConfig) -> dict[str, Any]:
-    """``server.<key>`` -> value; a nested section one key per leaf (``server.autoscaling.min_replicas``)."""
+    """``server.<key>`` -> value; a nested section one key per leaf
+    (``server.autoscaling.min_replicas``)."""
     values: dict[str, Any] = {}
     for f in dataclasses.fields(server):
         value = getattr(server, f.name)
         if dataclasses.is_dataclass(value):
-            values.update({f"server.{f.name}.{sub.name}": getattr(value, sub.name) for sub in dataclasses.fields(value)})
+            values.update(
+                {
+                    f"server.{f.name}.{sub.name}": getattr(value, sub.name)
+                    for sub in dataclasses.fields(value)
+                }
+            )
         else:
             values[f"server.{f.name}"] = value
     return values
 
 
 def flatten_ar_stage(stage: ArStageConfig) -> dict[str, Any]:
-    """An AR stage's keys as its deploy entry writes them: diffserve's, then vLLM's flat engine settings."""
+    """An AR stage's keys as its deploy entry writes them: diffserve's, then vLLM's flat
+    engine settings."""
     values: dict[str, Any] = {"kind": "ar"}
     for f in dataclasses.fields(stage):
         if f.name not in ("stage_id", "engine_args"):
             value = getattr(stage, f.name)
-            values[f.name] = dict(value) if f.name in ("default_sampling_params", "kv_connector_extra_config") else value
+            values[f.name] = (
+                dict(value)
+                if f.name in ("default_sampling_params", "kv_connector_extra_config")
+                else value
+            )
     values.update(stage.engine_args)
     return values

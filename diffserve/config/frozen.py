@@ -1,4 +1,5 @@
-"""``FrozenDict``: the read-only mapping of resolved config values (attention roles, LoRA modules, extras)."""
+"""``FrozenDict``: the read-only mapping of resolved config values (attention roles,
+LoRA modules, extras)."""
 
 from __future__ import annotations
 

@@ -1,8 +1,10 @@
-"""Walk one config document (a YAML file, a platform block, caller overrides) into assignments.
+"""Walk one config document (a YAML file, a platform block, caller overrides) into
+assignments.
 
-This is the ingress: every key is checked against the schema (unknown keys are errors with a
-"did you mean"), every value is canonicalized by its field's normalizer, and every value is recorded
-with its source. Errors are collected, not raised, so ``config validate`` can report all of them.
+This is the ingress: every key is checked against the schema (unknown keys are errors
+with a "did you mean"), every value is canonicalized by its field's normalizer, and
+every value is recorded with its source. Errors are collected, not raised, so ``config
+validate`` can report all of them.
 """
 
 from __future__ import annotations
@@ -40,35 +42,69 @@ def _join(path: str, key: Any) -> str:
 def _is_key(ctx: Ctx, mapping: Mapping, key: Any, path: str) -> bool:
     if isinstance(key, str):
         return True
-    ctx.out.error(f"key {key!r} is not a string", path=path or None, source=ctx.src(mapping, key),
-                  hint="keys are field names like dtype; quote numbers")
+    ctx.out.error(
+        f"key {key!r} is not a string",
+        path=path or None,
+        source=ctx.src(mapping, key),
+        hint="keys are field names like dtype; quote numbers",
+    )
     return False
 
 
 def _mapping(ctx: Ctx, value: Any, path: str, source: Source) -> Mapping | None:
     if isinstance(value, Mapping):
         return value
-    ctx.out.error(f"expected a mapping, got {type(value).__name__} {value!r}", path=path, source=source,
-                  hint=f"write {path.rsplit('.', 1)[-1]}: {{key: value, ...}}")
+    ctx.out.error(
+        f"expected a mapping, got {type(value).__name__} {value!r}",
+        path=path,
+        source=source,
+        hint=f"write {path.rsplit('.', 1)[-1]}: {{key: value, ...}}",
+    )
     return None
 
 
-def _unknown(ctx: Ctx, key: str, path: str, source: Source, valid: tuple[str, ...] | list[str],
-             extra_hint: str | None = None) -> None:
-    hint = extra_hint or did_you_mean(key, valid) or f"valid keys: {', '.join(sorted(set(valid)))}"
-    ctx.out.error(f"unknown key {key!r}", path=_join(path, key), source=source, hint=hint)
+def _unknown(
+    ctx: Ctx,
+    key: str,
+    path: str,
+    source: Source,
+    valid: tuple[str, ...] | list[str],
+    extra_hint: str | None = None,
+) -> None:
+    hint = (
+        extra_hint
+        or did_you_mean(key, valid)
+        or f"valid keys: {', '.join(sorted(set(valid)))}"
+    )
+    ctx.out.error(
+        f"unknown key {key!r}", path=_join(path, key), source=source, hint=hint
+    )
 
 
-# Leaves whose values are {name: file path}: a relative path in a deploy file is relative to that file, as
-# ``model:`` and ``base_config`` are (elsewhere, to the working directory).
+# Leaves whose values are {name: file path}: a relative path in a deploy file is
+# relative to that file, as ``model:`` and ``base_config`` are (elsewhere, to the
+# working directory).
 _FILE_MAPPINGS = frozenset({"lora_modules", "components"})
 
 
-def _leaf(ctx: Ctx, leaf: Leaf, value: Any, stage_id: int | None, path: str, source: Source) -> None:
-    if leaf.key in _FILE_MAPPINGS and ctx.file is not None and ctx.file != "<dict>" and isinstance(value, Mapping):
+def _leaf(
+    ctx: Ctx, leaf: Leaf, value: Any, stage_id: int | None, path: str, source: Source
+) -> None:
+    if (
+        leaf.key in _FILE_MAPPINGS
+        and ctx.file is not None
+        and ctx.file != "<dict>"
+        and isinstance(value, Mapping)
+    ):
         folder = Path(ctx.file).parent
-        value = {k: str(folder / os.path.expanduser(v)) if isinstance(v, str) and v.strip()
-                 and not os.path.isabs(os.path.expanduser(v)) else v for k, v in value.items()}
+        value = {
+            k: str(folder / os.path.expanduser(v))
+            if isinstance(v, str)
+            and v.strip()
+            and not os.path.isabs(os.path.expanduser(v))
+            else v
+            for k, v in value.items()
+        }
     try:
         canonical = leaf.normalize(value)
     except ConfigError as exc:
@@ -77,7 +113,9 @@ def _leaf(ctx: Ctx, leaf: Leaf, value: Any, stage_id: int | None, path: str, sou
     ctx.out.add(ctx.rank, stage_id, leaf.key, canonical, source)
 
 
-def _attention(ctx: Ctx, value: Any, stage_id: int | None, path: str, source: Source) -> None:
+def _attention(
+    ctx: Ctx, value: Any, stage_id: int | None, path: str, source: Source
+) -> None:
     """A plain name sets every role; a mapping sets ``default`` and/or named roles."""
     normalize = STAGE_LEAVES["attention_backend"].normalize
     if not isinstance(value, Mapping):
@@ -99,13 +137,20 @@ def _attention(ctx: Ctx, value: Any, stage_id: int | None, path: str, source: So
         if name is None:
             continue
         try:
-            ctx.out.add(ctx.rank, stage_id, f"attention_backend.{role}", normalize(name), sub_source)
+            ctx.out.add(
+                ctx.rank,
+                stage_id,
+                f"attention_backend.{role}",
+                normalize(name),
+                sub_source,
+            )
         except ConfigError as exc:
             ctx.out.fail(exc, path=_join(path, role), source=sub_source)
 
 
 def freeze(value: Any, path: str, depth: int = 0) -> Any:
-    """Deep-copy an extras value into read-only JSON-like data (mappings, tuples, scalars)."""
+    """Deep-copy an extras value into read-only JSON-like data (mappings, tuples,
+    scalars)."""
     if depth > _MAX_DEPTH:
         raise ConfigError("extras nest too deep (or refer to themselves)", path=path)
     if value is None or isinstance(value, (str, bool, int, float)):
@@ -115,34 +160,58 @@ def freeze(value: Any, path: str, depth: int = 0) -> Any:
     if isinstance(value, Mapping):
         for key in value:
             if not isinstance(key, str):
-                raise ConfigError(f"extras key {key!r} is not a string", path=path, hint="quote it")
-        return FrozenDict({k: freeze(v, _join(path, k), depth + 1) for k, v in value.items()})
+                raise ConfigError(
+                    f"extras key {key!r} is not a string", path=path, hint="quote it"
+                )
+        return FrozenDict(
+            {k: freeze(v, _join(path, k), depth + 1) for k, v in value.items()}
+        )
     if isinstance(value, (list, tuple)):
         return tuple(freeze(v, f"{path}[{i}]", depth + 1) for i, v in enumerate(value))
-    raise ConfigError(f"extras value of type {type(value).__name__} is not plain data", path=path,
-                      hint="use strings, numbers, booleans, lists and mappings")
+    raise ConfigError(
+        f"extras value of type {type(value).__name__} is not plain data",
+        path=path,
+        hint="use strings, numbers, booleans, lists and mappings",
+    )
 
 
-def _extras(ctx: Ctx, value: Any, stage_id: int | None, path: str, source: Source) -> None:
+def _extras(
+    ctx: Ctx, value: Any, stage_id: int | None, path: str, source: Source
+) -> None:
     extras = _mapping(ctx, value, path, source) or {}
     for key, item in extras.items():
         if not _is_key(ctx, extras, key, path):
             continue
         sub_source = ctx.src(extras, key) if ctx.file else source
         try:
-            ctx.out.add(ctx.rank, stage_id, f"extras.{key}", freeze(item, _join(path, key)), sub_source)
+            ctx.out.add(
+                ctx.rank,
+                stage_id,
+                f"extras.{key}",
+                freeze(item, _join(path, key)),
+                sub_source,
+            )
         except ConfigError as exc:
             ctx.out.fail(exc, path=exc.path, source=sub_source)
 
 
-def _section(ctx: Ctx, name: str, value: Any, stage_id: int | None, path: str, source: Source) -> None:
+def _section(
+    ctx: Ctx, name: str, value: Any, stage_id: int | None, path: str, source: Source
+) -> None:
     _section_body(ctx, SECTIONS[name], value, stage_id, path, source)
 
 
-def _section_body(ctx: Ctx, leaves: Mapping[str, Leaf], value: Any, stage_id: int | None, path: str,
-                  source: Source) -> None:
-    """A section's mapping; ``leaves`` are keyed relative to it, so a nested section (``server.autoscaling``)
-    is the leaves under ``autoscaling.``, walked the same way."""
+def _section_body(
+    ctx: Ctx,
+    leaves: Mapping[str, Leaf],
+    value: Any,
+    stage_id: int | None,
+    path: str,
+    source: Source,
+) -> None:
+    """A section's mapping; ``leaves`` are keyed relative to it, so a nested section
+    (``server.autoscaling``) is the leaves under ``autoscaling.``, walked the same
+    way."""
     body = _mapping(ctx, value, path, source) or {}
     nested = {key.split(".", 1)[0] for key in leaves if "." in key}
     for key, item in body.items():
@@ -154,15 +223,29 @@ def _section_body(ctx: Ctx, leaves: Mapping[str, Leaf], value: Any, stage_id: in
                 _leaf(ctx, leaves[key], item, stage_id, _join(path, key), sub_source)
         elif key in nested:
             if item is not None:
-                inner = {k.split(".", 1)[1]: leaf for k, leaf in leaves.items() if k.startswith(f"{key}.")}
+                inner = {
+                    k.split(".", 1)[1]: leaf
+                    for k, leaf in leaves.items()
+                    if k.startswith(f"{key}.")
+                }
                 _section_body(ctx, inner, item, stage_id, _join(path, key), sub_source)
         else:
-            _unknown(ctx, key, path, sub_source, sorted({k.split(".", 1)[0] for k in leaves}))
+            _unknown(
+                ctx, key, path, sub_source, sorted({k.split(".", 1)[0] for k in leaves})
+            )
 
 
-def stage_field(ctx: Ctx, mapping: Mapping, key: str, value: Any, stage_id: int | None, path: str,
-                valid: list[str]) -> None:
-    """One key of a stage mapping (or a pipeline-wide stage field). ``valid`` feeds did-you-mean."""
+def stage_field(
+    ctx: Ctx,
+    mapping: Mapping,
+    key: str,
+    value: Any,
+    stage_id: int | None,
+    path: str,
+    valid: list[str],
+) -> None:
+    """One key of a stage mapping (or a pipeline-wide stage field). ``valid`` feeds
+    did-you-mean."""
     source = ctx.src(mapping, key)
     full = _join(path, key)
     if value is None:
@@ -178,22 +261,43 @@ def stage_field(ctx: Ctx, mapping: Mapping, key: str, value: Any, stage_id: int 
     elif ctx.allow_flat and key in FLAT_LEAVES and FLAT_LEAVES[key].scope == "stage":
         _leaf(ctx, FLAT_LEAVES[key], value, stage_id, full, source)
     elif key in ("stage_id", "role", "stages"):
-        hint = {"stage_id": "stage_id belongs inside a stages: entry",
-                "role": "role is fixed by the topology; set topology: instead",
-                "stages": "per-stage caller values go in stage_overrides={stage_id: {...}}"}[key]
+        hint = {
+            "stage_id": "stage_id belongs inside a stages: entry",
+            "role": "role is fixed by the topology; set topology: instead",
+            "stages": "per-stage caller values go in stage_overrides={stage_id: {...}}",
+        }[key]
         _unknown(ctx, key, path, source, valid, hint)
-    elif stage_id is not None and (key in _PIPELINE_ONLY or key in PIPELINE_LEAVES or (
-            key in FLAT_LEAVES and FLAT_LEAVES[key].scope == "pipeline")):
-        _unknown(ctx, key, path, source, valid, f"{key} is pipeline-wide only; set it for the whole pipeline")
+    elif stage_id is not None and (
+        key in _PIPELINE_ONLY
+        or key in PIPELINE_LEAVES
+        or (key in FLAT_LEAVES and FLAT_LEAVES[key].scope == "pipeline")
+    ):
+        _unknown(
+            ctx,
+            key,
+            path,
+            source,
+            valid,
+            f"{key} is pipeline-wide only; set it for the whole pipeline",
+        )
     else:
         hint = None
         if key in FLAT_LEAVES and FLAT_LEAVES[key].section:
-            *outer, last = FLAT_LEAVES[key].key.split(".")  # server.autoscaling.min_replicas: two mappings
-            hint = "write it as " + "".join(f"{name}: {{" for name in outer) + f"{last}: ..." + "}" * len(outer)
+            *outer, last = FLAT_LEAVES[key].key.split(
+                "."
+            )  # server.autoscaling.min_replicas: two mappings
+            hint = (
+                "write it as "
+                + "".join(f"{name}: {{" for name in outer)
+                + f"{last}: ..."
+                + "}" * len(outer)
+            )
         _unknown(ctx, key, path, source, valid, hint)
 
 
-def stage_mapping(ctx: Ctx, body: Mapping, stage_id: int, path: str, skip: tuple[str, ...] = ()) -> None:
+def stage_mapping(
+    ctx: Ctx, body: Mapping, stage_id: int, path: str, skip: tuple[str, ...] = ()
+) -> None:
     """Every field of one stage entry (``stage_id`` itself is read by the caller)."""
     valid = [*STAGE_KEYS, "stage_id"] + (list(FLAT_LEAVES) if ctx.allow_flat else [])
     for key, value in body.items():
@@ -203,8 +307,10 @@ def stage_mapping(ctx: Ctx, body: Mapping, stage_id: int, path: str, skip: tuple
 
 
 def stage_id_of(value: Any) -> int:
-    """A stage id: a non-negative int, or its decimal text (JSON object keys are strings)."""
-    # isascii: str.isdigit() also accepts superscripts and other digits that int() refuses ("²").
+    """A stage id: a non-negative int, or its decimal text (JSON object keys are
+    strings)."""
+    # isascii: str.isdigit() also accepts superscripts and other digits that int()
+    # refuses ("²").
     if isinstance(value, str) and value.strip().isascii() and value.strip().isdigit():
         value = int(value)
     if isinstance(value, int) and not isinstance(value, bool) and 0 <= value < 1000:
@@ -213,22 +319,37 @@ def stage_id_of(value: Any) -> int:
 
 
 def stages_list(ctx: Ctx, value: Any, path: str, source: Source) -> None:
-    """``stages: [{stage_id: 0, ...}, ...]``; entries are matched to the topology by stage_id."""
+    """``stages: [{stage_id: 0, ...}, ...]``; entries are matched to the topology by
+    stage_id."""
     if not isinstance(value, list):
-        ctx.out.error(f"expected a list of stage entries, got {type(value).__name__}", path=path,
-                      source=source, hint="write stages: [{stage_id: 0, ...}]")
+        ctx.out.error(
+            f"expected a list of stage entries, got {type(value).__name__}",
+            path=path,
+            source=source,
+            hint="write stages: [{stage_id: 0, ...}]",
+        )
         return
     seen: dict[int, int] = {}
     for index, entry in enumerate(value):
         entry_path = f"{path}[{index}]"
-        entry_source = Source(ctx.layer, ctx.file, getattr(entry, "line", None), ctx.detail)
+        entry_source = Source(
+            ctx.layer, ctx.file, getattr(entry, "line", None), ctx.detail
+        )
         if not isinstance(entry, Mapping):
-            ctx.out.error(f"stage entry must be a mapping, got {type(entry).__name__}", path=entry_path,
-                          source=entry_source, hint="write - {stage_id: 0, dtype: ...}")
+            ctx.out.error(
+                f"stage entry must be a mapping, got {type(entry).__name__}",
+                path=entry_path,
+                source=entry_source,
+                hint="write - {stage_id: 0, dtype: ...}",
+            )
             continue
         if entry.get("stage_id") is None:
-            ctx.out.error("stage entry has no stage_id", path=entry_path, source=entry_source,
-                          hint="add stage_id: 0 (or the stage it configures)")
+            ctx.out.error(
+                "stage entry has no stage_id",
+                path=entry_path,
+                source=entry_source,
+                hint="add stage_id: 0 (or the stage it configures)",
+            )
             continue
         id_source = ctx.src(entry, "stage_id")
         try:
@@ -237,23 +358,44 @@ def stages_list(ctx: Ctx, value: Any, path: str, source: Source) -> None:
             ctx.out.fail(exc, path=f"{entry_path}.stage_id", source=id_source)
             continue
         if stage_id in seen:
-            ctx.out.error(f"stage_id {stage_id} appears twice (entries {seen[stage_id]} and {index})",
-                          path=entry_path, source=id_source, hint="merge the two entries")
+            ctx.out.error(
+                f"stage_id {stage_id} appears twice (entries {seen[stage_id]} "
+                f"and {index})",
+                path=entry_path,
+                source=id_source,
+                hint="merge the two entries",
+            )
             continue
         seen[stage_id] = index
         kind = stage_kind(ctx, entry, stage_id, entry_path)
         if kind == AR_KIND:
             ar_stage_mapping(ctx, entry, stage_id, f"{path}[stage_id={stage_id}]")
         elif kind is not None:
-            ctx.out.stage_refs.append(StageRef(stage_id, id_source, f"{entry_path}.stage_id"))
-            stage_mapping(ctx, entry, stage_id, f"{path}[stage_id={stage_id}]", skip=("stage_id", "kind"))
+            ctx.out.stage_refs.append(
+                StageRef(stage_id, id_source, f"{entry_path}.stage_id")
+            )
+            stage_mapping(
+                ctx,
+                entry,
+                stage_id,
+                f"{path}[stage_id={stage_id}]",
+                skip=("stage_id", "kind"),
+            )
 
 
-def pipeline_doc(ctx: Ctx, doc: Mapping, path: str, *, reserved: tuple[str, ...] = (),
-                 stages: bool = True) -> None:
-    """A top-level document: pipeline-only keys, pipeline-wide stage fields and ``stages``.
+def pipeline_doc(
+    ctx: Ctx,
+    doc: Mapping,
+    path: str,
+    *,
+    reserved: tuple[str, ...] = (),
+    stages: bool = True,
+) -> None:
+    """A top-level document: pipeline-only keys, pipeline-wide stage fields and
+    ``stages``.
 
-    ``reserved`` keys are accepted but handled by the caller (``base_config``, ``platforms``).
+    ``reserved`` keys are accepted but handled by the caller (``base_config``,
+    ``platforms``).
     """
     valid = [*_PIPELINE_ONLY, *STAGE_KEYS, *reserved] + (["stages"] if stages else [])
     if ctx.allow_flat:
@@ -263,12 +405,23 @@ def pipeline_doc(ctx: Ctx, doc: Mapping, path: str, *, reserved: tuple[str, ...]
             continue
         source = ctx.src(doc, key)
         if key in TOP_LEVEL_PIPELINE_LEAVES:
-            _leaf(ctx, TOP_LEVEL_PIPELINE_LEAVES[key], value, None, _join(path, key), source)
+            _leaf(
+                ctx,
+                TOP_LEVEL_PIPELINE_LEAVES[key],
+                value,
+                None,
+                _join(path, key),
+                source,
+            )
         elif key == "server":
             _section(ctx, "server", value, None, _join(path, key), source)
         elif key == "stages" and stages:
             stages_list(ctx, value, _join(path, key), source)
-        elif ctx.allow_flat and key in FLAT_LEAVES and FLAT_LEAVES[key].scope == "pipeline":
+        elif (
+            ctx.allow_flat
+            and key in FLAT_LEAVES
+            and FLAT_LEAVES[key].scope == "pipeline"
+        ):
             _leaf(ctx, FLAT_LEAVES[key], value, None, _join(path, key), source)
         else:
             stage_field(ctx, doc, key, value, None, path, valid)

@@ -1,11 +1,13 @@
-"""Load YAML keeping the line of every mapping key, so errors and provenance can say file:line.
+"""Load YAML keeping the line of every mapping key, so errors and provenance can say
+file:line.
 
-Duplicate keys are an error here: plain PyYAML keeps the last one silently, which is exactly the
-"my setting was ignored" class of bug.
+Duplicate keys are an error here: plain PyYAML keeps the last one silently, which is
+exactly the "my setting was ignored" class of bug.
 
-The loader is also bounded (file size, aliases, nodes after alias expansion, nesting depth), checked
-while the document is composed and before anything is constructed: an alias bomb ("billion laughs",
-a few hundred bytes expanding to 9**9 nodes) must fail in milliseconds, not hang ``config validate``.
+The loader is also bounded (file size, aliases, nodes after alias expansion, nesting
+depth), checked while the document is composed and before anything is constructed: an
+alias bomb ("billion laughs", a few hundred bytes expanding to 9**9 nodes) must fail in
+milliseconds, not hang ``config validate``.
 """
 
 from __future__ import annotations
@@ -34,8 +36,8 @@ def key_line(mapping: Any, key: Any) -> int | None:
     return lines.get(key) if lines else None
 
 
-# Far above any real deploy file (the documented example has ~60 nodes and no aliases), far below
-# anything that takes noticeable time or memory to walk.
+# Far above any real deploy file (the documented example has ~60 nodes and no aliases),
+# far below anything that takes noticeable time or memory to walk.
 MAX_FILE_BYTES = 1024 * 1024
 MAX_ALIASES = 100
 MAX_NODES = 10_000
@@ -52,9 +54,13 @@ class _Loader(yaml.SafeLoader):
     def __init__(self, stream: str) -> None:
         super().__init__(stream)
         self._aliases = 0
-        self._nodes = 0  # nodes of the fully expanded document: an alias adds its target's size
+        self._nodes = (
+            0  # nodes of the fully expanded document: an alias adds its target's size
+        )
         self._depth = 0
-        self._sizes: dict[int, int] = {}  # id(node) -> expanded size, recorded once the node is complete
+        self._sizes: dict[
+            int, int
+        ] = {}  # id(node) -> expanded size, recorded once the node is complete
 
     def compose_node(self, parent: yaml.Node | None, index: Any) -> yaml.Node:
         if self.check_event(yaml.AliasEvent):
@@ -65,14 +71,21 @@ class _Loader(yaml.SafeLoader):
             target = self.anchors.get(event.anchor)
             if target is not None:
                 if id(target) not in self._sizes:
-                    # The anchor's node is still being composed: the alias is inside its own anchor.
-                    raise self._limit(event, f"alias *{event.anchor} refers to its own enclosing node")
+                    # The anchor's node is still being composed: the alias is inside its
+                    # own anchor.
+                    raise self._limit(
+                        event, f"alias *{event.anchor} refers to its own enclosing node"
+                    )
                 self._count(event, self._sizes[id(target)])
             return super().compose_node(parent, index)
         event = self.peek_event()
         self._depth += 1
         if self._depth > MAX_DEPTH:
-            raise self._limit(event, f"nested deeper than {MAX_DEPTH} levels", hint="flatten the structure")
+            raise self._limit(
+                event,
+                f"nested deeper than {MAX_DEPTH} levels",
+                hint="flatten the structure",
+            )
         before = self._nodes
         self._count(event, 1)
         node = super().compose_node(parent, index)
@@ -83,10 +96,16 @@ class _Loader(yaml.SafeLoader):
     def _count(self, event: yaml.Event, nodes: int) -> None:
         self._nodes += nodes
         if self._nodes > MAX_NODES:
-            raise self._limit(event, f"more than {MAX_NODES} nodes once aliases are expanded")
+            raise self._limit(
+                event, f"more than {MAX_NODES} nodes once aliases are expanded"
+            )
 
-    def _limit(self, event: yaml.Event, rule: str, hint: str = _ALIAS_HINT) -> ConfigError:
-        return ConfigError(rule, source=f"{self.filename}:{event.start_mark.line + 1}", hint=hint)
+    def _limit(
+        self, event: yaml.Event, rule: str, hint: str = _ALIAS_HINT
+    ) -> ConfigError:
+        return ConfigError(
+            rule, source=f"{self.filename}:{event.start_mark.line + 1}", hint=hint
+        )
 
 
 def _construct_mapping(loader: _Loader, node: yaml.MappingNode) -> LineDict:
@@ -99,17 +118,25 @@ def _construct_mapping(loader: _Loader, node: yaml.MappingNode) -> LineDict:
         try:
             hash(key)
         except TypeError:
-            raise ConfigError("a mapping key must be a plain string", source=f"{loader.filename}:{line}",
-                              hint="quote the key") from None
+            raise ConfigError(
+                "a mapping key must be a plain string",
+                source=f"{loader.filename}:{line}",
+                hint="quote the key",
+            ) from None
         if key in result:
-            raise ConfigError(f"duplicate key {key!r} (first on line {result.lines[key]})",
-                              source=f"{loader.filename}:{line}", hint="keep one of them")
+            raise ConfigError(
+                f"duplicate key {key!r} (first on line {result.lines[key]})",
+                source=f"{loader.filename}:{line}",
+                hint="keep one of them",
+            )
         result[key] = loader.construct_object(value_node, deep=True)
         result.lines[key] = line
     return result
 
 
-_Loader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping)
+_Loader.add_constructor(
+    yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping
+)
 
 
 def load_yaml_text(text: str, filename: str) -> Any:
@@ -125,8 +152,11 @@ def load_yaml_text(text: str, filename: str) -> Any:
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
         where = f"{filename}:{mark.line + 1}" if mark else filename
-        raise ConfigError(f"invalid YAML: {exc.problem or exc}", source=where,
-                          hint="check indentation and quoting") from None
+        raise ConfigError(
+            f"invalid YAML: {exc.problem or exc}",
+            source=where,
+            hint="check indentation and quoting",
+        ) from None
     except (yaml.YAMLError, RecursionError, ValueError, TypeError) as exc:
         raise ConfigError(f"invalid YAML: {exc}", source=filename) from None
     finally:
@@ -136,20 +166,26 @@ def load_yaml_text(text: str, filename: str) -> Any:
 def load_yaml_file(path: Path) -> Any:
     """Read and parse a YAML file; a missing or unreadable file is a ConfigError."""
     try:
-        # Read at most one byte past the limit, so a huge (or endless, e.g. /dev/zero) file is never
-        # pulled into memory just to be refused.
+        # Read at most one byte past the limit, so a huge (or endless, e.g. /dev/zero)
+        # file is never pulled into memory just to be refused.
         with path.open("rb") as handle:
             raw = handle.read(MAX_FILE_BYTES + 1)
         if len(raw) > MAX_FILE_BYTES:
             raise _too_large(str(path))
         text = raw.decode("utf-8")
     except FileNotFoundError:
-        raise ConfigError("file not found", source=str(path), hint="check the path") from None
+        raise ConfigError(
+            "file not found", source=str(path), hint="check the path"
+        ) from None
     except (OSError, UnicodeDecodeError) as exc:
         raise ConfigError(f"cannot read file: {exc}", source=str(path)) from None
     return load_yaml_text(text, str(path))
 
 
 def _too_large(filename: str) -> ConfigError:
-    return ConfigError(f"larger than {MAX_FILE_BYTES // 1024} KiB, the limit for a config file", source=filename,
-                       hint="a deploy config is a few hundred lines; check that this is the right file")
+    return ConfigError(
+        f"larger than {MAX_FILE_BYTES // 1024} KiB, the limit for a config file",
+        source=filename,
+        hint="a deploy config is a few hundred lines; check that "
+        "this is the right file",
+    )

@@ -1,15 +1,19 @@
-"""An AR stage in the engine: its vLLM engine replicas (``ar/vllm_engine.py``), its queue, one dispatch thread per
-replica, and the hand-on of each request to the next stage with the prompt the LLM drew.
+"""An AR stage in the engine: its vLLM engine replicas (``ar/vllm_engine.py``), its
+queue, one dispatch thread per replica, and the hand-on of each request to the next
+stage with the prompt the LLM drew.
 
-A request that asks for a rewrite waits here before the diffusion stages (``EngineCore.submit``); each replica's
-thread feeds vLLM from the queue whenever it has room (continuous batching up to ``max_num_seqs``), steps it, and
-passes every finished request on: a ``prompt_rewrite`` or ``decode`` stage replaces the request's prompt with the
-text drawn, a ``prefill`` stage leaves it (its KV is handed over to the decode stage through the connector).
+A request that asks for a rewrite waits here before the diffusion stages
+(``EngineCore.submit``); each replica's thread feeds vLLM from the queue whenever it has
+room (continuous batching up to ``max_num_seqs``), steps it, and passes every finished
+request on: a ``prompt_rewrite`` or ``decode`` stage replaces the request's prompt with
+the text drawn, a ``prefill`` stage leaves it (its KV is handed over to the decode stage
+through the connector).
 
-Faults stay in the stage: a replica whose vLLM engine raises (a killed worker) is out, its requests fail with 503
-naming the stage; with no replica left the stage is down and requests that ask for a rewrite get 503 at once, while
-requests that opt out keep being served. A request past the stage's ``timeout_s`` fails with 503 even if its
-engine hangs (a watchdog thread), and vLLM drops it at the next step.
+Faults stay in the stage: a replica whose vLLM engine raises (a killed worker) is out,
+its requests fail with 503 naming the stage; with no replica left the stage is down and
+requests that ask for a rewrite get 503 at once, while requests that opt out keep being
+served. A request past the stage's ``timeout_s`` fails with 503 even if its engine hangs
+(a watchdog thread), and vLLM drops it at the next step.
 """
 
 from __future__ import annotations
@@ -52,8 +56,14 @@ class ArReplica:
 
 
 class ArStage(QueuedStage):
-    def __init__(self, host: ArHost, config: ResolvedConfig, stage: ArStageConfig, handover: KvHandover | None,
-                 hand_on: Callable[[RequestState], None]) -> None:
+    def __init__(
+        self,
+        host: ArHost,
+        config: ResolvedConfig,
+        stage: ArStageConfig,
+        handover: KvHandover | None,
+        hand_on: Callable[[RequestState], None],
+    ) -> None:
         self.host = host
         self.config = config
         self.stage = stage
@@ -71,41 +81,64 @@ class ArStage(QueuedStage):
         return self.stage.describe()
 
     def start(self) -> None:
-        """Start every replica's vLLM engine (one after another: vLLM's start reads process-wide switches), then one
-        dispatch thread per replica and the deadline watchdog."""
-        extra = self.handover.extra_config if self.handover is not None and self.stage.role != "prompt_rewrite" else None
+        """Start every replica's vLLM engine (one after another: vLLM's start reads
+        process-wide switches), then one dispatch thread per replica and the deadline
+        watchdog."""
+        extra = (
+            self.handover.extra_config
+            if self.handover is not None and self.stage.role != "prompt_rewrite"
+            else None
+        )
         for index in range(self.stage.num_replicas):
             engine = VllmEngine(self.stage, extra)
             try:
                 engine.start()
             except Exception as exc:
                 engine.shutdown()
-                raise ModelLoadError(f"{self.describe()}: vLLM could not start {self.stage.model}: "
-                                     f"{type(exc).__name__}: {exc}") from exc
+                raise ModelLoadError(
+                    f"{self.describe()}: vLLM could not start {self.stage.model}: "
+                    f"{type(exc).__name__}: {exc}"
+                ) from exc
             self.replicas.append(ArReplica(index, engine))
         for replica in self.replicas:
-            self._thread(self._loop, replica, f"diffserve-ar{self.stage.stage_id}-replica-{replica.index}")
+            self._thread(
+                self._loop,
+                replica,
+                f"diffserve-ar{self.stage.stage_id}-replica-{replica.index}",
+            )
         self._thread(self._watch, None, f"diffserve-ar{self.stage.stage_id}-watchdog")
 
     def _thread(self, target: Callable[..., None], arg: Any, name: str) -> None:
-        thread = threading.Thread(target=target, args=(arg,) if arg is not None else (), daemon=True, name=name)
+        thread = threading.Thread(
+            target=target,
+            args=(arg,) if arg is not None else (),
+            daemon=True,
+            name=name,
+        )
         thread.start()
         self.threads.append(thread)
 
     def check_up(self) -> None:
-        """Raise the stage's 503 when it has no live replica (checked at submit: the request never queues)."""
+        """Raise the stage's 503 when it has no live replica (checked at submit: the
+        request never queues)."""
         if self.down is not None:
             raise StageUnavailableError(str(self.down))
 
-    # -- the dispatch loop ---------------------------------------------------------------------------------
+    # -- the dispatch loop
+    # ---------------------------------------------------------------------------------
 
     def _loop(self, replica: ArReplica) -> None:
         engine = replica.engine
         while not self.host.stopping.is_set() and replica.out is None:
             self._drop_finished(replica)
             room = self.room - len(engine.running)
-            batch = self.scheduler.next_any(room, timeout=0 if engine.busy else 0.5, replica=replica.index) \
-                if room > 0 else []
+            batch = (
+                self.scheduler.next_any(
+                    room, timeout=0 if engine.busy else 0.5, replica=replica.index
+                )
+                if room > 0
+                else []
+            )
             for state in batch:
                 if replica.out is None:
                     self._add(replica, state)
@@ -123,7 +156,9 @@ class ArStage(QueuedStage):
                 return
             replica.finished_since_count += len(outputs)
             for output in outputs:
-                self._finished(replica, output, counts if output is outputs[-1] else None)
+                self._finished(
+                    replica, output, counts if output is outputs[-1] else None
+                )
 
     def _add(self, replica: ArReplica, state: RequestState) -> None:
         if state.finished or state.aborted:
@@ -134,7 +169,10 @@ class ArStage(QueuedStage):
         except RequestError as exc:
             self._fail(state, exc)
             return
-        except (ValueError, TypeError) as exc:  # vLLM's own checks of this request's input refused it
+        except (
+            ValueError,
+            TypeError,
+        ) as exc:  # vLLM's own checks of this request's input refused it
             self._fail(state, RequestError(f"{self.describe()}: {exc}", param="prompt"))
             return
         except Exception as exc:  # noqa: BLE001 - vLLM's engine is gone: the replica is out, this request with it
@@ -144,15 +182,22 @@ class ArStage(QueuedStage):
         replica.inflight[state.request_id] = (state, ids)
 
     def _drop_finished(self, replica: ArReplica) -> None:
-        """Requests that ended meanwhile (aborted, past the deadline) leave vLLM at this step."""
-        gone = [rid for rid, (state, _) in replica.inflight.items() if state.finished or state.aborted]
+        """Requests that ended meanwhile (aborted, past the deadline) leave vLLM at this
+        step."""
+        gone = [
+            rid
+            for rid, (state, _) in replica.inflight.items()
+            if state.finished or state.aborted
+        ]
         if gone:
             replica.engine.abort(gone)
             for rid in gone:
                 state, _ = replica.inflight.pop(rid)
                 self.scheduler.done([state])
 
-    def _finished(self, replica: ArReplica, output: ArOutput, counts: list[dict[str, int]] | None) -> None:
+    def _finished(
+        self, replica: ArReplica, output: ArOutput, counts: list[dict[str, int]] | None
+    ) -> None:
         state, ids = replica.inflight.pop(output.request_id, (None, []))
         if state is None:
             return
@@ -163,15 +208,24 @@ class ArStage(QueuedStage):
             return
         entry = self._entry(replica, output)
         if counts is not None:
-            entry["worker_counts"] = {"ranks": counts, "requests": replica.finished_since_count}
+            entry["worker_counts"] = {
+                "ranks": counts,
+                "requests": replica.finished_since_count,
+            }
             replica.finished_since_count = 0
         state.ar.append(entry)
         state.stage_timings_ms[f"ar_stage_{self.stage.stage_id}"] = output.total_ms
         if self.stage.role != "prefill":
             revised = revised_text(output.text)
             if not revised:
-                self._fail(state, StageUnavailableError(f"{self.describe()} drew an empty prompt "
-                                                        f"({output.finish_reason}); retry, or send rewrite_prompt: false"))
+                self._fail(
+                    state,
+                    StageUnavailableError(
+                        f"{self.describe()} drew an empty prompt "
+                        f"({output.finish_reason}); retry, or send rewrite_prompt: "
+                        "false"
+                    ),
+                )
                 return
             if state.original_prompt is None:
                 state.original_prompt = state.request.prompt
@@ -186,32 +240,62 @@ class ArStage(QueuedStage):
         first = replica.engine.attestation[0]
         kv_transfer = None
         if first.get("kv_connector") is not None:
-            kv_transfer = {**first["kv_connector"],
-                           "tokens_loaded": output.cached_tokens if self.stage.role == "decode" else 0,
-                           "tokens_saved": len(output.prompt_token_ids) if self.stage.role == "prefill" else 0}
+            kv_transfer = {
+                **first["kv_connector"],
+                "tokens_loaded": output.cached_tokens
+                if self.stage.role == "decode"
+                else 0,
+                "tokens_saved": len(output.prompt_token_ids)
+                if self.stage.role == "prefill"
+                else 0,
+            }
         return {
-            "stage_id": self.stage.stage_id, "role": self.stage.role, "engine": "vllm", "vllm_version": vllm_version(),
-            "replica": replica.index, "worker_pids": [a["worker_pid"] for a in replica.engine.attestation],
+            "stage_id": self.stage.stage_id,
+            "role": self.stage.role,
+            "engine": "vllm",
+            "vllm_version": vllm_version(),
+            "replica": replica.index,
+            "worker_pids": [a["worker_pid"] for a in replica.engine.attestation],
             "workers": [dict(a) for a in replica.engine.attestation],
-            **{key: first[key] for key in ("model_class", "dtype", "enforce_eager", "max_num_seqs", "max_model_len",
-                                           "tensor_parallel_size", "enable_expert_parallel",
-                                           "distributed_executor_backend", "attention_backend", "moe_experts",
-                                           "kv_cache_blocks", "block_size", "enable_prefix_caching")},
-            "kv_transfer": kv_transfer, "prompt_tokens": len(output.prompt_token_ids),
-            "output_tokens": output.output_tokens, "finish_reason": output.finish_reason,
-            "first_token_ms": output.first_token_ms, "total_ms": output.total_ms,
+            **{
+                key: first[key]
+                for key in (
+                    "model_class",
+                    "dtype",
+                    "enforce_eager",
+                    "max_num_seqs",
+                    "max_model_len",
+                    "tensor_parallel_size",
+                    "enable_expert_parallel",
+                    "distributed_executor_backend",
+                    "attention_backend",
+                    "moe_experts",
+                    "kv_cache_blocks",
+                    "block_size",
+                    "enable_prefix_caching",
+                )
+            },
+            "kv_transfer": kv_transfer,
+            "prompt_tokens": len(output.prompt_token_ids),
+            "output_tokens": output.output_tokens,
+            "finish_reason": output.finish_reason,
+            "first_token_ms": output.first_token_ms,
+            "total_ms": output.total_ms,
             "config_fingerprint": self.config.fingerprint,
         }
 
-    # -- faults ----------------------------------------------------------------------------------------------
+    # -- faults
+    # ----------------------------------------------------------------------------------
 
     def _fail(self, state: RequestState, exc: BaseException) -> None:
         self.scheduler.done([state])
         state.finish(exc)
 
     def _replica_lost(self, replica: ArReplica, exc: BaseException) -> None:
-        error = StageUnavailableError(f"{self.describe()}: its vLLM engine (replica {replica.index}) failed: "
-                                      f"{type(exc).__name__}: {exc}")
+        error = StageUnavailableError(
+            f"{self.describe()}: its vLLM engine (replica {replica.index}) failed: "
+            f"{type(exc).__name__}: {exc}"
+        )
         logger.error("%s", error)
         replica.out = error
         for state, _ in list(replica.inflight.values()):
@@ -220,8 +304,10 @@ class ArStage(QueuedStage):
         replica.engine.shutdown()
         with self._lock:
             if all(r.out is not None for r in self.replicas):
-                self.down = StageUnavailableError(f"{self.describe()} is down ({error}); requests that send "
-                                                  "rewrite_prompt: false are still served")
+                self.down = StageUnavailableError(
+                    f"{self.describe()} is down ({error}); requests that send "
+                    "rewrite_prompt: false are still served"
+                )
                 for state in self.scheduler.drain():
                     state.finish(self.down)
 
@@ -231,11 +317,20 @@ class ArStage(QueuedStage):
             now = time.monotonic()
             _, running = self.scheduler.snapshot()
             for state in running:
-                if state.started is not None and now - state.started > self.stage.timeout_s and not state.finished:
-                    state.finish(StageUnavailableError(
-                        f"{self.describe()} did not answer within its timeout_s of {self.stage.timeout_s:g}s"))
+                if (
+                    state.started is not None
+                    and now - state.started > self.stage.timeout_s
+                    and not state.finished
+                ):
+                    state.finish(
+                        StageUnavailableError(
+                            f"{self.describe()} did not answer within its timeout_s "
+                            f"of {self.stage.timeout_s:g}s"
+                        )
+                    )
 
-    # -- the engine's hooks ------------------------------------------------------------------------------------
+    # -- the engine's hooks
+    # ----------------------------------------------------------------------------------
 
     def shutdown(self, reason: str) -> None:
         self.fail_waiting(reason)
@@ -249,21 +344,38 @@ class ArStage(QueuedStage):
 
     def status(self) -> dict[str, Any]:
         waiting, running = self.scheduler.snapshot()
-        return {"stage_id": self.stage.stage_id, "role": self.stage.role, "up": self.down is None,
-                "replicas_live": sum(1 for r in self.replicas if r.out is None), "waiting": len(waiting),
-                "running": len(running)}
+        return {
+            "stage_id": self.stage.stage_id,
+            "role": self.stage.role,
+            "up": self.down is None,
+            "replicas_live": sum(1 for r in self.replicas if r.out is None),
+            "waiting": len(waiting),
+            "running": len(running),
+        }
 
 
-def ar_chain(host: ArHost, config: ResolvedConfig, entry: Callable[[RequestState], None]) -> list[ArStage]:
-    """The deployment's AR stages in order, each handing on to the next and the last to ``entry`` (the diffusion
-    stages' first queue); a prefill/decode pair shares one KV handover."""
+def ar_chain(
+    host: ArHost, config: ResolvedConfig, entry: Callable[[RequestState], None]
+) -> list[ArStage]:
+    """The deployment's AR stages in order, each handing on to the next and the last to
+    ``entry`` (the diffusion stages' first queue); a prefill/decode pair shares one KV
+    handover."""
     stages: list[ArStage] = []
     handover: KvHandover | None = None
     for stage in reversed(config.ar_stages):
         if stage.role == "decode":
             handover = KvHandover(stage)
         nxt = stages[0].scheduler.add if stages else entry
-        stages.insert(0, ArStage(host, config, stage, handover if stage.role != "prompt_rewrite" else None, nxt))
+        stages.insert(
+            0,
+            ArStage(
+                host,
+                config,
+                stage,
+                handover if stage.role != "prompt_rewrite" else None,
+                nxt,
+            ),
+        )
         if stage.role == "prefill":
             handover = None
     return stages

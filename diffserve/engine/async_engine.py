@@ -1,6 +1,7 @@
-"""The asyncio engine: ``async for event in engine.generate(request)`` yields ``ProgressEvent``s, then
-the ``RequestOutput``. The engine loop runs on its own thread; events cross into the caller's event
-loop with ``call_soon_threadsafe``, one queue per request, so a slow consumer never blocks others."""
+"""The asyncio engine: ``async for event in engine.generate(request)`` yields
+``ProgressEvent``s, then the ``RequestOutput``. The engine loop runs on its own thread;
+events cross into the caller's event loop with ``call_soon_threadsafe``, one queue per
+request, so a slow consumer never blocks others."""
 
 from __future__ import annotations
 
@@ -17,13 +18,17 @@ logger = get_logger(__name__)
 
 
 class AsyncEngine(EngineBase):
-    """Asyncio front end. Construction blocks while the model loads (call it in a thread from a loop)."""
+    """Asyncio front end. Construction blocks while the model loads (call it in a thread
+    from a loop)."""
 
-    async def generate(self, request: GenerationRequest) -> AsyncIterator[ProgressEvent | RequestOutput]:
-        """Progress events, then the output. Closing the iterator early aborts the request.
+    async def generate(
+        self, request: GenerationRequest
+    ) -> AsyncIterator[ProgressEvent | RequestOutput]:
+        """Progress events, then the output. Closing the iterator early aborts the
+        request.
 
-        Invalid requests raise ``RequestError`` at the first ``__anext__``; a full queue raises
-        ``EngineOverloadedError``; a dead engine ``EngineDeadError``.
+        Invalid requests raise ``RequestError`` at the first ``__anext__``; a full queue
+        raises ``EngineOverloadedError``; a dead engine ``EngineDeadError``.
         """
         loop = asyncio.get_running_loop()
         items: asyncio.Queue[Any] = asyncio.Queue()
@@ -43,7 +48,9 @@ class AsyncEngine(EngineBase):
                 if isinstance(item, RequestOutput):
                     return
         finally:
-            if not state.finished:  # consumer went away (disconnect, cancel): free the slot
+            if (
+                not state.finished
+            ):  # consumer went away (disconnect, cancel): free the slot
                 self._core.abort(state.request_id)
 
     async def abort(self, request_id: str) -> bool:

@@ -1,5 +1,6 @@
-"""What ``Engine`` and ``AsyncEngine`` share: construction from the same keywords as ``resolve()``,
-RPCs to the workers, health, stats and an idempotent shutdown (also as a context manager)."""
+"""What ``Engine`` and ``AsyncEngine`` share: construction from the same keywords as
+``resolve()``, RPCs to the workers, health, stats and an idempotent shutdown (also as a
+context manager)."""
 
 from __future__ import annotations
 
@@ -26,17 +27,29 @@ E = TypeVar("E", bound="EngineBase")
 class EngineBase:
     """Common front end over one ``EngineCore``."""
 
-    def __init__(self, model: str | os.PathLike | None = None,
-                 deploy_config: str | os.PathLike | Mapping[str, Any] | None = None, *,
-                 stage_overrides: Mapping[Any, Mapping[str, Any]] | None = None,
-                 platform: str | None = None, env: Mapping[str, str] | None = None,
-                 **overrides: Any) -> None:
-        """``overrides`` are engine fields for every stage (``linear_backend="torch"``...), exactly the
-        ``overrides`` of ``diffserve.config.resolve.resolve``; the other keywords are passed as is."""
+    def __init__(
+        self,
+        model: str | os.PathLike | None = None,
+        deploy_config: str | os.PathLike | Mapping[str, Any] | None = None,
+        *,
+        stage_overrides: Mapping[Any, Mapping[str, Any]] | None = None,
+        platform: str | None = None,
+        env: Mapping[str, str] | None = None,
+        **overrides: Any,
+    ) -> None:
+        """``overrides`` are engine fields for every stage
+        (``linear_backend="torch"``...), exactly the ``overrides`` of
+        ``diffserve.config.resolve.resolve``; the other keywords are passed as is."""
         from diffserve.config.resolve import resolve
 
-        config = resolve(model=model, deploy_config=deploy_config, overrides=overrides or None,
-                         stage_overrides=stage_overrides, platform=platform, env=env)
+        config = resolve(
+            model=model,
+            deploy_config=deploy_config,
+            overrides=overrides or None,
+            stage_overrides=stage_overrides,
+            platform=platform,
+            env=env,
+        )
         self._core = EngineCore(config)
 
     @classmethod
@@ -46,7 +59,8 @@ class EngineBase:
         engine._core = EngineCore(config)
         return engine
 
-    # -- introspection ------------------------------------------------------------------------------
+    # -- introspection
+    # ------------------------------------------------------------------------------
 
     @property
     def config(self) -> ResolvedConfig:
@@ -61,27 +75,41 @@ class EngineBase:
         return self._core.replicas.capabilities
 
     def admit(self, request: GenerationRequest) -> GenerationRequest:
-        """The request as admission makes it (defaults, limits, capabilities, seed), nothing queued."""
+        """The request as admission makes it (defaults, limits, capabilities, seed),
+        nothing queued."""
         return self._core.admit(request)
 
     @property
     def weights(self) -> dict[str, ComponentWeights]:
-        """Each loaded component's weights on its device (``models/memory.py``), from a live replica's
-        first worker (every replica and rank loads the same components)."""
+        """Each loaded component's weights on its device (``models/memory.py``), from a
+        live replica's first worker (every replica and rank loads the same
+        components)."""
         weights: dict[str, ComponentWeights] = {}
-        stages = ([self._core.encode.replicas.executor()] if self._core.encode is not None else []) + [
-            self._core.executor]
-        for executor in stages:  # a staged topology: the text encoders live in their own stage's workers
+        stages = (
+            [self._core.encode.replicas.executor()]
+            if self._core.encode is not None
+            else []
+        ) + [self._core.executor]
+        for executor in (
+            stages
+        ):  # a staged topology: the text encoders live in their own stage's workers
             if executor.workers:
                 weights.update(executor.workers[0].weights)
         return weights
 
     @property
     def worker_pids(self) -> list[int]:
-        """Every replica's worker pids, replica-major (``[replica 0 rank 0, rank 1..., replica 1 ...]``),
-        replicas taken out included: the denoising stage's, then (a staged topology) each other stage's."""
-        return [*self._core.replicas.worker_pids,
-                *(pid for stage in self._core.extra_stages for pid in stage.replicas.worker_pids)]
+        """Every replica's worker pids, replica-major (``[replica 0 rank 0, rank 1...,
+        replica 1 ...]``), replicas taken out included: the denoising stage's, then (a
+        staged topology) each other stage's."""
+        return [
+            *self._core.replicas.worker_pids,
+            *(
+                pid
+                for stage in self._core.extra_stages
+                for pid in stage.replicas.worker_pids
+            ),
+        ]
 
     @property
     def num_replicas(self) -> int:
@@ -95,28 +123,57 @@ class EngineBase:
 
     @property
     def stage_health(self) -> list[dict[str, Any]]:
-        """Per stage, in stage order: ``stage_id``, ``role``, ``replicas_live``, ``replicas`` and ``queue_depth``
-        (requests waiting for that stage) (one entry on the single topology; a staged one lists its text-encoder
-        and decoder stages too)."""
+        """Per stage, in stage order: ``stage_id``, ``role``, ``replicas_live``,
+        ``replicas`` and ``queue_depth`` (requests waiting for that stage) (one entry on
+        the single topology; a staged one lists its text-encoder and decoder stages
+        too)."""
         core = self._core
         dead = self.is_dead
-        sets = sorted([*((s.stage, s.replicas, s.scheduler) for s in core.extra_stages),
-                       (core.stage, core.replicas, core.scheduler)], key=lambda entry: entry[0].stage_id)
-        ar = [{"stage_id": s.stage.stage_id, "role": s.stage.role, "kind": "ar",
-               "replicas_live": 0 if dead else s.status()["replicas_live"], "replicas": s.stage.num_replicas,
-               "queue_depth": s.scheduler.queue_depth} for s in core.ar]
-        return [*ar, *({"stage_id": stage.stage_id, "role": stage.role, "replicas_live": 0 if dead else
-                        len(replicas.live()), "replicas": replicas.count, "queue_depth": scheduler.queue_depth}
-                       for stage, replicas, scheduler in sets)]
+        sets = sorted(
+            [
+                *((s.stage, s.replicas, s.scheduler) for s in core.extra_stages),
+                (core.stage, core.replicas, core.scheduler),
+            ],
+            key=lambda entry: entry[0].stage_id,
+        )
+        ar = [
+            {
+                "stage_id": s.stage.stage_id,
+                "role": s.stage.role,
+                "kind": "ar",
+                "replicas_live": 0 if dead else s.status()["replicas_live"],
+                "replicas": s.stage.num_replicas,
+                "queue_depth": s.scheduler.queue_depth,
+            }
+            for s in core.ar
+        ]
+        return [
+            *ar,
+            *(
+                {
+                    "stage_id": stage.stage_id,
+                    "role": stage.role,
+                    "replicas_live": 0 if dead else len(replicas.live()),
+                    "replicas": replicas.count,
+                    "queue_depth": scheduler.queue_depth,
+                }
+                for stage, replicas, scheduler in sets
+            ),
+        ]
 
     @property
     def load(self) -> ModelLoad:
-        """The denoising stage's queue, running requests and outstanding work (``engine/load.py``), in total and
-        per replica: what a router or an autoscaler weighs (the other stages' queues are in ``stage_health``)."""
+        """The denoising stage's queue, running requests and outstanding work
+        (``engine/load.py``), in total and per replica: what a router or an autoscaler
+        weighs (the other stages' queues are in ``stage_health``)."""
         core = self._core
         waiting, running = core.scheduler.snapshot()
         dead = self.is_dead
-        return model_load(waiting, running, {r.index: r.live and not dead for r in core.replicas.replicas})
+        return model_load(
+            waiting,
+            running,
+            {r.index: r.live and not dead for r in core.replicas.replicas},
+        )
 
     @property
     def is_ready(self) -> bool:
@@ -128,8 +185,9 @@ class EngineBase:
 
     @property
     def heartbeat_age_s(self) -> float:
-        """Seconds since the stalest live replica loop last beat: at most ~0.5 s while idle; it grows
-        while a batch runs (bounded by the batch deadline) and without bound once the loop is gone."""
+        """Seconds since the stalest live replica loop last beat: at most ~0.5 s while
+        idle; it grows while a batch runs (bounded by the batch deadline) and without
+        bound once the loop is gone."""
         return self._core.heartbeat_age_s
 
     @property
@@ -150,27 +208,38 @@ class EngineBase:
         self._core.check_health()
 
     def stats(self) -> dict[str, Any]:
-        """Cumulative counters since start (warmup excluded), including recent batch sizes."""
+        """Cumulative counters since start (warmup excluded), including recent batch
+        sizes."""
         return self._core.counters.as_dict()
 
     def add_stats_listener(self, listener: Callable[[BatchStats], None]) -> None:
-        """``listener(BatchStats)`` after every executed batch (on the engine thread: keep it cheap)."""
+        """``listener(BatchStats)`` after every executed batch (on the engine thread:
+        keep it cheap)."""
         self._core.add_stats_listener(listener)
 
-    # -- workers ------------------------------------------------------------------------------------
+    # -- workers
+    # ----------------------------------------------------------------------------------
 
-    def collective_rpc(self, method: str | Callable[..., Any], args: tuple = (),
-                       kwargs: dict[str, Any] | None = None, timeout: float | None = None) -> list[Any]:
-        """Call ``method`` (a worker-extension method or built-in, or a picklable ``fn(worker, ...)``) on
-        every worker of every live replica, between batches. Returns one result per rank, replica-major
-        (replica 0's ranks in rank order, then replica 1's...); ``timeout`` bounds the whole call."""
+    def collective_rpc(
+        self,
+        method: str | Callable[..., Any],
+        args: tuple = (),
+        kwargs: dict[str, Any] | None = None,
+        timeout: float | None = None,
+    ) -> list[Any]:
+        """Call ``method`` (a worker-extension method or built-in, or a picklable
+        ``fn(worker, ...)``) on every worker of every live replica, between batches.
+        Returns one result per rank, replica-major (replica 0's ranks in rank order,
+        then replica 1's...); ``timeout`` bounds the whole call."""
         self._core.check_health()
         return self._core.replicas.collective_rpc(method, args, kwargs, timeout)
 
-    # -- lifetime -----------------------------------------------------------------------------------
+    # -- lifetime
+    # ----------------------------------------------------------------------------------
 
     def shutdown(self) -> None:
-        """Stop the engine and its workers. Idempotent; waiting requests fail with EngineDeadError."""
+        """Stop the engine and its workers. Idempotent; waiting requests fail with
+        EngineDeadError."""
         core = getattr(self, "_core", None)
         if core is not None:
             core.shutdown()

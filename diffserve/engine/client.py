@@ -1,8 +1,10 @@
-"""``EngineClient``: what the HTTP server and the CLI may rely on, whichever engine they hold.
+"""``EngineClient``: what the HTTP server and the CLI may rely on, whichever engine they
+hold.
 
-``Engine`` (blocking ``generate``) and ``AsyncEngine`` (async ``generate``) both implement
-``EngineClient``; ``AsyncEngineClient`` adds the asyncio request API the server and ``diffserve generate``
-use. Entry points depend on these protocols, never on ``Any`` or on probing attributes.
+``Engine`` (blocking ``generate``) and ``AsyncEngine`` (async ``generate``) both
+implement ``EngineClient``; ``AsyncEngineClient`` adds the asyncio request API the
+server and ``diffserve generate`` use. Entry points depend on these protocols, never on
+``Any`` or on probing attributes.
 """
 
 from __future__ import annotations
@@ -31,7 +33,8 @@ class EngineClient(Protocol):
 
     @property
     def weights(self) -> dict[str, ComponentWeights]:
-        """Each loaded component's weights on its device (one replica's: every replica loads the same)."""
+        """Each loaded component's weights on its device (one replica's: every replica
+        loads the same)."""
         ...
 
     @property
@@ -42,7 +45,8 @@ class EngineClient(Protocol):
 
     @property
     def heartbeat_age_s(self) -> float:
-        """Seconds since the stalest live replica loop last beat (each beats every ~0.5 s while idle)."""
+        """Seconds since the stalest live replica loop last beat (each beats every ~0.5
+        s while idle)."""
         ...
 
     @property
@@ -57,7 +61,8 @@ class EngineClient(Protocol):
 
     @property
     def replicas_live(self) -> int:
-        """Replicas still serving; below ``num_replicas`` the engine is degraded, at 0 it is dead."""
+        """Replicas still serving; below ``num_replicas`` the engine is degraded, at 0
+        it is dead."""
         ...
 
     @property
@@ -70,13 +75,15 @@ class EngineClient(Protocol):
 
     @property
     def load(self) -> ModelLoad:
-        """Queue, running requests and outstanding work, in total and per replica (``engine/load.py``)."""
+        """Queue, running requests and outstanding work, in total and per replica
+        (``engine/load.py``)."""
         ...
 
     def check_health(self) -> None: ...
 
     def admit(self, request: GenerationRequest) -> GenerationRequest:
-        """The request as admission makes it (defaults, seed), or its 400/422 error; nothing runs."""
+        """The request as admission makes it (defaults, seed), or its 400/422 error;
+        nothing runs."""
         ...
 
     @property
@@ -88,8 +95,13 @@ class EngineClient(Protocol):
 
     def add_stats_listener(self, listener: Callable[[BatchStats], None]) -> None: ...
 
-    def collective_rpc(self, method: str | Callable[..., Any], args: tuple = (),
-                       kwargs: dict[str, Any] | None = None, timeout: float | None = None) -> list[Any]: ...
+    def collective_rpc(
+        self,
+        method: str | Callable[..., Any],
+        args: tuple = (),
+        kwargs: dict[str, Any] | None = None,
+        timeout: float | None = None,
+    ) -> list[Any]: ...
 
     def shutdown(self) -> None: ...
 
@@ -98,8 +110,11 @@ class EngineClient(Protocol):
 class AsyncEngineClient(EngineClient, Protocol):
     """An engine whose requests are awaited (what the HTTP server and the CLI drive)."""
 
-    def generate(self, request: GenerationRequest) -> AsyncIterator[ProgressEvent | RequestOutput]:
-        """Progress events, then the output; closing the iterator early aborts the request."""
+    def generate(
+        self, request: GenerationRequest
+    ) -> AsyncIterator[ProgressEvent | RequestOutput]:
+        """Progress events, then the output; closing the iterator early aborts the
+        request."""
         ...
 
     async def abort(self, request_id: str) -> bool: ...

@@ -1,16 +1,20 @@
-"""The engine core: admission, the dispatch loops that run batches on the replicas' executors
-(``batch_run.py``: one batch, its step-level joins and its results), abort and death handling.
+"""The engine core: admission, the dispatch loops that run batches on the replicas'
+executors (``batch_run.py``: one batch, its step-level joins and its results), abort and
+death handling.
 
-``Engine`` and ``AsyncEngine`` are thin front ends over this one loop, so both have the same
-semantics. Every request gets exactly one final item through its sink: a ``RequestOutput`` or an
-exception (``RequestAbortedError``, ``EngineDeadError``, ``WorkerError``, ``RequestError``).
+``Engine`` and ``AsyncEngine`` are thin front ends over this one loop, so both have the
+same semantics. Every request gets exactly one final item through its sink: a
+``RequestOutput`` or an exception (``RequestAbortedError``, ``EngineDeadError``,
+``WorkerError``, ``RequestError``).
 
-Replicas (``replicas.py``): one dispatch thread per replica pulls a batch from the shared scheduler
-only while its replica is free, so the least loaded replica takes the work and a batch runs once.
+Replicas (``replicas.py``): one dispatch thread per replica pulls a batch from the
+shared scheduler only while its replica is free, so the least loaded replica takes the
+work and a batch runs once.
 
-Liveness (``watchdog.py``), per replica: a batch past its work-derived deadline means a hung worker
-(mp: SIGKILLed), as do ``server.max_consecutive_failures`` failed batches in a row; loops beat a heartbeat
-while idle and per batch. With no replica left the engine is dead: ``/health`` turns 503, not 500.
+Liveness (``watchdog.py``), per replica: a batch past its work-derived deadline means a
+hung worker (mp: SIGKILLed), as do ``server.max_consecutive_failures`` failed batches in
+a row; loops beat a heartbeat while idle and per batch. With no replica left the engine
+is dead: ``/health`` turns 503, not 500.
 """
 
 from __future__ import annotations
@@ -50,7 +54,8 @@ logger = get_logger(__name__)
 
 
 class EngineCore:
-    """Owns the replicas (executors), the scheduler and the dispatch threads of one engine."""
+    """Owns the replicas (executors), the scheduler and the dispatch threads of one
+    engine."""
 
     def __init__(self, config: ResolvedConfig) -> None:
         self.config = config
@@ -64,17 +69,26 @@ class EngineCore:
         self._shutdown_lock = threading.Lock()
         self._is_shutdown = False
         self.replicas = ReplicaSet(config, self.stage)
-        # Staged topologies: a stage of its own encodes the prompts first (split_text_encoder and
-        # encode_denoise_decode: encode_stage.py) and one decodes last (encode_denoise_decode: decode_stage.py).
+        # Staged topologies: a stage of its own encodes the prompts first
+        # (split_text_encoder and encode_denoise_decode: encode_stage.py) and one
+        # decodes last (encode_denoise_decode: decode_stage.py).
         roles = {s.role: s for s in config.stages}
-        self.encode = EncodeStage(self, config, roles["text_encoder"]) if "text_encoder" in roles else None
-        self.decode = DecodeStage(self, config, roles["decoder"]) if "decoder" in roles else None
-        # AR stages (kind: ar, vLLM) run before all of these: the last hands on to the diffusion stages' first queue.
+        self.encode = (
+            EncodeStage(self, config, roles["text_encoder"])
+            if "text_encoder" in roles
+            else None
+        )
+        self.decode = (
+            DecodeStage(self, config, roles["decoder"]) if "decoder" in roles else None
+        )
+        # AR stages (kind: ar, vLLM) run before all of these: the last hands on to the
+        # diffusion stages' first queue.
         self.ar = ar_chain(self, config, lambda state: self._diffusion_queue.add(state))
         try:
             for extra in self.side_stages:
                 extra.start()
-            # Builds and warms every replica; a replica dying from here on is taken out (``_take_out``).
+            # Builds and warms every replica; a replica dying from here on is taken out
+            # (``_take_out``).
             self.replicas.start(on_dead=self._take_out)
         except BaseException:
             for extra in self.side_stages:
@@ -84,8 +98,12 @@ class EngineCore:
             self.replicas.shutdown()
             raise EngineDeadError(str(self._dead))
         for replica in self.replicas.replicas:
-            replica.thread = threading.Thread(target=self._loop, args=(replica,), daemon=True,
-                                              name=f"diffserve-engine-replica-{replica.index}")
+            replica.thread = threading.Thread(
+                target=self._loop,
+                args=(replica,),
+                daemon=True,
+                name=f"diffserve-engine-replica-{replica.index}",
+            )
             replica.thread.start()
         self._ready = True
 
@@ -96,7 +114,8 @@ class EngineCore:
 
     @property
     def side_stages(self) -> list[StageLoop | ArStage]:
-        """Every stage besides the denoising one, AR stages first: what starts, aborts and stops with it."""
+        """Every stage besides the denoising one, AR stages first: what starts, aborts
+        and stops with it."""
         return [*self.ar, *self.extra_stages]
 
     @property
@@ -108,7 +127,8 @@ class EngineCore:
         return self._is_shutdown
 
     def die(self, error: EngineDeadError) -> None:
-        """A stage lost its last replica: the engine is dead (``/health`` 503 naming it)."""
+        """A stage lost its last replica: the engine is dead (``/health`` 503 naming
+        it)."""
         self._die(error)
 
     @property
@@ -116,25 +136,38 @@ class EngineCore:
         """A live replica's executor (its name and capabilities are every replica's)."""
         return self.replicas.executor()
 
-    # -- admission ----------------------------------------------------------------------------------
+    # -- admission
+    # ----------------------------------------------------------------------------------
 
     def admit(self, request: GenerationRequest) -> GenerationRequest:
-        """Admission alone (defaults, limits, capabilities, seed: ``admission.py``), nothing queued: what a
-        request becomes here, or the error it gets (the video job API checks a job when it is created)."""
+        """Admission alone (defaults, limits, capabilities, seed: ``admission.py``),
+        nothing queued: what a request becomes here, or the error it gets (the video job
+        API checks a job when it is created)."""
         self.check_health()
         if not self._ready:
             raise EngineNotReadyError("the engine is still loading or warming up")
         if request.rewrite_prompt and not self.ar:
-            raise RequestError("rewrite_prompt: true needs an AR stage (kind: ar), and this deployment has none",
-                               param="rewrite_prompt")
-        if request.carried.admitted:  # a stored job, admitted when it was created: not admitted twice
+            raise RequestError(
+                "rewrite_prompt: true needs an AR stage (kind: ar), "
+                "and this deployment has none",
+                param="rewrite_prompt",
+            )
+        if (
+            request.carried.admitted
+        ):  # a stored job, admitted when it was created: not admitted twice
             return request
-        return admit(request, self.config.server, self.replicas.capabilities, stage=self.stage,
-                     model_dir=self.config.model)
+        return admit(
+            request,
+            self.config.server,
+            self.replicas.capabilities,
+            stage=self.stage,
+            model_dir=self.config.model,
+        )
 
     def submit(self, request: GenerationRequest, sink: Sink) -> RequestState:
-        """Admit and queue; raises instead of queueing a request that cannot run. Tracing on: admission is a
-        span, and the request carries the caller's trace context to its workers (``tracing/spans.py``)."""
+        """Admit and queue; raises instead of queueing a request that cannot run.
+        Tracing on: admission is a span, and the request carries the caller's trace
+        context to its workers (``tracing/spans.py``)."""
         with span("diffserve.admission", {REQUEST_ID: request.request_id}):
             admitted = self.admit(request)
         state = RequestState(carry(admitted), sink)
@@ -145,64 +178,87 @@ class EngineCore:
             queue = self.ar[0].scheduler
         ahead = queue.queue_depth
         queue.add(state)
-        logger.debug("request %s queued behind %d: %d image(s), %s step(s)", state.request_id, ahead, admitted.n,
-                     admitted.num_inference_steps)
+        logger.debug(
+            "request %s queued behind %d: %d image(s), %s step(s)",
+            state.request_id,
+            ahead,
+            admitted.n,
+            admitted.num_inference_steps,
+        )
         return state
 
     @property
     def _diffusion_queue(self) -> Scheduler:
-        """Where a request enters the diffusion stages: the text encoders' queue, or the denoiser's."""
+        """Where a request enters the diffusion stages: the text encoders' queue, or the
+        denoiser's."""
         return self.encode.scheduler if self.encode is not None else self.scheduler
 
     def abort(self, request_id: str) -> bool:
-        """Abort a queued request (never runs) or a running one (its batch stops at the next step
-        once every request in it is aborted). False if the request is unknown or already finished."""
+        """Abort a queued request (never runs) or a running one (its batch stops at the
+        next step once every request in it is aborted). False if the request is unknown
+        or already finished."""
         state, queued = self.scheduler.abort(request_id)
         for extra in self.side_stages:  # waiting for (or in) another stage
             if state is None:
                 state, queued = extra.abort(request_id)
         if state is None:
             return False
-        delivered = state.finish(RequestAbortedError(f"request {request_id} was aborted"))
+        delivered = state.finish(
+            RequestAbortedError(f"request {request_id} was aborted")
+        )
         if delivered:
             self.counters.requests_aborted += 1
-            logger.info("aborted %s request %s", "queued" if queued else "running", request_id)
+            logger.info(
+                "aborted %s request %s", "queued" if queued else "running", request_id
+            )
         return delivered
 
-    # -- the loop -----------------------------------------------------------------------------------
+    # -- the loop
+    # ----------------------------------------------------------------------------------
 
     def _loop(self, replica: Replica) -> None:
-        """One replica's dispatch loop: it asks for a batch only while its replica is free."""
+        """One replica's dispatch loop: it asks for a batch only while its replica is
+        free."""
         while not self._stopping.is_set():
             replica.heartbeat.beat("idle")
             if self._dead is not None or not replica.live:
-                # Nothing to pull (admission closed, or this replica is out): beat without spinning.
+                # Nothing to pull (admission closed, or this replica is out): beat
+                # without spinning.
                 self._stopping.wait(0.5)
                 continue
             batch = self.scheduler.next_batch(timeout=0.5, replica=replica.index)
             if not batch:
                 continue
             if not replica.live:
-                # It died while this thread waited for work: the batch never reached it, so another
-                # replica runs it instead of failing requests that never started.
+                # It died while this thread waited for work: the batch never reached it,
+                # so another replica runs it instead of failing requests that never
+                # started.
                 self.scheduler.requeue(batch)
                 continue
-            # Tracing on: the batch's (first) request's context is current, so every line this thread logs
-            # about the batch, through its delivery, names the request's trace (tracing/spans.py:current).
+            # Tracing on: the batch's (first) request's context is current, so every
+            # line this thread logs about the batch, through its delivery, names the
+            # request's trace (tracing/spans.py:current).
             with current([state.request for state in batch]):
                 self._run(replica, batch)
 
     def _run(self, replica: Replica, batch: list[RequestState]) -> None:
-        """One batch on ``replica``: run it, free its requests' slots, count the outcome for the failure streak."""
+        """One batch on ``replica``: run it, free its requests' slots, count the outcome
+        for the failure streak."""
         ids = [state.request_id for state in batch]
         started = time.monotonic()
-        logger.debug("replica %d runs batch %s after %.0f ms in the queue", replica.index, ids,
-                     (started - min(state.arrival for state in batch)) * 1000.0)
+        logger.debug(
+            "replica %d runs batch %s after %.0f ms in the queue",
+            replica.index,
+            ids,
+            (started - min(state.arrival for state in batch)) * 1000.0,
+        )
         replica.heartbeat.beat("running")
         outcome: tuple[Outcome, BaseException | None]
         try:
             outcome = BatchRun(self, replica, batch).run()
-        except Exception as exc:  # a bug here must fail these requests, not stop the loop
+        except (
+            Exception
+        ) as exc:  # a bug here must fail these requests, not stop the loop
             logger.exception("engine loop error (replica %d)", replica.index)
             for state in batch:
                 state.finish(WorkerError(f"engine error: {exc}"))
@@ -210,54 +266,78 @@ class EngineCore:
         finally:
             self.scheduler.done(batch)
             replica.heartbeat.beat("idle")
-        logger.debug("replica %d: batch %s ended %s after %.0f ms", replica.index, ids, outcome[0],
-                     (time.monotonic() - started) * 1000.0)
+        logger.debug(
+            "replica %d: batch %s ended %s after %.0f ms",
+            replica.index,
+            ids,
+            outcome[0],
+            (time.monotonic() - started) * 1000.0,
+        )
         fatal = replica.failures.record(*outcome)
         if fatal is not None:
             self._take_out(replica, fatal)
 
-    # -- what a batch run reports back ---------------------------------------------------------------
+    # -- what a batch run reports back
+    # ---------------------------------------------------------------
 
-    def replica_hung(self, replica: Replica, live: list[RequestState], deadline: float,
-                     stalled: str | None = None) -> None:
-        """The batch ran past its deadline, or its worker stopped reporting steps (``stalled``: how, from the
-        step heartbeat, ``step_watch.py``): its worker is hung. The executor kills what it can (mp: SIGKILL) and
-        the replica is taken out; its batch fails (the whole engine dies, failing every waiting request too, if
-        it was the last replica)."""
+    def replica_hung(
+        self,
+        replica: Replica,
+        live: list[RequestState],
+        deadline: float,
+        stalled: str | None = None,
+    ) -> None:
+        """The batch ran past its deadline, or its worker stopped reporting steps
+        (``stalled``: how, from the step heartbeat, ``step_watch.py``): its worker is
+        hung. The executor kills what it can (mp: SIGKILL) and the replica is taken out;
+        its batch fails (the whole engine dies, failing every waiting request too, if it
+        was the last replica)."""
         ids = [s.request_id for s in live]
         what = stalled or f"exceeded its deadline of {deadline:.1f}s"
-        logger.error("batch %s %s: the worker of replica %d is hung", ids, what, replica.index)
-        error = EngineDeadError(f"a batch ({', '.join(ids)}) {what}: the {replica.executor.name} worker of "
-                                f"replica {replica.index} is hung")
+        logger.error(
+            "batch %s %s: the worker of replica %d is hung", ids, what, replica.index
+        )
+        error = EngineDeadError(
+            f"a batch ({', '.join(ids)}) {what}: the {replica.executor.name} worker of "
+            f"replica {replica.index} is hung"
+        )
         replica.executor.abandon(str(error))
         self.replica_lost(replica, live, error)
 
-    def replica_lost(self, replica: Replica, live: list[RequestState], error: EngineDeadError) -> None:
-        """The replica is out, and the requests it was running fail (they are not retried elsewhere: a
-        request that crashes its worker would take the next replica down too). Once the engine is dead they
-        already got its error from ``_die``."""
+    def replica_lost(
+        self, replica: Replica, live: list[RequestState], error: EngineDeadError
+    ) -> None:
+        """The replica is out, and the requests it was running fail (they are not
+        retried elsewhere: a request that crashes its worker would take the next replica
+        down too). Once the engine is dead they already got its error from ``_die``."""
         self._take_out(replica, error)
         if self._is_shutdown:
             return  # shutdown already failed them
         if self._dead is not None or not self.replicas.live():
-            # The last replica is gone: the monitor that took it out may not have marked the engine
-            # dead yet, and a caller that gets its error must already see ``is_dead``.
+            # The last replica is gone: the monitor that took it out may not have marked
+            # the engine dead yet, and a caller that gets its error must already see
+            # ``is_dead``.
             self._die(error)
             return
-        message = (f"replica {replica.index} of {self.replicas.count} was lost while running this request "
-                   f"({error}); {len(self.replicas.live())} replica(s) still serve: retry the request")
+        message = (
+            f"replica {replica.index} of {self.replicas.count} was "
+            "lost while running this request "
+            f"({error}); {len(self.replicas.live())} replica(s) "
+            "still serve: retry the request"
+        )
         self.counters.requests_failed += sum(1 for s in live if not s.finished)
         self.deliver([(state, EngineDeadError(message)) for state in live])
 
     def deliver(self, finals: list[Final]) -> None:
-        """Leave the running set, then hand out the final items: a caller that has its result sees the
-        engine's counters, stats and running set already updated."""
+        """Leave the running set, then hand out the final items: a caller that has its
+        result sees the engine's counters, stats and running set already updated."""
         self.scheduler.done([state for state, _ in finals])
         for state, item in finals:
             state.finish(item)
 
     def publish(self, stats: BatchStats) -> None:
-        """Count a batch's stats and hand them to every stats listener (on the engine thread)."""
+        """Count a batch's stats and hand them to every stats listener (on the engine
+        thread)."""
         self.counters.batches += 1
         self.counters.images += stats.images if stats.outcome == Outcome.OK else 0
         self.counters.batch_sizes.append(stats.batch_size)
@@ -268,14 +348,17 @@ class EngineCore:
                 logger.exception("stats listener failed")
 
     def add_stats_listener(self, listener: Callable[[BatchStats], None]) -> None:
-        """``listener(BatchStats)`` is called on the engine thread after every non-warmup batch."""
+        """``listener(BatchStats)`` is called on the engine thread after every
+        non-warmup batch."""
         self._listeners.append(listener)
 
-    # -- warmup, death, shutdown --------------------------------------------------------------------
+    # -- warmup, death, shutdown
+    # --------------------------------------------------------------------
 
     def _take_out(self, replica: Replica, error: EngineDeadError) -> None:
-        """Take a replica that cannot serve out of service (its executor's ``on_dead``, a hung batch, a
-        failure streak); idempotent. The engine dies only with its last replica."""
+        """Take a replica that cannot serve out of service (its executor's ``on_dead``,
+        a hung batch, a failure streak); idempotent. The engine dies only with its last
+        replica."""
         if self._is_shutdown:
             return  # the executors report their own shutdown as a death: not a failure
         remaining = self.replicas.take_out(replica, error)
@@ -284,8 +367,13 @@ class EngineCore:
         if remaining == 0:
             self._die(error)
         else:
-            logger.error("replica %d of %d taken out (%s); %d replica(s) still serve", replica.index,
-                         self.replicas.count, error, remaining)
+            logger.error(
+                "replica %d of %d taken out (%s); %d replica(s) still serve",
+                replica.index,
+                self.replicas.count,
+                error,
+                remaining,
+            )
 
     def _die(self, error: EngineDeadError) -> None:
         if self._dead is None:
@@ -297,16 +385,25 @@ class EngineCore:
             extra.fail_waiting(str(error))
 
     def check_health(self) -> None:
-        """Raise ``EngineDeadError`` when no replica serves; a degraded engine (some out) is healthy."""
+        """Raise ``EngineDeadError`` when no replica serves; a degraded engine (some
+        out) is healthy."""
         if self._dead is not None:
             raise EngineDeadError(str(self._dead))
         if self._is_shutdown:
             raise EngineDeadError("the engine was shut down")
         if self._ready and not self.replicas.live():
-            # The last replica is out but _die() may not have run yet (it follows take_out): say why.
-            reasons = [str(r.out or r.executor.calls.dead) for r in self.replicas.replicas
-                       if r.out is not None or r.executor.calls.dead is not None]
-            raise EngineDeadError(f"no replica is live: {reasons[-1]}" if reasons else "no replica is live")
+            # The last replica is out but _die() may not have run yet (it follows
+            # take_out): say why.
+            reasons = [
+                str(r.out or r.executor.calls.dead)
+                for r in self.replicas.replicas
+                if r.out is not None or r.executor.calls.dead is not None
+            ]
+            raise EngineDeadError(
+                f"no replica is live: {reasons[-1]}"
+                if reasons
+                else "no replica is live"
+            )
 
     @property
     def is_ready(self) -> bool:
@@ -314,22 +411,30 @@ class EngineCore:
 
     @property
     def is_dead(self) -> bool:
-        # No live replica counts at once: the monitor that takes the last one out marks ``_dead`` a
-        # moment later.
-        return self._dead is not None or (self._ready and not self._is_shutdown and not self.replicas.live())
+        # No live replica counts at once: the monitor that takes the last one out marks
+        # ``_dead`` a moment later.
+        return self._dead is not None or (
+            self._ready and not self._is_shutdown and not self.replicas.live()
+        )
 
     @property
     def replicas_live(self) -> int:
-        return 0 if self._dead is not None or self._is_shutdown else len(self.replicas.live())
+        return (
+            0
+            if self._dead is not None or self._is_shutdown
+            else len(self.replicas.live())
+        )
 
     @property
     def heartbeat_age_s(self) -> float:
-        """Seconds since the stalest live replica loop last beat (each beats every ~0.5 s while idle)."""
+        """Seconds since the stalest live replica loop last beat (each beats every ~0.5
+        s while idle)."""
         return self.replicas.heartbeat_age_s
 
     @property
     def loop_state(self) -> str:
-        """``idle``, ``running`` (a batch is on an executor) or ``dead`` (engine dead or shut down)."""
+        """``idle``, ``running`` (a batch is on an executor) or ``dead`` (engine dead or
+        shut down)."""
         if self._dead is not None or self._is_shutdown:
             return "dead"
         return self.replicas.loop_state
@@ -350,4 +455,3 @@ class EngineCore:
             thread = replica.thread
             if thread is not None and thread is not threading.current_thread():
                 thread.join(timeout=10.0)
-

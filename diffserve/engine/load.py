@@ -1,12 +1,15 @@
-"""What a model has still to do, in units a router or an autoscaler can compare across requests and models.
+"""What a model has still to do, in units a router or an autoscaler can compare across
+requests and models.
 
-A request's work is ``steps x megapixels x images`` (times ``frames`` for a video): the denoiser's cost grows
-about linearly in each (attention grows faster with the pixels, and the encoders and the VAE add a share, so
-this is an estimate, one number per request that orders them right). A running request's outstanding work is
-the part of its steps not yet done (from its last progress event); a waiting one's is all of it.
+A request's work is ``steps x megapixels x images`` (times ``frames`` for a video): the
+denoiser's cost grows about linearly in each (attention grows faster with the pixels,
+and the encoders and the VAE add a share, so this is an estimate, one number per request
+that orders them right). A running request's outstanding work is the part of its steps
+not yet done (from its last progress event); a waiting one's is all of it.
 
-The queue is the model's (its replicas pull from one FIFO, so a request waits for the model, not for a
-replica); running requests and their work are per replica as well, so a router can see a hot replica.
+The queue is the model's (its replicas pull from one FIFO, so a request waits for the
+model, not for a replica); running requests and their work are per replica as well, so a
+router can see a hot replica.
 """
 
 from __future__ import annotations
@@ -20,15 +23,22 @@ if TYPE_CHECKING:  # pragma: no cover
 
 
 def work_units(request: GenerationRequest) -> float:
-    """The whole request's work in step-megapixels (x frames for a video); sizes and steps are filled at
-    admission, so only an unadmitted request counts 0 for what it left unset."""
+    """The whole request's work in step-megapixels (x frames for a video); sizes and
+    steps are filled at admission, so only an unadmitted request counts 0 for what it
+    left unset."""
     megapixels = (request.height or 0) * (request.width or 0) / 1e6
     frames = max(1, request.num_frames or 1)
-    return float(request.num_inference_steps or 0) * megapixels * max(1, request.n) * frames
+    return (
+        float(request.num_inference_steps or 0)
+        * megapixels
+        * max(1, request.n)
+        * frames
+    )
 
 
 def outstanding_units(state: RequestState) -> float:
-    """What is left of ``state``'s work: all of it while it waits, the steps not yet done once it runs."""
+    """What is left of ``state``'s work: all of it while it waits, the steps not yet
+    done once it runs."""
     total = work_units(state.request)
     steps = state.request.num_inference_steps or 0
     if state.started is None or steps <= 0:
@@ -38,7 +48,8 @@ def outstanding_units(state: RequestState) -> float:
 
 @dataclass(frozen=True)
 class ReplicaLoad:
-    """One replica: whether it serves, the requests it runs and their outstanding work."""
+    """One replica: whether it serves, the requests it runs and their outstanding
+    work."""
 
     replica: int
     live: bool
@@ -48,7 +59,8 @@ class ReplicaLoad:
 
 @dataclass(frozen=True)
 class ModelLoad:
-    """A model's queue and running requests, in total and per replica (``in_flight`` = waiting + running)."""
+    """A model's queue and running requests, in total and per replica (``in_flight`` =
+    waiting + running)."""
 
     queue_depth: int = 0
     running: int = 0
@@ -60,10 +72,13 @@ class ModelLoad:
         return self.queue_depth + self.running
 
 
-def model_load(waiting: list[RequestState], running: list[RequestState], live: dict[int, bool]) -> ModelLoad:
-    """The load of one stage's scheduler (``waiting``, ``running``) over its replicas (``live``: index -> serving)."""
-    # Each running request's work read once: its steps advance on the engine thread while this sums, and the
-    # model's total must be its replicas' plus the queue's.
+def model_load(
+    waiting: list[RequestState], running: list[RequestState], live: dict[int, bool]
+) -> ModelLoad:
+    """The load of one stage's scheduler (``waiting``, ``running``) over its replicas
+    (``live``: index -> serving)."""
+    # Each running request's work read once: its steps advance on the engine thread
+    # while this sums, and the model's total must be its replicas' plus the queue's.
     running_work = [(state, outstanding_units(state)) for state in running]
     per_replica = {index: [0, 0.0] for index in live}
     for state, units in running_work:
@@ -71,7 +86,11 @@ def model_load(waiting: list[RequestState], running: list[RequestState], live: d
             entry = per_replica[state.replica]
             entry[0] += 1
             entry[1] += units
-    replicas = tuple(ReplicaLoad(index, live[index], int(count), round(float(work), 6))
-                     for index, (count, work) in sorted(per_replica.items()))
-    work = sum(outstanding_units(s) for s in waiting) + sum(units for _, units in running_work)
+    replicas = tuple(
+        ReplicaLoad(index, live[index], int(count), round(float(work), 6))
+        for index, (count, work) in sorted(per_replica.items())
+    )
+    work = sum(outstanding_units(s) for s in waiting) + sum(
+        units for _, units in running_work
+    )
     return ModelLoad(len(waiting), len(running), round(work, 6), replicas)

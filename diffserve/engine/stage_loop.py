@@ -1,9 +1,11 @@
-"""A stage of a staged topology besides the denoising one: its own replicas (executor, devices, dtype,
-kernels), its own queue and one dispatch loop per replica (``EncodeStage`` in front of the denoiser,
-``DecodeStage`` behind it). What a stage does with its outputs is the subclass's ``_hand_on``.
+"""A stage of a staged topology besides the denoising one: its own replicas (executor,
+devices, dtype, kernels), its own queue and one dispatch loop per replica
+(``EncodeStage`` in front of the denoiser, ``DecodeStage`` behind it). What a stage does
+with its outputs is the subclass's ``_hand_on``.
 
-A batch past ``server.batch_deadline_floor_s`` means a hung worker: its replica is taken out; with no replica
-left the engine is dead and the error names the stage. A batch that fails fails its requests, named by stage.
+A batch past ``server.batch_deadline_floor_s`` means a hung worker: its replica is taken
+out; with no replica left the engine is dead and the error names the stage. A batch that
+fails fails its requests, named by stage.
 """
 
 from __future__ import annotations
@@ -27,19 +29,35 @@ if TYPE_CHECKING:  # pragma: no cover
 logger = get_logger(__name__)
 
 # What a stage entry of the attestation copies from that stage worker's own attestation.
-STAGE_KEYS = ("executor", "replica", "worker_pid", "node", "device", "dtype", "linear", "attention", "batch_size",
-              "batch_ms", "quantization")
+STAGE_KEYS = (
+    "executor",
+    "replica",
+    "worker_pid",
+    "node",
+    "device",
+    "dtype",
+    "linear",
+    "attention",
+    "batch_size",
+    "batch_ms",
+    "quantization",
+)
 
 
 def stage_entry(stage: StageConfig, attestation: dict[str, Any]) -> dict[str, Any]:
-    """One ``attestation["stages"]`` entry: the stage's id and role, and where and how it ran."""
-    return {"stage_id": stage.stage_id, "role": stage.role,
-            **{key: attestation[key] for key in STAGE_KEYS if key in attestation}}
+    """One ``attestation["stages"]`` entry: the stage's id and role, and where and how
+    it ran."""
+    return {
+        "stage_id": stage.stage_id,
+        "role": stage.role,
+        **{key: attestation[key] for key in STAGE_KEYS if key in attestation},
+    }
 
 
 class StageHost(Protocol):
-    """What a stage needs from its engine (``EngineCore``): the denoising stage and its queue, the counters,
-    the stop signal, where final items go and where a stage's death goes."""
+    """What a stage needs from its engine (``EngineCore``): the denoising stage and its
+    queue, the counters, the stop signal, where final items go and where a stage's death
+    goes."""
 
     config: ResolvedConfig
     stage: StageConfig
@@ -58,7 +76,8 @@ class StageHost(Protocol):
 
 
 class QueuedStage:
-    """A stage with a queue of its own (``scheduler``): what the engine aborts in it and fails when it dies."""
+    """A stage with a queue of its own (``scheduler``): what the engine aborts in it and
+    fails when it dies."""
 
     scheduler: Scheduler
 
@@ -66,13 +85,16 @@ class QueuedStage:
         return self.scheduler.abort(request_id)
 
     def fail_waiting(self, reason: str) -> None:
-        """Close this stage's queue and fail what waits in it (or runs in it) with ``reason``."""
+        """Close this stage's queue and fail what waits in it (or runs in it) with
+        ``reason``."""
         for state in self.scheduler.drain():
             state.finish(EngineDeadError(reason))
 
 
 class StageLoop(QueuedStage):
-    def __init__(self, core: StageHost, config: ResolvedConfig, stage: StageConfig) -> None:
+    def __init__(
+        self, core: StageHost, config: ResolvedConfig, stage: StageConfig
+    ) -> None:
         self.core = core
         self.config = config
         self.stage = stage
@@ -81,11 +103,16 @@ class StageLoop(QueuedStage):
         self.threads: list[threading.Thread] = []
 
     def start(self) -> None:
-        """Build (and warm) the stage's replicas, then start one dispatch loop per replica."""
+        """Build (and warm) the stage's replicas, then start one dispatch loop per
+        replica."""
         self.replicas.start(on_dead=self._take_out)
         for replica in self.replicas.replicas:
-            thread = threading.Thread(target=self._loop, args=(replica,), daemon=True,
-                                      name=f"diffserve-stage{self.stage.stage_id}-replica-{replica.index}")
+            thread = threading.Thread(
+                target=self._loop,
+                args=(replica,),
+                daemon=True,
+                name=f"diffserve-stage{self.stage.stage_id}-replica-{replica.index}",
+            )
             thread.start()
             self.threads.append(thread)
 
@@ -101,15 +128,25 @@ class StageLoop(QueuedStage):
             if not batch:
                 continue
             live = [s for s in batch if not s.aborted and not s.finished]
-            # Tracing on: what this thread logs about the batch names its (first) request's trace.
+            # Tracing on: what this thread logs about the batch names its (first)
+            # request's trace.
             with current([s.request for s in batch]):
                 try:
                     if live:
-                        logger.debug("%s runs batch %s on replica %d", self.describe(),
-                                     [s.request_id for s in live], replica.index)
-                        outputs = replica.executor.execute([s.request for s in live],
-                                                           timeout=float(self.config.server.batch_deadline_floor_s))
-                        self._hand_on([s for s in live if not s.aborted and not s.finished], outputs)
+                        logger.debug(
+                            "%s runs batch %s on replica %d",
+                            self.describe(),
+                            [s.request_id for s in live],
+                            replica.index,
+                        )
+                        outputs = replica.executor.execute(
+                            [s.request for s in live],
+                            timeout=float(self.config.server.batch_deadline_floor_s),
+                        )
+                        self._hand_on(
+                            [s for s in live if not s.aborted and not s.finished],
+                            outputs,
+                        )
                 except Exception as exc:  # noqa: BLE001 - every error fails this batch's requests, named by stage
                     self._fail(replica, live, exc)
                 finally:
@@ -118,18 +155,28 @@ class StageLoop(QueuedStage):
     def _hand_on(self, live: list[RequestState], outputs: list[RequestResult]) -> None:
         raise NotImplementedError
 
-    def _output_of(self, state: RequestState, by_id: dict[str, RequestResult]) -> RequestResult | None:
-        """The worker's output for ``state`` (its request fails, named by stage, when there is none)."""
+    def _output_of(
+        self, state: RequestState, by_id: dict[str, RequestResult]
+    ) -> RequestResult | None:
+        """The worker's output for ``state`` (its request fails, named by stage, when
+        there is none)."""
         output = by_id.get(state.request_id)
         if output is None:
             self.core.counters.requests_failed += 1
-            state.finish(WorkerError(f"{self.describe()} returned no output for {state.request_id}"))
+            state.finish(
+                WorkerError(
+                    f"{self.describe()} returned no output for {state.request_id}"
+                )
+            )
         return output
 
     def _fail(self, replica: Replica, live: list[RequestState], exc: Exception) -> None:
         if isinstance(exc, DeadlineExceeded):
-            error = EngineDeadError(f"{self.describe()}: a batch exceeded its deadline; replica {replica.index} "
-                                    "is hung")
+            error = EngineDeadError(
+                f"{self.describe()}: a batch exceeded its deadline; "
+                f"replica {replica.index} "
+                "is hung"
+            )
             replica.executor.abandon(str(error))
             self._take_out(replica, error)
             exc = error
@@ -137,15 +184,20 @@ class StageLoop(QueuedStage):
             logger.error("%s failed a batch: %s", self.describe(), exc)
         self.core.counters.requests_failed += sum(1 for s in live if not s.finished)
         for state in live:
-            state.finish(exc if isinstance(exc, EngineDeadError | WorkerError) else
-                         WorkerError(f"{self.describe()}: {exc}"))
+            state.finish(
+                exc
+                if isinstance(exc, EngineDeadError | WorkerError)
+                else WorkerError(f"{self.describe()}: {exc}")
+            )
 
     def _take_out(self, replica: Replica, error: EngineDeadError) -> None:
         if self.core.is_shut_down:
             return
         remaining = self.replicas.take_out(replica, error)
         if remaining == 0:
-            self.core.die(EngineDeadError(f"{self.describe()} has no live replica: {error}"))
+            self.core.die(
+                EngineDeadError(f"{self.describe()} has no live replica: {error}")
+            )
 
     def shutdown(self, reason: str) -> None:
         self.fail_waiting(reason)

@@ -1,4 +1,5 @@
-"""What the engine reports after every executed batch (warmup excluded), for metrics and tests."""
+"""What the engine reports after every executed batch (warmup excluded), for metrics and
+tests."""
 
 from __future__ import annotations
 
@@ -9,8 +10,9 @@ from typing import Any
 
 @dataclass(frozen=True)
 class BatchStats:
-    """One executed batch. ``outcome`` is ``ok``, ``aborted`` or ``error``; ``kernels`` is the worker's
-    attestation snapshot (linear/attention calls per backend, transformer forwards) for the batch."""
+    """One executed batch. ``outcome`` is ``ok``, ``aborted`` or ``error``; ``kernels``
+    is the worker's attestation snapshot (linear/attention calls per backend,
+    transformer forwards) for the batch."""
 
     executor: str
     batch_size: int
@@ -33,21 +35,32 @@ class EngineCounters:
     requests_aborted: int = 0
     batches: int = 0
     images: int = 0
-    # The most recent batch sizes (bounded: a long-running server must not grow it forever).
+    # The most recent batch sizes (bounded: a long-running server must not grow it
+    # forever).
     batch_sizes: deque[int] = field(default_factory=lambda: deque(maxlen=1000))
 
     def as_dict(self) -> dict[str, Any]:
-        return {"requests_ok": self.requests_ok, "requests_failed": self.requests_failed,
-                "requests_aborted": self.requests_aborted, "batches": self.batches, "images": self.images,
-                "batch_sizes": list(self.batch_sizes)}
+        return {
+            "requests_ok": self.requests_ok,
+            "requests_failed": self.requests_failed,
+            "requests_aborted": self.requests_aborted,
+            "batches": self.batches,
+            "images": self.images,
+            "batch_sizes": list(self.batch_sizes),
+        }
+
 
 def kernel_delta(kernels: dict[str, Any], counted: dict[str, Any]) -> dict[str, Any]:
-    """``kernels - counted`` for snapshot-shaped kernel tallies (per-backend dicts and plain counts)."""
+    """``kernels - counted`` for snapshot-shaped kernel tallies (per-backend dicts and
+    plain counts)."""
     out: dict[str, Any] = {}
     for key, value in kernels.items():
         before = counted.get(key)
         if isinstance(value, dict):
-            out[key] = {name: calls - (before or {}).get(name, 0) for name, calls in value.items()}
+            out[key] = {
+                name: calls - (before or {}).get(name, 0)
+                for name, calls in value.items()
+            }
         elif isinstance(value, int) and isinstance(before, int):
             out[key] = value - before
         else:

@@ -1,10 +1,12 @@
-"""Step-level batching on the engine side: which waiting requests join a running batch, and which joins the
-worker never saw (they reached it after the batch's last step) and must run in a later batch.
+"""Step-level batching on the engine side: which waiting requests join a running batch,
+and which joins the worker never saw (they reached it after the batch's last step) and
+must run in a later batch.
 
-The worker adds joiners at its next step boundary (``Pipeline.run(batch, joins=)``); the executor polls
-``joiner()`` while it waits for the batch. A joiner takes the head of the queue only when it has the batch's
-key and there is room (``max_batch_size`` running requests), and never while another replica is idle: an
-idle replica starts the newcomer at once, on its own cores, which is better than joining here.
+The worker adds joiners at its next step boundary (``Pipeline.run(batch, joins=)``); the
+executor polls ``joiner()`` while it waits for the batch. A joiner takes the head of the
+queue only when it has the batch's key and there is room (``max_batch_size`` running
+requests), and never while another replica is idle: an idle replica starts the newcomer
+at once, on its own cores, which is better than joining here.
 """
 
 from __future__ import annotations
@@ -22,10 +24,18 @@ if TYPE_CHECKING:  # pragma: no cover
 
 
 class StepJoins:
-    """The joins of one running batch on ``replica``; ``live`` is the batch's request list, which grows."""
+    """The joins of one running batch on ``replica``; ``live`` is the batch's request
+    list, which grows."""
 
-    def __init__(self, replica: Replica, replicas: ReplicaSet, scheduler: Scheduler, stage: StageConfig,
-                 server: ServerConfig, live: list[RequestState]) -> None:
+    def __init__(
+        self,
+        replica: Replica,
+        replicas: ReplicaSet,
+        scheduler: Scheduler,
+        stage: StageConfig,
+        server: ServerConfig,
+        live: list[RequestState],
+    ) -> None:
         self.replica, self.replicas, self.scheduler = replica, replicas, scheduler
         self.stage, self.server = stage, server
         self.live = live
@@ -33,11 +43,19 @@ class StepJoins:
         self.joined: list[RequestState] = []
 
     def __call__(self) -> tuple[list[GenerationRequest], float]:
-        """The requests to add at the worker's next step boundary, and the seconds they add to its deadline."""
+        """The requests to add at the worker's next step boundary, and the seconds they
+        add to its deadline."""
         room = self.stage.max_batch_size - sum(1 for s in self.live if not s.finished)
-        if any(r is not self.replica and r.heartbeat.state == "idle" for r in self.replicas.live()):
+        if any(
+            r is not self.replica and r.heartbeat.state == "idle"
+            for r in self.replicas.live()
+        ):
             room = 0
-        states = self.scheduler.take_joinable(self.key, room, self.replica.index) if room > 0 else []
+        states = (
+            self.scheduler.take_joinable(self.key, room, self.replica.index)
+            if room > 0
+            else []
+        )
         if not states:
             return [], 0.0
         self.joined.extend(states)
@@ -46,9 +64,12 @@ class StepJoins:
         return added, batch_deadline_s(added, self.server)
 
     def late(self, returned: set[str]) -> list[RequestState]:
-        """Joins the worker dropped (they arrived after the batch's last step): run them in a later batch.
-        ``returned``: the ids of requests that got an output or finished otherwise."""
-        late = [s for s in self.joined if not s.finished and s.request_id not in returned]
+        """Joins the worker dropped (they arrived after the batch's last step): run them
+        in a later batch. ``returned``: the ids of requests that got an output or
+        finished otherwise."""
+        late = [
+            s for s in self.joined if not s.finished and s.request_id not in returned
+        ]
         if late:
             self.scheduler.requeue(late)
             self.live[:] = [s for s in self.live if s not in late]

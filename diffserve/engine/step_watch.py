@@ -1,12 +1,16 @@
-"""The step heartbeat: a worker that stops reporting denoise steps is found within ``max(10 s, 5 x`` the time its
-replica has been taking for that much work ``)``, instead of at the batch deadline's floor (minutes).
+"""The step heartbeat: a worker that stops reporting denoise steps is found within
+``max(10 s, 5 x`` the time its replica has been taking for that much work ``)``, instead
+of at the batch deadline's floor (minutes).
 
-A running batch reports progress at every denoise step. Between two reports the replica does one phase: ``lead``
-(the call's start to its first step: text encoding and the first step), ``step`` (one denoise step) or ``tail``
-(the last step to the result: decoding). ``StepPace`` learns, per replica and phase, the seconds each phase takes
-per unit of work (``watchdog.work_units``: megapixels x images x frames of the live requests), as a running average; ``StepWatch`` turns
-that into a limit for the gap the batch is in now. A phase with no history yet has no limit (the batch deadline
-still bounds it), and neither has ``lead`` on a compiled replica: a new shape may compile there, for minutes.
+A running batch reports progress at every denoise step. Between two reports the replica
+does one phase: ``lead`` (the call's start to its first step: text encoding and the
+first step), ``step`` (one denoise step) or ``tail`` (the last step to the result:
+decoding). ``StepPace`` learns, per replica and phase, the seconds each phase takes per
+unit of work (``watchdog.work_units``: megapixels x images x frames of the live
+requests), as a running average; ``StepWatch`` turns that into a limit for the gap the
+batch is in now. A phase with no history yet has no limit (the batch deadline still
+bounds it), and neither has ``lead`` on a compiled replica: a new shape may compile
+there, for minutes.
 """
 
 from __future__ import annotations
@@ -22,7 +26,8 @@ PHASES = ("lead", "step", "tail")
 
 
 class StepPace:
-    """Seconds per work unit of each phase on one replica (thread-safe: steps arrive on reader threads)."""
+    """Seconds per work unit of each phase on one replica (thread-safe: steps arrive on
+    reader threads)."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
@@ -32,7 +37,11 @@ class StepPace:
         with self._lock:
             value = seconds / max(work, 1e-6)
             previous = self._per_unit.get(phase)
-            self._per_unit[phase] = value if previous is None else (1 - _SMOOTHING) * previous + _SMOOTHING * value
+            self._per_unit[phase] = (
+                value
+                if previous is None
+                else (1 - _SMOOTHING) * previous + _SMOOTHING * value
+            )
 
     def expected_s(self, phase: str, work: float) -> float | None:
         with self._lock:
@@ -41,9 +50,12 @@ class StepPace:
 
 
 class StepWatch:
-    """One batch's gaps between progress reports, learned into ``pace`` and checked against it."""
+    """One batch's gaps between progress reports, learned into ``pace`` and checked
+    against it."""
 
-    def __init__(self, pace: StepPace, work: Callable[[], float], *, compiled: bool) -> None:
+    def __init__(
+        self, pace: StepPace, work: Callable[[], float], *, compiled: bool
+    ) -> None:
         self.pace = pace
         self.work = work
         self.compiled = compiled
@@ -53,7 +65,8 @@ class StepWatch:
         self.reason: str | None = None  # why ``stalled`` last said the worker is hung
 
     def stepped(self, step: int, total: int) -> None:
-        """A step was reported: the gap that ended is learned; the next is ``step`` or, after the last, ``tail``."""
+        """A step was reported: the gap that ended is learned; the next is ``step`` or,
+        after the last, ``tail``."""
         now = time.monotonic()
         with self._lock:
             self.pace.observe(self._phase, now - self._since, self.work())
@@ -78,6 +91,10 @@ class StepWatch:
         limit = max(STALL_FLOOR_S, STALL_FACTOR * expected)
         if waited <= limit:
             return None
-        self.reason = (f"made no progress for {waited:.1f}s in its {phase} phase (limit max({STALL_FLOOR_S:g}s, "
-                       f"{STALL_FACTOR:g} x {expected:.2f}s, the time this replica has been taking for it))")
+        self.reason = (
+            f"made no progress for {waited:.1f}s in its {phase} "
+            f"phase (limit max({STALL_FLOOR_S:g}s, "
+            f"{STALL_FACTOR:g} x {expected:.2f}s, the time this "
+            "replica has been taking for it))"
+        )
         return self.reason

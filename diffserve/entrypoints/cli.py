@@ -1,8 +1,9 @@
-"""The ``diffserve`` command. Each subcommand lives in ``entrypoints/commands/<name>.py``.
+"""The ``diffserve`` command. Each subcommand lives in
+``entrypoints/commands/<name>.py``.
 
-A command module defines ``register(subparsers) -> None``, which adds its parser and sets
-``func=run`` (``run(args) -> int``). Command modules import heavy dependencies inside ``run`` so
-``diffserve --help`` stays fast.
+A command module defines ``register(subparsers) -> None``, which adds its parser and
+sets ``func=run`` (``run(args) -> int``). Command modules import heavy dependencies
+inside ``run`` so ``diffserve --help`` stays fast.
 """
 
 from __future__ import annotations
@@ -28,10 +29,17 @@ COMMAND_MODULES = (
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="diffserve", description="Serve diffusion transformers (images and videos) "
-                                                                   "behind OpenAI-compatible APIs.")
-    parser.add_argument("--version", action="version", version=f"diffserve {__version__}")
-    parser.add_argument("--log-level", default=None, help="DEBUG, INFO (default), WARNING, ERROR")
+    parser = argparse.ArgumentParser(
+        prog="diffserve",
+        description="Serve diffusion transformers (images and videos) "
+        "behind OpenAI-compatible APIs.",
+    )
+    parser.add_argument(
+        "--version", action="version", version=f"diffserve {__version__}"
+    )
+    parser.add_argument(
+        "--log-level", default=None, help="DEBUG, INFO (default), WARNING, ERROR"
+    )
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name in COMMAND_MODULES:
         try:
@@ -44,12 +52,12 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-# Exit status of a command stopped by a model file it cannot load (missing, truncated, of another model, ...);
-# a config or request error is 1.
+# Exit status of a command stopped by a model file it cannot load (missing, truncated,
+# of another model, ...); a config or request error is 1.
 MODEL_FILE_ERROR = 2
 
-# One-shot commands: run as the process's own command (argv None), they end it without the
-# interpreter's teardown (``_exit_now``).
+# One-shot commands: run as the process's own command (argv None), they end it without
+# the interpreter's teardown (``_exit_now``).
 FAST_EXIT_COMMANDS = frozenset({"generate"})
 
 
@@ -73,11 +81,12 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _exit_now(code: int) -> NoReturn:
-    """End the process without the interpreter's teardown, which frees torch's, transformers' and
-    diffusers' modules and native libraries one by one: about 0.8 s on 2 cores, a sixth of a tiny-model
-    ``generate``. What a normal exit does that matters still happens, in the same order: other
-    non-daemon threads are joined, the atexit handlers run (logging, multiprocessing, ray, torch),
-    stdout and stderr are flushed."""
+    """End the process without the interpreter's teardown, which frees torch's,
+    transformers' and diffusers' modules and native libraries one by one: about 0.8 s on
+    2 cores, a sixth of a tiny-model ``generate``. What a normal exit does that matters
+    still happens, in the same order: other non-daemon threads are joined, the atexit
+    handlers run (logging, multiprocessing, ray, torch), stdout and stderr are
+    flushed."""
     import atexit
     import contextlib
     import os

@@ -1,5 +1,5 @@
-"""Bookkeeping of in-flight calls, shared by every executor so that replies, errors, timeouts and a
-dead worker are handled by exactly one piece of code."""
+"""Bookkeeping of in-flight calls, shared by every executor so that replies, errors,
+timeouts and a dead worker are handled by exactly one piece of code."""
 
 from __future__ import annotations
 
@@ -23,8 +23,13 @@ PartialCallback = Callable[[Any], None]
 class PendingCall:
     """One command sent to ``ranks`` workers; complete when every rank has answered."""
 
-    def __init__(self, call_id: int, ranks: int, on_step: StepCallback | None,
-                 on_partial: PartialCallback | None = None) -> None:
+    def __init__(
+        self,
+        call_id: int,
+        ranks: int,
+        on_step: StepCallback | None,
+        on_partial: PartialCallback | None = None,
+    ) -> None:
         self.call_id = call_id
         self.ranks = ranks
         self.on_step = on_step
@@ -32,12 +37,14 @@ class PendingCall:
         self.replies: dict[int, Reply] = {}
         self.failure: BaseException | None = None
         self.done = threading.Event()
-        # The caller's context variables (tracing: its request's trace), for the callbacks a reader thread
-        # runs, so what they log names the same trace as the caller's own lines.
+        # The caller's context variables (tracing: its request's trace), for the
+        # callbacks a reader thread runs, so what they log names the same trace as the
+        # caller's own lines.
         self.context = contextvars.copy_context()
 
     def values(self) -> list[Any]:
-        """Per-rank values in rank order; raises the first rank's error (or the failure)."""
+        """Per-rank values in rank order; raises the first rank's error (or the
+        failure)."""
         if self.failure is not None:
             raise self.failure
         for rank in sorted(self.replies):
@@ -60,8 +67,12 @@ class CallTable:
         self._ids = itertools.count(1)
         self._dead: EngineDeadError | None = None
 
-    def open(self, ranks: int, on_step: StepCallback | None = None,
-             on_partial: PartialCallback | None = None) -> PendingCall:
+    def open(
+        self,
+        ranks: int,
+        on_step: StepCallback | None = None,
+        on_partial: PartialCallback | None = None,
+    ) -> PendingCall:
         with self._lock:
             if self._dead is not None:
                 raise EngineDeadError(str(self._dead))
@@ -70,7 +81,8 @@ class CallTable:
             return call
 
     def close(self, call: PendingCall) -> None:
-        """Forget a call (after it completed or its caller gave up): a late reply is dropped."""
+        """Forget a call (after it completed or its caller gave up): a late reply is
+        dropped."""
         with self._lock:
             self._calls.pop(call.call_id, None)
 
@@ -80,7 +92,9 @@ class CallTable:
         if call is None:
             return  # the caller timed out or went away; nobody waits for this reply
         if reply.kind in ("step", "partial"):
-            if reply.rank == 0:  # one reader thread: the call's context is never entered twice at once
+            if (
+                reply.rank == 0
+            ):  # one reader thread: the call's context is never entered twice at once
                 call.context.run(_callback, call, reply)
             return
         call.replies[reply.rank] = reply
@@ -113,22 +127,30 @@ def _callback(call: PendingCall, reply: Reply) -> None:
 
 
 def remote_exception(reply: Reply) -> Exception:
-    """Turn an ``error`` reply into the exception the caller sees (identical for uni and mp).
+    """Turn an ``error`` reply into the exception the caller sees (identical for uni and
+    mp).
 
-    Request errors keep their type and field (they become HTTP 400); other diffserve errors
-    (config, backend, model load) keep their type; anything else is a ``WorkerError`` that carries the
-    remote type and traceback.
+    Request errors keep their type and field (they become HTTP 400); other diffserve
+    errors (config, backend, model load) keep their type; anything else is a
+    ``WorkerError`` that carries the remote type and traceback.
     """
     if reply.error_type == "RequestError":
         return RequestError(reply.message, param=reply.param)
     cls = getattr(errors, reply.error_type, None)
-    if (isinstance(cls, type) and issubclass(cls, DiffserveError) and cls is not WorkerError
-            and cls is not errors.ConfigErrors):
+    if (
+        isinstance(cls, type)
+        and issubclass(cls, DiffserveError)
+        and cls is not WorkerError
+        and cls is not errors.ConfigErrors
+    ):
         try:
             exc = cls(reply.message)
             exc.remote_traceback = reply.traceback  # type: ignore[attr-defined]
             return exc
         except TypeError:
             pass
-    return WorkerError(f"{reply.error_type}: {reply.message}", remote_type=reply.error_type,
-                       remote_traceback=reply.traceback)
+    return WorkerError(
+        f"{reply.error_type}: {reply.message}",
+        remote_type=reply.error_type,
+        remote_traceback=reply.traceback,
+    )

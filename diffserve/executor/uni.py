@@ -1,11 +1,13 @@
-"""The uni executor: the worker runs inside the calling process (same PID), on its own thread.
+"""The uni executor: the worker runs inside the calling process (same PID), on its own
+thread.
 
-The worker thread serves the same command loop as an mp worker process, so an RPC waits for the
-running batch, a cancel lands between steps and a timeout means the same thing as on mp. Only the
-channel differs: in-process queues, objects passed by reference (no copies of images).
+The worker thread serves the same command loop as an mp worker process, so an RPC waits
+for the running batch, a cancel lands between steps and a timeout means the same thing
+as on mp. Only the channel differs: in-process queues, objects passed by reference (no
+copies of images).
 
-A thread cannot be killed: a hung worker thread (``abandon``) is left behind as a daemon, the executor
-is dead, and shutdown no longer waits for it.
+A thread cannot be killed: a hung worker thread (``abandon``) is left behind as a
+daemon, the executor is dead, and shutdown no longer waits for it.
 """
 
 from __future__ import annotations
@@ -31,12 +33,18 @@ _JOIN_S = 30.0  # a batch notices shutdown at its next step; a long step gets th
 
 
 class UniExecutor(Executor):
-    """The one rank of a stage as a thread of this process (the registry caps uni at one rank)."""
+    """The one rank of a stage as a thread of this process (the registry caps uni at one
+    rank)."""
 
     name = "uni"
 
-    def __init__(self, config: ResolvedConfig, stage_id: int, replica: int = 0,
-                 ready_timeout: float = DEFAULT_READY_TIMEOUT_S) -> None:
+    def __init__(
+        self,
+        config: ResolvedConfig,
+        stage_id: int,
+        replica: int = 0,
+        ready_timeout: float = DEFAULT_READY_TIMEOUT_S,
+    ) -> None:
         super().__init__(config, stage_id, replica, ready_timeout)
         self._channels: list[QueueChannel] = []
         self._threads: list[threading.Thread] = []
@@ -53,16 +61,25 @@ class UniExecutor(Executor):
 
         def run() -> None:
             try:
-                serve(worker_end, lambda: Worker(config, stage_id, rank, executor="uni", replica=replica))
+                serve(
+                    worker_end,
+                    lambda: Worker(
+                        config, stage_id, rank, executor="uni", replica=replica
+                    ),
+                )
             finally:
                 worker_end.close()  # tells the reader the worker is gone
 
-        thread = threading.Thread(target=run, name=f"diffserve-uni-worker-{rank}", daemon=True)
+        thread = threading.Thread(
+            target=run, name=f"diffserve-uni-worker-{rank}", daemon=True
+        )
         thread.start()
         self._channels.append(parent_end)
         self._threads.append(thread)
         if not parent_end.poll(self.ready_timeout):
-            raise EngineDeadError(f"uni worker {rank} not ready within {self.ready_timeout:.0f}s")
+            raise EngineDeadError(
+                f"uni worker {rank} not ready within {self.ready_timeout:.0f}s"
+            )
         reply = parent_end.recv()
         if reply.kind != "ready":
             raise remote_exception(reply)
@@ -79,10 +96,14 @@ class UniExecutor(Executor):
                     return
                 self._deliver(reply)
         except Exception as exc:  # noqa: BLE001 - a dead reader must be a death, never a silent hang
-            self._mark_dead(f"uni worker {rank}: reading its reply failed: {type(exc).__name__}: {exc}")
+            self._mark_dead(
+                f"uni worker {rank}: reading its reply failed: {type(exc).__name__}: "
+                f"{exc}"
+            )
 
     def _kill_hung(self) -> None:
-        # Nothing can stop a thread stuck in a step; remember it so shutdown does not wait on it.
+        # Nothing can stop a thread stuck in a step; remember it so shutdown does not
+        # wait on it.
         self._hung = True
 
     def _send(self, rank: int, command: Command) -> None:
@@ -95,12 +116,18 @@ class UniExecutor(Executor):
             channel.send(Command("shutdown"))
         budget = 0.5 if self._hung else _JOIN_S
         for thread in self._threads:
-            # A batch notices shutdown at its next step; a thread stuck in a long step stays a daemon.
+            # A batch notices shutdown at its next step; a thread stuck in a long step
+            # stays a daemon.
             thread.join(timeout=budget)
             if thread.is_alive():
-                logger.warning("uni worker thread %s did not stop within %.1fs; left behind as a daemon",
-                               thread.name, budget)
-        # The readers end once their worker's channel closes. Joined, so none is still freeing a reply's tensors
-        # when the interpreter finalizes: a daemon thread woken then exits through torch's C++ frames and aborts
-        # the process ("terminate called without an active exception").
+                logger.warning(
+                    "uni worker thread %s did not stop within %.1fs; left "
+                    "behind as a daemon",
+                    thread.name,
+                    budget,
+                )
+        # The readers end once their worker's channel closes. Joined, so none is still
+        # freeing a reply's tensors when the interpreter finalizes: a daemon thread
+        # woken then exits through torch's C++ frames and aborts the process ("terminate
+        # called without an active exception").
         self._join_readers(budget)

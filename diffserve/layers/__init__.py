@@ -1,1 +1,2 @@
-"""Kernel layers: ``Linear`` and ``Attention`` with backends chosen at construction, plus call counters."""
+"""Kernel layers: ``Linear`` and ``Attention`` with backends chosen at construction,
+plus call counters."""

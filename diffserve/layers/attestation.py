@@ -1,9 +1,9 @@
 """Per-backend call counters: proof of which kernel ran every linear and attention call.
 
-One ``KernelCounters`` is created per transformer and handed to each of its ``Linear`` and
-``Attention`` modules at construction, so only calls inside the transformer are counted (text
-encoders and the VAE are transformers/diffusers modules and never see it). Counting is a dict
-increment per call, cheap enough to stay on in production.
+One ``KernelCounters`` is created per transformer and handed to each of its ``Linear``
+and ``Attention`` modules at construction, so only calls inside the transformer are
+counted (text encoders and the VAE are transformers/diffusers modules and never see it).
+Counting is a dict increment per call, cheap enough to stay on in production.
 """
 
 from __future__ import annotations
@@ -17,14 +17,16 @@ from diffserve.types.attestation import KernelTally
 
 
 class KernelCounters:
-    """Counts calls per backend name for linear and attention, plus transformer forwards."""
+    """Counts calls per backend name for linear and attention, plus transformer
+    forwards."""
 
     def __init__(self) -> None:
         self.linear: dict[str, int] = {}
         self.attention: dict[str, int] = {}
         self.transformer_forwards = 0
         self.lora_linear_calls = 0  # Linear calls that added a LoRA delta
-        # Collectives of a parallel layout (layers/collectives.py); reported beside the snapshot.
+        # Collectives of a parallel layout (layers/collectives.py); reported beside the
+        # snapshot.
         self.collectives = CollectiveCounters()
         self._paused = 0
 
@@ -49,7 +51,8 @@ class KernelCounters:
             self.transformer_forwards += 1
 
     def add(self, tally: Mapping[str, Any]) -> None:
-        """Add a ``snapshot()``-shaped tally (used for compiled blocks, whose modules cannot count)."""
+        """Add a ``snapshot()``-shaped tally (used for compiled blocks, whose modules
+        cannot count)."""
         for name, calls in tally.get("linear", {}).items():
             self.count_linear(name, calls)
         for name, calls in tally.get("attention", {}).items():
@@ -57,9 +60,13 @@ class KernelCounters:
         self.count_lora(tally.get("lora_linear_calls", 0))
 
     def snapshot(self) -> KernelTally:
-        """``{"linear": {name: n}, "attention": {name: n}, "transformer_forwards": k}`` (a copy)."""
-        tally = KernelTally(linear=dict(self.linear), attention=dict(self.attention),
-                            transformer_forwards=self.transformer_forwards)
+        """``{"linear": {name: n}, "attention": {name: n}, "transformer_forwards": k}``
+        (a copy)."""
+        tally = KernelTally(
+            linear=dict(self.linear),
+            attention=dict(self.attention),
+            transformer_forwards=self.transformer_forwards,
+        )
         if self.lora_linear_calls:
             tally["lora_linear_calls"] = self.lora_linear_calls
         return tally

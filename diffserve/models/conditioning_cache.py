@@ -1,11 +1,14 @@
-"""The exact conditioning cache: a text's encoder outputs, kept so a repeated prompt skips the text encoders.
+"""The exact conditioning cache: a text's encoder outputs, kept so a repeated prompt
+skips the text encoders.
 
-Keyed by everything that decides the encoders' output: the encoders' identity (their weight files, tokenizer
-files, dtype, quantization and whether prompts are encoded one at a time: ``encoder_identity``), the text and
-the token window (``max_sequence_length``). A hit returns the very tensors the miss computed, so with
-per-prompt encoding (``batch_invariant``, the default) an image made from a hit is bit-identical to one made
-without the cache. Least recently used entries go first once ``max_entries`` or ``max_bytes`` would be
-exceeded; an entry larger than ``max_bytes`` is not kept. ``max_entries: 0`` turns the cache off.
+Keyed by everything that decides the encoders' output: the encoders' identity (their
+weight files, tokenizer files, dtype, quantization and whether prompts are encoded one
+at a time: ``encoder_identity``), the text and the token window
+(``max_sequence_length``). A hit returns the very tensors the miss computed, so with
+per-prompt encoding (``batch_invariant``, the default) an image made from a hit is
+bit-identical to one made without the cache. Least recently used entries go first once
+``max_entries`` or ``max_bytes`` would be exceeded; an entry larger than ``max_bytes``
+is not kept. ``max_entries: 0`` turns the cache off.
 """
 
 from __future__ import annotations
@@ -24,8 +27,9 @@ CacheKey = tuple[str, str, int]  # (encoder identity, text, max_sequence_length)
 
 
 def encoder_identity(files: Iterable[Path], *settings: Any) -> str:
-    """A short digest of the encoders' weight and tokenizer files (names, sizes, modification times: read
-    once, never the bytes) and the settings that change their output (dtype, quantization, per-prompt)."""
+    """A short digest of the encoders' weight and tokenizer files (names, sizes,
+    modification times: read once, never the bytes) and the settings that change their
+    output (dtype, quantization, per-prompt)."""
     digest = hashlib.sha256()
     for path in sorted(files):
         stat = path.stat()
@@ -36,7 +40,8 @@ def encoder_identity(files: Iterable[Path], *settings: Any) -> str:
 
 @dataclass
 class CacheState:
-    """What the attestation reports of the cache after a request (``conditioning_cache_state``)."""
+    """What the attestation reports of the cache after a request
+    (``conditioning_cache_state``)."""
 
     entries: int
     bytes: int
@@ -44,7 +49,8 @@ class CacheState:
 
 
 class ConditioningCache:
-    """LRU of ``key -> tensors`` bounded by entry count and bytes; thread-safe (one pipeline, one lock)."""
+    """LRU of ``key -> tensors`` bounded by entry count and bytes; thread-safe (one
+    pipeline, one lock)."""
 
     def __init__(self, max_bytes: int, max_entries: int, identity: str) -> None:
         self.max_bytes = max_bytes
@@ -76,7 +82,8 @@ class ConditioningCache:
         with self._lock:
             if key in self._entries:
                 return
-            # Detached copies own their storage (a row of a batch would keep the whole batch alive).
+            # Detached copies own their storage (a row of a batch would keep the whole
+            # batch alive).
             self._entries[key] = tuple(t.detach().clone() for t in tensors)
             self._bytes += size
             while len(self._entries) > self.max_entries or self._bytes > self.max_bytes:
@@ -86,4 +93,8 @@ class ConditioningCache:
 
     def state(self) -> CacheState:
         with self._lock:
-            return CacheState(entries=len(self._entries), bytes=self._bytes, evictions_total=self.evictions)
+            return CacheState(
+                entries=len(self._entries),
+                bytes=self._bytes,
+                evictions_total=self.evictions,
+            )

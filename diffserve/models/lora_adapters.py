@@ -1,9 +1,11 @@
-"""A model's per-request LoRA adapters: registered at start, kept in memory up to ``max_loras`` (LRU), combined
-per batch with the batch's scales (``layers/linear/lora.py`` applies them inside ``Linear``, unmerged).
+"""A model's per-request LoRA adapters: registered at start, kept in memory up to
+``max_loras`` (LRU), combined per batch with the batch's scales
+(``layers/linear/lora.py`` applies them inside ``Linear``, unmerged).
 
-The family supplies the file reader (a ``LoraReader``): native FLUX maps diffusers' module names onto its fused
-layers (``models/flux/lora_file.py``); the generic path reads them as they are, its denoiser being diffusers'
-own (``models/generic/lora.py``). Admission has already checked a request's adapters, so this only loads.
+The family supplies the file reader (a ``LoraReader``): native FLUX maps diffusers'
+module names onto its fused layers (``models/flux/lora_file.py``); the generic path
+reads them as they are, its denoiser being diffusers' own (``models/generic/lora.py``).
+Admission has already checked a request's adapters, so this only loads.
 """
 
 from __future__ import annotations
@@ -28,7 +30,8 @@ from diffserve.types.attestation import LoraAdapterEntry, LoraReport
 
 @dataclass(frozen=True)
 class LoraAdapter:
-    """One adapter, ready for the slots: layer name -> (A ``[rank, in]``, B ``[out, rank]``, scaling folded in)."""
+    """One adapter, ready for the slots: layer name -> (A ``[rank, in]``, B ``[out,
+    rank]``, scaling folded in)."""
 
     name: str
     path: str
@@ -40,48 +43,74 @@ class LoraAdapter:
         return max(a.shape[0] for a, _ in self.layers.values())
 
 
-# (path, (out, in) of every Linear by name, adapter name, max rank, dtype) -> the adapter's factors per layer
-LoraReader = Callable[[str, dict[str, tuple[int, int]], str, int, torch.dtype], LoraAdapter]
+# (path, (out, in) of every Linear by name, adapter name, max rank, dtype) -> the
+# adapter's factors per layer
+LoraReader = Callable[
+    [str, dict[str, tuple[int, int]], str, int, torch.dtype], LoraAdapter
+]
 
 
 class LoraAdapters:
-    """The adapters of one transformer: ``max_loras`` of them kept in memory (least recently used evicted),
-    and the batch's combination installed on the layers they target (``activate``)."""
+    """The adapters of one transformer: ``max_loras`` of them kept in memory (least
+    recently used evicted), and the batch's combination installed on the layers they
+    target (``activate``)."""
 
-    def __init__(self, transformer: torch.nn.Module, stage: StageConfig, reader: LoraReader) -> None:
+    def __init__(
+        self, transformer: torch.nn.Module, stage: StageConfig, reader: LoraReader
+    ) -> None:
         weight = next(transformer.parameters())
         self.state = lora.LoraState()
         self.dtype = weight.dtype
         self.reader = reader
-        self.linears = {name: m for name, m in transformer.named_modules() if isinstance(m, Linear)}
-        self.shapes = {name: (m.out_features, m.in_features) for name, m in self.linears.items()}
+        self.linears = {
+            name: m for name, m in transformer.named_modules() if isinstance(m, Linear)
+        }
+        self.shapes = {
+            name: (m.out_features, m.in_features) for name, m in self.linears.items()
+        }
         self.registered = dict(stage.lora_modules)
         self.max_rank = stage.max_lora_rank
         self.capacity = stage.max_loras
         self.lora_dir = stage.lora_dir
-        self.patched: set[str] = set()  # layers that carry factors (a zero pair when a batch skips them)
-        self.resident: OrderedDict[str, LoraAdapter] = OrderedDict()  # least recently used first
-        # Registered adapters are checked now, so a bad file fails the start, not a request.
+        self.patched: set[str] = (
+            set()
+        )  # layers that carry factors (a zero pair when a batch skips them)
+        self.resident: OrderedDict[str, LoraAdapter] = (
+            OrderedDict()
+        )  # least recently used first
+        # Registered adapters are checked now, so a bad file fails the start, not a
+        # request.
         for name, path in self.registered.items():
             try:
                 adapter = self._read(name, path)
             except LoraError as exc:
-                raise ConfigError(str(exc), path=f"lora_modules.{name}", hint=exc.hint) from None
+                raise ConfigError(
+                    str(exc), path=f"lora_modules.{name}", hint=exc.hint
+                ) from None
             if len(self.resident) < self.capacity:
                 self.resident[name] = adapter
 
     @torch.inference_mode()
     def activate(self, loras: tuple[tuple[str, float], ...]) -> None:
-        """Install the batch's adapters (``(name, scale)`` in canonical order) on the layers they target."""
+        """Install the batch's adapters (``(name, scale)`` in canonical order) on the
+        layers they target."""
         if not loras:
             self.deactivate()
             return
         adapters = [(self._adapter(name), scale) for name, scale in loras]
         targets = set().union(*(adapter.layers for adapter, _ in adapters))
         for name in sorted(targets | self.patched):
-            parts = [(adapter.layers[name], scale) for adapter, scale in adapters if name in adapter.layers]
+            parts = [
+                (adapter.layers[name], scale)
+                for adapter, scale in adapters
+                if name in adapter.layers
+            ]
             a = torch.cat([a for (a, _), _ in parts]) if parts else None
-            b = torch.cat([b * scale for (_, b), scale in parts], dim=1) if parts else None
+            b = (
+                torch.cat([b * scale for (_, b), scale in parts], dim=1)
+                if parts
+                else None
+            )
             self.linears[name].set_lora(self.state, a, b)
         self.patched |= targets
         self.state.adapters = loras
@@ -108,36 +137,56 @@ class LoraAdapters:
         return self.reader(path, self.shapes, name, self.max_rank, self.dtype)
 
     def describe(self, loras: tuple[tuple[str, float], ...]) -> LoraReport:
-        """The attestation's ``lora`` entry: adapters (paths relative to lora_dir) and scales applied."""
-        def shown(name: str) -> str:
-            return os.path.relpath(name, self.lora_dir) if self.lora_dir and os.path.isabs(name) else name
+        """The attestation's ``lora`` entry: adapters (paths relative to lora_dir) and
+        scales applied."""
 
-        return LoraReport(adapters=[LoraAdapterEntry(name=shown(n), scale=s) for n, s in loras])
+        def shown(name: str) -> str:
+            return (
+                os.path.relpath(name, self.lora_dir)
+                if self.lora_dir and os.path.isabs(name)
+                else name
+            )
+
+        return LoraReport(
+            adapters=[LoraAdapterEntry(name=shown(n), scale=s) for n, s in loras]
+        )
 
     def patched_in(self, block: torch.nn.Module) -> int:
-        """Linear layers of ``block`` that add a delta while adapters are active (compiled blocks' tally)."""
-        return sum(1 for m in block.modules() if isinstance(m, Linear) and m.lora_state is not None)
+        """Linear layers of ``block`` that add a delta while adapters are active
+        (compiled blocks' tally)."""
+        return sum(
+            1
+            for m in block.modules()
+            if isinstance(m, Linear) and m.lora_state is not None
+        )
 
 
 def read_lora_tensors(path: Path) -> tuple[dict[str, Tensor], dict[str, str]]:
-    """A LoRA file's tensors and metadata (a directory: diffusers' ``pytorch_lora_weights.safetensors`` in it)."""
+    """A LoRA file's tensors and metadata (a directory: diffusers'
+    ``pytorch_lora_weights.safetensors`` in it)."""
     from safetensors import SafetensorError, safe_open
 
     if path.is_dir():  # a directory as diffusers writes it
         path = path / "pytorch_lora_weights.safetensors"
     if not path.is_file():
-        raise LoraError(f"{path}: no such file", hint="check the path (the file must exist on the server)")
+        raise LoraError(
+            f"{path}: no such file",
+            hint="check the path (the file must exist on the server)",
+        )
     try:
         with safe_open(str(path), framework="pt") as handle:
             metadata = handle.metadata() or {}
             return {k: handle.get_tensor(k) for k in handle.keys()}, metadata  # noqa: SIM118
     except (SafetensorError, OSError, ValueError) as exc:
-        raise LoraError(f"{path}: not a safetensors file ({exc})",
-                        hint="LoRA files must be .safetensors (pickles are never loaded)") from None
+        raise LoraError(
+            f"{path}: not a safetensors file ({exc})",
+            hint="LoRA files must be .safetensors (pickles are never loaded)",
+        ) from None
 
 
 def peft_scaling(metadata: Mapping[str, str]) -> float | None:
-    """``lora_alpha / r`` from diffusers' ``lora_adapter_metadata`` (transformer entry), if the file has it."""
+    """``lora_alpha / r`` from diffusers' ``lora_adapter_metadata`` (transformer entry),
+    if the file has it."""
     try:
         config = json.loads(metadata.get("lora_adapter_metadata", "{}"))
     except ValueError:
@@ -147,50 +196,92 @@ def peft_scaling(metadata: Mapping[str, str]) -> float | None:
     return float(alpha) / float(rank) if alpha and rank else None
 
 
-# (path, model directory, max rank): raises LoraError unless the file's adapter fits the model
+# (path, model directory, max rank): raises LoraError unless the file's adapter fits the
+# model
 LoraFileCheck = Callable[[str, str, int], None]
 
 
-def check_adapters(loras: tuple[tuple[str, float], ...], stage: StageConfig, model_dir: str | Path,
-                   check_file: LoraFileCheck) -> tuple[tuple[str, float], ...]:
-    """Admission's check of a request's adapters against the deployment: known names, files only inside
-    ``lora_dir`` that fit this model (``check_file``, once per file and modification time), scales within
-    ``max_lora_scale``, at most ``max_loras``. Returns them in canonical form (registered names as is, paths
-    absolute; sorted), or raises ``RequestError(param="loras")``."""
+def check_adapters(
+    loras: tuple[tuple[str, float], ...],
+    stage: StageConfig,
+    model_dir: str | Path,
+    check_file: LoraFileCheck,
+) -> tuple[tuple[str, float], ...]:
+    """Admission's check of a request's adapters against the deployment: known names,
+    files only inside ``lora_dir`` that fit this model (``check_file``, once per file
+    and modification time), scales within ``max_lora_scale``, at most ``max_loras``.
+    Returns them in canonical form (registered names as is, paths absolute; sorted), or
+    raises ``RequestError(param="loras")``."""
     if len(loras) > stage.max_loras:
-        raise RequestError(f"{len(loras)} adapters in one request; this deployment combines at most "
-                           f"{stage.max_loras} (max_loras)", param="loras")
+        raise RequestError(
+            f"{len(loras)} adapters in one request; this deployment combines at most "
+            f"{stage.max_loras} (max_loras)",
+            param="loras",
+        )
     registered = stage.lora_modules
     out = []
     for name, scale in loras:
         if abs(scale) > stage.max_lora_scale:
-            raise RequestError(f"loras scale {scale} of {name!r} is outside +-{stage.max_lora_scale} "
-                               "(max_lora_scale)", param="loras")
-        out.append((name if name in registered else _allowed_path(name, stage, registered, model_dir, check_file),
-                    scale))
+            raise RequestError(
+                f"loras scale {scale} of {name!r} is outside +-{stage.max_lora_scale} "
+                "(max_lora_scale)",
+                param="loras",
+            )
+        out.append(
+            (
+                name
+                if name in registered
+                else _allowed_path(name, stage, registered, model_dir, check_file),
+                scale,
+            )
+        )
     return tuple(sorted(out))
 
 
-def _allowed_path(name: str, stage: StageConfig, registered: Mapping[str, str], model_dir: str | Path,
-                  check_file: LoraFileCheck) -> str:
+def _allowed_path(
+    name: str,
+    stage: StageConfig,
+    registered: Mapping[str, str],
+    model_dir: str | Path,
+    check_file: LoraFileCheck,
+) -> str:
     known = ", ".join(sorted(registered)) or "none"
     if not stage.lora_dir:
-        raise RequestError(f"unknown LoRA adapter {name!r} (registered: {known}; loading by path is off: no "
-                           "lora_dir)", param="loras")
+        raise RequestError(
+            f"unknown LoRA adapter {name!r} (registered: {known}; "
+            "loading by path is off: no "
+            "lora_dir)",
+            param="loras",
+        )
     root = os.path.realpath(stage.lora_dir)
     path = os.path.realpath(os.path.join(root, name))
     if os.path.commonpath([root, path]) != root:
-        raise RequestError(f"LoRA path {name!r} is outside the allowed directory (lora_dir)", param="loras")
+        raise RequestError(
+            f"LoRA path {name!r} is outside the allowed directory (lora_dir)",
+            param="loras",
+        )
     try:
-        _checked(check_file, path, os.path.getmtime(path), str(model_dir), stage.max_lora_rank)
+        _checked(
+            check_file,
+            path,
+            os.path.getmtime(path),
+            str(model_dir),
+            stage.max_lora_rank,
+        )
     except (OSError, LoraError) as exc:
-        raise RequestError(f"LoRA {name!r}: {exc}" if isinstance(exc, LoraError) else
-                           f"unknown LoRA adapter {name!r} (registered: {known}; no such file in lora_dir)",
-                           param="loras") from None
+        raise RequestError(
+            f"LoRA {name!r}: {exc}"
+            if isinstance(exc, LoraError)
+            else f"unknown LoRA adapter {name!r} (registered: {known}; "
+            "no such file in lora_dir)",
+            param="loras",
+        ) from None
     return path
 
 
 @lru_cache(maxsize=64)
-def _checked(check_file: LoraFileCheck, path: str, mtime: float, model_dir: str, max_rank: int) -> None:
+def _checked(
+    check_file: LoraFileCheck, path: str, mtime: float, model_dir: str, max_rank: int
+) -> None:
     """Each file is read once per (path, mtime) and model."""
     check_file(path, model_dir, max_rank)

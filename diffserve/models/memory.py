@@ -1,11 +1,12 @@
-"""Memory you can read: the bytes each loaded component's weights take on its device, and the peak memory of
-each phase of a batch (``RequestResult.memory_peak_mib``).
+"""Memory you can read: the bytes each loaded component's weights take on its device,
+and the peak memory of each phase of a batch (``RequestResult.memory_peak_mib``).
 
-Weight bytes count what the tensors hold, not what they would hold unquantized: a torchao tensor subclass
-(``Int8Tensor``: int8 data plus scales) is measured through its inner tensors, a GGUF layer's packed blocks
-as stored. Peaks are the device's: ``torch.cuda.max_memory_allocated`` on CUDA (reset at each phase), the
-process's peak resident set on CPU (``VmHWM``, reset through ``/proc/self/clear_refs`` where Linux allows it;
-it includes everything else the process holds).
+Weight bytes count what the tensors hold, not what they would hold unquantized: a
+torchao tensor subclass (``Int8Tensor``: int8 data plus scales) is measured through its
+inner tensors, a GGUF layer's packed blocks as stored. Peaks are the device's:
+``torch.cuda.max_memory_allocated`` on CUDA (reset at each phase), the process's peak
+resident set on CPU (``VmHWM``, reset through ``/proc/self/clear_refs`` where Linux
+allows it; it includes everything else the process holds).
 """
 
 from __future__ import annotations
@@ -23,7 +24,8 @@ MIB = 2**20
 
 
 def tensor_bytes(tensor: torch.Tensor) -> int:
-    """Bytes ``tensor`` holds: a wrapper subclass's inner tensors (data, scales), else numel x element size."""
+    """Bytes ``tensor`` holds: a wrapper subclass's inner tensors (data, scales), else
+    numel x element size."""
     if is_traceable_wrapper_subclass(tensor):
         names, _ = tensor.__tensor_flatten__()
         return sum(tensor_bytes(getattr(tensor, name)) for name in names)
@@ -31,8 +33,9 @@ def tensor_bytes(tensor: torch.Tensor) -> int:
 
 
 def module_weight_bytes(module: nn.Module) -> tuple[int, int]:
-    """(bytes, parameters) of ``module``'s parameters and persistent buffers, each tensor counted once; a
-    packed GGUF weight (``layers/linear/gguf.py``) by its stored bytes."""
+    """(bytes, parameters) of ``module``'s parameters and persistent buffers, each
+    tensor counted once; a packed GGUF weight (``layers/linear/gguf.py``) by its stored
+    bytes."""
     from diffserve.layers.linear.gguf import QuantizedWeight
 
     seen: set[int] = set()
@@ -51,19 +54,27 @@ def module_weight_bytes(module: nn.Module) -> tuple[int, int]:
     return total, params
 
 
-def component_weights(name: str, module: nn.Module, *,
-                      quantization: QuantizationReport | None = None) -> ComponentWeights:
-    """The report of one loaded component (its device and dtype from its first floating parameter)."""
+def component_weights(
+    name: str, module: nn.Module, *, quantization: QuantizationReport | None = None
+) -> ComponentWeights:
+    """The report of one loaded component (its device and dtype from its first floating
+    parameter)."""
     total, params = module_weight_bytes(module)
     first = next((p for p in module.parameters() if p.is_floating_point()), None)
-    return ComponentWeights(name=name, device=str(first.device) if first is not None else "",
-                            dtype=str(first.dtype).removeprefix("torch.") if first is not None else "",
-                            bytes=total, parameters=params, quantization=quantization)
+    return ComponentWeights(
+        name=name,
+        device=str(first.device) if first is not None else "",
+        dtype=str(first.dtype).removeprefix("torch.") if first is not None else "",
+        bytes=total,
+        parameters=params,
+        quantization=quantization,
+    )
 
 
 class PhasePeaks:
-    """The peak memory of consecutive phases of one batch on ``device``, in MiB: ``start(phase)`` resets the
-    peak, ``stop()`` records it under the phase (``peaks``)."""
+    """The peak memory of consecutive phases of one batch on ``device``, in MiB:
+    ``start(phase)`` resets the peak, ``stop()`` records it under the phase
+    (``peaks``)."""
 
     def __init__(self, device: torch.device) -> None:
         self.device = device
@@ -101,7 +112,8 @@ def peak_rss_bytes() -> int:
 
 
 def _reset_peak_rss() -> None:
-    # "5" resets VmHWM to the current RSS (Linux >= 4.0); elsewhere the peak is the process's since start.
+    # "5" resets VmHWM to the current RSS (Linux >= 4.0); elsewhere the peak is the
+    # process's since start.
     try:
         fd = os.open("/proc/self/clear_refs", os.O_WRONLY)
     except OSError:

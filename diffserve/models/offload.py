@@ -1,15 +1,19 @@
-"""Offload for accelerators (``offload: model | sequential``): weights wait in host memory until they run.
+"""Offload for accelerators (``offload: model | sequential``): weights wait in host
+memory until they run.
 
-``model`` (component level): every offloaded component lives in host memory and is moved to the device when
-one of its entry points is called (``forward``; the VAE's ``encode``/``decode``), the component that ran
-before it going back to host memory first, so at most one of them holds device memory at a time besides
-the denoiser's resident part. ``sequential`` adds the denoiser's blocks: they stay in pinned host memory and
-each is copied to the device just before it runs, the next block's copy prefetched on a side stream while
-the current one computes; after a block ran its device copy is dropped (its weights never change, so
-nothing is copied back). A LoRA batch's factors are buffers on the stage's device and stay there. The rest of the denoiser (embedders, final layer) stays on the device.
+``model`` (component level): every offloaded component lives in host memory and is moved
+to the device when one of its entry points is called (``forward``; the VAE's
+``encode``/``decode``), the component that ran before it going back to host memory
+first, so at most one of them holds device memory at a time besides the denoiser's
+resident part. ``sequential`` adds the denoiser's blocks: they stay in pinned host
+memory and each is copied to the device just before it runs, the next block's copy
+prefetched on a side stream while the current one computes; after a block ran its device
+copy is dropped (its weights never change, so nothing is copied back). A LoRA batch's
+factors are buffers on the stage's device and stay there. The rest of the denoiser
+(embedders, final layer) stays on the device.
 
-Resolve refuses both on a CPU-only stage (``config/device_rules.py``); they are tested on a GPU
-(``tests/models/test_offload_gpu.py``, ``make gpu-check``).
+Resolve refuses both on a CPU-only stage (``config/device_rules.py``); they are tested
+on a GPU (``tests/models/test_offload_gpu.py``, ``make gpu-check``).
 """
 
 from __future__ import annotations
@@ -25,13 +29,15 @@ from diffserve.logging import get_logger
 
 logger = get_logger(__name__)
 
-# The methods through which each kind of component is run (a VAE is called through encode/decode, not forward).
+# The methods through which each kind of component is run (a VAE is called through
+# encode/decode, not forward).
 ENTRY_POINTS: dict[str, tuple[str, ...]] = {"vae": ("encode", "decode", "forward")}
 HOST = torch.device("cpu")
 
 
 class ModelOffload:
-    """Component-level offload: ``components`` move to ``device`` when called and back when another one is."""
+    """Component-level offload: ``components`` move to ``device`` when called and back
+    when another one is."""
 
     def __init__(self, components: dict[str, nn.Module], device: torch.device) -> None:
         self.device = device
@@ -53,7 +59,8 @@ class ModelOffload:
         return run
 
     def activate(self, name: str) -> None:
-        """Move ``name`` to the device (the previously active component back to host memory first)."""
+        """Move ``name`` to the device (the previously active component back to host
+        memory first)."""
         if self.active == name:
             return
         if self.active is not None:
@@ -63,8 +70,8 @@ class ModelOffload:
 
 
 class BlockOffload:
-    """Block-level offload of ``blocks`` (run in order, every step): pinned host copies, one block's weights
-    on the device at a time plus the next one's prefetch."""
+    """Block-level offload of ``blocks`` (run in order, every step): pinned host copies,
+    one block's weights on the device at a time plus the next one's prefetch."""
 
     def __init__(self, blocks: Sequence[nn.Module], device: torch.device) -> None:
         self.blocks = list(blocks)
@@ -83,7 +90,8 @@ class BlockOffload:
 
     @staticmethod
     def _tensors(block: nn.Module) -> list[torch.Tensor]:
-        # Parameters only: buffers (a LoRA batch's factors, set per batch on the stage's device) stay put.
+        # Parameters only: buffers (a LoRA batch's factors, set per batch on the stage's
+        # device) stay put.
         return list(block.parameters())
 
     @staticmethod
@@ -91,7 +99,10 @@ class BlockOffload:
         host = tensor.detach().to(HOST)
         try:
             return host.pin_memory()
-        except (RuntimeError, NotImplementedError):  # a tensor subclass without pinned storage: pageable
+        except (
+            RuntimeError,
+            NotImplementedError,
+        ):  # a tensor subclass without pinned storage: pageable
             return host
 
     def _prefetch(self, index: int) -> None:
@@ -99,7 +110,9 @@ class BlockOffload:
         if index in self.ready:
             return
         with torch.cuda.stream(self.stream):
-            for tensor, host in zip(self._tensors(self.blocks[index]), self.host[index], strict=True):
+            for tensor, host in zip(
+                self._tensors(self.blocks[index]), self.host[index], strict=True
+            ):
                 tensor.data = host.to(self.device, non_blocking=True)
             event = torch.cuda.Event()
             event.record(self.stream)
@@ -110,29 +123,46 @@ class BlockOffload:
         current = torch.cuda.current_stream(self.device)
         current.wait_event(self.ready.pop(index))
         for tensor in self._tensors(module):
-            tensor.data.record_stream(current)  # allocated on the copy stream, used on this one
-        self._prefetch((index + 1) % len(self.blocks))  # the next block (the first one again for the next step)
+            tensor.data.record_stream(
+                current
+            )  # allocated on the copy stream, used on this one
+        self._prefetch(
+            (index + 1) % len(self.blocks)
+        )  # the next block (the first one again for the next step)
 
     def _after(self, index: int, module: nn.Module, args: Any, output: Any) -> None:
         for tensor, host in zip(self._tensors(module), self.host[index], strict=True):
             tensor.data = host
 
 
-def offload_native(mode: str, *, denoiser_blocks: Sequence[nn.Module], components: dict[str, nn.Module],
-                   device: torch.device) -> ModelOffload | None:
-    """Install ``mode`` (``none`` | ``model`` | ``sequential``) on a native pipeline's components."""
+def offload_native(
+    mode: str,
+    *,
+    denoiser_blocks: Sequence[nn.Module],
+    components: dict[str, nn.Module],
+    device: torch.device,
+) -> ModelOffload | None:
+    """Install ``mode`` (``none`` | ``model`` | ``sequential``) on a native pipeline's
+    components."""
     if mode == "none":
         return None
     offload = ModelOffload(components, device)
     if mode == "sequential":
         BlockOffload(denoiser_blocks, device)
-    logger.info("offload %s: %s in host memory until called%s", mode, ", ".join(components),
-                f"; {len(denoiser_blocks)} denoiser blocks prefetched one at a time" if mode == "sequential" else "")
+    logger.info(
+        "offload %s: %s in host memory until called%s",
+        mode,
+        ", ".join(components),
+        f"; {len(denoiser_blocks)} denoiser blocks prefetched one at a time"
+        if mode == "sequential"
+        else "",
+    )
     return offload
 
 
 def offload_diffusers(mode: str, pipe: Any, device: torch.device) -> None:
-    """The generic path: diffusers' own offload (accelerate's hooks) for ``model`` and ``sequential``."""
+    """The generic path: diffusers' own offload (accelerate's hooks) for ``model`` and
+    ``sequential``."""
     if mode == "model":
         pipe.enable_model_cpu_offload(device=device)
     elif mode == "sequential":

@@ -1,11 +1,14 @@
-"""The FastAPI app of one Ray Serve replica: the app ``diffserve serve`` builds (``create_app``, over engines of
-this replica's own), with two additions.
+"""The FastAPI app of one Ray Serve replica: the app ``diffserve serve`` builds
+(``create_app``, over engines of this replica's own), with two additions.
 
-* Its lifespan startup ends only once every model's engine is loaded and ready. Ray Serve routes requests to a
-  replica once its startup has ended, and autoscaling adds replicas exactly when requests are waiting: a replica
-  that took traffic while loading would answer them 503 ("still loading"). A model that fails to load fails the
-  startup, and Serve retries the replica.
-* ``GET /ray-serve/status``: the deployment's replicas per state as Ray Serve's controller reports them
+* Its lifespan startup ends only once every model's engine is loaded and ready. Ray
+  Serve routes requests to a
+  replica once its startup has ended, and autoscaling adds replicas exactly when
+  requests are waiting: a replica that took traffic while loading would answer them 503
+  ("still loading"). A model that fails to load fails the startup, and Serve retries the
+  replica.
+* ``GET /ray-serve/status``: the deployment's replicas per state as Ray Serve's
+  controller reports them
   (``serve.status()``), and which replica answered.
 """
 
@@ -42,16 +45,23 @@ class ReplicaIdentity:
 
 
 def build_replica_app(spec: ReplicaSpec, identity: ReplicaIdentity) -> FastAPI:
-    models = [model_serving(model.name, model.config, model.aliases) for model in spec.models]
-    app = create_app(models=models, api_key=spec.api_key, image_ttl_s=spec.image_ttl_s,
-                     instance_name=f"{socket.gethostname()}:ray-serve:{identity.replica}")
+    models = [
+        model_serving(model.name, model.config, model.aliases) for model in spec.models
+    ]
+    app = create_app(
+        models=models,
+        api_key=spec.api_key,
+        image_ttl_s=spec.image_ttl_s,
+        instance_name=f"{socket.gethostname()}:ray-serve:{identity.replica}",
+    )
     _ready_before_traffic(app)
     _add_status_route(app, identity)
     return app
 
 
 def _ready_before_traffic(app: FastAPI) -> None:
-    """Wrap the app's lifespan: startup (which begins the engines' loads) then waits for every model."""
+    """Wrap the app's lifespan: startup (which begins the engines' loads) then waits for
+    every model."""
     inner = app.router.lifespan_context
 
     @asynccontextmanager
@@ -64,12 +74,15 @@ def _ready_before_traffic(app: FastAPI) -> None:
 
 
 async def wait_until_ready(models: Iterable[ServedModel]) -> None:
-    """Return once every model's engine is ready; raise when one cannot serve (its load failed, it died)."""
+    """Return once every model's engine is ready; raise when one cannot serve (its load
+    failed, it died)."""
     for model in models:
         await model.host.wait_loaded()
         while not model.host.is_ready:
             if model.host.is_dead:
-                raise RuntimeError(f"model {model.name!r} cannot serve: {model.host.death_reason()}")
+                raise RuntimeError(
+                    f"model {model.name!r} cannot serve: {model.host.death_reason()}"
+                )
             await asyncio.sleep(_READY_POLL_S)
         logger.info("ray serve replica: model %r is ready", model.name)
 
@@ -79,14 +92,28 @@ def _add_status_route(app: FastAPI, identity: ReplicaIdentity) -> None:
     async def ray_serve_status() -> dict[str, Any]:
         from ray import serve
 
-        # A blocking call to Serve's controller: off the event loop, which serves the replica's requests.
+        # A blocking call to Serve's controller: off the event loop, which serves the
+        # replica's requests.
         status = await asyncio.to_thread(serve.status)
         application = status.applications.get(identity.app_name)
-        deployment = application.deployments.get(identity.deployment) if application is not None else None
-        replicas = {_name(state): count for state, count in deployment.replica_states.items()} if deployment else {}
-        return {"application": identity.app_name, "deployment": identity.deployment, "replica": identity.replica,
-                "status": _name(deployment.status) if deployment else None,
-                "replicas": replicas, "running_replicas": replicas.get("RUNNING", 0)}
+        deployment = (
+            application.deployments.get(identity.deployment)
+            if application is not None
+            else None
+        )
+        replicas = (
+            {_name(state): count for state, count in deployment.replica_states.items()}
+            if deployment
+            else {}
+        )
+        return {
+            "application": identity.app_name,
+            "deployment": identity.deployment,
+            "replica": identity.replica,
+            "status": _name(deployment.status) if deployment else None,
+            "replicas": replicas,
+            "running_replicas": replicas.get("RUNNING", 0),
+        }
 
 
 def _name(state: Any) -> str:

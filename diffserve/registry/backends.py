@@ -1,8 +1,8 @@
 """The kernel backends by kind: the one table of names, spellings and implementations.
 
-``config`` derives the allowed ``linear_backend`` / ``attention_backend`` values from these tables and
-``layers`` selects and imports from them, so the two can never drift. Adding a backend is one entry here
-plus one file under ``diffserve/layers/<kind>/``.
+``config`` derives the allowed ``linear_backend`` / ``attention_backend`` values from
+these tables and ``layers`` selects and imports from them, so the two can never drift.
+Adding a backend is one entry here plus one file under ``diffserve/layers/<kind>/``.
 """
 
 from __future__ import annotations
@@ -15,8 +15,9 @@ from diffserve.registry.targets import spelling_table
 
 @dataclass(frozen=True)
 class BackendTable:
-    """Backends of one kind. ``targets`` order is the table order; ``auto_preference`` is what ``auto``
-    tries, first runnable wins (a reference backend such as ``math`` is never chosen by ``auto``)."""
+    """Backends of one kind. ``targets`` order is the table order; ``auto_preference``
+    is what ``auto`` tries, first runnable wins (a reference backend such as ``math`` is
+    never chosen by ``auto``)."""
 
     kind: str
     targets: Mapping[str, str]
@@ -27,7 +28,8 @@ class BackendTable:
         return list(self.targets)
 
     def spellings(self) -> dict[str, str]:
-        """Every accepted spelling (lower case, ``_`` for ``-``) -> canonical name, ``auto`` included."""
+        """Every accepted spelling (lower case, ``_`` for ``-``) -> canonical name,
+        ``auto`` included."""
         return spelling_table(list(self.targets), dict(self.aliases), extra=("auto",))
 
 
@@ -37,8 +39,8 @@ LINEAR_BACKENDS = BackendTable(
         "torch": "diffserve.layers.linear.torch:TorchLinearBackend",
         "onednn": "diffserve.layers.linear.onednn:OneDnnLinearBackend",
     },
-    # onednn on CPU in float32/bfloat16 (packed weights, fused epilogue: faster than F.linear there),
-    # torch everywhere else.
+    # onednn on CPU in float32/bfloat16 (packed weights, fused epilogue: faster than
+    # F.linear there), torch everywhere else.
     auto_preference=("onednn", "torch"),
     aliases={"pytorch": "torch", "mkldnn": "onednn", "dnnl": "onednn"},
 )
@@ -52,5 +54,9 @@ ATTENTION_BACKENDS = BackendTable(
     },
     # flash_attn when it can run (CUDA, half precision, package installed), else sdpa.
     auto_preference=("flash_attn", "sdpa"),
-    aliases={"torch_sdpa": "sdpa", "flash_attention": "flash_attn", "flash": "flash_attn"},
+    aliases={
+        "torch_sdpa": "sdpa",
+        "flash_attention": "flash_attn",
+        "flash": "flash_attn",
+    },
 )

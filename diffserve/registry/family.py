@@ -1,7 +1,8 @@
-"""``ModelFamily``: what the resolver, admission and the worker must know about a family before any weight is read,
-grouped by concern: the request defaults its checkpoints come with, how far it parallelizes, what its pipeline
-runs beyond text to image (edits, adapters, step caches, single files, stages, quantization), and, for a family
-served by diffusers' own pipeline class, how that class is driven (``models/generic``)."""
+"""``ModelFamily``: what the resolver, admission and the worker must know about a family
+before any weight is read, grouped by concern: the request defaults its checkpoints come
+with, how far it parallelizes, what its pipeline runs beyond text to image (edits,
+adapters, step caches, single files, stages, quantization), and, for a family served by
+diffusers' own pipeline class, how that class is driven (``models/generic``)."""
 
 from __future__ import annotations
 
@@ -10,34 +11,40 @@ from typing import Any
 
 from diffserve.registry.targets import load_target
 
-# FLUX.1's T5 window: the text limit of the FLUX families (and the longest any family reads).
+# FLUX.1's T5 window: the text limit of the FLUX families (and the longest any family
+# reads).
 T5_MAX_TOKENS = 512
 GENERIC_PIPELINE = "diffserve.models.generic.pipeline:GenericPipeline"
 
 
 @dataclass(frozen=True)
 class FirstBlockCacheSpec:
-    """Where First-Block Cache hooks into a generic family's denoiser (models/generic/step_cache.py): its block
-    list, the index of the image tokens in a block's output tuple, and the block's keyword inputs in the order
-    of its outputs (what a skipped block passes through)."""
+    """Where First-Block Cache hooks into a generic family's denoiser
+    (models/generic/step_cache.py): its block list, the index of the image tokens in a
+    block's output tuple, and the block's keyword inputs in the order of its outputs
+    (what a skipped block passes through)."""
 
     blocks: str = "transformer_blocks"
     image_output: int = 1
     block_outputs: tuple[str, ...] = ("encoder_hidden_states", "hidden_states")
 
 
-# MMDiT blocks that return (text, image) and whose text stream the forward drops after the last block.
+# MMDiT blocks that return (text, image) and whose text stream the forward drops after
+# the last block.
 MMDIT_FIRST_BLOCK_CACHE = FirstBlockCacheSpec()
 
 
 @dataclass(frozen=True)
 class FamilyDefaults:
-    """What a request that names none gets (source ``model`` in ``config explain``): the real checkpoints'
-    pipeline defaults, e.g. SD3's 28 steps at CFG 7.0; a video family's clip and size (diffusers' ``__call__``)."""
+    """What a request that names none gets (source ``model`` in ``config explain``): the
+    real checkpoints' pipeline defaults, e.g. SD3's 28 steps at CFG 7.0; a video
+    family's clip and size (diffusers' ``__call__``)."""
 
     steps: int = 28
     guidance_scale: float = 3.5
-    max_sequence_length: int = T5_MAX_TOKENS  # the pipeline's text cap (its __call__'s limit)
+    max_sequence_length: int = (
+        T5_MAX_TOKENS  # the pipeline's text cap (its __call__'s limit)
+    )
     num_frames: int | None = None  # None: an image family
     fps: int | None = None
     height: int = 0
@@ -45,57 +52,69 @@ class FamilyDefaults:
 
     @property
     def modality(self) -> str:
-        """"video" for a family with frames, else "image": what it makes, decided here for the registry's readers
-        (a loaded pipeline's ``PipelineCapabilities.modality`` says the same)."""
+        """ "video" for a family with frames, else "image": what it makes, decided here
+        for the registry's readers (a loaded pipeline's
+        ``PipelineCapabilities.modality`` says the same)."""
         return "video" if self.num_frames is not None else "image"
 
 
 @dataclass(frozen=True)
 class Parallelism:
     max_world_size: int = 1  # ranks one replica may span (1: no parallel denoising)
-    dims: tuple[str, ...] = ()  # the ``parallel.*`` degrees its pipeline implements (config/layout.py)
+    dims: tuple[
+        str, ...
+    ] = ()  # the ``parallel.*`` degrees its pipeline implements (config/layout.py)
 
 
 @dataclass(frozen=True)
 class Features:
     """What its pipeline runs beyond text to image."""
 
-    # Image edits: "img2img" (strength), "inpaint" (a mask), "reference" (the input image's latents as extra
-    # tokens, FLUX.1 Kontext), "first_frame" (image to video); registry/edits.py. Empty: text to image only.
+    # Image edits: "img2img" (strength), "inpaint" (a mask), "reference" (the input
+    # image's latents as extra tokens, FLUX.1 Kontext), "first_frame" (image to video);
+    # registry/edits.py. Empty: text to image only.
     edits: tuple[str, ...] = ()
-    # "module:function" that admission calls with (loras, stage, model_dir) to check and canonicalize a request's
-    # LoRA adapters; None: the family takes no adapters.
+    # "module:function" that admission calls with (loras, stage, model_dir) to check and
+    # canonicalize a request's LoRA adapters; None: the family takes no adapters.
     lora_check: str | None = None
-    # The step caches its native pipeline runs (models/stepcache; TeaCache where a polynomial fits the model).
+    # The step caches its native pipeline runs (models/stepcache; TeaCache where a
+    # polynomial fits the model).
     step_caches: tuple[str, ...] = ()
-    # The components its native pipeline can read from one file (``components: {name: FILE}``) instead of the
-    # model's folder; any other is refused at resolve (config/resolve.py), as is any on the generic path.
+    # The components its native pipeline can read from one file (``components: {name:
+    # FILE}``) instead of the model's folder; any other is refused at resolve
+    # (config/resolve.py), as is any on the generic path.
     single_file_components: tuple[str, ...] = ()
-    # The pipelines of the stages other than denoising (role -> "module:Class"), for topologies that split them
-    # off (config.schema.TOPOLOGIES); a topology whose roles a family lacks is refused at resolve.
+    # The pipelines of the stages other than denoising (role -> "module:Class"), for
+    # topologies that split them off (config.schema.TOPOLOGIES); a topology whose roles
+    # a family lacks is refused at resolve.
     stage_pipelines: tuple[tuple[str, str], ...] = ()
-    # ``quantization_ignored_layers`` of a stage that sets none (source ``model``): the denoiser's modules that
-    # stay in the stage's dtype when it is quantized, by module name (the native and the diffusers names where a
-    # family has both): the embedders, the adaLN modulation and the final layer (docs/quantization.md).
+    # ``quantization_ignored_layers`` of a stage that sets none (source ``model``): the
+    # denoiser's modules that stay in the stage's dtype when it is quantized, by module
+    # name (the native and the diffusers names where a family has both): the embedders,
+    # the adaLN modulation and the final layer (docs/quantization.md).
     quantization_ignored_layers: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
 class GenericPath:
-    """How diffusers' own pipeline class of the family is driven on our kernels (``models/generic``)."""
+    """How diffusers' own pipeline class of the family is driven on our kernels
+    (``models/generic``)."""
 
-    # (substring of the denoiser's module path, role) per attention module, first match wins, so a role can be
-    # chosen per call site; roles whose calls carry a mask (padded text) need a backend that takes one.
+    # (substring of the denoiser's module path, role) per attention module, first match
+    # wins, so a role can be chosen per call site; roles whose calls carry a mask
+    # (padded text) need a backend that takes one.
     role_patterns: tuple[tuple[str, str], ...] = ()
     masked_roles: tuple[str, ...] = ()
-    # The ``__call__`` keyword a request's guidance scale goes to ("true_cfg_scale" where the pipeline's
-    # ``guidance_scale`` is a distilled-guidance input), and the negative prompt its CFG needs when a request
-    # names none (None: the pipeline runs CFG without one; Qwen-Image skips CFG without a negative prompt, and
-    # its model card passes " ").
+    # The ``__call__`` keyword a request's guidance scale goes to ("true_cfg_scale"
+    # where the pipeline's ``guidance_scale`` is a distilled-guidance input), and the
+    # negative prompt its CFG needs when a request names none (None: the pipeline runs
+    # CFG without one; Qwen-Image skips CFG without a negative prompt, and its model
+    # card passes " ").
     cfg_argument: str = "guidance_scale"
     cfg_negative_prompt: str | None = None
-    # Where First-Block Cache hooks in (None: no step cache on the generic path). TeaCache needs a polynomial
-    # fitted per family (registry/teacache.py): none is published for these.
+    # Where First-Block Cache hooks in (None: no step cache on the generic path).
+    # TeaCache needs a polynomial fitted per family (registry/teacache.py): none is
+    # published for these.
     first_block_cache: FirstBlockCacheSpec | None = None
 
 
@@ -106,8 +125,11 @@ class ModelFamily:
     class_name: str
     pipeline: str  # "module:Class" of the pipeline (a models.base.Pipeline)
     topology: str  # default stage layout (config.schema.TOPOLOGIES)
-    attention_roles: tuple[str, ...]  # attention call sites that may get their own backend
-    implementation: str = "native"  # "native" (our denoiser) or "generic" (diffusers' pipeline, our kernels)
+    attention_roles: tuple[
+        str, ...
+    ]  # attention call sites that may get their own backend
+    # "native" (our denoiser) or "generic" (diffusers' pipeline, our kernels)
+    implementation: str = "native"
     denoiser: str = "transformer"  # component name of the denoiser in model_index.json
     defaults: FamilyDefaults = field(default_factory=FamilyDefaults)
     parallel: Parallelism = field(default_factory=Parallelism)
@@ -115,18 +137,24 @@ class ModelFamily:
     generic: GenericPath = field(default_factory=GenericPath)
 
     def load_stage_pipeline(self, role: str) -> Any:
-        """The pipeline class serving ``role`` (``diffusion``: the family's own, see ``load_pipeline_class``)."""
+        """The pipeline class serving ``role`` (``diffusion``: the family's own, see
+        ``load_pipeline_class``)."""
         return load_target(dict(self.features.stage_pipelines)[role])
 
-    def check_loras(self, loras: tuple[tuple[str, float], ...], stage: Any,
-                    model_dir: str) -> tuple[tuple[str, float], ...]:
-        """The family's admission check of a request's adapters (``lora_check``), imported on first use."""
+    def check_loras(
+        self, loras: tuple[tuple[str, float], ...], stage: Any, model_dir: str
+    ) -> tuple[tuple[str, float], ...]:
+        """The family's admission check of a request's adapters (``lora_check``),
+        imported on first use."""
         if self.features.lora_check is None:
             raise ValueError(f"{self.class_name} takes no LoRA adapters")
-        checked: tuple[tuple[str, float], ...] = load_target(self.features.lora_check)(loras, stage, model_dir)
+        checked: tuple[tuple[str, float], ...] = load_target(self.features.lora_check)(
+            loras, stage, model_dir
+        )
         return checked
 
     def load_pipeline_class(self, implementation: str | None = None) -> Any:
-        """The pipeline class serving this family on ``implementation`` (default: the family's own)."""
+        """The pipeline class serving this family on ``implementation`` (default: the
+        family's own)."""
         generic = (implementation or self.implementation) == "generic"
         return load_target(GENERIC_PIPELINE if generic else self.pipeline)

@@ -1,12 +1,15 @@
-"""Model families: the one list of what diffserve serves, keyed by ``model_index.json``'s ``_class_name``.
+"""Model families: the one list of what diffserve serves, keyed by
+``model_index.json``'s ``_class_name``.
 
-The resolver reads it for model defaults (topology, implementation, request defaults), the attention
-roles a deploy file may name and the "supported: ..." hint; the worker reads it to build the pipeline.
+The resolver reads it for model defaults (topology, implementation, request defaults),
+the attention roles a deploy file may name and the "supported: ..." hint; the worker
+reads it to build the pipeline.
 
-Two implementations: ``native`` families have their own denoiser under ``diffserve/models/<family>/``;
-``generic`` families run diffusers' own pipeline class with every ``nn.Linear`` and attention call of the
-denoiser moved onto our kernels (``models/generic/``). Adding a generic text-to-image DiT pipeline is one
-entry here (its attention roles by module name, its defaults) plus a builder for tests.
+Two implementations: ``native`` families have their own denoiser under
+``diffserve/models/<family>/``; ``generic`` families run diffusers' own pipeline class
+with every ``nn.Linear`` and attention call of the denoiser moved onto our kernels
+(``models/generic/``). Adding a generic text-to-image DiT pipeline is one entry here
+(its attention roles by module name, its defaults) plus a builder for tests.
 """
 
 from __future__ import annotations
@@ -28,41 +31,67 @@ from diffserve.registry.family import (
     Parallelism,
 )
 
-# Admission's check of a request's LoRA adapters on the native FLUX pipeline (files, shapes, scales).
+# Admission's check of a request's LoRA adapters on the native FLUX pipeline (files,
+# shapes, scales).
 FLUX_LORA_CHECK = "diffserve.models.flux.lora:check_lora_request"
 # The generic path's: diffusers/PEFT files keyed by the denoiser's own module names.
 GENERIC_LORA_CHECK = "diffserve.models.generic.lora:check_lora_request"
 
-# A model directory's own diffserve marker (written by the zoo's builders and trainers): what the directory
-# is and, optionally, its ``request_defaults`` (read by config/sources.py as the model layer) and the
-# ``example_prompts`` it knows (registry/example_prompts.py: the playground's first prompt).
+# A model directory's own diffserve marker (written by the zoo's builders and trainers):
+# what the directory is and, optionally, its ``request_defaults`` (read by
+# config/sources.py as the model layer) and the ``example_prompts`` it knows
+# (registry/example_prompts.py: the playground's first prompt).
 MODEL_MARKER_FILE = "diffserve_model.json"
 
 
 FLUX_PIPELINE = "diffserve.models.flux.pipeline:FluxPipeline"
 # FLUX's text encoders as a stage of their own (topology split_text_encoder).
-FLUX_STAGES = (("text_encoder", "diffserve.models.flux.encode_pipeline:FluxEncodePipeline"),
-               ("decoder", "diffserve.models.flux.decode_pipeline:FluxDecodePipeline"))
-
-# FLUX.1's transformer: native module names (models/flux/transformer.py, BFL's) and diffusers' (generic path).
-FLUX_QUANTIZATION_IGNORED = (
-    "img_in", "txt_in", "time_in", "vector_in", "guidance_in", "final_layer",
-    "x_embedder", "context_embedder", "time_text_embed", "norm_out", "proj_out",
+FLUX_STAGES = (
+    ("text_encoder", "diffserve.models.flux.encode_pipeline:FluxEncodePipeline"),
+    ("decoder", "diffserve.models.flux.decode_pipeline:FluxDecodePipeline"),
 )
-# The per-block adaLN modulation too (a quarter of FLUX.1's weights: keeping it leaves int8 at 0.93x bfloat16's
-# bytes on small-flux instead of 0.50x, for 65 instead of 55 dB; docs/quantization.md).
-FLUX_MODULATION = ("*.img_mod", "*.txt_mod", "*.modulation", "*.norm1", "*.norm1_context",
-                   "single_transformer_blocks.*.norm")
 
-# What the native FLUX pipeline reads from single files: models/flux/checkpoint_layouts.py (transformer),
-# models/vae_file.py, models/text_encoder_file.py (CLIP-L, T5-XXL).
+# FLUX.1's transformer: native module names (models/flux/transformer.py, BFL's) and
+# diffusers' (generic path).
+FLUX_QUANTIZATION_IGNORED = (
+    "img_in",
+    "txt_in",
+    "time_in",
+    "vector_in",
+    "guidance_in",
+    "final_layer",
+    "x_embedder",
+    "context_embedder",
+    "time_text_embed",
+    "norm_out",
+    "proj_out",
+)
+# The per-block adaLN modulation too (a quarter of FLUX.1's weights: keeping it leaves
+# int8 at 0.93x bfloat16's bytes on small-flux instead of 0.50x, for 65 instead of 55
+# dB; docs/quantization.md).
+FLUX_MODULATION = (
+    "*.img_mod",
+    "*.txt_mod",
+    "*.modulation",
+    "*.norm1",
+    "*.norm1_context",
+    "single_transformer_blocks.*.norm",
+)
+
+# What the native FLUX pipeline reads from single files:
+# models/flux/checkpoint_layouts.py (transformer), models/vae_file.py,
+# models/text_encoder_file.py (CLIP-L, T5-XXL).
 FLUX_SINGLE_FILES = ("transformer", "vae", "text_encoder", "text_encoder_2")
 
 WAN_PIPELINE = "diffserve.models.wan.pipeline:WanVideoPipeline"
-# The library modules each pipeline's load imports (diffusers and transformers import their model code lazily, on
-# first attribute access): the mp fork server imports them once before it forks workers (executor/mp.py).
+# The library modules each pipeline's load imports (diffusers and transformers import
+# their model code lazily, on first attribute access): the mp fork server imports them
+# once before it forks workers (executor/mp.py).
 PIPELINE_LIBRARIES: dict[str, tuple[str, ...]] = {
-    FLUX_PIPELINE: ("transformers.models.clip.modeling_clip", "transformers.models.t5.modeling_t5"),
+    FLUX_PIPELINE: (
+        "transformers.models.clip.modeling_clip",
+        "transformers.models.t5.modeling_t5",
+    ),
     GENERIC_PIPELINE: ("diffusers.models.autoencoders",),
     WAN_PIPELINE: ("transformers.models.umt5.modeling_umt5",),
 }
@@ -71,94 +100,241 @@ WAN_QUANTIZATION_IGNORED = ("patch_embedding", "condition_embedder", "proj_out")
 
 FLUX_ROLES = ("double_block", "single_block")
 # implementation: generic runs diffusers' FluxPipeline with these roles.
-FLUX_GENERIC = GenericPath(role_patterns=(("single_transformer_blocks.", "single_block"),
-                                          ("transformer_blocks.", "double_block")))
-FLUX_FEATURES = Features(lora_check=FLUX_LORA_CHECK, step_caches=NATIVE_STEP_CACHES,
-                         quantization_ignored_layers=FLUX_QUANTIZATION_IGNORED, stage_pipelines=FLUX_STAGES,
-                         single_file_components=FLUX_SINGLE_FILES)
-# CFG-parallel (the two CFG branches on two ranks) times Ulysses (the image or video tokens; the degree must
-# divide the heads, checked at load: models/runner/branches.py).
-CFG_TIMES_ULYSSES = Parallelism(max_world_size=16, dims=("cfg_parallel_size", "ulysses_degree"))
-MMDIT_ROLES = GenericPath(role_patterns=(("", "joint_block"),), first_block_cache=MMDIT_FIRST_BLOCK_CACHE)
+FLUX_GENERIC = GenericPath(
+    role_patterns=(
+        ("single_transformer_blocks.", "single_block"),
+        ("transformer_blocks.", "double_block"),
+    )
+)
+FLUX_FEATURES = Features(
+    lora_check=FLUX_LORA_CHECK,
+    step_caches=NATIVE_STEP_CACHES,
+    quantization_ignored_layers=FLUX_QUANTIZATION_IGNORED,
+    stage_pipelines=FLUX_STAGES,
+    single_file_components=FLUX_SINGLE_FILES,
+)
+# CFG-parallel (the two CFG branches on two ranks) times Ulysses (the image or video
+# tokens; the degree must divide the heads, checked at load: models/runner/branches.py).
+CFG_TIMES_ULYSSES = Parallelism(
+    max_world_size=16, dims=("cfg_parallel_size", "ulysses_degree")
+)
+MMDIT_ROLES = GenericPath(
+    role_patterns=(("", "joint_block"),), first_block_cache=MMDIT_FIRST_BLOCK_CACHE
+)
 
 MODEL_FAMILIES: dict[str, ModelFamily] = {
     family.class_name: family
     for family in (
-        ModelFamily("FluxPipeline", FLUX_PIPELINE, "single", FLUX_ROLES, generic=FLUX_GENERIC,
-                    parallel=CFG_TIMES_ULYSSES, features=replace(FLUX_FEATURES, edits=("img2img", "inpaint"))),
-        # FLUX.1 Kontext: the native FLUX pipeline, with the reference image's latents as extra tokens.
-        ModelFamily("FluxKontextPipeline", FLUX_PIPELINE, "single", FLUX_ROLES, generic=FLUX_GENERIC,
-                    features=replace(FLUX_FEATURES, edits=("reference",))),
-        # SD3/SD3.5 (MMDiT): every block's joint text+image attention; true CFG in the pipeline itself
-        # (guidance_scale is the CFG scale), 28 steps at 7.0 as the pipeline's __call__ defaults.
-        ModelFamily("StableDiffusion3Pipeline", GENERIC_PIPELINE, "single", ("joint_block",),
-                    implementation="generic", defaults=FamilyDefaults(28, 7.0, max_sequence_length=256),
-                    generic=replace(MMDIT_ROLES),
-                    features=Features(quantization_ignored_layers=(
-                        "pos_embed", "time_text_embed", "context_embedder", "*.norm1", "*.norm1_context", "norm_out",
-                        "proj_out"))),
-        # PixArt-Sigma: self-attention over the image, cross-attention to the (padded, masked) T5 tokens;
-        # 20 steps at CFG 4.5 as its __call__ defaults; T5 up to 300 tokens.
-        ModelFamily("PixArtSigmaPipeline", GENERIC_PIPELINE, "single", ("self_attention", "cross_attention"),
-                    implementation="generic", defaults=FamilyDefaults(20, 4.5, max_sequence_length=300),
-                    generic=GenericPath(role_patterns=((".attn1", "self_attention"), (".attn2", "cross_attention")),
-                                        masked_roles=("cross_attention",)),
-                    features=Features(quantization_ignored_layers=("pos_embed", "adaln_single", "caption_projection",
-                                                                   "proj_out"))),
-        # Qwen-Image (MMDiT, a Qwen2.5-VL text encoder): every block's joint text-image attention, masked where a
-        # batch's prompts differ in length; true CFG (two forwards a step) at 4.0 over 50 steps, 1024 px, text up
-        # to 1024 tokens, as its __call__ (negative prompt " " when a request names none, as the model card).
-        # Qwen-Image-Edit and -Edit-Plus (2509: several reference images, one through the edits API) have the same
-        # entry plus their edits: the same transformer; the input image is read by the Qwen2.5-VL encoder and its
-        # latents join the image tokens (a reference edit, as FLUX.1 Kontext's).
-        *(ModelFamily(name, GENERIC_PIPELINE, "single", ("joint_block",), implementation="generic",
-                      defaults=FamilyDefaults(50, 4.0, max_sequence_length=1024),
-                      generic=replace(MMDIT_ROLES, masked_roles=("joint_block",), cfg_argument="true_cfg_scale",
-                                      cfg_negative_prompt=" "),
-                      features=Features(edits=edits, lora_check=GENERIC_LORA_CHECK, quantization_ignored_layers=(
-                          "img_in", "txt_in", "time_text_embed", "*.img_mod", "*.txt_mod", "norm_out", "proj_out")))
-          for name, edits in (("QwenImagePipeline", ()), ("QwenImageEditPipeline", ("reference",)),
-                              ("QwenImageEditPlusPipeline", ("reference",)))),
-        # Z-Image (a single-stream DiT, a Qwen3 text encoder): refiner blocks over the image and the text tokens
-        # alone, then joint blocks over both, every call masked (a batch pads its sequences); CFG at 5.0 over 50
-        # steps as its __call__ (Z-Image-Turbo's own card uses 9 steps at 0: set them in the deploy file).
-        ModelFamily("ZImagePipeline", GENERIC_PIPELINE, "single", ("image_refiner", "text_refiner", "joint_block"),
-                    implementation="generic", defaults=FamilyDefaults(50, 5.0, max_sequence_length=512),
-                    generic=GenericPath(role_patterns=(("noise_refiner.", "image_refiner"),
-                                                       ("context_refiner.", "text_refiner"), ("layers.", "joint_block")),
-                                        masked_roles=("image_refiner", "text_refiner", "joint_block")),
-                    features=Features(quantization_ignored_layers=("all_x_embedder.*", "all_final_layer.*",
-                                                                   "t_embedder.*", "cap_embedder.*",
-                                                                   "*.adaLN_modulation"))),
-        # FLUX.2-klein (a Qwen3 text encoder) and FLUX.2-dev (a Mistral3 one): FLUX.2's MMDiT, double- and
-        # single-stream blocks as FLUX.1, 50 steps at 4.0 as their __call__. klein runs real CFG (one forward
-        # each for the prompt and the empty prompt); dev's guidance is distilled (embedded, one forward a step).
-        # Neither __call__ takes a negative prompt.
-        *(ModelFamily(name, GENERIC_PIPELINE, "single", FLUX_ROLES, implementation="generic",
-                      defaults=FamilyDefaults(50, 4.0, max_sequence_length=512), generic=FLUX_GENERIC,
-                      features=Features(quantization_ignored_layers=(
-                          "x_embedder", "context_embedder", "time_guidance_embed.*", "double_stream_modulation_*",
-                          "single_stream_modulation.*", "norm_out.*", "proj_out")))
-          for name in ("Flux2KleinPipeline", "Flux2Pipeline")),
-        # Wan2.1 / Wan2.2 text-to-video (Wan2.2's two experts: transformer + transformer_2 by boundary_ratio) and
-        # Wan2.2 image-to-video: self-attention over the video tokens, cross-attention to UMT5's; real CFG at
-        # 5.0 over 50 steps, 81 frames of 480x832 at 16 fps, as diffusers' __call__ and the Wan repos.
-        *(ModelFamily(name, WAN_PIPELINE, "single", ("self_attention", "cross_attention"),
-                      defaults=FamilyDefaults(50, 5.0, max_sequence_length=512, num_frames=81, fps=16, height=480,
-                                              width=832),
-                      parallel=CFG_TIMES_ULYSSES,
-                      features=Features(edits=edits, step_caches=NATIVE_STEP_CACHES,
-                                        quantization_ignored_layers=WAN_QUANTIZATION_IGNORED))
-          for name, edits in (("WanPipeline", ()), ("WanImageToVideoPipeline", ("first_frame",)))),
+        ModelFamily(
+            "FluxPipeline",
+            FLUX_PIPELINE,
+            "single",
+            FLUX_ROLES,
+            generic=FLUX_GENERIC,
+            parallel=CFG_TIMES_ULYSSES,
+            features=replace(FLUX_FEATURES, edits=("img2img", "inpaint")),
+        ),
+        # FLUX.1 Kontext: the native FLUX pipeline, with the reference image's latents
+        # as extra tokens.
+        ModelFamily(
+            "FluxKontextPipeline",
+            FLUX_PIPELINE,
+            "single",
+            FLUX_ROLES,
+            generic=FLUX_GENERIC,
+            features=replace(FLUX_FEATURES, edits=("reference",)),
+        ),
+        # SD3/SD3.5 (MMDiT): every block's joint text+image attention; true CFG in the
+        # pipeline itself (guidance_scale is the CFG scale), 28 steps at 7.0 as the
+        # pipeline's __call__ defaults.
+        ModelFamily(
+            "StableDiffusion3Pipeline",
+            GENERIC_PIPELINE,
+            "single",
+            ("joint_block",),
+            implementation="generic",
+            defaults=FamilyDefaults(28, 7.0, max_sequence_length=256),
+            generic=replace(MMDIT_ROLES),
+            features=Features(
+                quantization_ignored_layers=(
+                    "pos_embed",
+                    "time_text_embed",
+                    "context_embedder",
+                    "*.norm1",
+                    "*.norm1_context",
+                    "norm_out",
+                    "proj_out",
+                )
+            ),
+        ),
+        # PixArt-Sigma: self-attention over the image, cross-attention to the (padded,
+        # masked) T5 tokens; 20 steps at CFG 4.5 as its __call__ defaults; T5 up to 300
+        # tokens.
+        ModelFamily(
+            "PixArtSigmaPipeline",
+            GENERIC_PIPELINE,
+            "single",
+            ("self_attention", "cross_attention"),
+            implementation="generic",
+            defaults=FamilyDefaults(20, 4.5, max_sequence_length=300),
+            generic=GenericPath(
+                role_patterns=(
+                    (".attn1", "self_attention"),
+                    (".attn2", "cross_attention"),
+                ),
+                masked_roles=("cross_attention",),
+            ),
+            features=Features(
+                quantization_ignored_layers=(
+                    "pos_embed",
+                    "adaln_single",
+                    "caption_projection",
+                    "proj_out",
+                )
+            ),
+        ),
+        # Qwen-Image (MMDiT, a Qwen2.5-VL text encoder): every block's joint text-image
+        # attention, masked where a batch's prompts differ in length; true CFG (two
+        # forwards a step) at 4.0 over 50 steps, 1024 px, text up to 1024 tokens, as its
+        # __call__ (negative prompt " " when a request names none, as the model card).
+        # Qwen-Image-Edit and -Edit-Plus (2509: several reference images, one through
+        # the edits API) have the same entry plus their edits: the same transformer; the
+        # input image is read by the Qwen2.5-VL encoder and its latents join the image
+        # tokens (a reference edit, as FLUX.1 Kontext's).
+        *(
+            ModelFamily(
+                name,
+                GENERIC_PIPELINE,
+                "single",
+                ("joint_block",),
+                implementation="generic",
+                defaults=FamilyDefaults(50, 4.0, max_sequence_length=1024),
+                generic=replace(
+                    MMDIT_ROLES,
+                    masked_roles=("joint_block",),
+                    cfg_argument="true_cfg_scale",
+                    cfg_negative_prompt=" ",
+                ),
+                features=Features(
+                    edits=edits,
+                    lora_check=GENERIC_LORA_CHECK,
+                    quantization_ignored_layers=(
+                        "img_in",
+                        "txt_in",
+                        "time_text_embed",
+                        "*.img_mod",
+                        "*.txt_mod",
+                        "norm_out",
+                        "proj_out",
+                    ),
+                ),
+            )
+            for name, edits in (
+                ("QwenImagePipeline", ()),
+                ("QwenImageEditPipeline", ("reference",)),
+                ("QwenImageEditPlusPipeline", ("reference",)),
+            )
+        ),
+        # Z-Image (a single-stream DiT, a Qwen3 text encoder): refiner blocks over the
+        # image and the text tokens alone, then joint blocks over both, every call
+        # masked (a batch pads its sequences); CFG at 5.0 over 50 steps as its __call__
+        # (Z-Image-Turbo's own card uses 9 steps at 0: set them in the deploy file).
+        ModelFamily(
+            "ZImagePipeline",
+            GENERIC_PIPELINE,
+            "single",
+            ("image_refiner", "text_refiner", "joint_block"),
+            implementation="generic",
+            defaults=FamilyDefaults(50, 5.0, max_sequence_length=512),
+            generic=GenericPath(
+                role_patterns=(
+                    ("noise_refiner.", "image_refiner"),
+                    ("context_refiner.", "text_refiner"),
+                    ("layers.", "joint_block"),
+                ),
+                masked_roles=("image_refiner", "text_refiner", "joint_block"),
+            ),
+            features=Features(
+                quantization_ignored_layers=(
+                    "all_x_embedder.*",
+                    "all_final_layer.*",
+                    "t_embedder.*",
+                    "cap_embedder.*",
+                    "*.adaLN_modulation",
+                )
+            ),
+        ),
+        # FLUX.2-klein (a Qwen3 text encoder) and FLUX.2-dev (a Mistral3 one): FLUX.2's
+        # MMDiT, double- and single-stream blocks as FLUX.1, 50 steps at 4.0 as their
+        # __call__. klein runs real CFG (one forward each for the prompt and the empty
+        # prompt); dev's guidance is distilled (embedded, one forward a step). Neither
+        # __call__ takes a negative prompt.
+        *(
+            ModelFamily(
+                name,
+                GENERIC_PIPELINE,
+                "single",
+                FLUX_ROLES,
+                implementation="generic",
+                defaults=FamilyDefaults(50, 4.0, max_sequence_length=512),
+                generic=FLUX_GENERIC,
+                features=Features(
+                    quantization_ignored_layers=(
+                        "x_embedder",
+                        "context_embedder",
+                        "time_guidance_embed.*",
+                        "double_stream_modulation_*",
+                        "single_stream_modulation.*",
+                        "norm_out.*",
+                        "proj_out",
+                    )
+                ),
+            )
+            for name in ("Flux2KleinPipeline", "Flux2Pipeline")
+        ),
+        # Wan2.1 / Wan2.2 text-to-video (Wan2.2's two experts: transformer +
+        # transformer_2 by boundary_ratio) and Wan2.2 image-to-video: self-attention
+        # over the video tokens, cross-attention to UMT5's; real CFG at 5.0 over 50
+        # steps, 81 frames of 480x832 at 16 fps, as diffusers' __call__ and the Wan
+        # repos.
+        *(
+            ModelFamily(
+                name,
+                WAN_PIPELINE,
+                "single",
+                ("self_attention", "cross_attention"),
+                defaults=FamilyDefaults(
+                    50,
+                    5.0,
+                    max_sequence_length=512,
+                    num_frames=81,
+                    fps=16,
+                    height=480,
+                    width=832,
+                ),
+                parallel=CFG_TIMES_ULYSSES,
+                features=Features(
+                    edits=edits,
+                    step_caches=NATIVE_STEP_CACHES,
+                    quantization_ignored_layers=WAN_QUANTIZATION_IGNORED,
+                ),
+            )
+            for name, edits in (
+                ("WanPipeline", ()),
+                ("WanImageToVideoPipeline", ("first_frame",)),
+            )
+        ),
     )
 }
 
 
 def register_family(family: ModelFamily) -> None:
-    """Serve ``family`` (an out-of-tree native family: its hooks class named by ``family.pipeline``). Call it in
-    every process that resolves or builds the model: the server before it resolves, and each worker, e.g. from
-    the ``before_load`` of a ``worker_extension_cls`` (docs/architecture.md, "Add a native family"). Registering
-    the same entry again is a no-op; another entry under a built-in's name is refused."""
+    """Serve ``family`` (an out-of-tree native family: its hooks class named by
+    ``family.pipeline``). Call it in every process that resolves or builds the model:
+    the server before it resolves, and each worker, e.g. from the ``before_load`` of a
+    ``worker_extension_cls`` (docs/architecture.md, "Add a native family"). Registering
+    the same entry again is a no-op; another entry under a built-in's name is
+    refused."""
     known = MODEL_FAMILIES.get(family.class_name)
     if known is not None and known != family:
         raise ValueError(f"{family.class_name} is already a registered family")
@@ -166,7 +342,8 @@ def register_family(family: ModelFamily) -> None:
 
 
 def worker_preload_modules() -> list[str]:
-    """Every family's pipeline module and the library modules its load imports, each once, in family order."""
+    """Every family's pipeline module and the library modules its load imports, each
+    once, in family order."""
     modules: dict[str, None] = {}
     for family in MODEL_FAMILIES.values():
         modules.update(dict.fromkeys(PIPELINE_LIBRARIES.get(family.pipeline, ())))
@@ -175,26 +352,39 @@ def worker_preload_modules() -> list[str]:
 
 
 def known_attention_roles() -> tuple[str, ...]:
-    """Every role some family declares (what a deploy file may name before the model is known)."""
-    return tuple(dict.fromkeys(role for f in MODEL_FAMILIES.values() for role in f.attention_roles))
+    """Every role some family declares (what a deploy file may name before the model is
+    known)."""
+    return tuple(
+        dict.fromkeys(
+            role for f in MODEL_FAMILIES.values() for role in f.attention_roles
+        )
+    )
 
 
 def known_single_file_components() -> tuple[str, ...]:
-    """Every component some family reads from a single file (what ``components`` may name before the model is
-    known; the family's own list is checked at resolve)."""
-    return tuple(dict.fromkeys(c for f in MODEL_FAMILIES.values() for c in f.features.single_file_components))
+    """Every component some family reads from a single file (what ``components`` may
+    name before the model is known; the family's own list is checked at resolve)."""
+    return tuple(
+        dict.fromkeys(
+            c
+            for f in MODEL_FAMILIES.values()
+            for c in f.features.single_file_components
+        )
+    )
 
 
 def read_class_name(model_dir: str | Path) -> str:
-    """``_class_name`` of ``model_dir/model_index.json`` (OSError/ValueError/KeyError propagate)."""
+    """``_class_name`` of ``model_dir/model_index.json`` (OSError/ValueError/KeyError
+    propagate)."""
     index = Path(model_dir) / "model_index.json"
     return str(json.loads(index.read_text(encoding="utf-8"))["_class_name"])
 
 
 @functools.lru_cache(maxsize=64)
 def makes_videos(model_dir: str | Path | None) -> bool:
-    """Whether the (local) model directory is a video family's (its registry entry has frames). Cached: the
-    images API asks on every request, and a served directory's model_index.json does not change under it."""
+    """Whether the (local) model directory is a video family's (its registry entry has
+    frames). Cached: the images API asks on every request, and a served directory's
+    model_index.json does not change under it."""
     try:
         family = MODEL_FAMILIES.get(read_class_name(model_dir)) if model_dir else None
     except (OSError, ValueError, KeyError):
@@ -203,6 +393,10 @@ def makes_videos(model_dir: str | Path | None) -> bool:
 
 
 def denoiser_components(index: Mapping[str, Any]) -> list[str]:
-    """The denoiser components a ``model_index.json`` declares: ``transformer``, and Wan2.2's low-noise expert
-    ``transformer_2`` when set (diffusers writes ``[null, null]`` for an absent one)."""
-    return ["transformer", *(["transformer_2"] if (index.get("transformer_2") or [None])[0] else [])]
+    """The denoiser components a ``model_index.json`` declares: ``transformer``, and
+    Wan2.2's low-noise expert ``transformer_2`` when set (diffusers writes ``[null,
+    null]`` for an absent one)."""
+    return [
+        "transformer",
+        *(["transformer_2"] if (index.get("transformer_2") or [None])[0] else []),
+    ]

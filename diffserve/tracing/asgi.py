@@ -1,9 +1,11 @@
-"""The HTTP server span: plain ASGI middleware, outermost, so every response (a 401 or 413 too) is traced.
+"""The HTTP server span: plain ASGI middleware, outermost, so every response (a 401 or
+413 too) is traced.
 
-The span's parent is the client's W3C ``traceparent`` (and ``tracestate``) when the request sent one, so the
-server's spans join the client's trace; it is current while the app runs, so admission, the carrier to the
-workers and the image encode are its children. Named ``METHOD route`` with the route from a bounded set
-(``route_of``), never the raw path.
+The span's parent is the client's W3C ``traceparent`` (and ``tracestate``) when the
+request sent one, so the server's spans join the client's trace; it is current while the
+app runs, so admission, the carrier to the workers and the image encode are its
+children. Named ``METHOD route`` with the route from a bounded set (``route_of``), never
+the raw path.
 """
 
 from __future__ import annotations
@@ -21,7 +23,9 @@ ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 
 class TracingMiddleware:
-    def __init__(self, app: ASGIApp, route_of: Callable[[str], str] = lambda path: "other") -> None:
+    def __init__(
+        self, app: ASGIApp, route_of: Callable[[str], str] = lambda path: "other"
+    ) -> None:
         self.app = app
         self.route_of = route_of
 
@@ -32,13 +36,19 @@ class TracingMiddleware:
         from opentelemetry import context, propagate, trace
         from opentelemetry.trace import SpanKind, Status, StatusCode
 
-        headers = {key.decode("latin-1"): value.decode("latin-1") for key, value in scope["headers"]}
+        headers = {
+            key.decode("latin-1"): value.decode("latin-1")
+            for key, value in scope["headers"]
+        }
         parent = propagate.extract(headers)
         method, path = scope["method"], scope["path"]
         route = self.route_of(path)
-        attributes: dict[str, Any] = {"http.request.method": method, "url.path": path,
-                                      "url.scheme": scope.get("scheme", "http"),
-                                      "network.protocol.version": scope.get("http_version", "1.1")}
+        attributes: dict[str, Any] = {
+            "http.request.method": method,
+            "url.path": path,
+            "url.scheme": scope.get("scheme", "http"),
+            "network.protocol.version": scope.get("http_version", "1.1"),
+        }
         if route != "other":
             attributes["http.route"] = route
         if scope.get("client"):
@@ -47,8 +57,12 @@ class TracingMiddleware:
             attributes["server.port"] = scope["server"][1]
         if "user-agent" in headers:
             attributes["user_agent.original"] = headers["user-agent"][:256]
-        span = provider.tracer().start_span(f"{method} {route}" if route != "other" else method, context=parent,
-                                            kind=SpanKind.SERVER, attributes=attributes)
+        span = provider.tracer().start_span(
+            f"{method} {route}" if route != "other" else method,
+            context=parent,
+            kind=SpanKind.SERVER,
+            attributes=attributes,
+        )
         token = context.attach(trace.set_span_in_context(span, parent))
         status = 0
 

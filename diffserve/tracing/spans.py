@@ -1,13 +1,18 @@
-"""Spans of the server and engine side, and the carrier that takes a request's trace to its workers.
+"""Spans of the server and engine side, and the carrier that takes a request's trace to
+its workers.
 
-Every function returns at once (or returns a shared null context) while ``switch.ON`` is false.
+Every function returns at once (or returns a shared null context) while ``switch.ON`` is
+false.
 
-The carrier: ``carry(request)`` writes the current context (the HTTP span, while ``EngineCore.submit`` runs in
-the request's task) into ``GenerationRequest.trace_context`` as W3C ``traceparent``/``tracestate`` pairs; the
-request is pickled to mp workers and Ray actors with it, and ``batch.py`` parents the worker's spans on it.
+The carrier: ``carry(request)`` writes the current context (the HTTP span, while
+``EngineCore.submit`` runs in the request's task) into
+``GenerationRequest.trace_context`` as W3C ``traceparent``/``tracestate`` pairs; the
+request is pickled to mp workers and Ray actors with it, and ``batch.py`` parents the
+worker's spans on it.
 
-The engine's own threads (a replica's dispatch loop, a stage's) make the carried context current around a
-batch's work (``current``), so the lines they log about it carry the request's trace (``log_context.py``).
+The engine's own threads (a replica's dispatch loop, a stage's) make the carried context
+current around a batch's work (``current``), so the lines they log about it carry the
+request's trace (``log_context.py``).
 """
 
 from __future__ import annotations
@@ -26,16 +31,22 @@ if TYPE_CHECKING:  # pragma: no cover
 _OFF: contextlib.AbstractContextManager[Any] = contextlib.nullcontext()
 
 
-def span(name: str, attributes: Mapping[str, Any] | None = None) -> contextlib.AbstractContextManager[Any]:
-    """``with span(name, attributes):`` a child of the current span, current inside the block (an exception
-    is recorded on it and sets its status to error); the span object, or None when tracing is off."""
+def span(
+    name: str, attributes: Mapping[str, Any] | None = None
+) -> contextlib.AbstractContextManager[Any]:
+    """``with span(name, attributes):`` a child of the current span, current inside the
+    block (an exception is recorded on it and sets its status to error); the span
+    object, or None when tracing is off."""
     if not switch.ON:
         return _OFF
-    return provider.tracer().start_as_current_span(name, attributes=dict(attributes or {}))
+    return provider.tracer().start_as_current_span(
+        name, attributes=dict(attributes or {})
+    )
 
 
 def annotate(attributes: Mapping[str, Any]) -> None:
-    """Set ``attributes`` on the current span (e.g. the model a handler picked, on the HTTP span)."""
+    """Set ``attributes`` on the current span (e.g. the model a handler picked, on the
+    HTTP span)."""
     if not switch.ON:
         return
     from opentelemetry import trace
@@ -46,40 +57,56 @@ def annotate(attributes: Mapping[str, Any]) -> None:
 
 
 def carry(request: GenerationRequest) -> GenerationRequest:
-    """``request`` with the current trace context as its carrier (unchanged when off or outside a span)."""
+    """``request`` with the current trace context as its carrier (unchanged when off or
+    outside a span)."""
     if not switch.ON:
         return request
     from opentelemetry import propagate
 
     carrier: dict[str, str] = {}
     propagate.inject(carrier)
-    return request.carrying(trace_context=tuple(sorted(carrier.items()))) if carrier else request
+    return (
+        request.carrying(trace_context=tuple(sorted(carrier.items())))
+        if carrier
+        else request
+    )
 
 
 def parent_of(carrier: Sequence[tuple[str, str]]) -> Any:
-    """The context a carrier names, or None when it names no sampled span (nothing of it is then traced)."""
+    """The context a carrier names, or None when it names no sampled span (nothing of it
+    is then traced)."""
     context = carried(carrier)
     if context is None:
         return None
     from opentelemetry import trace
 
-    return context if trace.get_current_span(context).get_span_context().trace_flags.sampled else None
+    return (
+        context
+        if trace.get_current_span(context).get_span_context().trace_flags.sampled
+        else None
+    )
 
 
 def carried(carrier: Sequence[tuple[str, str]]) -> Any:
-    """The context a carrier names, sampled or not (a dropped trace still has ids for log lines), or None."""
+    """The context a carrier names, sampled or not (a dropped trace still has ids for
+    log lines), or None."""
     if not carrier:
         return None
     from opentelemetry import propagate, trace
 
     context = propagate.extract(dict(carrier))
-    return context if trace.get_current_span(context).get_span_context().is_valid else None
+    return (
+        context if trace.get_current_span(context).get_span_context().is_valid else None
+    )
 
 
-def current(requests: Sequence[GenerationRequest]) -> contextlib.AbstractContextManager[Any]:
-    """``with current(requests):`` the first request's carried context (its HTTP span) is current in this
-    thread, so what an engine thread logs about a batch carries that request's trace and span ids; one line
-    has room for one trace, so the batch's other requests are not named by it. A null context when off."""
+def current(
+    requests: Sequence[GenerationRequest],
+) -> contextlib.AbstractContextManager[Any]:
+    """``with current(requests):`` the first request's carried context (its HTTP span)
+    is current in this thread, so what an engine thread logs about a batch carries that
+    request's trace and span ids; one line has room for one trace, so the batch's other
+    requests are not named by it. A null context when off."""
     if not switch.ON:
         return _OFF
     for request in requests:
@@ -91,7 +118,8 @@ def current(requests: Sequence[GenerationRequest]) -> contextlib.AbstractContext
 
 @contextlib.contextmanager
 def _attached(context: Any) -> Iterator[None]:
-    """``context`` (an opentelemetry Context) current inside the block, the previous one again after it."""
+    """``context`` (an opentelemetry Context) current inside the block, the previous one
+    again after it."""
     from opentelemetry import context as otel_context
 
     token = otel_context.attach(context)
@@ -115,8 +143,8 @@ class Queued(Protocol):
 
 
 def queue_waited(batch: Sequence[Queued]) -> None:
-    """A ``diffserve.queue_wait`` span per traced request of ``batch``, from its arrival to now (it just left
-    the queue)."""
+    """A ``diffserve.queue_wait`` span per traced request of ``batch``, from its arrival
+    to now (it just left the queue)."""
     if not switch.ON:
         return
     end = time.time_ns()
@@ -125,7 +153,10 @@ def queue_waited(batch: Sequence[Queued]) -> None:
         if parent is None:
             continue
         start = wall_ns(state.arrival)
-        queued = provider.tracer().start_span("diffserve.queue_wait", context=parent, start_time=min(start, end),
-                                              attributes={REQUEST_ID: state.request.request_id,
-                                                          BATCH_SIZE: len(batch)})
+        queued = provider.tracer().start_span(
+            "diffserve.queue_wait",
+            context=parent,
+            start_time=min(start, end),
+            attributes={REQUEST_ID: state.request.request_id, BATCH_SIZE: len(batch)},
+        )
         queued.end(end_time=end)

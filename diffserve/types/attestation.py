@@ -1,12 +1,14 @@
-"""The attestation: what actually ran for a request, as one typed structure from the worker to the HTTP body.
+"""The attestation: what actually ran for a request, as one typed structure from the
+worker to the HTTP body.
 
-The worker builds it (``worker/worker.py``: kernel calls per backend, the layout, where and how it ran), the
-pipeline adds its per-request entries (``cache``: one per image; ``lora``), the ray executor its ``node``,
-the engine the ``config_fingerprint``; ``RequestOutput.attestation`` and the HTTP response's
-``diffserve.attestation`` carry it unchanged. ``TypedDict`` (not a class) because it is JSON as it stands:
-it crosses processes pickled and reaches clients as a JSON object whose keys are the documented API
-(docs/api.md, docs/engine.md). ``total=False``: an RPC-only worker has no model keys, a request without a
-step cache no ``cache``.
+The worker builds it (``worker/worker.py``: kernel calls per backend, the layout, where
+and how it ran), the pipeline adds its per-request entries (``cache``: one per image;
+``lora``), the ray executor its ``node``, the engine the ``config_fingerprint``;
+``RequestOutput.attestation`` and the HTTP response's ``diffserve.attestation`` carry it
+unchanged. ``TypedDict`` (not a class) because it is JSON as it stands: it crosses
+processes pickled and reaches clients as a JSON object whose keys are the documented API
+(docs/api.md, docs/engine.md). ``total=False``: an RPC-only worker has no model keys, a
+request without a step cache no ``cache``.
 """
 
 from __future__ import annotations
@@ -20,7 +22,8 @@ CacheTraceStep = list[Any]
 
 
 class BranchCacheReport(TypedDict):
-    """One CFG branch of one image: how many steps its transformer computed and skipped, and why."""
+    """One CFG branch of one image: how many steps its transformer computed and skipped,
+    and why."""
 
     computed_steps: int
     skipped_steps: int
@@ -46,7 +49,8 @@ class LoraReport(TypedDict):
 
 
 class HubModelReport(TypedDict):
-    """The hub snapshot a model id resolved to (``attestation["model_source"]``; absent for a local folder)."""
+    """The hub snapshot a model id resolved to (``attestation["model_source"]``; absent
+    for a local folder)."""
 
     repo_id: str
     revision: str  # as asked: a branch, tag or commit
@@ -69,10 +73,12 @@ class KernelTally(TypedDict, total=False):
 
 
 class QuantizationReport(TypedDict):
-    """How one component's Linear layers were quantized (``attestation["quantization"][component]``)."""
+    """How one component's Linear layers were quantized
+    (``attestation["quantization"][component]``)."""
 
     method: str  # the config value: int8, int8_weight_only, fp8, fp8_weight_only
-    backend: str  # what its quantized layers' calls are counted under in ``linear`` (int8_dynamic...)
+    # what its quantized layers' calls are counted under in ``linear`` (int8_dynamic...)
+    backend: str
     quantized_linears: int
     ignored_linears: int  # left in the stage's dtype by ``quantization_ignored_layers``
     ignored_patterns: list[str]
@@ -80,7 +86,9 @@ class QuantizationReport(TypedDict):
 
 class Attestation(KernelTally, total=False):
     parallel: ParallelLayout
-    collectives: dict[str, Any]  # calls and bytes per collective (layers/collectives.py)
+    collectives: dict[
+        str, Any
+    ]  # calls and bytes per collective (layers/collectives.py)
     per_rank: list[KernelTally]  # each rank's own tally, on a multi-rank layout
     executor: str
     worker_pid: int
@@ -91,27 +99,37 @@ class Attestation(KernelTally, total=False):
     dtype: str
     model_family: str
     implementation: str  # "native" | "generic"
-    batch_invariant: bool  # the image is bit-identical to its request alone (docs/engine.md)
+    batch_invariant: (
+        bool  # the image is bit-identical to its request alone (docs/engine.md)
+    )
     batch_size: int
     batch_ms: float
     config_fingerprint: str
-    weights_fingerprint: str  # names, sizes and sha256 of the weight files the worker loaded (models/inspect.py)
+    # names, sizes and sha256 of the weight files the worker loaded (models/inspect.py)
+    weights_fingerprint: str
     model_source: HubModelReport
     cache: list[CacheEntry]  # one per image
     lora: LoraReport
-    quantization: dict[str, QuantizationReport]  # per quantized component (transformer, text encoders)
-    # The exact conditioning cache (native path): "hit" (the text encoders did not run for this request),
-    # "miss" or "off"; and the cache's entries, bytes and evictions so far after the request.
+    quantization: dict[
+        str, QuantizationReport
+    ]  # per quantized component (transformer, text encoders)
+    # The exact conditioning cache (native path): "hit" (the text encoders did not run
+    # for this request), "miss" or "off"; and the cache's entries, bytes and evictions
+    # so far after the request.
     conditioning_cache: str
     conditioning_cache_state: dict[str, int]
-    # Staged topologies (split_text_encoder): one entry per stage the request went through, in order: stage_id,
-    # role, executor, replica, worker_pid, device, dtype, kernel calls (engine/encode_stage.py).
+    # Staged topologies (split_text_encoder): one entry per stage the request went
+    # through, in order: stage_id, role, executor, replica, worker_pid, device, dtype,
+    # kernel calls (engine/encode_stage.py).
     stages: list[dict[str, Any]]
-    # AR stages (kind: ar, on vLLM): one entry per AR stage the request went through, in order: engine, vLLM
-    # version, worker pids, what each vLLM worker runs (dtype, eager, tensor parallel, attention backend, MoE
-    # experts class, KV blocks, read in the worker: ar/probe.py), the KV handover, tokens in and out
-    # (engine/ar_stage.py).
+    # AR stages (kind: ar, on vLLM): one entry per AR stage the request went through, in
+    # order: engine, vLLM version, worker pids, what each vLLM worker runs (dtype,
+    # eager, tensor parallel, attention backend, MoE experts class, KV blocks, read in
+    # the worker: ar/probe.py), the KV handover, tokens in and out (engine/ar_stage.py).
     ar: list[dict[str, Any]]
-    vae_tiled: bool  # the VAE decoded this image in tiles (the stage's vae section; models/vae_tiling.py)
-    # Wan (models/wan/experts.py): the expert that ran each denoise step and each expert's forward calls.
+    # the VAE decoded this image in tiles (the stage's vae section;
+    # models/vae_tiling.py)
+    vae_tiled: bool
+    # Wan (models/wan/experts.py): the expert that ran each denoise step and each
+    # expert's forward calls.
     experts: dict[str, Any]

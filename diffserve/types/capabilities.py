@@ -1,5 +1,6 @@
-"""What a loaded pipeline declares it can serve. It travels from the worker to the engine in the ready
-handshake, and the engine checks every request against it at admission (``engine/admission.py``)."""
+"""What a loaded pipeline declares it can serve. It travels from the worker to the
+engine in the ready handshake, and the engine checks every request against it at
+admission (``engine/admission.py``)."""
 
 from __future__ import annotations
 
@@ -15,8 +16,9 @@ if TYPE_CHECKING:  # pragma: no cover
 
 @dataclass(frozen=True)
 class VideoCapabilities:
-    """What a video model adds: ``num_frames`` must be ``k * temporal_factor + 1`` (the VAE's temporal
-    compression times the transformer's temporal patch), and the size of a request that names none."""
+    """What a video model adds: ``num_frames`` must be ``k * temporal_factor + 1`` (the
+    VAE's temporal compression times the transformer's temporal patch), and the size of
+    a request that names none."""
 
     temporal_factor: int
     default_height: int
@@ -26,68 +28,109 @@ class VideoCapabilities:
 
 @dataclass(frozen=True)
 class PipelineCapabilities:
-    """What a loaded pipeline can serve; the engine validates every request against it at admission."""
+    """What a loaded pipeline can serve; the engine validates every request against it
+    at admission."""
 
     family: str  # registry.models key (model_index.json _class_name)
     default_size: int  # height/width of a request that gives none
     size_multiple: int  # height and width must be multiples of this
     max_sequence_length: int  # most text tokens per prompt
     true_cfg: bool  # runs a negative-prompt forward when true_cfg_scale > 1
-    attention_roles: tuple[str, ...]  # attention call sites, each with its own backend choice
-    # Requests of one batch key can join a running batch at a step boundary (``Pipeline.run(joins=)``).
+    attention_roles: tuple[
+        str, ...
+    ]  # attention call sites, each with its own backend choice
+    # Requests of one batch key can join a running batch at a step boundary
+    # (``Pipeline.run(joins=)``).
     step_batching: bool = False
-    # Which implementation serves the family: "native" (our denoiser) or "generic" (diffusers' pipeline
-    # class, our kernels); reported in every attestation.
+    # Which implementation serves the family: "native" (our denoiser) or "generic"
+    # (diffusers' pipeline class, our kernels); reported in every attestation.
     implementation: str = "native"
     lora: bool = False  # per-request LoRA adapters (``GenerationRequest.loras``)
-    # Image edits it runs: "img2img" (strength), "inpaint" (a mask), "reference" (images as extra tokens).
+    # Image edits it runs: "img2img" (strength), "inpaint" (a mask), "reference" (images
+    # as extra tokens).
     edits: tuple[str, ...] = ()
-    # Every image of a batch is bit-identical to its request alone, by construction (each sample through
-    # its own kernel calls: the stage's ``batch_invariant``); reported in every attestation.
+    # Every image of a batch is bit-identical to its request alone, by construction
+    # (each sample through its own kernel calls: the stage's ``batch_invariant``);
+    # reported in every attestation.
     batch_invariant: bool = False
-    # The step-cache threshold of a request that names none: the stage's ``cache.threshold`` (0: uncached).
+    # The step-cache threshold of a request that names none: the stage's
+    # ``cache.threshold`` (0: uncached).
     default_cache_threshold: float = 0.0
-    # A video model (its outputs are videos: ``RequestOutput.videos``); None: an image model.
+    # A video model (its outputs are videos: ``RequestOutput.videos``); None: an image
+    # model.
     video: VideoCapabilities | None = None
-    # Its edits take a strength (img2img, inpainting: how much of the schedule runs); a reference edit may not.
+    # Its edits take a strength (img2img, inpainting: how much of the schedule runs); a
+    # reference edit may not.
     edit_strength: bool = True
-    # It takes a request's negative prompt (FLUX.2-klein's pipeline has none: its CFG branch is the empty prompt).
+    # It takes a request's negative prompt (FLUX.2-klein's pipeline has none: its CFG
+    # branch is the empty prompt).
     negative_prompt: bool = True
-    # The fewest denoising steps its scheduler can run (2 where a terminal shift stretches the sigmas: one step
-    # divides by zero in diffusers' FlowMatchEulerDiscreteScheduler and every pixel comes out NaN).
+    # The fewest denoising steps its scheduler can run (2 where a terminal shift
+    # stretches the sigmas: one step divides by zero in diffusers'
+    # FlowMatchEulerDiscreteScheduler and every pixel comes out NaN).
     min_inference_steps: int = 1
 
     @property
     def modality(self) -> Modality:
-        """What it makes (decided here, once: a pipeline that declares ``video`` makes videos)."""
+        """What it makes (decided here, once: a pipeline that declares ``video`` makes
+        videos)."""
         return VIDEO if self.video is not None else IMAGE
 
     def check(self, request: GenerationRequest) -> None:
-        """Refuse (``RequestError``, HTTP 400) what this model cannot make: a size off its multiple, a text
-        window above its limit, true CFG where it has none."""
+        """Refuse (``RequestError``, HTTP 400) what this model cannot make: a size off
+        its multiple, a text window above its limit, true CFG where it has none."""
         multiple = self.size_multiple
         for name in ("height", "width"):
             value = getattr(request, name)
             if value is not None and value % multiple:
-                raise RequestError(f"{name}={value} must be a multiple of {multiple} for this model "
-                                   f"(e.g. {max(multiple, value // multiple * multiple)})", param=name)
+                raise RequestError(
+                    f"{name}={value} must be a multiple of {multiple} for this model "
+                    f"(e.g. {max(multiple, value // multiple * multiple)})",
+                    param=name,
+                )
         steps = request.num_inference_steps
         if steps is not None and steps < self.min_inference_steps:
-            raise RequestError(f"num_inference_steps={steps} is below this model's {self.min_inference_steps}: its "
-                               "scheduler stretches the noise schedule to a terminal value and needs two steps at "
-                               "least", param="num_inference_steps")
+            raise RequestError(
+                f"num_inference_steps={steps} is below this model's "
+                f"{self.min_inference_steps}: its "
+                "scheduler stretches the noise schedule to a terminal "
+                "value and needs two steps at "
+                "least",
+                param="num_inference_steps",
+            )
         length = request.max_sequence_length
         if length is not None and length > self.max_sequence_length:
-            raise RequestError(f"max_sequence_length={length} is above this model's {self.max_sequence_length} "
-                               "tokens", param="max_sequence_length")
+            raise RequestError(
+                f"max_sequence_length={length} is above this model's "
+                f"{self.max_sequence_length} "
+                "tokens",
+                param="max_sequence_length",
+            )
         if request.negative_prompt is not None and not self.negative_prompt:
-            raise RequestError(f"{self.family} takes no negative prompt (its guidance contrasts with the empty "
-                               "prompt); leave negative_prompt unset", param="negative_prompt")
-        if request.true_cfg_scale > 1 and request.negative_prompt is not None and not self.true_cfg:
-            raise RequestError(f"{self.family} does not run true CFG as a second scale; leave true_cfg_scale at 1 "
-                               "(where the model runs classifier-free guidance, guidance_scale is its scale)",
-                               param="true_cfg_scale")
-        if request.images and not self.edits:  # engine admission says so first (check_edit); a library call here
-            raise RequestError(f"{self.family} ({self.implementation}) does not edit images on this deployment",
-                               param="image")
+            raise RequestError(
+                f"{self.family} takes no negative prompt (its guidance "
+                "contrasts with the empty "
+                "prompt); leave negative_prompt unset",
+                param="negative_prompt",
+            )
+        if (
+            request.true_cfg_scale > 1
+            and request.negative_prompt is not None
+            and not self.true_cfg
+        ):
+            raise RequestError(
+                f"{self.family} does not run true CFG as a second scale; "
+                "leave true_cfg_scale at 1 "
+                "(where the model runs classifier-free guidance, guidance_scale "
+                "is its scale)",
+                param="true_cfg_scale",
+            )
+        if (
+            request.images and not self.edits
+        ):  # engine admission says so first (check_edit); a library call here
+            raise RequestError(
+                f"{self.family} ({self.implementation}) does not edit "
+                "images on this deployment",
+                param="image",
+            )
         self.modality.check(request, self)

@@ -1,9 +1,10 @@
-"""Channels that carry ``Command``/``Reply`` messages: in-process queues (uni) or a pipe (mp).
+"""Channels that carry ``Command``/``Reply`` messages: in-process queues (uni) or a pipe
+(mp).
 
-The pipe channel pickles messages with the plain pickler (never torch's fd-sharing reductions, whose
-shared segments leak when a reader dies) and sends image tensors as raw frames after the header:
-the receiver allocates the tensor and reads the bytes straight into it, one copy, owned by the
-receiver from then on.
+The pipe channel pickles messages with the plain pickler (never torch's fd-sharing
+reductions, whose shared segments leak when a reader dies) and sends image tensors as
+raw frames after the header: the receiver allocates the tensor and reads the bytes
+straight into it, one copy, owned by the receiver from then on.
 """
 
 from __future__ import annotations
@@ -26,7 +27,8 @@ class ChannelClosed(Exception):
 
 
 class Channel(ABC):
-    """One end of a bidirectional message channel. ``send`` is thread-safe; one thread receives."""
+    """One end of a bidirectional message channel. ``send`` is thread-safe; one thread
+    receives."""
 
     @abstractmethod
     def send(self, message: Any) -> None: ...
@@ -61,7 +63,11 @@ class QueueChannel(Channel):
         if self._peeked:
             return True
         try:
-            self._peeked.append(self._inbox.get(timeout=timeout) if timeout != 0 else self._inbox.get_nowait())
+            self._peeked.append(
+                self._inbox.get(timeout=timeout)
+                if timeout != 0
+                else self._inbox.get_nowait()
+            )
         except queue.Empty:
             return False
         return True
@@ -85,7 +91,8 @@ def queue_channel_pair() -> tuple[QueueChannel, QueueChannel]:
 
 
 class PipeChannel(Channel):
-    """One end of a ``multiprocessing.Pipe`` (duplex): header pickles, then raw tensor frames."""
+    """One end of a ``multiprocessing.Pipe`` (duplex): header pickles, then raw tensor
+    frames."""
 
     def __init__(self, conn: Connection) -> None:
         self._conn = conn
@@ -99,9 +106,12 @@ class PipeChannel(Channel):
         header, tensors = _split_tensors(message)
         try:
             with self._send_lock:
-                self._conn.send_bytes(pickle.dumps(header, protocol=pickle.HIGHEST_PROTOCOL))
+                self._conn.send_bytes(
+                    pickle.dumps(header, protocol=pickle.HIGHEST_PROTOCOL)
+                )
                 for tensor in tensors:
-                    # memoryview of the tensor's own memory: no staging copy on the send side.
+                    # memoryview of the tensor's own memory: no staging copy on the send
+                    # side.
                     self._conn.send_bytes(_byte_view(tensor))
         except (OSError, EOFError, ValueError) as exc:
             raise ChannelClosed(str(exc)) from exc
@@ -125,19 +135,32 @@ class PipeChannel(Channel):
 
 
 def _split_tensors(message: Any) -> tuple[Any, list[Any]]:
-    """Replace the image tensors of a result reply by (shape, dtype) so they travel as raw frames."""
-    if not (isinstance(message, Reply) and message.kind in ("result", "partial") and isinstance(message.value, list)
-            and message.value and all(isinstance(o, RequestResult) for o in message.value)):
+    """Replace the image tensors of a result reply by (shape, dtype) so they travel as
+    raw frames."""
+    if not (
+        isinstance(message, Reply)
+        and message.kind in ("result", "partial")
+        and isinstance(message.value, list)
+        and message.value
+        and all(isinstance(o, RequestResult) for o in message.value)
+    ):
         return message, []
     tensors = [o.images.detach().to("cpu").contiguous() for o in message.value]
-    metas = [replace(o, images=(tuple(t.shape), str(t.dtype).removeprefix("torch.")))
-             for o, t in zip(message.value, tensors, strict=False)]
+    metas = [
+        replace(o, images=(tuple(t.shape), str(t.dtype).removeprefix("torch.")))
+        for o, t in zip(message.value, tensors, strict=False)
+    ]
     return replace(message, value=metas), tensors
 
 
 def _join_tensors(message: Any, conn: Connection) -> Any:
-    if not (isinstance(message, Reply) and message.kind in ("result", "partial") and isinstance(message.value, list)
-            and message.value and all(isinstance(o, RequestResult) for o in message.value)):
+    if not (
+        isinstance(message, Reply)
+        and message.kind in ("result", "partial")
+        and isinstance(message.value, list)
+        and message.value
+        and all(isinstance(o, RequestResult) for o in message.value)
+    ):
         return message
     import torch
 
@@ -154,7 +177,8 @@ def _join_tensors(message: Any, conn: Connection) -> Any:
 
 
 def _byte_view(tensor: Any) -> memoryview:
-    """A writable byte view of a contiguous CPU tensor's memory (any dtype, bf16 included)."""
+    """A writable byte view of a contiguous CPU tensor's memory (any dtype, bf16
+    included)."""
     import torch
 
     return memoryview(tensor.reshape(-1).view(torch.uint8).numpy())

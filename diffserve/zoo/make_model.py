@@ -1,5 +1,6 @@
-"""The zoo's ``diffserve make-model KIND DIR``: write a hermetic random-weight model (FLUX, a generic diffusers
-DiT, Wan, or a small causal language model for the prompt-rewrite stage), or copy or train one of the toy models."""
+"""The zoo's ``diffserve make-model KIND DIR``: write a hermetic random-weight model
+(FLUX, a generic diffusers DiT, Wan, or a small causal language model for the
+prompt-rewrite stage), or copy or train one of the toy models."""
 
 from __future__ import annotations
 
@@ -8,98 +9,194 @@ import dataclasses
 from pathlib import Path
 from typing import Any, TypeVar
 
-# Kept in sync with diffserve.zoo.flux_specs.SPECS and tiny_generic_configs.GENERIC_SPECS (a test
-# checks it); listed here so that building the parser stays import-light.
+# Kept in sync with diffserve.zoo.flux_specs.SPECS and
+# tiny_generic_configs.GENERIC_SPECS (a test checks it); listed here so that building
+# the parser stays import-light.
 FLUX_KINDS = ("tiny-flux", "tiny-flux-kontext", "small-flux")
-GENERIC_KINDS = ("tiny-sd3", "small-sd3", "tiny-pixart-sigma", "tiny-qwen-image", "tiny-qwen-image-edit",
-                 "tiny-qwen-image-edit-plus", "tiny-z-image", "tiny-flux2-klein", "tiny-flux2")
-WAN_KINDS = ("tiny-wan", "tiny-wan22", "tiny-wan22-i2v", "small-wan")  # diffserve.zoo.wan_specs.WAN_SPECS
+GENERIC_KINDS = (
+    "tiny-sd3",
+    "small-sd3",
+    "tiny-pixart-sigma",
+    "tiny-qwen-image",
+    "tiny-qwen-image-edit",
+    "tiny-qwen-image-edit-plus",
+    "tiny-z-image",
+    "tiny-flux2-klein",
+    "tiny-flux2",
+)
+WAN_KINDS = (
+    "tiny-wan",
+    "tiny-wan22",
+    "tiny-wan22-i2v",
+    "small-wan",
+)  # diffserve.zoo.wan_specs.WAN_SPECS
 MODEL_KINDS = FLUX_KINDS + GENERIC_KINDS + WAN_KINDS
 LORA_KINDS = ("tiny-flux-lora",)  # an adapter for a FLUX model (--base), not a model
-# Trained on CPU by diffserve.zoo.toy_shapes: copied from the package, or retrained with --train.
+# Trained on CPU by diffserve.zoo.toy_shapes: copied from the package, or retrained with
+# --train.
 TRAINED_KINDS = ("toy-shapes",)  # the demo model
-TRAINED_VIDEO_KINDS = ("toy-motion",)  # the toy video model (diffserve.zoo.toy_motion): trained with --train
+TRAINED_VIDEO_KINDS = (
+    "toy-motion",
+)  # the toy video model (diffserve.zoo.toy_motion): trained with --train
 TRAINED_LORA_KINDS = ("toy-shapes-stars",)  # its circles-to-stars adapter
-# Causal language models (Hugging Face's layout, which vLLM loads) for the AR prompt-rewrite stage: random ones
-# (diffserve.zoo.llm.specs.LLM_SPECS, a test checks it), and the toy prompter (diffserve.zoo.llm.train), copied from
-# the package or retrained with --train.
+# Causal language models (Hugging Face's layout, which vLLM loads) for the AR
+# prompt-rewrite stage: random ones (diffserve.zoo.llm.specs.LLM_SPECS, a test checks
+# it), and the toy prompter (diffserve.zoo.llm.train), copied from the package or
+# retrained with --train.
 LLM_KINDS = ("tiny-qwen3", "tiny-qwen3-moe")
 TRAINED_LLM_KINDS = ("toy-prompter",)
 
-_Config = TypeVar("_Config", bound=Any)  # a trainer's frozen dataclass config (TrainConfig, LoraTrainConfig)
+_Config = TypeVar(
+    "_Config", bound=Any
+)  # a trainer's frozen dataclass config (TrainConfig, LoraTrainConfig)
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     """The ``make-model`` sub-command's parser: every kind, with its help."""
     parser = subparsers.add_parser(
         "make-model",
-        help="write a random-weight FLUX.1, FLUX.2-klein, SD3, PixArt-Sigma, Qwen-Image, Z-Image or Wan pipeline directory, "
-             "or a small Qwen3 language model (no download)",
+        help="write a random-weight FLUX.1, FLUX.2-klein, SD3, PixArt-Sigma, "
+        "Qwen-Image, Z-Image or Wan pipeline directory, "
+        "or a small Qwen3 language model (no download)",
         description=(
-            "Write a pipeline directory in diffusers layout (a language model: Hugging Face's causal-LM layout) with "
+            "Write a pipeline directory in diffusers layout (a "
+            "language model: Hugging Face's causal-LM layout) with "
             "random weights from a seeded generator. "
-            "FLUX.1 kinds (FluxPipeline): tiny-flux for tests and demos, small-flux (~150M parameters) for "
-            "benchmarks; tiny-flux-kontext is FLUX.1 Kontext (FluxKontextPipeline, edits from a reference image). Generic diffusers DiT pipelines: tiny-sd3 and small-sd3 (~123M-parameter "
-            "transformer) are StableDiffusion3Pipeline, tiny-pixart-sigma is PixArtSigmaPipeline, tiny-qwen-image is "
-            "QwenImagePipeline (a Qwen2.5-VL text encoder and a Qwen2 tokenizer made locally), tiny-qwen-image-edit "
-            "its QwenImageEditPipeline twin (edits), tiny-qwen-image-edit-plus its QwenImageEditPlusPipeline one, "
+            "FLUX.1 kinds (FluxPipeline): tiny-flux for tests and "
+            "demos, small-flux (~150M parameters) for "
+            "benchmarks; tiny-flux-kontext is FLUX.1 Kontext (FluxKontextPipeline, "
+            "edits from a reference image). Generic diffusers DiT "
+            "pipelines: tiny-sd3 and small-sd3 (~123M-parameter "
+            "transformer) are StableDiffusion3Pipeline, tiny-pixart-sigma "
+            "is PixArtSigmaPipeline, tiny-qwen-image is "
+            "QwenImagePipeline (a Qwen2.5-VL text encoder and a "
+            "Qwen2 tokenizer made locally), tiny-qwen-image-edit "
+            "its QwenImageEditPipeline twin (edits), tiny-qwen-image-edit-plus "
+            "its QwenImageEditPlusPipeline one, "
             "tiny-z-image is "
-            "ZImagePipeline and tiny-flux2-klein is Flux2KleinPipeline (Qwen3 text encoders), tiny-flux2 is "
-            "Flux2Pipeline (a Mistral3 text encoder and a Pixtral processor). Video (Wan): tiny-wan "
-            "(Wan2.1 text-to-video, WanPipeline), tiny-wan22 (Wan2.2's two experts), tiny-wan22-i2v (Wan2.2 "
-            "image-to-video, WanImageToVideoPipeline), small-wan (~90M parameters, benchmarks). "
-            "The same seed gives byte-identical files. toy-shapes is the trained demo model (draws 'a red circle "
-            "on a blue background'), and toy-motion, the trained toy video model ('a yellow square moving right on a "
-            "black background'): copied from the package, or trained from scratch on this CPU with --train; "
-            "toy-shapes-stars is toy-shapes' circles-to-stars LoRA (draws a star where the prompt says circle), copied "
-            "or trained (--train, about a minute) for the toy model at --base (default: the shipped one). "
-            "Language models (Hugging Face causal-LM layout, which transformers and vLLM load; a Qwen tokenizer made "
-            "locally, with a Qwen chat template): tiny-qwen3 (Qwen3ForCausalLM) and tiny-qwen3-moe "
-            "(Qwen3MoeForCausalLM, 4 experts, 2 per token) have random weights; toy-prompter is trained to expand "
-            "short prompts into the toy models' grammars ('red circle' -> 'a red circle on a blue background'), "
-            "copied from the package or trained here with --train (one to three minutes)."
+            "ZImagePipeline and tiny-flux2-klein is Flux2KleinPipeline "
+            "(Qwen3 text encoders), tiny-flux2 is "
+            "Flux2Pipeline (a Mistral3 text encoder and a Pixtral "
+            "processor). Video (Wan): tiny-wan "
+            "(Wan2.1 text-to-video, WanPipeline), tiny-wan22 (Wan2.2's "
+            "two experts), tiny-wan22-i2v (Wan2.2 "
+            "image-to-video, WanImageToVideoPipeline), small-wan "
+            "(~90M parameters, benchmarks). "
+            "The same seed gives byte-identical files. toy-shapes "
+            "is the trained demo model (draws 'a red circle "
+            "on a blue background'), and toy-motion, the trained "
+            "toy video model ('a yellow square moving right on "
+            "a "
+            "black background'): copied from the package, or trained "
+            "from scratch on this CPU with --train; "
+            "toy-shapes-stars is toy-shapes' circles-to-stars LoRA "
+            "(draws a star where the prompt says circle), copied "
+            "or trained (--train, about a minute) for the toy model "
+            "at --base (default: the shipped one). "
+            "Language models (Hugging Face causal-LM layout, which "
+            "transformers and vLLM load; a Qwen tokenizer made "
+            "locally, with a Qwen chat template): tiny-qwen3 (Qwen3ForCausalLM) "
+            "and tiny-qwen3-moe "
+            "(Qwen3MoeForCausalLM, 4 experts, 2 per token) have "
+            "random weights; toy-prompter is trained to expand "
+            "short prompts into the toy models' grammars ('red "
+            "circle' -> 'a red circle on a blue background'), "
+            "copied from the package or trained here with --train "
+            "(one to three minutes)."
         ),
     )
-    parser.add_argument("kind", choices=MODEL_KINDS + TRAINED_KINDS + TRAINED_VIDEO_KINDS + LORA_KINDS
-                        + TRAINED_LORA_KINDS + LLM_KINDS + TRAINED_LLM_KINDS, metavar="KIND",
-                        help=f"FLUX: {', '.join(FLUX_KINDS)}; generic diffusers DiT: {', '.join(GENERIC_KINDS)}; "
-                             f"Wan video: {', '.join(WAN_KINDS)}; "
-                             "tiny-flux-lora: a random LoRA (diffusers/PEFT layout) for the FLUX model at --base; "
-                             "toy-shapes: the trained demo model; toy-shapes-stars: its circles-to-stars LoRA; "
-                             "toy-motion: the trained toy video model; "
-                             f"language models: {', '.join(LLM_KINDS)} (random), toy-prompter (trained: expands short "
-                             "prompts into the toy grammars)")
-    parser.add_argument("dir", type=Path, metavar="DIR", help="output directory (created; must be empty)")
-    parser.add_argument("--seed", type=int, default=None,
-                        help="weight seed (default 0; --train: the seed the shipped weights were trained with)")
-    parser.add_argument("--guidance-embeds", action="store_true",
-                        help="FLUX kinds only: dev-like guidance-distilled transformer (default: schnell-like)")
-    parser.add_argument("--base", type=Path, default=None, metavar="MODEL",
-                        help="tiny-flux-lora and toy-shapes-stars --train: the FLUX model directory the adapter is "
-                             "for")
-    parser.add_argument("--rank", type=int, default=4, help="tiny-flux-lora only: LoRA rank (default 4)")
-    parser.add_argument("--train", action="store_true",
-                        help="toy-shapes, toy-shapes-stars, toy-motion, toy-prompter only: train it here (about 25 "
-                             "minutes / 1 minute / 40 minutes / 1-3 minutes on a 2-core CPU) instead of copying the shipped "
-                             "weights")
-    parser.add_argument("--threads", type=int, default=2, help="--train only: CPU threads (default 2)")
-    parser.add_argument("--force", action="store_true", help="replace an existing model directory at DIR")
+    parser.add_argument(
+        "kind",
+        choices=MODEL_KINDS
+        + TRAINED_KINDS
+        + TRAINED_VIDEO_KINDS
+        + LORA_KINDS
+        + TRAINED_LORA_KINDS
+        + LLM_KINDS
+        + TRAINED_LLM_KINDS,
+        metavar="KIND",
+        help=f"FLUX: {', '.join(FLUX_KINDS)}; generic diffusers DiT: "
+        f"{', '.join(GENERIC_KINDS)}; "
+        f"Wan video: {', '.join(WAN_KINDS)}; "
+        "tiny-flux-lora: a random LoRA (diffusers/PEFT layout) "
+        "for the FLUX model at --base; "
+        "toy-shapes: the trained demo model; toy-shapes-stars: "
+        "its circles-to-stars LoRA; "
+        "toy-motion: the trained toy video model; "
+        f"language models: {', '.join(LLM_KINDS)} (random), "
+        "toy-prompter (trained: expands short "
+        "prompts into the toy grammars)",
+    )
+    parser.add_argument(
+        "dir",
+        type=Path,
+        metavar="DIR",
+        help="output directory (created; must be empty)",
+    )
+    parser.add_argument(
+        "--seed",
+        type=int,
+        default=None,
+        help="weight seed (default 0; --train: the seed the shipped "
+        "weights were trained with)",
+    )
+    parser.add_argument(
+        "--guidance-embeds",
+        action="store_true",
+        help="FLUX kinds only: dev-like guidance-distilled transformer "
+        "(default: schnell-like)",
+    )
+    parser.add_argument(
+        "--base",
+        type=Path,
+        default=None,
+        metavar="MODEL",
+        help="tiny-flux-lora and toy-shapes-stars --train: the FLUX "
+        "model directory the adapter is "
+        "for",
+    )
+    parser.add_argument(
+        "--rank", type=int, default=4, help="tiny-flux-lora only: LoRA rank (default 4)"
+    )
+    parser.add_argument(
+        "--train",
+        action="store_true",
+        help="toy-shapes, toy-shapes-stars, toy-motion, toy-prompter "
+        "only: train it here (about 25 "
+        "minutes / 1 minute / 40 minutes / 1-3 minutes on a "
+        "2-core CPU) instead of copying the shipped "
+        "weights",
+    )
+    parser.add_argument(
+        "--threads", type=int, default=2, help="--train only: CPU threads (default 2)"
+    )
+    parser.add_argument(
+        "--force",
+        action="store_true",
+        help="replace an existing model directory at DIR",
+    )
     return parser
 
 
 def make(args: argparse.Namespace) -> Path:
-    """Write ``args.kind`` to ``args.dir``; returns what was written (a directory, or an adapter's file)."""
+    """Write ``args.kind`` to ``args.dir``; returns what was written (a directory, or an
+    adapter's file)."""
     from diffserve.errors import ConfigError
     from diffserve.zoo.flux import build_flux_model
     from diffserve.zoo.publish import check_target
 
     if args.kind in LORA_KINDS:
         if args.base is None:
-            raise ConfigError("tiny-flux-lora needs the FLUX model it adapts", path="--base",
-                              hint="pass --base DIR (e.g. a directory made by make-model tiny-flux)")
+            raise ConfigError(
+                "tiny-flux-lora needs the FLUX model it adapts",
+                path="--base",
+                hint="pass --base DIR (e.g. a directory made by make-model tiny-flux)",
+            )
         from diffserve.zoo.lora import build_flux_lora
 
-        return build_flux_lora(args.base, args.dir, seed=_seed(args), rank=args.rank, force=args.force)
+        return build_flux_lora(
+            args.base, args.dir, seed=_seed(args), rank=args.rank, force=args.force
+        )
     if args.kind in TRAINED_KINDS:
         return _toy_shapes(args)
     if args.kind in TRAINED_LORA_KINDS:
@@ -109,29 +206,40 @@ def make(args: argparse.Namespace) -> Path:
     if args.kind in LLM_KINDS + TRAINED_LLM_KINDS:
         return _language_model(args)
     if args.train:
-        raise ConfigError(f"applies to toy-shapes, toy-shapes-stars, toy-prompter and toy-motion only, not to "
-                          f"{args.kind}",
-                          path="--train",
-                          hint="random-weight kinds are built, not trained: drop --train")
+        raise ConfigError(
+            "applies to toy-shapes, toy-shapes-stars, toy-prompter "
+            "and toy-motion only, not to "
+            f"{args.kind}",
+            path="--train",
+            hint="random-weight kinds are built, not trained: drop --train",
+        )
     generic = args.kind in GENERIC_KINDS
     if args.kind not in FLUX_KINDS and args.guidance_embeds:
         raise ConfigError(
             f"applies to FLUX kinds only ({', '.join(FLUX_KINDS)}), not to {args.kind}",
-            path="--guidance-embeds", hint="drop --guidance-embeds or choose a FLUX kind",
+            path="--guidance-embeds",
+            hint="drop --guidance-embeds or choose a FLUX kind",
         )
     # Fail on a bad DIR before paying for the torch/diffusers imports of the build.
     check_target(Path(args.dir).expanduser().absolute(), force=args.force)
     if generic:
         from diffserve.zoo.generic import build_generic_model
 
-        out = build_generic_model(args.kind, args.dir, seed=_seed(args), force=args.force)
+        out = build_generic_model(
+            args.kind, args.dir, seed=_seed(args), force=args.force
+        )
     elif args.kind in WAN_KINDS:
         from diffserve.zoo.wan import build_wan_model
 
         out = build_wan_model(args.kind, args.dir, seed=_seed(args), force=args.force)
     else:
-        out = build_flux_model(args.kind, args.dir, seed=_seed(args), guidance_embeds=args.guidance_embeds,
-                               force=args.force)
+        out = build_flux_model(
+            args.kind,
+            args.dir,
+            seed=_seed(args),
+            guidance_embeds=args.guidance_embeds,
+            force=args.force,
+        )
     return out
 
 
@@ -142,16 +250,23 @@ def _toy_shapes(args: argparse.Namespace) -> Path:
     from diffserve.zoo.publish import build_into, check_target
 
     if args.guidance_embeds or args.base is not None:
-        raise ConfigError("toy-shapes is a trained schnell-like model", path="--guidance-embeds/--base",
-                          hint="drop them")
+        raise ConfigError(
+            "toy-shapes is a trained schnell-like model",
+            path="--guidance-embeds/--base",
+            hint="drop them",
+        )
     target = Path(args.dir).expanduser().absolute()
     check_target(target, force=args.force)
     if not args.train:
         shipped = toy_model_dir()
-        return build_into(target, lambda staging: _copy_tree(shipped, staging), force=args.force)
+        return build_into(
+            target, lambda staging: _copy_tree(shipped, staging), force=args.force
+        )
     from diffserve.zoo.toy_shapes.train import TrainConfig, train_toy_model
 
-    return train_toy_model(target, _seeded(TrainConfig(threads=args.threads), args), force=args.force)
+    return train_toy_model(
+        target, _seeded(TrainConfig(threads=args.threads), args), force=args.force
+    )
 
 
 def _toy_motion(args: argparse.Namespace) -> Path:
@@ -161,29 +276,44 @@ def _toy_motion(args: argparse.Namespace) -> Path:
     from diffserve.zoo.wan import toy_motion_dir
 
     if args.guidance_embeds or args.base is not None:
-        raise ConfigError("toy-motion is a trained Wan2.1 model", path="--guidance-embeds/--base", hint="drop them")
+        raise ConfigError(
+            "toy-motion is a trained Wan2.1 model",
+            path="--guidance-embeds/--base",
+            hint="drop them",
+        )
     target = Path(args.dir).expanduser().absolute()
     check_target(target, force=args.force)
     if not args.train:
         shipped = toy_motion_dir()
-        return build_into(target, lambda staging: _copy_tree(shipped, staging), force=args.force)
+        return build_into(
+            target, lambda staging: _copy_tree(shipped, staging), force=args.force
+        )
     from diffserve.zoo.toy_motion.train import TrainConfig, train_toy_motion
 
-    return train_toy_motion(target, _seeded(TrainConfig(threads=args.threads), args), force=args.force)
+    return train_toy_motion(
+        target, _seeded(TrainConfig(threads=args.threads), args), force=args.force
+    )
 
 
 def _language_model(args: argparse.Namespace) -> Path:
-    """A causal LM into DIR: a random tiny-qwen3(-moe), or the toy prompter (trained with --train, else copied)."""
+    """A causal LM into DIR: a random tiny-qwen3(-moe), or the toy prompter (trained
+    with --train, else copied)."""
     from diffserve.errors import ConfigError
     from diffserve.zoo.llm.build import LLM_MARKER, build_tiny_llm, toy_prompter_dir
     from diffserve.zoo.publish import build_into, check_target
 
     if args.guidance_embeds or args.base is not None:
-        raise ConfigError(f"{args.kind} is a language model, not a FLUX pipeline", path="--guidance-embeds/--base",
-                          hint="drop them")
+        raise ConfigError(
+            f"{args.kind} is a language model, not a FLUX pipeline",
+            path="--guidance-embeds/--base",
+            hint="drop them",
+        )
     if args.kind in LLM_KINDS and args.train:
-        raise ConfigError(f"{args.kind} has random weights: it is built, not trained", path="--train",
-                          hint="drop --train (toy-prompter is the trained language model)")
+        raise ConfigError(
+            f"{args.kind} has random weights: it is built, not trained",
+            path="--train",
+            hint="drop --train (toy-prompter is the trained language model)",
+        )
     target = Path(args.dir).expanduser().absolute()
     # Fail on a bad DIR before paying for the torch/transformers imports of the build.
     check_target(target, force=args.force, marker=LLM_MARKER)
@@ -191,14 +321,24 @@ def _language_model(args: argparse.Namespace) -> Path:
         return build_tiny_llm(args.kind, target, seed=_seed(args), force=args.force)
     if not args.train:
         shipped = toy_prompter_dir()
-        return build_into(target, lambda staging: _copy_tree(shipped, staging), force=args.force, marker=LLM_MARKER)
+        return build_into(
+            target,
+            lambda staging: _copy_tree(shipped, staging),
+            force=args.force,
+            marker=LLM_MARKER,
+        )
     from diffserve.zoo.llm.train import PrompterTrainConfig, train_toy_prompter
 
-    return train_toy_prompter(target, _seeded(PrompterTrainConfig(threads=args.threads), args), force=args.force)
+    return train_toy_prompter(
+        target,
+        _seeded(PrompterTrainConfig(threads=args.threads), args),
+        force=args.force,
+    )
 
 
 def _toy_shapes_stars(args: argparse.Namespace) -> Path:
-    """Train the circles-to-stars LoRA into DIR (--train), or copy the shipped one; returns the weight file."""
+    """Train the circles-to-stars LoRA into DIR (--train), or copy the shipped one;
+    returns the weight file."""
     from diffserve.errors import ConfigError
     from diffserve.zoo.demo import toy_model_dir
     from diffserve.zoo.publish import build_into, check_target
@@ -210,19 +350,36 @@ def _toy_shapes_stars(args: argparse.Namespace) -> Path:
     )
 
     if args.guidance_embeds:
-        raise ConfigError("toy-shapes-stars adapts the schnell-like toy model", path="--guidance-embeds",
-                          hint="drop it")
+        raise ConfigError(
+            "toy-shapes-stars adapts the schnell-like toy model",
+            path="--guidance-embeds",
+            hint="drop it",
+        )
     if args.base is not None and not args.train:
-        raise ConfigError("--base applies to --train only (the shipped adapter is for the shipped model)",
-                          path="--base", hint="add --train to train an adapter for that model")
+        raise ConfigError(
+            "--base applies to --train only (the shipped adapter "
+            "is for the shipped model)",
+            path="--base",
+            hint="add --train to train an adapter for that model",
+        )
     target = Path(args.dir).expanduser().absolute()
     check_target(target, force=args.force, marker=WEIGHT_NAME)
     if not args.train:
         shipped = shipped_stars_lora().parent
-        build_into(target, lambda staging: _copy_tree(shipped, staging), force=args.force, marker=WEIGHT_NAME)
+        build_into(
+            target,
+            lambda staging: _copy_tree(shipped, staging),
+            force=args.force,
+            marker=WEIGHT_NAME,
+        )
         return target / WEIGHT_NAME
     base = Path(args.base).expanduser() if args.base is not None else toy_model_dir()
-    return train_stars_lora(target, base, _seeded(LoraTrainConfig(threads=args.threads), args), force=args.force)
+    return train_stars_lora(
+        target,
+        base,
+        _seeded(LoraTrainConfig(threads=args.threads), args),
+        force=args.force,
+    )
 
 
 def _seed(args: argparse.Namespace) -> int:
@@ -231,12 +388,18 @@ def _seed(args: argparse.Namespace) -> int:
 
 
 def _seeded(config: _Config, args: argparse.Namespace) -> _Config:
-    """A trainer's config with ``--seed`` when given; else its own default seed (the shipped weights')."""
-    return config if args.seed is None else dataclasses.replace(config, seed=int(args.seed))
+    """A trainer's config with ``--seed`` when given; else its own default seed (the
+    shipped weights')."""
+    return (
+        config
+        if args.seed is None
+        else dataclasses.replace(config, seed=int(args.seed))
+    )
 
 
 def _copy_tree(source: Path, staging: Path) -> None:
-    """The shipped directory's files into the build's staging directory (published by ``build_into``)."""
+    """The shipped directory's files into the build's staging directory (published by
+    ``build_into``)."""
     import shutil
 
     shutil.copytree(source, staging, dirs_exist_ok=True)

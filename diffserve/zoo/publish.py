@@ -1,6 +1,7 @@
-"""Publish a built directory atomically: build in a staging directory beside the target, then rename it
-into place, so a failed or interrupted build never leaves a half-written model behind, and a ``force``
-rebuild only ever replaces a directory of the same kind (one holding its marker file)."""
+"""Publish a built directory atomically: build in a staging directory beside the target,
+then rename it into place, so a failed or interrupted build never leaves a half-written
+model behind, and a ``force`` rebuild only ever replaces a directory of the same kind
+(one holding its marker file)."""
 
 from __future__ import annotations
 
@@ -16,14 +17,23 @@ from diffserve.logging import get_logger
 logger = get_logger(__name__)
 
 
-def build_into(target: Path, write: Callable[[Path], None], *, force: bool, marker: str = "model_index.json") -> Path:
-    """Run ``write(staging)`` in a fresh directory beside ``target``, then publish it atomically as
-    ``target``; on any failure nothing is left behind (not even parents this call created). ``force``
-    replaces only a directory holding ``marker`` (what such a build writes)."""
+def build_into(
+    target: Path,
+    write: Callable[[Path], None],
+    *,
+    force: bool,
+    marker: str = "model_index.json",
+) -> Path:
+    """Run ``write(staging)`` in a fresh directory beside ``target``, then publish it
+    atomically as ``target``; on any failure nothing is left behind (not even parents
+    this call created). ``force`` replaces only a directory holding ``marker`` (what
+    such a build writes)."""
     check_target(target, force=force, marker=marker)
     created_parents = _make_parents(target)
     try:
-        staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.building-", dir=target.parent))
+        staging = Path(
+            tempfile.mkdtemp(prefix=f".{target.name}.building-", dir=target.parent)
+        )
     except OSError as exc:
         _remove_empty(created_parents)
         raise _unwritable(target, exc) from None
@@ -38,19 +48,33 @@ def build_into(target: Path, write: Callable[[Path], None], *, force: bool, mark
     return target
 
 
-def check_target(target: Path, *, force: bool, marker: str = "model_index.json") -> None:
-    """Reject a target that a build could not (or must not) replace, before any heavy work."""
+def check_target(
+    target: Path, *, force: bool, marker: str = "model_index.json"
+) -> None:
+    """Reject a target that a build could not (or must not) replace, before any heavy
+    work."""
     if target.exists() and not target.is_dir():
-        raise ConfigError(f"{target} exists and is not a directory", path="DIR",
-                          hint="choose a new directory")
+        raise ConfigError(
+            f"{target} exists and is not a directory",
+            path="DIR",
+            hint="choose a new directory",
+        )
     if target.is_dir() and any(target.iterdir()):
         if not force:
-            raise ConfigError(f"{target} is not empty", path="DIR",
-                              hint="choose an empty directory or pass --force to replace the model in it")
+            raise ConfigError(
+                f"{target} is not empty",
+                path="DIR",
+                hint="choose an empty directory or pass --force to replace "
+                "the model in it",
+            )
         if not (target / marker).is_file():
-            raise ConfigError(f"{target} is not empty and holds no {marker}; refusing to delete it",
-                              path="DIR", hint="remove it yourself or choose another directory")
-    # The deepest existing ancestor is where the staging directory's parents get created.
+            raise ConfigError(
+                f"{target} is not empty and holds no {marker}; refusing to delete it",
+                path="DIR",
+                hint="remove it yourself or choose another directory",
+            )
+    # The deepest existing ancestor is where the staging directory's parents get
+    # created.
     probe = target.parent
     while not probe.exists():
         probe = probe.parent
@@ -61,7 +85,8 @@ def check_target(target: Path, *, force: bool, marker: str = "model_index.json")
 
 
 def _normalize_permissions(root: Path) -> None:
-    """mkdtemp makes 0700 and some savers write 0600; give the result ordinary umask permissions."""
+    """mkdtemp makes 0700 and some savers write 0600; give the result ordinary umask
+    permissions."""
     umask = _current_umask()
     root.chmod(0o777 & ~umask)
     for path in root.rglob("*"):
@@ -69,7 +94,8 @@ def _normalize_permissions(root: Path) -> None:
 
 
 def _current_umask() -> int:
-    # /proc avoids os.umask's set-and-restore, which would briefly change it for other threads.
+    # /proc avoids os.umask's set-and-restore, which would briefly change it for other
+    # threads.
     try:
         for line in Path("/proc/self/status").read_text().splitlines():
             if line.startswith("Umask:"):
@@ -82,27 +108,37 @@ def _current_umask() -> int:
 
 
 def _move_into_place(staging: Path, target: Path, *, force: bool, marker: str) -> None:
-    """Atomically publish ``staging`` as ``target``; a replaced model is moved aside, then deleted."""
+    """Atomically publish ``staging`` as ``target``; a replaced model is moved aside,
+    then deleted."""
     old: Path | None = None
     if target.is_dir():
         if any(target.iterdir()):
-            check_target(target, force=force, marker=marker)  # re-checked: something may have appeared meanwhile
-            old = Path(tempfile.mkdtemp(prefix=f".{target.name}.old-", dir=target.parent))
+            check_target(
+                target, force=force, marker=marker
+            )  # re-checked: something may have appeared meanwhile
+            old = Path(
+                tempfile.mkdtemp(prefix=f".{target.name}.old-", dir=target.parent)
+            )
             os.replace(target, old / "model")
         else:
             target.rmdir()
     try:
         os.rename(staging, target)
     except OSError as exc:
-        if target.is_dir() and any(target.iterdir()):  # another build published here meanwhile
-            raise ConfigError(f"{target} is not empty", path="DIR", hint="another build wrote it") from exc
+        if target.is_dir() and any(
+            target.iterdir()
+        ):  # another build published here meanwhile
+            raise ConfigError(
+                f"{target} is not empty", path="DIR", hint="another build wrote it"
+            ) from exc
         raise
     if old is not None:
         shutil.rmtree(old, ignore_errors=True)
 
 
 def _make_parents(target: Path) -> list[Path]:
-    """Create missing parents of ``target``; returns those created (deepest first) for cleanup."""
+    """Create missing parents of ``target``; returns those created (deepest first) for
+    cleanup."""
     missing = []
     probe = target.parent
     while not probe.exists():
@@ -126,16 +162,31 @@ def _remove_empty(dirs: list[Path]) -> None:
 
 def _unwritable(target: Path, exc: OSError) -> ConfigError:
     reason = exc.strerror or str(exc)
-    return ConfigError(f"cannot write {target}: {reason}", path="DIR", hint="choose a writable directory")
+    return ConfigError(
+        f"cannot write {target}: {reason}",
+        path="DIR",
+        hint="choose a writable directory",
+    )
 
 
-def build_seeded(kind: str, out_dir: Path | str, seed: int, write: Callable[[Path, int], None], *,
-                 force: bool, marker: str = "model_index.json") -> Path:
-    """A seeded builder's common part: check ``seed``, then ``write(staging, seed)`` published atomically as
-    ``out_dir`` (``build_into``, ``marker`` naming what such a build writes). Raises ConfigError for a bad seed
-    or target."""
+def build_seeded(
+    kind: str,
+    out_dir: Path | str,
+    seed: int,
+    write: Callable[[Path, int], None],
+    *,
+    force: bool,
+    marker: str = "model_index.json",
+) -> Path:
+    """A seeded builder's common part: check ``seed``, then ``write(staging, seed)``
+    published atomically as ``out_dir`` (``build_into``, ``marker`` naming what such a
+    build writes). Raises ConfigError for a bad seed or target."""
     if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
-        raise ConfigError(f"seed must be a non-negative integer, got {seed!r}", path="seed")
+        raise ConfigError(
+            f"seed must be a non-negative integer, got {seed!r}", path="seed"
+        )
     target = Path(out_dir).expanduser().absolute()
     logger.info("building %s (seed %d) in %s", kind, seed, target)
-    return build_into(target, lambda staging: write(staging, seed), force=force, marker=marker)
+    return build_into(
+        target, lambda staging: write(staging, seed), force=force, marker=marker
+    )

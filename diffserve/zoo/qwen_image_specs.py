@@ -1,17 +1,22 @@
-"""Architecture configs of the hermetic Qwen-Image pipelines (``tiny-qwen-image``, ``tiny-qwen-image-edit``).
+"""Architecture configs of the hermetic Qwen-Image pipelines (``tiny-qwen-image``,
+``tiny-qwen-image-edit``).
 
-The real family's geometry at a fraction of the width: Qwen-Image's MMDiT (2x2 patches over 16 latent channels,
-joint text-image attention, 3-axis RoPE), its Wan-style VAE (8x spatial compression, 16 channels, the real
-latent normalisation), the real scheduler config (dynamic exponential shift, terminal sigma 0.02), and a
-Qwen2.5-VL text encoder (its vision tower too: the edit pipeline feeds it the input image) whose last hidden
-state is the transformer's text input. Plain dicts for the diffusers / transformers constructors (no torch).
+The real family's geometry at a fraction of the width: Qwen-Image's MMDiT (2x2 patches
+over 16 latent channels, joint text-image attention, 3-axis RoPE), its Wan-style VAE (8x
+spatial compression, 16 channels, the real latent normalisation), the real scheduler
+config (dynamic exponential shift, terminal sigma 0.02), and a Qwen2.5-VL text encoder
+(its vision tower too: the edit pipeline feeds it the input image) whose last hidden
+state is the transformer's text input. Plain dicts for the diffusers / transformers
+constructors (no torch).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-QWEN_TEXT_HIDDEN = 64  # Qwen2.5-VL's hidden size = the transformer's joint_attention_dim (3584 in the real one)
+# Qwen2.5-VL's hidden size = the transformer's joint_attention_dim (3584 in the real
+# one)
+QWEN_TEXT_HIDDEN = 64
 
 # Qwen-Image's scheduler_config.json.
 QWEN_IMAGE_SCHEDULER_CONFIG: dict[str, Any] = {
@@ -31,8 +36,9 @@ QWEN_IMAGE_SCHEDULER_CONFIG: dict[str, Any] = {
     "use_karras_sigmas": False,
 }
 
-# AutoencoderKLQwenImage: Wan2.1's VAE layout (temporal downsampling declared, unused on single images); the
-# latents' mean and std are the class defaults, the real checkpoint's values.
+# AutoencoderKLQwenImage: Wan2.1's VAE layout (temporal downsampling declared, unused on
+# single images); the latents' mean and std are the class defaults, the real
+# checkpoint's values.
 QWEN_IMAGE_VAE_CONFIG: dict[str, Any] = {
     "base_dim": 4,
     "z_dim": 16,
@@ -45,7 +51,8 @@ QWEN_IMAGE_VAE_CONFIG: dict[str, Any] = {
 
 
 def qwen_image_transformer(*, layers: int, heads: int, head_dim: int) -> dict[str, Any]:
-    """QwenImageTransformer2DModel; the RoPE axes split the head as the real (16, 56, 56) does 128."""
+    """QwenImageTransformer2DModel; the RoPE axes split the head as the real (16, 56,
+    56) does 128."""
     assert head_dim == 32, "axes_dims_rope below splits a 32-wide head"
     return {
         "patch_size": 2,
@@ -61,7 +68,8 @@ def qwen_image_transformer(*, layers: int, heads: int, head_dim: int) -> dict[st
 
 
 def qwen2_5_vl_config() -> dict[str, Any]:
-    """Qwen2.5-VL's text and vision configs (the special token ids are the tokenizer's, set by the builder)."""
+    """Qwen2.5-VL's text and vision configs (the special token ids are the tokenizer's,
+    set by the builder)."""
     head_dim = QWEN_TEXT_HIDDEN // 4
     return {
         "text_config": {
@@ -72,9 +80,13 @@ def qwen2_5_vl_config() -> dict[str, Any]:
             "num_key_value_heads": 2,  # grouped-query attention, as the real 28/4
             "max_position_embeddings": 4096,
             "rms_norm_eps": 1e-6,
-            # Multimodal RoPE: (temporal, height, width) sections of the head's rotary half, as [16, 24, 24].
-            "rope_parameters": {"rope_type": "default", "rope_theta": 1000000.0,
-                                "mrope_section": [2, 3, head_dim // 2 - 5]},
+            # Multimodal RoPE: (temporal, height, width) sections of the head's rotary
+            # half, as [16, 24, 24].
+            "rope_parameters": {
+                "rope_type": "default",
+                "rope_theta": 1000000.0,
+                "mrope_section": [2, 3, head_dim // 2 - 5],
+            },
         },
         "vision_config": {
             "depth": 2,

@@ -1,10 +1,11 @@
 """Hermetic tokenizers for the tiny FLUX models: a CLIP byte-level BPE and a T5 Unigram.
 
-Both vocabularies are computed here from a small built-in corpus with fully deterministic rules
-(counts, ties broken by the token text), never with the ``tokenizers`` trainers: the Unigram
-trainer is not reproducible, and a byte-identical rebuild is part of the builder's contract.
-Nothing is downloaded. The files are written by transformers' own tokenizer classes so that the
-installed transformers is guaranteed to load what we write.
+Both vocabularies are computed here from a small built-in corpus with fully
+deterministic rules (counts, ties broken by the token text), never with the
+``tokenizers`` trainers: the Unigram trainer is not reproducible, and a byte-identical
+rebuild is part of the builder's contract. Nothing is downloaded. The files are written
+by transformers' own tokenizer classes so that the installed transformers is guaranteed
+to load what we write.
 """
 
 from __future__ import annotations
@@ -18,7 +19,8 @@ from diffserve.logging import get_logger
 
 logger = get_logger(__name__)
 
-# Prompt-like English: enough structure for a few hundred merges / pieces, small enough to be instant.
+# Prompt-like English: enough structure for a few hundred merges / pieces, small enough
+# to be instant.
 _CORPUS = """
 a photo of a cat sitting on a wooden table next to a window with soft morning light
 a painting of a red fox in a snowy forest at sunset, oil on canvas, highly detailed
@@ -28,7 +30,8 @@ a futuristic city skyline at night with neon lights and flying cars, rain, refle
 portrait of an old man with a white beard wearing a hat, black and white photograph
 a small house by the lake surrounded by mountains and pine trees in the autumn
 a watercolor illustration of a dragon flying over a castle in the clouds
-close up of a flower with water drops on the petals, macro photography, shallow depth of field
+close up of a flower with water drops on the petals, macro photography, \
+shallow depth of field
 a dog running on the beach with waves in the background, golden hour, sharp focus
 a cup of coffee and a book on a table in a cozy cafe, warm colors
 a robot reading a newspaper in a park, sunny day, green grass and blue sky
@@ -41,12 +44,15 @@ a mountain landscape with a river and a waterfall, green valley, early morning f
 a plate of pasta with tomato sauce and basil, food photography, studio light
 a cute cartoon bear holding a balloon, simple shapes, bright colors, white background
 three people sitting around a fire in the woods, telling stories, warm light
-an ancient temple in the jungle covered with vines, mysterious atmosphere, volumetric light
+an ancient temple in the jungle covered with vines, mysterious atmosphere, \
+volumetric light
 """
 
 CLIP_BOS = "<|startoftext|>"
 CLIP_EOS = "<|endoftext|>"
-CLIP_MAX_LENGTH = 77  # CLIP-L's context length, which FluxPipeline reads from the tokenizer
+CLIP_MAX_LENGTH = (
+    77  # CLIP-L's context length, which FluxPipeline reads from the tokenizer
+)
 T5_MAX_LENGTH = 512  # FLUX.1-dev's T5 limit
 _CLIP_MAX_MERGES = 400
 _T5_MAX_PIECES = 700
@@ -75,12 +81,16 @@ def _bytes_to_unicode() -> dict[int, str]:
     return {b: chr(c) for b, c in zip(printable, codes, strict=True)}
 
 
-def clip_vocab_and_merges(extra_corpus: str = "") -> tuple[dict[str, int], list[tuple[str, str]]]:
-    """Train a byte-level BPE the way CLIP's vocab is laid out: bytes, bytes+</w>, merges, specials.
+def clip_vocab_and_merges(
+    extra_corpus: str = "",
+) -> tuple[dict[str, int], list[tuple[str, str]]]:
+    """Train a byte-level BPE the way CLIP's vocab is laid out: bytes, bytes+</w>,
+    merges, specials.
 
-    Each merge picks the most frequent adjacent pair; ties go to the lexicographically smallest
-    pair, so the result never depends on dict/set iteration order or hash seeds. ``extra_corpus``
-    (default none: the tiny models' files stay byte-identical) adds text, e.g. a grammar's prompts.
+    Each merge picks the most frequent adjacent pair; ties go to the lexicographically
+    smallest pair, so the result never depends on dict/set iteration order or hash
+    seeds. ``extra_corpus`` (default none: the tiny models' files stay byte-identical)
+    adds text, e.g. a grammar's prompts.
     """
     byte_chars = [ch for _, ch in sorted(_bytes_to_unicode().items())]
     byte_to_char = _bytes_to_unicode()
@@ -92,15 +102,20 @@ def clip_vocab_and_merges(extra_corpus: str = "") -> tuple[dict[str, int], list[
 
     merges = learn_merges(words, _CLIP_MAX_MERGES)
 
-    tokens = byte_chars + [ch + "</w>" for ch in byte_chars] + [a + b for a, b in merges]
+    tokens = (
+        byte_chars + [ch + "</w>" for ch in byte_chars] + [a + b for a, b in merges]
+    )
     tokens += [CLIP_BOS, CLIP_EOS]
     return {tok: i for i, tok in enumerate(tokens)}, merges
 
 
-def learn_merges(words: Counter[tuple[str, ...]], limit: int | None = None) -> list[tuple[str, str]]:
-    """Byte-pair merges learnt from ``words`` (symbol tuples with counts): the most frequent adjacent pair first,
-    ties to the lexicographically smallest, so the result never depends on iteration order or hash seeds; up to
-    ``limit`` merges, or (None) until every word is one symbol."""
+def learn_merges(
+    words: Counter[tuple[str, ...]], limit: int | None = None
+) -> list[tuple[str, str]]:
+    """Byte-pair merges learnt from ``words`` (symbol tuples with counts): the most
+    frequent adjacent pair first, ties to the lexicographically smallest, so the result
+    never depends on iteration order or hash seeds; up to ``limit`` merges, or (None)
+    until every word is one symbol."""
     merges: list[tuple[str, str]] = []
     while limit is None or len(merges) < limit:
         pairs: Counter[tuple[str, str]] = Counter()
@@ -132,11 +147,13 @@ def _merge(symbols: tuple[str, ...], pair: tuple[str, str]) -> tuple[str, ...]:
 
 
 def t5_vocab(extra_corpus: str = "") -> list[tuple[str, float]]:
-    """A SentencePiece-style Unigram vocab: T5's specials first, then pieces with log-prob scores.
+    """A SentencePiece-style Unigram vocab: T5's specials first, then pieces with
+    log-prob scores.
 
-    Pieces are substrings of ``▁word`` counted over the corpus; every printable ASCII character is
-    included so any ASCII prompt tokenizes without ``<unk>``. Every word of ``extra_corpus`` is also
-    kept whole (``▁word``), so a grammar's words are single pieces.
+    Pieces are substrings of ``▁word`` counted over the corpus; every printable ASCII
+    character is included so any ASCII prompt tokenizes without ``<unk>``. Every word of
+    ``extra_corpus`` is also kept whole (``▁word``), so a grammar's words are single
+    pieces.
     """
     counts: Counter[str] = Counter()
     for word in _corpus_words(extra_corpus):
@@ -144,13 +161,18 @@ def t5_vocab(extra_corpus: str = "") -> list[tuple[str, float]]:
         for start in range(len(text)):
             for end in range(start + 1, min(len(text), start + _T5_MAX_PIECE_LEN) + 1):
                 counts[text[start:end]] += 1
-    # Keep pieces seen at least twice (or single characters), most frequent first, ties by text.
+    # Keep pieces seen at least twice (or single characters), most frequent first, ties
+    # by text.
     ranked = sorted(
-        (p for p, c in counts.items() if c >= 2 or len(p) == 1), key=lambda p: (-counts[p], p)
+        (p for p, c in counts.items() if c >= 2 or len(p) == 1),
+        key=lambda p: (-counts[p], p),
     )[:_T5_MAX_PIECES]
     chars = [chr(c) for c in range(ord("!"), ord("~") + 1)] + [_SPACE]
     extra_words = Counter(_SPACE + w for w in extra_corpus.replace(",", " ,").split())
-    for piece, count in extra_words.items():  # whole words longer than _T5_MAX_PIECE_LEN
+    for (
+        piece,
+        count,
+    ) in extra_words.items():  # whole words longer than _T5_MAX_PIECE_LEN
         counts[piece] = max(counts[piece], count)
     ranked += sorted(set(extra_words) - set(ranked))
     seen = set(ranked)
@@ -158,20 +180,27 @@ def t5_vocab(extra_corpus: str = "") -> list[tuple[str, float]]:
     total = sum(counts.values())
     scored = [(p, math.log(max(counts[p], 0.5) / total)) for p in pieces]
     # Round so the JSON text of each score is short and platform-independent.
-    scored = [(p, round(s, 6)) for p, s in sorted(scored, key=lambda ps: (-ps[1], ps[0]))]
+    scored = [
+        (p, round(s, 6)) for p, s in sorted(scored, key=lambda ps: (-ps[1], ps[0]))
+    ]
     return [("<pad>", 0.0), ("</s>", 0.0), ("<unk>", 0.0)] + scored
 
 
 def write_clip_tokenizer(out_dir: Path, extra_corpus: str = "") -> int:
-    """Write ``tokenizer/`` (tokenizer.json + legacy vocab.json/merges.txt). Returns the vocab size."""
+    """Write ``tokenizer/`` (tokenizer.json + legacy vocab.json/merges.txt). Returns the
+    vocab size."""
     from transformers import CLIPTokenizer
 
     vocab, merges = clip_vocab_and_merges(extra_corpus)
-    tok = CLIPTokenizer(vocab=dict(vocab), merges=list(merges), model_max_length=CLIP_MAX_LENGTH)
+    tok = CLIPTokenizer(
+        vocab=dict(vocab), merges=list(merges), model_max_length=CLIP_MAX_LENGTH
+    )
     tok.save_pretrained(str(out_dir))
-    # The slow-tokenizer files too, so transformers 4.x's CLIPTokenizer can read the directory.
+    # The slow-tokenizer files too, so transformers 4.x's CLIPTokenizer can read the
+    # directory.
     (out_dir / "vocab.json").write_text(
-        json.dumps(vocab, ensure_ascii=False, sort_keys=True, indent=2) + "\n", encoding="utf-8"
+        json.dumps(vocab, ensure_ascii=False, sort_keys=True, indent=2) + "\n",
+        encoding="utf-8",
     )
     merges_text = "#version: 0.2\n" + "".join(f"{a} {b}\n" for a, b in merges)
     (out_dir / "merges.txt").write_text(merges_text, encoding="utf-8")

@@ -1,9 +1,11 @@
-"""Architecture configs of the hermetic Z-Image pipeline, and the Qwen3 text encoder it shares with FLUX.2-klein
-(``flux2_specs``): a Qwen3 language model read through its chat template.
+"""Architecture configs of the hermetic Z-Image pipeline, and the Qwen3 text encoder it
+shares with FLUX.2-klein (``flux2_specs``): a Qwen3 language model read through its chat
+template.
 
-Z-Image (``ZImagePipeline``): a single-stream DiT whose text and image tokens each pass refiner blocks first,
-FLUX.1's VAE, a fixed flow shift of 3, and the Qwen3 model's second-to-last hidden state as the caption
-features. Widths shrink, the geometry stays. Plain dicts (no torch).
+Z-Image (``ZImagePipeline``): a single-stream DiT whose text and image tokens each pass
+refiner blocks first, FLUX.1's VAE, a fixed flow shift of 3, and the Qwen3 model's
+second-to-last hidden state as the caption features. Widths shrink, the geometry stays.
+Plain dicts (no torch).
 """
 
 from __future__ import annotations
@@ -14,18 +16,23 @@ from diffserve.zoo.flux_specs import VAE_CONFIG
 
 QWEN3_HIDDEN = 64
 
-# Qwen3's chat template, as far as the pipelines use it: one user turn, the generation prompt, and the empty
-# thinking block Qwen3 writes when ``enable_thinking`` is false (FLUX.2-klein; Z-Image asks for thinking).
+# Qwen3's chat template, as far as the pipelines use it: one user turn, the generation
+# prompt, and the empty thinking block Qwen3 writes when ``enable_thinking`` is false
+# (FLUX.2-klein; Z-Image asks for thinking).
 QWEN3_CHAT_TEMPLATE = (
-    "{%- for message in messages %}{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + "
-    "'<|im_end|>\\n' }}{%- endfor %}{%- if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}"
-    "{%- if enable_thinking is defined and enable_thinking is false %}{{ '<think>\\n\\n</think>\\n\\n' }}"
+    "{%- for message in messages %}{{ '<|im_start|>' + "
+    "message['role'] + '\\n' + message['content'] + "
+    "'<|im_end|>\\n' }}{%- endfor %}{%- if add_generation_prompt "
+    "%}{{ '<|im_start|>assistant\\n' }}"
+    "{%- if enable_thinking is defined and enable_thinking "
+    "is false %}{{ '<think>\\n\\n</think>\\n\\n' }}"
     "{%- endif %}{%- endif %}"
 )
 
 
 def qwen3_config(*, layers: int) -> dict[str, Any]:
-    """A Qwen3 language model (grouped-query attention, per-head q/k norms); ids are set by the builder."""
+    """A Qwen3 language model (grouped-query attention, per-head q/k norms); ids are set
+    by the builder."""
     return {
         "hidden_size": QWEN3_HIDDEN,
         "intermediate_size": 2 * QWEN3_HIDDEN,
@@ -40,14 +47,22 @@ def qwen3_config(*, layers: int) -> dict[str, Any]:
     }
 
 
-# --- Z-Image ----------------------------------------------------------------------------------------------
+# --- Z-Image
+# --------------------------------------------------------------------------------------
 # Z-Image-Turbo's scheduler_config.json: a fixed shift of 3.
-Z_IMAGE_SCHEDULER_CONFIG: dict[str, Any] = {"num_train_timesteps": 1000, "shift": 3.0, "use_dynamic_shifting": False}
-Z_IMAGE_VAE_CONFIG: dict[str, Any] = dict(VAE_CONFIG)  # FLUX.1's VAE layout and normalisation
+Z_IMAGE_SCHEDULER_CONFIG: dict[str, Any] = {
+    "num_train_timesteps": 1000,
+    "shift": 3.0,
+    "use_dynamic_shifting": False,
+}
+Z_IMAGE_VAE_CONFIG: dict[str, Any] = dict(
+    VAE_CONFIG
+)  # FLUX.1's VAE layout and normalisation
 
 
 def z_image_transformer(*, layers: int, heads: int, head_dim: int) -> dict[str, Any]:
-    """ZImageTransformer2DModel; the RoPE axes split the head as the real [32, 48, 48] does 128."""
+    """ZImageTransformer2DModel; the RoPE axes split the head as the real [32, 48, 48]
+    does 128."""
     assert head_dim == 32, "axes_dims below splits a 32-wide head"
     return {
         "all_patch_size": [2],

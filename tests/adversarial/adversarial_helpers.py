@@ -1,5 +1,5 @@
-"""Constants, launch and probes shared by the adversarial tests (a module with a unique name: two
-conftest.py files cannot both be imported as ``conftest`` in one session)."""
+"""Constants, launch and probes shared by the adversarial tests (a module with a unique
+name: two conftest.py files cannot both be imported as ``conftest`` in one session)."""
 
 from __future__ import annotations
 
@@ -16,9 +16,9 @@ AUTH = {"Authorization": f"Bearer {API_KEY}"}
 MODEL_NAME = "tiny-flux"
 GEN = "/v1/images/generations"
 
-# Small limits so that every request the fuzzer can make valid is cheap, a short body deadline for
-# the slow clients, and a Host allow-list. max_pixels (64x64) is below the tiny model's default size
-# (128x128), so a request that omits size is over it.
+# Small limits so that every request the fuzzer can make valid is cheap, a short body
+# deadline for the slow clients, and a Host allow-list. max_pixels (64x64) is below the
+# tiny model's default size (128x128), so a request that omits size is over it.
 HARDENED_DEPLOY = """
 server:
   max_queue: 2
@@ -53,8 +53,11 @@ enforce_eager: true
 
 
 @contextlib.contextmanager
-def launch(log_dir: Path, *args: str, env: dict[str, str] | None = None) -> Iterator[ServerProcess]:
-    """Start a server (``env`` is set for the child only) and wait until it is warmed."""
+def launch(
+    log_dir: Path, *args: str, env: dict[str, str] | None = None
+) -> Iterator[ServerProcess]:
+    """Start a server (``env`` is set for the child only) and wait until it is
+    warmed."""
     saved = {k: os.environ.get(k) for k in env or {}}
     os.environ.update(env or {})
     try:
@@ -78,7 +81,8 @@ def write(tmp: Path, text: str) -> Path:
     return path
 
 
-# --- probes -------------------------------------------------------------------------------------------
+# --- probes
+# --------------------------------------------------------------------------------------
 def rss_mib(server: ServerProcess) -> float:
     for line in Path(f"/proc/{server.proc.pid}/status").read_text().splitlines():
         if line.startswith("VmRSS:"):
@@ -115,7 +119,12 @@ def assert_clean_log(server: ServerProcess) -> None:
 
 
 def generate_ok(server: ServerProcess, **fields: object) -> dict:
-    body = {"prompt": "still alive", "size": "32x32", "num_inference_steps": 1, **fields}
+    body = {
+        "prompt": "still alive",
+        "size": "32x32",
+        "num_inference_steps": 1,
+        **fields,
+    }
     resp = httpx.post(server.url + GEN, json=body, headers=AUTH, timeout=60)
     assert resp.status_code == 200, resp.text
     return resp.json()

@@ -1,5 +1,6 @@
-"""Worker extensions that inject faults (importable in worker processes: the tests put this folder on
-PYTHONPATH for ``diffserve serve``, and spawned workers inherit the test process's ``sys.path``)."""
+"""Worker extensions that inject faults (importable in worker processes: the tests put
+this folder on PYTHONPATH for ``diffserve serve``, and spawned workers inherit the test
+process's ``sys.path``)."""
 
 from __future__ import annotations
 
@@ -10,12 +11,14 @@ from typing import Any
 
 from diffserve.worker.extension import WorkerExtension
 
-# Set by a test at teardown to release a uni worker thread hung in a step (a thread cannot be killed).
+# Set by a test at teardown to release a uni worker thread hung in a step (a thread
+# cannot be killed).
 RELEASE = threading.Event()
 
 
 class HangExtension(WorkerExtension):
-    """Every transformer forward blocks until RELEASE is set (never, in a worker process)."""
+    """Every transformer forward blocks until RELEASE is set (never, in a worker
+    process)."""
 
     def after_load(self, worker: Any) -> None:
         transformer = worker.pipeline.transformer
@@ -38,7 +41,8 @@ class FailExtension(WorkerExtension):
 
 
 class SlowStepExtension(WorkerExtension):
-    """Every transformer forward sleeps FAULTS_STEP_S seconds first (a long, honest batch)."""
+    """Every transformer forward sleeps FAULTS_STEP_S seconds first (a long, honest
+    batch)."""
 
     def after_load(self, worker: Any) -> None:
         transformer = worker.pipeline.transformer
@@ -53,7 +57,8 @@ class SlowStepExtension(WorkerExtension):
 
 
 class SlowLoadExtension(WorkerExtension):
-    """The model load takes FAULTS_LOAD_S seconds (default 60): a parent dies meanwhile."""
+    """The model load takes FAULTS_LOAD_S seconds (default 60): a parent dies
+    meanwhile."""
 
     def before_load(self, worker: Any) -> None:
         time.sleep(float(os.environ.get("FAULTS_LOAD_S", "60")))

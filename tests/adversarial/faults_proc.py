@@ -1,4 +1,5 @@
-"""Process helpers for the adversarial tests: children from /proc (psutil is not a dependency)."""
+"""Process helpers for the adversarial tests: children from /proc (psutil is not a
+dependency)."""
 
 from __future__ import annotations
 
@@ -11,12 +12,22 @@ from pathlib import Path
 
 from procs import pid_alive, worker_children
 
-__all__ = ["HERE", "deploy", "kill_all", "pid_alive", "wait_gone", "wait_until", "worker_children"]
+__all__ = [
+    "HERE",
+    "deploy",
+    "kill_all",
+    "pid_alive",
+    "wait_gone",
+    "wait_until",
+    "worker_children",
+]
 
 HERE = Path(__file__).resolve().parent
 
 
-def wait_until(predicate: Callable[[], bool], timeout: float, interval: float = 0.05) -> bool:
+def wait_until(
+    predicate: Callable[[], bool], timeout: float, interval: float = 0.05
+) -> bool:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if predicate():
@@ -32,16 +43,24 @@ def wait_gone(pids: list[int], timeout: float) -> list[int]:
 
 
 def kill_all(pids: list[int]) -> None:
-    """Cleanup only: SIGKILL (and SIGCONT, so a stopped process dies promptly) whatever is left."""
+    """Cleanup only: SIGKILL (and SIGCONT, so a stopped process dies promptly) whatever
+    is left."""
     for pid in pids:
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.kill(pid, signal.SIGKILL)
             os.kill(pid, signal.SIGCONT)
 
 
-def deploy(tmp_path: Path, executor: str, extension: str | None, **server: object) -> Path:
-    lines = ["dtype: float32", "enforce_eager: true", f"distributed_executor_backend: {executor}",
-             "warmup:", "  enabled: false"]
+def deploy(
+    tmp_path: Path, executor: str, extension: str | None, **server: object
+) -> Path:
+    lines = [
+        "dtype: float32",
+        "enforce_eager: true",
+        f"distributed_executor_backend: {executor}",
+        "warmup:",
+        "  enabled: false",
+    ]
     if extension:
         lines.append(f"worker_extension_cls: faults_ext.{extension}")
     if server:

@@ -1,5 +1,6 @@
-"""Make the repository's ``benchmarks`` package importable from these tests (it is not installed with
-diffserve). A regular package on sys.path wins over the ``tests/benchmarks`` namespace directory."""
+"""Make the repository's ``benchmarks`` package importable from these tests (it is not
+installed with diffserve). A regular package on sys.path wins over the
+``tests/benchmarks`` namespace directory."""
 
 from __future__ import annotations
 

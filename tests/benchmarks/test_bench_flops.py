@@ -1,6 +1,7 @@
-"""The analytic FLOP count of a FLUX transformer forward (benchmarks/flops.py) equals what torch's
-FlopCounterMode counts for diffusers' FluxTransformer2DModel, plus the attention matmuls (on CPU,
-SDPA is not counted by FlopCounterMode, so the test adds 4*S^2*D per block itself)."""
+"""The analytic FLOP count of a FLUX transformer forward (benchmarks/flops.py) equals
+what torch's FlopCounterMode counts for diffusers' FluxTransformer2DModel, plus the
+attention matmuls (on CPU, SDPA is not counted by FlopCounterMode, so the test adds
+4*S^2*D per block itself)."""
 
 from __future__ import annotations
 
@@ -15,20 +16,38 @@ def test_analytic_flops_match_flop_counter(guidance: bool) -> None:
     from diffusers import FluxTransformer2DModel
     from torch.utils.flop_counter import FlopCounterMode
 
-    cfg = dict(patch_size=1, in_channels=16, num_layers=2, num_single_layers=3, attention_head_dim=16,
-               num_attention_heads=4, joint_attention_dim=32, pooled_projection_dim=24,
-               guidance_embeds=guidance, axes_dims_rope=(4, 6, 6))
+    cfg = dict(
+        patch_size=1,
+        in_channels=16,
+        num_layers=2,
+        num_single_layers=3,
+        attention_head_dim=16,
+        num_attention_heads=4,
+        joint_attention_dim=32,
+        pooled_projection_dim=24,
+        guidance_embeds=guidance,
+        axes_dims_rope=(4, 6, 6),
+    )
     model = FluxTransformer2DModel(**cfg).eval()
     b, ni, nt = 2, 64, 16
-    kwargs = dict(hidden_states=torch.randn(b, ni, 16), encoder_hidden_states=torch.randn(b, nt, 32),
-                  pooled_projections=torch.randn(b, 24), timestep=torch.ones(b), img_ids=torch.zeros(ni, 3),
-                  txt_ids=torch.zeros(nt, 3), guidance=torch.ones(b) if guidance else None, return_dict=False)
+    kwargs = dict(
+        hidden_states=torch.randn(b, ni, 16),
+        encoder_hidden_states=torch.randn(b, nt, 32),
+        pooled_projections=torch.randn(b, 24),
+        timestep=torch.ones(b),
+        img_ids=torch.zeros(ni, 3),
+        txt_ids=torch.zeros(nt, 3),
+        guidance=torch.ones(b) if guidance else None,
+        return_dict=False,
+    )
     with torch.no_grad(), FlopCounterMode(display=False) as counter:
         model(**kwargs)
     d, s, blocks = 4 * 16, ni + nt, 2 + 3
     attention = b * blocks * 4 * s * s * d
     counted = counter.get_total_flops()
-    if counted < transformer_flops(cfg, ni, nt, b) - attention // 2:  # SDPA not counted on this build
+    if (
+        counted < transformer_flops(cfg, ni, nt, b) - attention // 2
+    ):  # SDPA not counted on this build
         counted += attention
     assert counted == transformer_flops(cfg, ni, nt, b)
 

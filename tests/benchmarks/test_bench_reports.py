@@ -1,5 +1,5 @@
-"""Each CPU kind keeps its own benchmark report (benchmarks/run.py:default_report), and an emulated kind's timings
-(DIFFSERVE_CPU_KIND) are never filed as that kind's."""
+"""Each CPU kind keeps its own benchmark report (benchmarks/run.py:default_report), and
+an emulated kind's timings (DIFFSERVE_CPU_KIND) are never filed as that kind's."""
 
 from __future__ import annotations
 
@@ -11,9 +11,15 @@ from diffserve.config.platform import CpuKind, cpu_kind
 
 
 def test_every_kind_writes_its_own_report_and_an_emulated_one_its_own_too() -> None:
-    assert default_report("AVX2").name == "RESULTS.md" and default_report("AMX").name == "RESULTS-AMX.md"
+    assert (
+        default_report("AVX2").name == "RESULTS.md"
+        and default_report("AMX").name == "RESULTS-AMX.md"
+    )
     assert kind_name(CpuKind("AVX2", emulated_on="AMX")) == "AVX2-ON-AMX"
-    assert default_report(kind_name(CpuKind("AVX2", emulated_on="AMX"))).name == "RESULTS-AVX2-ON-AMX.md"
+    assert (
+        default_report(kind_name(CpuKind("AVX2", emulated_on="AMX"))).name
+        == "RESULTS-AVX2-ON-AMX.md"
+    )
     assert machine()["cpu_capability"] == kind_name(cpu_kind())
 
 

@@ -1,8 +1,9 @@
-"""CI runs the benchmark's smoke mode (tiny model, a couple of iterations) so it cannot rot.
+"""CI runs the benchmark's smoke mode (tiny model, a couple of iterations) so it cannot
+rot.
 
-No timing assertions: the numbers of a smoke run on a shared CI machine mean nothing. The test
-checks that one documented command produces RESULTS.md and its JSON twin with every section
-measured and every target listed.
+No timing assertions: the numbers of a smoke run on a shared CI machine mean nothing.
+The test checks that one documented command produces RESULTS.md and its JSON twin with
+every section measured and every target listed.
 """
 
 from __future__ import annotations
@@ -15,9 +16,26 @@ import programs
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-SECTION_KEYS = ("e2e", "step", "overhead", "throughput", "cold", "replicas", "parallel", "cache", "arrivals",
-                "generic", "lora", "cache_trained", "quant", "stages", "video", "tracing", "cache_video",
-                "ar_stage")
+SECTION_KEYS = (
+    "e2e",
+    "step",
+    "overhead",
+    "throughput",
+    "cold",
+    "replicas",
+    "parallel",
+    "cache",
+    "arrivals",
+    "generic",
+    "lora",
+    "cache_trained",
+    "quant",
+    "stages",
+    "video",
+    "tracing",
+    "cache_video",
+    "ar_stage",
+)
 
 
 @pytest.mark.e2e
@@ -25,8 +43,11 @@ SECTION_KEYS = ("e2e", "step", "overhead", "throughput", "cold", "replicas", "pa
 def test_smoke_benchmark_writes_every_section(tmp_path: Path) -> None:
     out = tmp_path / "RESULTS.md"
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
-    # `python -m benchmarks.run --smoke`, as a user runs it; every contender it starts is a process of its own.
-    proc = programs.run("benchmarks.run", "--smoke", "--out", out, env=env, cwd=ROOT, timeout=570)
+    # `python -m benchmarks.run --smoke`, as a user runs it; every contender it starts
+    # is a process of its own.
+    proc = programs.run(
+        "benchmarks.run", "--smoke", "--out", out, env=env, cwd=ROOT, timeout=570
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
 
     data = json.loads((tmp_path / "results.json").read_text())
@@ -35,24 +56,36 @@ def test_smoke_benchmark_writes_every_section(tmp_path: Path) -> None:
     sections = {s["key"]: s for s in data["sections"]}
     assert set(sections) == set(SECTION_KEYS)
     for key, section in sections.items():
-        assert section["status"] == "ok", f"{key}: {section['status']}: {section['reason']} {section['notes']}"
+        assert section["status"] == "ok", (
+            f"{key}: {section['status']}: {section['reason']} {section['notes']}"
+        )
         assert section["rows"], key
-    # 21 fixed targets (the default-dtype row and section o's two included) + one generic-path parity row per
-    # smoke case and dtype.
+    # 21 fixed targets (the default-dtype row and section o's two included) + one
+    # generic-path parity row per smoke case and dtype.
     assert len(data["targets"]) == 22
-    assert any(t["name"].startswith("small-flux 256x256/4 eager in the machine's default dtype")
-               for t in data["targets"])
+    assert any(
+        t["name"].startswith(
+            "small-flux 256x256/4 eager in the machine's default dtype"
+        )
+        for t in data["targets"]
+    )
 
     text = out.read_text()
-    for heading in ("## Targets", "## Machine", "## Models", *(f"## {s['title']}" for s in data["sections"])):
+    for heading in (
+        "## Targets",
+        "## Machine",
+        "## Models",
+        *(f"## {s['title']}" for s in data["sections"]),
+    ):
         assert heading in text, heading
     for target in data["targets"]:
         assert target["name"] in text
 
 
 def test_arrivals_trace_statistics_and_fifo_worker() -> None:
-    """Section i's pieces that need no model: the seeded Poisson trace, the percentiles and images/s, and
-    the sequential baseline's FIFO (a request starts at max(its arrival, the previous completion))."""
+    """Section i's pieces that need no model: the seeded Poisson trace, the percentiles
+    and images/s, and the sequential baseline's FIFO (a request starts at max(its
+    arrival, the previous completion))."""
     import time
 
     import numpy as np
@@ -61,18 +94,36 @@ def test_arrivals_trace_statistics_and_fifo_worker() -> None:
 
     trace = arrivals.unit_trace(2000, seed=7)
     assert trace[0] == 0.0 and np.all(np.diff(trace) > 0)
-    assert np.array_equal(trace, arrivals.unit_trace(2000, seed=7))  # same seed, same trace for everyone
+    assert np.array_equal(
+        trace, arrivals.unit_trace(2000, seed=7)
+    )  # same seed, same trace for everyone
     assert 0.9 < trace[-1] / 1999 < 1.1  # unit rate: mean gap ~1
     assert len(arrivals.unit_trace(1)) == 1
 
-    run = arrivals.Run(arrivals=[0.0, 1.0, 2.0, 3.0], completions=[1.0, 3.0, 3.5, 7.0], batch_sizes=[1, 2, 1])
+    run = arrivals.Run(
+        arrivals=[0.0, 1.0, 2.0, 3.0],
+        completions=[1.0, 3.0, 3.5, 7.0],
+        batch_sizes=[1, 2, 1],
+    )
     assert run.latencies == [1.0, 2.0, 1.5, 4.0]
     assert run.p50 == 1.75 and abs(run.p95 - 3.7) < 1e-9  # numpy's linear interpolation
-    assert run.images_per_s == 4 / 7.0 and run.mean_batch == 4 / 3 and run.mean_running is None
+    assert (
+        run.images_per_s == 4 / 7.0
+        and run.mean_batch == 4 / 3
+        and run.mean_running is None
+    )
 
     pooled = arrivals.Run.pool([run, arrivals.Run([0.0, 0.5], [2.0, 2.5], running=[2])])
-    assert pooled.latencies == [*run.latencies, 2.0, 2.0]  # latencies kept, runs laid end to end
-    assert pooled.images_per_s == 6 / (7.0 + 2.5) and pooled.batch_sizes == [1, 2, 1] and pooled.running == [2]
+    assert pooled.latencies == [
+        *run.latencies,
+        2.0,
+        2.0,
+    ]  # latencies kept, runs laid end to end
+    assert (
+        pooled.images_per_s == 6 / (7.0 + 2.5)
+        and pooled.batch_sizes == [1, 2, 1]
+        and pooled.running == [2]
+    )
 
     starts: list[float] = []
     t0 = time.perf_counter()
@@ -83,5 +134,7 @@ def test_arrivals_trace_statistics_and_fifo_worker() -> None:
 
     fifo = arrivals._run_sequential(call, [0.0, 0.01, 0.2])
     assert starts[1] >= 0.05 - 1e-3  # arrived while the first ran: waits for it
-    assert starts[2] >= 0.2 - 1e-3 and fifo.completions[2] >= 0.25 - 1e-3  # idle worker waits for the arrival
+    assert (
+        starts[2] >= 0.2 - 1e-3 and fifo.completions[2] >= 0.25 - 1e-3
+    )  # idle worker waits for the arrival
     assert all(lat >= 0.05 - 1e-3 for lat in fifo.latencies)

@@ -1,4 +1,5 @@
-"""Helpers for config tests: write YAML files and resolve with no ambient environment."""
+"""Helpers for config tests: write YAML files and resolve with no ambient
+environment."""
 
 from __future__ import annotations
 
@@ -16,7 +17,8 @@ def write(path: Path, text: str) -> Path:
 
 
 def line_of(path: Path, needle: str) -> int:
-    """1-based line of the first line containing ``needle`` (tests assert file:line provenance)."""
+    """1-based line of the first line containing ``needle`` (tests assert file:line
+    provenance)."""
     for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
         if needle in line:
             return number
@@ -24,7 +26,8 @@ def line_of(path: Path, needle: str) -> int:
 
 
 def run(**kwargs: Any):
-    """resolve() pinned to the cpu platform and an empty environment unless the test says otherwise."""
+    """resolve() pinned to the cpu platform and an empty environment unless the test
+    says otherwise."""
     kwargs.setdefault("platform", "cpu")
     kwargs.setdefault("env", {})
     return resolve(**kwargs)

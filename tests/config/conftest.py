@@ -12,5 +12,7 @@ import pytest
 def flux_model(tmp_path: Path) -> Path:
     model = tmp_path / "flux"
     model.mkdir()
-    (model / "model_index.json").write_text(json.dumps({"_class_name": "FluxPipeline"}), encoding="utf-8")
+    (model / "model_index.json").write_text(
+        json.dumps({"_class_name": "FluxPipeline"}), encoding="utf-8"
+    )
     return model

@@ -7,7 +7,9 @@ from pathlib import Path
 
 from config_helpers import run, write
 
-DOC = (Path(__file__).resolve().parents[2] / "docs" / "config.md").read_text(encoding="utf-8")
+DOC = (Path(__file__).resolve().parents[2] / "docs" / "config.md").read_text(
+    encoding="utf-8"
+)
 
 
 def _doc_example() -> str:
@@ -19,11 +21,20 @@ def test_documented_example_resolves_on_cpu_and_cuda(tmp_path: Path) -> None:
     deploy = write(tmp_path / "deploy.yaml", _doc_example())
     cpu = run(deploy_config=deploy)
     stage = cpu.stages[0]
-    assert (stage.dtype, stage.linear_backend, stage.attention_backend.default) == ("float32", "torch", "sdpa")
+    assert (stage.dtype, stage.linear_backend, stage.attention_backend.default) == (
+        "float32",
+        "torch",
+        "sdpa",
+    )
     assert stage.enforce_eager is True and stage.distributed_executor_backend == "uni"
-    assert (stage.devices, stage.max_batch_size, stage.worker_extension_cls) == ((0,), 4, "my_pkg.probe.Probe")
+    assert (stage.devices, stage.max_batch_size, stage.worker_extension_cls) == (
+        (0,),
+        4,
+        "my_pkg.probe.Probe",
+    )
     assert stage.warmup.enabled is True and cpu.server.max_queue == 64
-    # The stage's own dtype is in the deploy YAML layer; the cpu block's pipeline-wide dtype outranks it.
+    # The stage's own dtype is in the deploy YAML layer; the cpu block's pipeline-wide
+    # dtype outranks it.
     assert cpu.provenance["stages.0.dtype"].layer == "platform"
     assert cpu.provenance["stages.0.attention_backend.default"].layer == "platform"
     cuda = run(deploy_config=deploy, platform="cuda")

@@ -18,13 +18,20 @@ from diffserve.errors import ConfigError
 
 
 def _sample(tmp_path: Path) -> ResolvedConfig:
-    deploy = write(tmp_path / "d.yaml", """
+    deploy = write(
+        tmp_path / "d.yaml",
+        """
         topology: split_text_encoder
         server: {max_n: 2}
         stages:
-          - {stage_id: 1, attention_backend: {default: sdpa, single_block: math}, extras: {k: [1, {a: b}]}}
-        """)
-    return run(deploy_config=deploy, overrides={"worker_extension_cls": "my_pkg.probe.Probe"})
+          - stage_id: 1
+            attention_backend: {default: sdpa, single_block: math}
+            extras: {k: [1, {a: b}]}
+        """,
+    )
+    return run(
+        deploy_config=deploy, overrides={"worker_extension_cls": "my_pkg.probe.Probe"}
+    )
 
 
 def test_frozen_and_picklable(tmp_path: Path) -> None:
@@ -44,7 +51,11 @@ def test_frozen_and_picklable(tmp_path: Path) -> None:
 def test_public_names_and_role_lookup(tmp_path: Path) -> None:
     cfg = _sample(tmp_path)
     assert resolve is not None and isinstance(cfg.stages[0], StageConfig)
-    assert cfg.server.max_n == 2 and cfg.server.max_queue == 64 and cfg.server.max_pixels == 1048576
+    assert (
+        cfg.server.max_n == 2
+        and cfg.server.max_queue == 64
+        and cfg.server.max_pixels == 1048576
+    )
     diffusion = cfg.stage_for_role("diffusion")
     assert diffusion.stage_id == 1
     assert diffusion.attention_backend.for_role("single_block") == "math"
@@ -63,12 +74,28 @@ def test_explain_json_shape(tmp_path: Path) -> None:
     assert [s["stage_id"] for s in doc["stages"]] == [0, 1]
     fields = doc["stages"][1]["fields"]
     assert fields["attention_backend.single_block"] == {
-        "value": "math", "source": "yaml", "location": f"{(tmp_path / 'd.yaml').resolve()}:4"}
+        "value": "math",
+        "source": "yaml",
+        "location": f"{(tmp_path / 'd.yaml').resolve()}:4",
+    }
     assert fields["worker_extension_cls"]["source"] == "cli"
-    assert fields["dtype"] == {"value": "float32", "source": "platform-default", "location": None}
+    assert fields["dtype"] == {
+        "value": "float32",
+        "source": "platform-default",
+        "location": None,
+    }
     assert fields["extras.k"]["value"] == [1, {"a": "b"}]
     sources = {e["source"] for s in doc["stages"] for e in s["fields"].values()}
-    assert sources <= {"default", "platform-default", "model", "yaml", "platform", "env", "cli", "cli_stage"}
+    assert sources <= {
+        "default",
+        "platform-default",
+        "model",
+        "yaml",
+        "platform",
+        "env",
+        "cli",
+        "cli_stage",
+    }
     assert doc["pipeline"]["server.max_n"]["source"] == "yaml"
 
 
@@ -79,9 +106,12 @@ def test_dict_deploy_config_is_cited_as_dict() -> None:
 
 
 def test_import_stays_cheap() -> None:
-    code = ("import sys, diffserve.config.resolve, diffserve.config.cli_args;"
-            "heavy = [m for m in ('torch', 'transformers', 'diffusers') if m in sys.modules];"
-            "assert not heavy, heavy")
+    code = (
+        "import sys, diffserve.config.resolve, diffserve.config.cli_args;"
+        "heavy = [m for m in ('torch', 'transformers', 'diffusers') "
+        "if m in sys.modules];"
+        "assert not heavy, heavy"
+    )
     subprocess.run([sys.executable, "-c", code], check=True)
 
 

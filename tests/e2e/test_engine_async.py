@@ -1,4 +1,5 @@
-"""AsyncEngine on both executors: concurrent requests batch, progress flows, aborts are precise."""
+"""AsyncEngine on both executors: concurrent requests batch, progress flows, aborts are
+precise."""
 
 from __future__ import annotations
 
@@ -15,13 +16,24 @@ pytestmark = pytest.mark.e2e
 
 
 def request(seed: int, steps: int = 2, **kw: Any) -> GenerationRequest:
-    return GenerationRequest(prompt=f"a fox {seed}", height=128, width=128, num_inference_steps=steps,
-                             guidance_scale=0.0, seed=seed, max_sequence_length=64, **kw)
+    return GenerationRequest(
+        prompt=f"a fox {seed}",
+        height=128,
+        width=128,
+        num_inference_steps=steps,
+        guidance_scale=0.0,
+        seed=seed,
+        max_sequence_length=64,
+        **kw,
+    )
 
 
-async def collect(engine: AsyncEngine, req: GenerationRequest, first_step: asyncio.Event | None = None,
-                  events: list[ProgressEvent] | None = None
-                  ) -> tuple[list[ProgressEvent], RequestOutput | BaseException]:
+async def collect(
+    engine: AsyncEngine,
+    req: GenerationRequest,
+    first_step: asyncio.Event | None = None,
+    events: list[ProgressEvent] | None = None,
+) -> tuple[list[ProgressEvent], RequestOutput | BaseException]:
     events = [] if events is None else events
     try:
         async for item in engine.generate(req):
@@ -38,8 +50,12 @@ async def collect(engine: AsyncEngine, req: GenerationRequest, first_step: async
 
 @pytest.fixture(scope="module", params=["uni", "mp"])
 def engine(request: Any, tiny_flux_dir: Any) -> Any:
-    deploy = {"dtype": "float32", "enforce_eager": True, "distributed_executor_backend": request.param,
-              "max_batch_size": 4}
+    deploy = {
+        "dtype": "float32",
+        "enforce_eager": True,
+        "distributed_executor_backend": request.param,
+        "max_batch_size": 4,
+    }
     eng = AsyncEngine(str(tiny_flux_dir), deploy_config=deploy, env={})
     assert eng.is_ready and not eng.is_dead
     yield eng
@@ -50,18 +66,34 @@ def test_engines_implement_the_client_protocols(engine: AsyncEngine) -> None:
     from diffserve import Engine
     from diffserve.engine.client import AsyncEngineClient, EngineClient
 
-    # What the HTTP layer and the CLI depend on: checked on the real object, not assumed.
+    # What the HTTP layer and the CLI depend on: checked on the real object, not
+    # assumed.
     assert isinstance(engine, AsyncEngineClient) and isinstance(engine, EngineClient)
     assert not isinstance(object(), EngineClient)
-    for name in ("config", "executor_name", "is_ready", "is_dead", "queue_depth", "check_health", "stats",
-                 "add_stats_listener", "collective_rpc", "shutdown"):
+    for name in (
+        "config",
+        "executor_name",
+        "is_ready",
+        "is_dead",
+        "queue_depth",
+        "check_health",
+        "stats",
+        "add_stats_listener",
+        "collective_rpc",
+        "shutdown",
+    ):
         assert hasattr(Engine, name), name
-    # Admission knows what the loaded model can make (reported by the worker in its ready handshake).
+    # Admission knows what the loaded model can make (reported by the worker in its
+    # ready handshake).
     caps = engine._core.executor.capabilities
-    assert caps is not None and caps.family == "FluxPipeline" and caps.size_multiple == 16
+    assert (
+        caps is not None and caps.family == "FluxPipeline" and caps.size_multiple == 16
+    )
 
 
-def test_eight_concurrent_requests_batch_and_keep_their_seeds(engine: AsyncEngine) -> None:
+def test_eight_concurrent_requests_batch_and_keep_their_seeds(
+    engine: AsyncEngine,
+) -> None:
     batches: list[int] = []
     engine.add_stats_listener(lambda stats: batches.append(stats.batch_size))
     seeds = list(range(100, 108))
@@ -73,24 +105,34 @@ def test_eight_concurrent_requests_batch_and_keep_their_seeds(engine: AsyncEngin
     images = []
     for seed, (events, out) in zip(seeds, results, strict=True):
         assert isinstance(out, RequestOutput), out
-        assert out.seeds == [seed] and len(out.images) == 1 and out.images[0].size == (128, 128)
-        assert [e.step for e in events] == [1, 2] and all(e.request_id == out.request_id for e in events)
+        assert (
+            out.seeds == [seed]
+            and len(out.images) == 1
+            and out.images[0].size == (128, 128)
+        )
+        assert [e.step for e in events] == [1, 2] and all(
+            e.request_id == out.request_id for e in events
+        )
         assert out.attestation["executor"] == engine.executor_name
         images.append(out.images[0].tobytes())
     assert len(set(images)) == 8  # every request got its own seed's image
     assert sum(batches) == 8 and max(batches) > 1, batches
     assert max(batches) <= 4
-    assert list(engine.stats()["batch_sizes"])[-len(batches):] == batches
+    assert list(engine.stats()["batch_sizes"])[-len(batches) :] == batches
 
 
 def test_abort_queued_and_running_others_unharmed(engine: AsyncEngine) -> None:
     async def main() -> dict[str, Any]:
         started = asyncio.Event()
-        long = request(1, steps=100)  # ~100 denoise steps: still running when the abort lands
+        long = request(
+            1, steps=100
+        )  # ~100 denoise steps: still running when the abort lands
         queued = request(2, steps=3)
         other = request(3, steps=2)
         long_events: list[ProgressEvent] = []
-        tasks = {"long": asyncio.create_task(collect(engine, long, started, long_events))}
+        tasks = {
+            "long": asyncio.create_task(collect(engine, long, started, long_events))
+        }
         await started.wait()
         tasks["queued"] = asyncio.create_task(collect(engine, queued))
         tasks["other"] = asyncio.create_task(collect(engine, other))
@@ -110,16 +152,25 @@ def test_abort_queued_and_running_others_unharmed(engine: AsyncEngine) -> None:
     queued_events, queued_out = results["queued"]
     assert isinstance(queued_out, RequestAbortedError) and queued_events == []
     other_events, other_out = results["other"]
-    assert isinstance(other_out, RequestOutput) and other_out.seeds == [3] and len(other_events) == 2
-    # The worker stopped the long batch between steps, well before its end; the queued one never ran.
+    assert (
+        isinstance(other_out, RequestOutput)
+        and other_out.seeds == [3]
+        and len(other_events) == 2
+    )
+    # The worker stopped the long batch between steps, well before its end; the queued
+    # one never ran.
     cancelled = engine.collective_rpc("describe")[0]["cancelled"]
     long_id, queued_id = results["ids"]
     mine = [c for c in cancelled if long_id in c["request_ids"]]
     assert len(mine) == 1 and mine[0]["steps_done"] < mine[0]["total_steps"] == 100
-    # "Stops at the next step", seen from the client: slack for the abort to travel (poll + pipe) and for the step
-    # events the worker had sent but the event loop had not yet handed to the client (7 behind on a loaded 2-core
-    # run); far below the 100 steps it would otherwise run.
-    assert mine[0]["steps_done"] <= results["seen_at_abort"] + 15, (mine, results["seen_at_abort"])
+    # "Stops at the next step", seen from the client: slack for the abort to travel
+    # (poll + pipe) and for the step events the worker had sent but the event loop had
+    # not yet handed to the client (7 behind on a loaded 2-core run); far below the 100
+    # steps it would otherwise run.
+    assert mine[0]["steps_done"] <= results["seen_at_abort"] + 15, (
+        mine,
+        results["seen_at_abort"],
+    )
     assert not any(queued_id in c["request_ids"] for c in cancelled)
     assert engine.stats()["requests_aborted"] >= 2
     assert engine.queue_depth == 0 and engine.num_running == 0
@@ -135,7 +186,8 @@ def test_closing_the_stream_early_aborts_the_request(engine: AsyncEngine) -> Non
         return req.request_id
 
     rid = asyncio.run(main())
-    # The engine frees the slot: a later request runs normally and the long batch was cancelled.
+    # The engine frees the slot: a later request runs normally and the long batch was
+    # cancelled.
     out = asyncio.run(collect(engine, request(5)))[1]
     assert isinstance(out, RequestOutput)
     cancelled = engine.collective_rpc("describe")[0]["cancelled"]

@@ -1,4 +1,5 @@
-"""Scheduler: FIFO admission, batching by compatibility key, abort, overload. Pure Python, fast."""
+"""Scheduler: FIFO admission, batching by compatibility key, abort, overload. Pure
+Python, fast."""
 
 from __future__ import annotations
 
@@ -16,7 +17,9 @@ from diffserve.types.request import Carried, GenerationRequest
 def state(rid: str, **kw) -> RequestState:
     fields = dict(prompt="p", height=128, width=128, num_inference_steps=2, seed=1)
     fields.update(kw)
-    return RequestState(GenerationRequest(request_id=rid, **fields), sink=lambda item: None)
+    return RequestState(
+        GenerationRequest(request_id=rid, **fields), sink=lambda item: None
+    )
 
 
 def ids(batch: list[RequestState]) -> list[str]:
@@ -44,8 +47,16 @@ def test_incompatible_request_does_not_block_the_head_or_lose_its_place() -> Non
     assert ids(s.next_batch(0)) == ["steps"]
 
 
-@pytest.mark.parametrize("change", [dict(guidance_scale=1.0), dict(max_sequence_length=32),
-                                    dict(width=256), dict(num_inference_steps=3), dict(carried=Carried(is_warmup=True))])
+@pytest.mark.parametrize(
+    "change",
+    [
+        dict(guidance_scale=1.0),
+        dict(max_sequence_length=32),
+        dict(width=256),
+        dict(num_inference_steps=3),
+        dict(carried=Carried(is_warmup=True)),
+    ],
+)
 def test_batch_key_separates_what_cannot_share_a_forward(change: dict) -> None:
     base = state("x").request
     assert batch_key(base) != batch_key(state("y", **change).request)

@@ -1,6 +1,7 @@
-"""The step heartbeat's arithmetic (``engine/step_watch.py``): each phase's pace is learned per unit of work, the
-limit is max(10 s, 5 x the expected time for the work now live), a phase without history has none, and neither has
-the lead phase of a compiled replica."""
+"""The step heartbeat's arithmetic (``engine/step_watch.py``): each phase's pace is
+learned per unit of work, the limit is max(10 s, 5 x the expected time for the work now
+live), a phase without history has none, and neither has the lead phase of a compiled
+replica."""
 
 from __future__ import annotations
 
@@ -31,10 +32,14 @@ def test_work_counts_pixels_images_and_frames() -> None:
     image = GenerationRequest(prompt="a", height=512, width=512, n=2)
     video = GenerationRequest(prompt="a", height=64, width=64, num_frames=17)
     assert work_units([image]) == pytest.approx(2 * 0.262144)
-    assert work_units([video, GenerationRequest(prompt="b")]) == pytest.approx(17 * 0.004096 + 1.048576)
+    assert work_units([video, GenerationRequest(prompt="b")]) == pytest.approx(
+        17 * 0.004096 + 1.048576
+    )
 
 
-def test_a_stall_is_found_after_five_times_the_learned_pace_and_never_before_the_floor(clock: Clock) -> None:
+def test_a_stall_is_found_after_five_times_the_learned_pace_and_never_before_the_floor(
+    clock: Clock,
+) -> None:
     pace, work = StepPace(), [1.0]
     first = StepWatch(pace, lambda: work[0], compiled=False)
     clock.now += 500.0
@@ -60,7 +65,9 @@ def test_a_stall_is_found_after_five_times_the_learned_pace_and_never_before_the
     assert joined.stalled() is not None
 
 
-def test_fast_paces_keep_the_floor_and_compiled_replicas_skip_the_lead(clock: Clock) -> None:
+def test_fast_paces_keep_the_floor_and_compiled_replicas_skip_the_lead(
+    clock: Clock,
+) -> None:
     pace = StepPace()
     learner = StepWatch(pace, lambda: 1.0, compiled=True)
     clock.now += 0.01

@@ -1,4 +1,5 @@
-"""Fixtures that start the real ``diffserve serve`` process (``server_process.ServerProcess``)."""
+"""Fixtures that start the real ``diffserve serve`` process
+(``server_process.ServerProcess``)."""
 
 from __future__ import annotations
 
@@ -11,12 +12,17 @@ from server_process import ServerProcess
 
 
 @pytest.fixture(scope="session")
-def server_launcher(tmp_path_factory: pytest.TempPathFactory) -> Callable[..., contextlib.AbstractContextManager]:
-    """``with server_launcher(model_dir, *flags, wait_ready=True) as server:`` starts and stops one."""
+def server_launcher(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Callable[..., contextlib.AbstractContextManager]:
+    """``with server_launcher(model_dir, *flags, wait_ready=True) as server:`` starts
+    and stops one."""
 
     @contextlib.contextmanager
     def launch(*args: str, wait_ready: bool = True) -> Iterator[ServerProcess]:
-        server = ServerProcess([str(a) for a in args], tmp_path_factory.mktemp("server") / "server.log")
+        server = ServerProcess(
+            [str(a) for a in args], tmp_path_factory.mktemp("server") / "server.log"
+        )
         try:
             if wait_ready:
                 server.wait_for("/ready")
@@ -37,7 +43,8 @@ def write_deploy(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], Pa
     return write
 
 
-# --- the shared uni server: tiny FLUX, API key, max_queue=1, max_n=3 (one process for all modules) ----
+# --- the shared uni server: tiny FLUX, API key, max_queue=1, max_n=3 (one process for
+# all modules) ----
 API_KEY = "test-key-123"
 MODEL_NAME = "tiny-flux"
 UNI_DEPLOY = """
@@ -56,8 +63,17 @@ enforce_eager: true
 
 @pytest.fixture(scope="session")
 def uni_server(server_launcher, write_deploy, tiny_flux_dir) -> Iterator[ServerProcess]:
-    with server_launcher(tiny_flux_dir, "--deploy-config", write_deploy(UNI_DEPLOY), "--api-key", API_KEY,
-                         "--served-model-name", MODEL_NAME, "--default-steps", "2") as proc:
+    with server_launcher(
+        tiny_flux_dir,
+        "--deploy-config",
+        write_deploy(UNI_DEPLOY),
+        "--api-key",
+        API_KEY,
+        "--served-model-name",
+        MODEL_NAME,
+        "--default-steps",
+        "2",
+    ) as proc:
         proc.api_key = API_KEY
         proc.model = MODEL_NAME
         proc.auth = {"Authorization": f"Bearer {API_KEY}"}
@@ -68,5 +84,8 @@ def uni_server(server_launcher, write_deploy, tiny_flux_dir) -> Iterator[ServerP
 def client(uni_server: ServerProcess):
     import openai
 
-    # max_retries=0: the SDK retries 429/5xx by default, which would hide the statuses under test.
-    return openai.OpenAI(base_url=uni_server.url + "/v1", api_key=API_KEY, max_retries=0, timeout=120)
+    # max_retries=0: the SDK retries 429/5xx by default, which would hide the statuses
+    # under test.
+    return openai.OpenAI(
+        base_url=uni_server.url + "/v1", api_key=API_KEY, max_retries=0, timeout=120
+    )

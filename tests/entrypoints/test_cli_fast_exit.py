@@ -1,5 +1,6 @@
-"""``diffserve generate`` run as the process's command ends it without the interpreter's teardown
-(``cli._exit_now``); ``main([...])`` called from Python returns its code as before."""
+"""``diffserve generate`` run as the process's command ends it without the interpreter's
+teardown (``cli._exit_now``); ``main([...])`` called from Python returns its code as
+before."""
 
 from __future__ import annotations
 
@@ -16,8 +17,9 @@ class _Exited(Exception):
     pass
 
 
-def test_generate_from_python_returns_and_as_the_command_exits_now(monkeypatch: pytest.MonkeyPatch,
-                                                                   tmp_path: Path) -> None:
+def test_generate_from_python_returns_and_as_the_command_exits_now(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
     codes: list[int] = []
 
     def fake_exit(code: int) -> None:
@@ -25,7 +27,12 @@ def test_generate_from_python_returns_and_as_the_command_exits_now(monkeypatch: 
         raise _Exited
 
     monkeypatch.setattr(cli, "_exit_now", fake_exit)
-    bad = ["generate", "a fox", "-o", str(tmp_path / "out.gif")]  # refused before anything loads
+    bad = [
+        "generate",
+        "a fox",
+        "-o",
+        str(tmp_path / "out.gif"),
+    ]  # refused before anything loads
     assert cli.main(bad) == 1 and codes == []
     monkeypatch.setattr(sys, "argv", ["diffserve", *bad])
     with pytest.raises(_Exited):
@@ -37,12 +44,16 @@ def test_generate_from_python_returns_and_as_the_command_exits_now(monkeypatch: 
 
 def test_exit_now_runs_atexit_handlers_and_flushes(tmp_path: Path) -> None:
     marker = tmp_path / "atexit"
-    code = ("import atexit, sys\n"
-            "from diffserve.entrypoints.cli import _exit_now\n"
-            f"atexit.register(lambda: open({str(marker)!r}, 'w').write('ran'))\n"
-            "sys.stdout.write('buffered, no newline')\n"
-            "_exit_now(3)\n")
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    code = (
+        "import atexit, sys\n"
+        "from diffserve.entrypoints.cli import _exit_now\n"
+        f"atexit.register(lambda: open({str(marker)!r}, 'w').write('ran'))\n"
+        "sys.stdout.write('buffered, no newline')\n"
+        "_exit_now(3)\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60
+    )
     assert proc.returncode == 3
     assert proc.stdout == "buffered, no newline"
     assert marker.read_text() == "ran"

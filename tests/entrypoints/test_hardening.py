@@ -1,5 +1,5 @@
-"""Hardening of the HTTP layer that needs no model: generic 500 bodies, /v1/config redaction, API key
-sources, PNG metadata caps, JSON nesting and non-finite floats."""
+"""Hardening of the HTTP layer that needs no model: generic 500 bodies, /v1/config
+redaction, API key sources, PNG metadata caps, JSON nesting and non-finite floats."""
 
 from __future__ import annotations
 
@@ -35,33 +35,60 @@ def test_500_body_is_generic_and_the_log_has_the_id(monkeypatch, caplog) -> None
 
     app = create_app(engine_factory=factory)
     with caplog.at_level(logging.ERROR), TestClient(app) as client:
-        resp = client.post("/v1/images/generations", json={"prompt": "x"}, headers={"X-Request-Id": "abc-123"})
+        resp = client.post(
+            "/v1/images/generations",
+            json={"prompt": "x"},
+            headers={"X-Request-Id": "abc-123"},
+        )
     error = resp.json()["error"]
     assert resp.status_code == 500 and error["code"] == "internal_error"
-    assert "secret" not in resp.text and "/srv" not in resp.text and "abc-123" in error["message"]
+    assert (
+        "secret" not in resp.text
+        and "/srv" not in resp.text
+        and "abc-123" in error["message"]
+    )
     assert resp.headers["x-request-id"] == "abc-123"
     assert any("abc-123" in r.getMessage() and r.exc_info for r in caplog.records)
-    assert "req-" in to_api_error(RuntimeError("x")).message  # no client id: a generated one
+    assert (
+        "req-" in to_api_error(RuntimeError("x")).message
+    )  # no client id: a generated one
 
 
 def test_v1_config_redacts_paths_and_extras(tiny_flux_dir, tmp_path) -> None:
     deploy = tmp_path / "deploy.yaml"
     deploy.write_text("server:\n  max_queue: 3\nenforce_eager: true\n")
-    cfg = resolve(model=str(tiny_flux_dir), deploy_config=str(deploy), stage_overrides={0: {"extras": {"token": "s3cr3t"}}})
+    cfg = resolve(
+        model=str(tiny_flux_dir),
+        deploy_config=str(deploy),
+        stage_overrides={0: {"extras": {"token": "s3cr3t"}}},
+    )
     text = str(config_view(cfg))
-    assert str(tmp_path) not in text and str(tiny_flux_dir) not in text and "s3cr3t" not in text
+    assert (
+        str(tmp_path) not in text
+        and str(tiny_flux_dir) not in text
+        and "s3cr3t" not in text
+    )
     doc = config_view(cfg)
-    assert doc["deploy_files"] == ["deploy.yaml"] and doc["pipeline"]["server.max_queue"]["location"].endswith(
-        "deploy.yaml:2")
+    assert doc["deploy_files"] == ["deploy.yaml"] and doc["pipeline"][
+        "server.max_queue"
+    ]["location"].endswith("deploy.yaml:2")
     assert doc["stages"][0]["fields"]["extras.token"]["value"] == REDACTED
-    assert str(tmp_path) in str(config_view(cfg, expose=True))  # server.expose_config: true
-    # A job store's password never leaves, even exposed; a bad store URL is a config error naming the fix.
-    stored = resolve(model=str(tiny_flux_dir), overrides={"job_store": "postgresql://bob:p@ss@db:5432/jobs"})
+    assert str(tmp_path) in str(
+        config_view(cfg, expose=True)
+    )  # server.expose_config: true
+    # A job store's password never leaves, even exposed; a bad store URL is a config
+    # error naming the fix.
+    stored = resolve(
+        model=str(tiny_flux_dir),
+        overrides={"job_store": "postgresql://bob:p@ss@db:5432/jobs"},
+    )
     assert stored.server.job_store == "postgresql+psycopg://bob:p@ss@db:5432/jobs"
     for expose in (False, True):
         assert "p@ss" not in str(config_view(stored, expose=expose))
-    assert config_view(stored, expose=True)["pipeline"]["server.job_store"]["value"] == \
-        f"postgresql+psycopg://bob:{REDACTED}@db:5432/jobs"
+    assert (
+        config_view(stored, expose=True)["pipeline"]["server.job_store"]["value"]
+        == f"postgresql+psycopg://bob:{REDACTED}@db:5432/jobs"
+    )
     with pytest.raises(ConfigError, match="mysql"):
         resolve(model=str(tiny_flux_dir), overrides={"job_store": "mysql://db/jobs"})
 
@@ -73,8 +100,11 @@ def test_api_key_sources(tmp_path) -> None:
     assert resolve_api_key(None, None, {"DIFFSERVE_API_KEY": "from-env"}) == "from-env"
     assert resolve_api_key("flag", None, {}) == "flag"
     assert resolve_api_key(None, None, {}) is None
-    for args in (("flag", str(key_file), {}), ("flag", None, {"DIFFSERVE_API_KEY": "e"}),
-                 (None, str(key_file), {"DIFFSERVE_API_KEY": "e"})):
+    for args in (
+        ("flag", str(key_file), {}),
+        ("flag", None, {"DIFFSERVE_API_KEY": "e"}),
+        (None, str(key_file), {"DIFFSERVE_API_KEY": "e"}),
+    ):
         with pytest.raises(ConfigError, match="exactly one"):
             resolve_api_key(*args)
     (tmp_path / "empty").write_text("\n")
@@ -85,20 +115,45 @@ def test_api_key_sources(tmp_path) -> None:
 def test_serve_refuses_two_key_sources_before_loading(tmp_path) -> None:
     key_file = tmp_path / "key"
     key_file.write_text("k")
-    proc = subprocess.run([sys.executable, "-m", "diffserve.entrypoints.cli", "serve", "--api-key", "a",
-                           "--api-key-file", str(key_file)], capture_output=True, text=True, timeout=60)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "diffserve.entrypoints.cli",
+            "serve",
+            "--api-key",
+            "a",
+            "--api-key-file",
+            str(key_file),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert proc.returncode != 0 and "exactly one" in proc.stderr
 
 
 def test_png_metadata_is_capped() -> None:
-    blob = encode_image(Image.new("RGB", (16, 16)), "png", metadata={"prompt": "p" * 50_000, "seed": "1"})
+    blob = encode_image(
+        Image.new("RGB", (16, 16)),
+        "png",
+        metadata={"prompt": "p" * 50_000, "seed": "1"},
+    )
     text = Image.open(io.BytesIO(blob)).text
-    assert len(text["prompt"]) == MAX_METADATA_CHARS and text["prompt"].endswith("[truncated]")
+    assert len(text["prompt"]) == MAX_METADATA_CHARS and text["prompt"].endswith(
+        "[truncated]"
+    )
     assert text["seed"] == "1"
 
 
-@pytest.mark.parametrize("raw", [b"[" * 5000 + b"]" * 5000, b'{"prompt": ' + b"{\"a\":" * 3000 + b"1" + b"}" * 3001,
-                                 b'{"prompt": "' + b"[" * 5000 + b'"'])
+@pytest.mark.parametrize(
+    "raw",
+    [
+        b"[" * 5000 + b"]" * 5000,
+        b'{"prompt": ' + b'{"a":' * 3000 + b"1" + b"}" * 3001,
+        b'{"prompt": "' + b"[" * 5000 + b'"',
+    ],
+)
 def test_deep_nesting_is_invalid_json(raw: bytes) -> None:
     with pytest.raises(RequestError) as info:
         parse_body(raw)
@@ -115,8 +170,23 @@ def test_non_finite_or_huge_floats_are_invalid(field: str, value: bytes) -> None
 
 def test_host_allow_list() -> None:
     hosts = HostAllowList(("localhost", "127.0.0.1:8000", "*.corp.example", "[::1]"))
-    for ok in ("localhost", "LOCALHOST:9", "127.0.0.1:8000", "a.corp.example", "a.b.corp.example:1", "[::1]:80"):
+    for ok in (
+        "localhost",
+        "LOCALHOST:9",
+        "127.0.0.1:8000",
+        "a.corp.example",
+        "a.b.corp.example:1",
+        "[::1]:80",
+    ):
         assert hosts.allows(ok), ok
-    for bad in (None, "", "127.0.0.1:8001", "127.0.0.1", "corp.example", "evilcorp.example", "localhost.evil"):
+    for bad in (
+        None,
+        "",
+        "127.0.0.1:8001",
+        "127.0.0.1",
+        "corp.example",
+        "evilcorp.example",
+        "localhost.evil",
+    ):
         assert not hosts.allows(bad), bad
     assert HostAllowList(()).allows("anything")

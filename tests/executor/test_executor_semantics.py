@@ -1,8 +1,9 @@
-"""Executor contract, proven on every executor with real workers (threads for uni, processes for mp,
-Ray actors in the session's local Ray for ray).
+"""Executor contract, proven on every executor with real workers (threads for uni,
+processes for mp, Ray actors in the session's local Ray for ray).
 
-These workers have no model (``model=None``): the contract under test is transport, RPC, errors,
-timeouts, death and shutdown. Batches through a real pipeline are covered in tests/e2e.
+These workers have no model (``model=None``): the contract under test is transport, RPC,
+errors, timeouts, death and shutdown. Batches through a real pipeline are covered in
+tests/e2e.
 """
 
 from __future__ import annotations
@@ -57,7 +58,8 @@ class ProbeExtension(WorkerExtension):
 
 
 class SlowToFree:
-    """A reply value whose last reference, the reader thread's, takes a while to drop (as a reply's tensors do)."""
+    """A reply value whose last reference, the reader thread's, takes a while to drop
+    (as a reply's tensors do)."""
 
     def __del__(self) -> None:
         time.sleep(1.0)
@@ -67,8 +69,12 @@ EXT = f"{__name__}.ProbeExtension"
 
 
 def _config(executor: str, extension: str | None = EXT, ranks: int = 1):
-    # Ranks come from the config only (no model: the parallel degree just starts that many workers).
-    deploy = {"distributed_executor_backend": executor, "parallel": {"cfg_parallel_size": ranks}}
+    # Ranks come from the config only (no model: the parallel degree just starts that
+    # many workers).
+    deploy = {
+        "distributed_executor_backend": executor,
+        "parallel": {"cfg_parallel_size": ranks},
+    }
     if extension:
         deploy["worker_extension_cls"] = extension
     return resolve(model=None, deploy_config=deploy, env={})
@@ -79,7 +85,8 @@ def _pid_alive(pid: int) -> bool:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
-    # A zombie still answers kill(0); it is gone for our purposes once it is reaped or a zombie.
+    # A zombie still answers kill(0); it is gone for our purposes once it is reaped or a
+    # zombie.
     try:
         with open(f"/proc/{pid}/stat") as f:
             return f.read().split()[2] != "Z"
@@ -88,12 +95,14 @@ def _pid_alive(pid: int) -> bool:
 
 
 def _needs_runtime(kind: str, request: pytest.FixtureRequest) -> None:
-    # Only ray tests start the session's local Ray; a run that selects no ray test never starts it.
+    # Only ray tests start the session's local Ray; a run that selects no ray test never
+    # starts it.
     if kind == "ray":
         request.getfixturevalue("ray_session")
 
 
-# uni runs one rank (registry.executors caps it); mp and ray run as many as the config asks for.
+# uni runs one rank (registry.executors caps it); mp and ray run as many as the config
+# asks for.
 RANKS = {"uni": 1, "mp": 2, "ray": 2}
 
 
@@ -108,7 +117,9 @@ def executor(request):
 
 def test_hooks_ran_and_rpc_is_flat_per_rank_in_rank_order(executor) -> None:
     ranks = executor.world_size
-    assert executor.collective_rpc("get_hooks") == [["before_load", "after_load"]] * ranks
+    assert (
+        executor.collective_rpc("get_hooks") == [["before_load", "after_load"]] * ranks
+    )
     ranks_pids = executor.collective_rpc("whoami")
     assert [rank for rank, _ in ranks_pids] == list(range(ranks))
     pids = [pid for _, pid in ranks_pids]
@@ -144,8 +155,12 @@ def test_timeout_raises_and_late_reply_is_dropped(executor) -> None:
     with pytest.raises(TimeoutError):
         executor.collective_rpc("sleep", args=(1.0,), timeout=0.2)
     assert time.monotonic() - start < 0.9
-    # The worker finishes the sleep, then serves the next call; the late reply is not mistaken for it.
-    assert executor.collective_rpc("sleep", args=(0.01,), timeout=30) == [0.01] * executor.world_size
+    # The worker finishes the sleep, then serves the next call; the late reply is not
+    # mistaken for it.
+    assert (
+        executor.collective_rpc("sleep", args=(0.01,), timeout=30)
+        == [0.01] * executor.world_size
+    )
 
 
 def test_callable_rpc_gets_the_worker(executor) -> None:
@@ -157,14 +172,20 @@ def _rank_of(worker) -> int:
 
 
 @pytest.mark.parametrize("kind", EXECUTORS)
-def test_bad_extension_path_fails_startup_with_config_error(kind: str, request: pytest.FixtureRequest) -> None:
+def test_bad_extension_path_fails_startup_with_config_error(
+    kind: str, request: pytest.FixtureRequest
+) -> None:
     _needs_runtime(kind, request)
     with pytest.raises(ConfigError, match="worker_extension_cls"):
-        make_executor(_config(kind, extension="no_such_module_xyz.Ext"), ready_timeout=120)
+        make_executor(
+            _config(kind, extension="no_such_module_xyz.Ext"), ready_timeout=120
+        )
 
 
 @pytest.mark.parametrize("kind", EXECUTORS)
-def test_shutdown_is_idempotent_and_later_calls_fail_fast(kind: str, request: pytest.FixtureRequest) -> None:
+def test_shutdown_is_idempotent_and_later_calls_fail_fast(
+    kind: str, request: pytest.FixtureRequest
+) -> None:
     _needs_runtime(kind, request)
     ex = make_executor(_config(kind))
     pids = list(ex.worker_pids)
@@ -179,17 +200,24 @@ def test_shutdown_is_idempotent_and_later_calls_fail_fast(kind: str, request: py
 
 
 def test_uni_shutdown_leaves_no_thread_of_its_own() -> None:
-    # A daemon thread still freeing a reply's tensors when the interpreter finalizes exits through torch's C++
-    # frames and aborts the process ("terminate called without an active exception", seen at a uni Engine's exit):
-    # shutdown joins the worker and its reader, so nothing of the executor is left running.
+    # A daemon thread still freeing a reply's tensors when the interpreter finalizes
+    # exits through torch's C++ frames and aborts the process ("terminate called without
+    # an active exception", seen at a uni Engine's exit): shutdown joins the worker and
+    # its reader, so nothing of the executor is left running.
     ex = make_executor(_config("uni", extension=EXT))
-    assert [type(v).__name__ for v in ex.collective_rpc("slow_to_free")] == ["SlowToFree"]  # ours dropped here
+    assert [type(v).__name__ for v in ex.collective_rpc("slow_to_free")] == [
+        "SlowToFree"
+    ]  # ours dropped here
     ex.shutdown()
-    assert [t.name for t in threading.enumerate() if t.name.startswith("diffserve-uni-")] == []
+    assert [
+        t.name for t in threading.enumerate() if t.name.startswith("diffserve-uni-")
+    ] == []
 
 
 @pytest.mark.parametrize("kind", ["mp", "ray"])
-def test_sigkill_fails_in_flight_call_fast_and_leaves_no_child(kind: str, request: pytest.FixtureRequest) -> None:
+def test_sigkill_fails_in_flight_call_fast_and_leaves_no_child(
+    kind: str, request: pytest.FixtureRequest
+) -> None:
     _needs_runtime(kind, request)
     ex = make_executor(_config(kind, ranks=2))
     deaths: list[EngineDeadError] = []
@@ -218,7 +246,9 @@ def test_sigkill_fails_in_flight_call_fast_and_leaves_no_child(kind: str, reques
     with pytest.raises(EngineDeadError):
         ex.check_health()
     start = time.monotonic()
-    ex.shutdown()  # rank 0 is still sleeping: shutdown escalates (SIGTERM on mp, ray.kill on ray) and returns
+    # rank 0 is still sleeping: shutdown escalates (SIGTERM on mp, ray.kill on ray) and
+    # returns
+    ex.shutdown()
     assert time.monotonic() - start < 15
     assert not any(_pid_alive(p) for p in pids)
 
@@ -231,10 +261,16 @@ def test_mp_worker_exits_when_its_parent_is_killed(tmp_path) -> None:
     env = {**os.environ, "PYTHONPATH": programs.python_path_with(tests_dir)}
     log = tmp_path / "parent.log"
     log.touch()
-    parent = programs.start("mp_parent", [], env, log, stderr_path=tmp_path / "parent.err")
+    parent = programs.start(
+        "mp_parent", [], env, log, stderr_path=tmp_path / "parent.err"
+    )
     try:
         deadline = time.monotonic() + 60
-        while not log.read_text().strip() and parent.poll() is None and time.monotonic() < deadline:
+        while (
+            not log.read_text().strip()
+            and parent.poll() is None
+            and time.monotonic() < deadline
+        ):
             time.sleep(0.05)
         worker_pid = int(log.read_text().split()[0])
         assert _pid_alive(worker_pid)
@@ -248,12 +284,21 @@ def test_mp_worker_exits_when_its_parent_is_killed(tmp_path) -> None:
 
 
 # (num_replicas > 1 runs now: each replica is its own executor, engine/replicas.py.)
-@pytest.mark.parametrize("field, where", [
-    ({"parallel": {"tensor_parallel_size": 2}}, "stages.0.parallel"),
-])
-def test_unsupported_layouts_are_refused_not_downgraded(field: dict, where: str) -> None:
+@pytest.mark.parametrize(
+    "field, where",
+    [
+        ({"parallel": {"tensor_parallel_size": 2}}, "stages.0.parallel"),
+    ],
+)
+def test_unsupported_layouts_are_refused_not_downgraded(
+    field: dict, where: str
+) -> None:
     # Refused from the executor registry's rules before any worker starts.
-    config = resolve(model=None, deploy_config={"distributed_executor_backend": "uni", **field}, env={})
+    config = resolve(
+        model=None,
+        deploy_config={"distributed_executor_backend": "uni", **field},
+        env={},
+    )
     with pytest.raises(ConfigError) as info:
         make_executor(config)
     assert where in str(info.value)
@@ -261,33 +306,60 @@ def test_unsupported_layouts_are_refused_not_downgraded(field: dict, where: str)
 
 def test_an_unregistered_executor_is_refused_at_resolve() -> None:
     with pytest.raises(ConfigError, match="valid values: uni, mp, ray"):
-        resolve(model=None, deploy_config={"distributed_executor_backend": "dask"}, env={})
+        resolve(
+            model=None, deploy_config={"distributed_executor_backend": "dask"}, env={}
+        )
 
 
-def test_an_executor_whose_package_is_missing_is_refused_at_resolve(monkeypatch: pytest.MonkeyPatch) -> None:
-    # The registry seam: ray's spec names a module that cannot be found. Refused when the config is
-    # resolved (no executor built, nothing imported), naming the extra; never a fallback to mp.
-    monkeypatch.setitem(REGISTERED, "ray", dataclasses.replace(REGISTERED["ray"], requires="no_such_module_xyz"))
+def test_an_executor_whose_package_is_missing_is_refused_at_resolve(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The registry seam: ray's spec names a module that cannot be found. Refused when
+    # the config is resolved (no executor built, nothing imported), naming the extra;
+    # never a fallback to mp.
+    monkeypatch.setitem(
+        REGISTERED,
+        "ray",
+        dataclasses.replace(REGISTERED["ray"], requires="no_such_module_xyz"),
+    )
     with pytest.raises(ConfigError) as info:
-        resolve(model=None, deploy_config={"distributed_executor_backend": "ray"}, env={})
+        resolve(
+            model=None, deploy_config={"distributed_executor_backend": "ray"}, env={}
+        )
     assert 'pip install "diffserve[ray]"' in str(info.value)
     assert "stages.0.distributed_executor_backend" in str(info.value)
     assert "no_such_module_xyz" in str(info.value)
     # The same spec is fine when nothing asks for it.
-    assert resolve(model=None, deploy_config={"distributed_executor_backend": "mp"}, env={})
+    assert resolve(
+        model=None, deploy_config={"distributed_executor_backend": "mp"}, env={}
+    )
 
 
-def test_ray_without_the_ray_package_names_the_extra(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_ray_without_the_ray_package_names_the_extra(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     real = importlib.util.find_spec
-    monkeypatch.setattr(importlib.util, "find_spec",
-                        lambda name, *args: None if name.split(".")[0] == "ray" else real(name, *args))
-    with pytest.raises(ConfigError, match=r'executor .ray. needs the .ray. package.*pip install "diffserve\[ray\]"'):
+    monkeypatch.setattr(
+        importlib.util,
+        "find_spec",
+        lambda name, *args: None if name.split(".")[0] == "ray" else real(name, *args),
+    )
+    with pytest.raises(
+        ConfigError,
+        match=r'executor .ray. needs the .ray. package.*pip install "diffserve\[ray\]"',
+    ):
         resolve(model=None, overrides={"distributed_executor_backend": "ray"}, env={})
 
 
 def test_a_model_that_cannot_run_parallel_is_refused(tiny_flux_dir) -> None:
-    config = resolve(model=str(tiny_flux_dir), deploy_config={"distributed_executor_backend": "mp",
-                                                              "parallel": {"ring_degree": 2}}, env={})
+    config = resolve(
+        model=str(tiny_flux_dir),
+        deploy_config={
+            "distributed_executor_backend": "mp",
+            "parallel": {"ring_degree": 2},
+        },
+        env={},
+    )
     with pytest.raises(ConfigError, match="FluxPipeline does not run") as info:
         make_executor(config)
     assert "stages.0.parallel" in str(info.value)

@@ -28,7 +28,9 @@ def test_output_layout_is_tokens_then_heads() -> None:
     out = select_attention_backend("math", "cpu", torch.float32).attention(q, k, v)
     # Head 2 of token 5 lives at columns [64:96) of row 5.
     scores = torch.softmax((q[0, 2] @ k[0, 2].T) / 32**0.5, dim=-1)
-    torch.testing.assert_close(out[0, 5, 64:96], (scores @ v[0, 2])[5], rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(
+        out[0, 5, 64:96], (scores @ v[0, 2])[5], rtol=1e-5, atol=1e-6
+    )
 
 
 def test_auto_is_sdpa_on_cpu() -> None:
@@ -44,14 +46,19 @@ def test_flash_attn_on_cpu_names_what_is_missing() -> None:
 
 
 def test_unknown_attention_backend() -> None:
-    with pytest.raises(BackendUnavailableError, match="valid: auto, sdpa, math, flash_attn"):
+    with pytest.raises(
+        BackendUnavailableError, match="valid: auto, sdpa, math, flash_attn"
+    ):
         select_attention_backend("xformers9", "cpu", torch.float32)
 
 
 def test_attention_module_records_and_counts() -> None:
     counters = KernelCounters()
-    attn = Attention("double_block", backend=select_attention_backend("sdpa", "cpu", torch.float32),
-                     counters=counters)
+    attn = Attention(
+        "double_block",
+        backend=select_attention_backend("sdpa", "cpu", torch.float32),
+        counters=counters,
+    )
     attn(*_qkv())
     assert (attn.role, attn.backend_name) == ("double_block", "sdpa")
     assert counters.snapshot()["attention"] == {"sdpa": 1}

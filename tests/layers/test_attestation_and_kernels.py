@@ -22,7 +22,11 @@ def test_counters_snapshot_reset_and_pause() -> None:
     with c.paused():
         c.count_linear("torch")
         c.count_forward()
-    assert c.snapshot() == {"linear": {"torch": 3}, "attention": {"sdpa": 1}, "transformer_forwards": 1}
+    assert c.snapshot() == {
+        "linear": {"torch": 3},
+        "attention": {"sdpa": 1},
+        "transformer_forwards": 1,
+    }
     snap = c.snapshot()
     c.reset()
     assert c.snapshot() == {"linear": {}, "attention": {}, "transformer_forwards": 0}
@@ -34,26 +38,46 @@ def attention(default: str, **roles: str) -> AttentionBackendConfig:
 
 
 def test_per_role_choice() -> None:
-    ks = build_kernel_set("torch", attention("sdpa", single_block="math"), roles=ROLES,
-                          device="cpu", dtype=torch.float32)
-    assert ks.describe() == {"linear": "torch", "attention": {"double_block": "sdpa", "single_block": "math"}}
+    ks = build_kernel_set(
+        "torch",
+        attention("sdpa", single_block="math"),
+        roles=ROLES,
+        device="cpu",
+        dtype=torch.float32,
+    )
+    assert ks.describe() == {
+        "linear": "torch",
+        "attention": {"double_block": "sdpa", "single_block": "math"},
+    }
     assert ks.make_attention("single_block").backend_name == "math"
     assert ks.make_linear(3, 4).counters is ks.counters
 
 
 def test_unknown_role_is_a_config_error() -> None:
     with pytest.raises(ConfigError, match="double_blok"):
-        build_kernel_set("torch", attention("auto", double_blok="math"), roles=ROLES, device="cpu", dtype=torch.float32)
+        build_kernel_set(
+            "torch",
+            attention("auto", double_blok="math"),
+            roles=ROLES,
+            device="cpu",
+            dtype=torch.float32,
+        )
 
 
 def test_explicit_flash_per_role_fails_at_build() -> None:
     with pytest.raises(BackendUnavailableError, match="flash_attn"):
-        build_kernel_set("auto", attention("sdpa", double_block="flash_attn"), roles=ROLES,
-                         device="cpu", dtype=torch.float32)
+        build_kernel_set(
+            "auto",
+            attention("sdpa", double_block="flash_attn"),
+            roles=ROLES,
+            device="cpu",
+            dtype=torch.float32,
+        )
 
 
 class Counting:
-    """A wrapper backend: counts its calls, delegates everything to the chosen backend."""
+    """A wrapper backend: counts its calls, delegates everything to the chosen
+    backend."""
 
     def __init__(self, inner, calls: dict[str, int]) -> None:
         self.inner, self.calls, self.name = inner, calls, inner.name
@@ -84,20 +108,33 @@ class Recorder:
 
 def test_observers_see_every_selection_and_may_wrap_the_backend() -> None:
     recorder = Recorder()
-    ks = build_kernel_set("auto", attention("sdpa", single_block="math"), roles=ROLES, device="cpu",
-                          dtype=torch.float32, observers=[recorder])
-    auto = select_linear_backend("auto", "cpu", torch.float32).name  # onednn where it can run, else torch
-    # One selection per distinct name (roles asking for the same name share one backend).
-    assert recorder.seen == [("linear", "auto", auto), ("attention", "sdpa", "sdpa"),
-                             ("attention", "math", "math")]
+    ks = build_kernel_set(
+        "auto",
+        attention("sdpa", single_block="math"),
+        roles=ROLES,
+        device="cpu",
+        dtype=torch.float32,
+        observers=[recorder],
+    )
+    auto = select_linear_backend(
+        "auto", "cpu", torch.float32
+    ).name  # onednn where it can run, else torch
+    # One selection per distinct name (roles asking for the same name share one
+    # backend).
+    assert recorder.seen == [
+        ("linear", "auto", auto),
+        ("attention", "sdpa", "sdpa"),
+        ("attention", "math", "math"),
+    ]
     assert isinstance(recorder, KernelObserver)
     layer = ks.make_linear(3, 4)
     q = torch.randn(1, 2, 5, 8)
     layer(torch.randn(2, 3))
     ks.make_attention("double_block")(q, q, q)
     ks.make_attention("single_block")(q, q, q)
-    # The wrapped backends served the calls, and the counters saw them under the names they report.
-    # (the kernel set is batch-invariant: the 2-sample linear call is one backend call per sample).
+    # The wrapped backends served the calls, and the counters saw them under the names
+    # they report. (the kernel set is batch-invariant: the 2-sample linear call is one
+    # backend call per sample).
     assert recorder.calls == {"linear": 2, "attention": 2}
     assert ks.counters.snapshot()["linear"] == {auto: 1}
     assert ks.counters.snapshot()["attention"] == {"sdpa": 1, "math": 1}

@@ -15,7 +15,9 @@ from diffserve.layers.linear.torch import TorchLinearBackend
 def test_auto_picks_onednn_on_cpu_where_it_runs_and_pays_else_torch() -> None:
     cpu = torch.device("cpu")
     for dtype in (torch.float32, torch.bfloat16):
-        passed_over = OneDnnLinearBackend.unavailable_reason(cpu, dtype) or OneDnnLinearBackend.auto_skip_reason(cpu, dtype)
+        passed_over = OneDnnLinearBackend.unavailable_reason(
+            cpu, dtype
+        ) or OneDnnLinearBackend.auto_skip_reason(cpu, dtype)
         expected = "torch" if passed_over else "onednn"
         assert select_linear_backend("auto", "cpu", dtype).name == expected
     # float16 is not oneDNN's here: auto falls back to the reference backend.
@@ -24,7 +26,9 @@ def test_auto_picks_onednn_on_cpu_where_it_runs_and_pays_else_torch() -> None:
     assert isinstance(backend, TorchLinearBackend)
 
 
-def test_auto_falls_back_to_torch_when_onednn_is_off(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_auto_falls_back_to_torch_when_onednn_is_off(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     monkeypatch.setattr(torch.backends.mkldnn, "enabled", False)
     assert select_linear_backend("auto", "cpu", torch.float32).name == "torch"
     with pytest.raises(BackendUnavailableError, match="oneDNN is disabled"):
@@ -38,17 +42,31 @@ def test_unknown_backend_names_the_valid_ones() -> None:
 
 def test_linear_matches_f_linear_and_counts() -> None:
     counters = KernelCounters()
-    layer = Linear(8, 5, backend=select_linear_backend("torch", "cpu", torch.float32), counters=counters)
+    layer = Linear(
+        8,
+        5,
+        backend=select_linear_backend("torch", "cpu", torch.float32),
+        counters=counters,
+    )
     x = torch.randn(2, 3, 8)
-    torch.testing.assert_close(layer(x), F.linear(x, layer.weight, layer.bias), rtol=0, atol=0)  # the backend's own call
+    torch.testing.assert_close(
+        layer(x), F.linear(x, layer.weight, layer.bias), rtol=0, atol=0
+    )  # the backend's own call
     layer(x)
     assert layer.backend_name == "torch"
     assert counters.snapshot()["linear"] == {"torch": 2}
 
 
-def test_patched_backend_method_is_seen_after_construction(monkeypatch: pytest.MonkeyPatch) -> None:
-    layer = Linear(4, 4, bias=False, backend=select_linear_backend("torch", "cpu", torch.float32),
-                   counters=KernelCounters())
+def test_patched_backend_method_is_seen_after_construction(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    layer = Linear(
+        4,
+        4,
+        bias=False,
+        backend=select_linear_backend("torch", "cpu", torch.float32),
+        counters=KernelCounters(),
+    )
     seen = []
 
     def recording(self, x, weight, bias):

@@ -1,7 +1,8 @@
-"""Batch invariance by construction at the layer level (``layers/per_sample.py``): a per-sample ``Linear`` or
-``Attention`` gives every sample of a batch exactly what it gives that sample alone, bit for bit, on every
-backend and dtype this machine runs, at the GEMM shapes of real FLUX blocks (issue: on Intel AMX, oneDNN and
-MKL sum a [256, 3072] x [3072, 768] block in another order when three images share the call)."""
+"""Batch invariance by construction at the layer level (``layers/per_sample.py``): a
+per-sample ``Linear`` or ``Attention`` gives every sample of a batch exactly what it
+gives that sample alone, bit for bit, on every backend and dtype this machine runs, at
+the GEMM shapes of real FLUX blocks (issue: on Intel AMX, oneDNN and MKL sum a [256,
+3072] x [3072, 768] block in another order when three images share the call)."""
 
 from __future__ import annotations
 
@@ -15,10 +16,16 @@ from diffserve.layers.attestation import KernelCounters
 from diffserve.layers.linear.module import Linear
 from diffserve.layers.linear.registry import select_linear_backend
 
-# (tokens per image, in, out, activation): FLUX MLP down-projection (M=256, K=3072), the single block's
-# linear2 (K = 768 + 3072), an MLP up-projection with its fused GELU, a QKV projection, a conditioning vector.
-SHAPES = [(256, 3072, 768, None), (272, 3840, 768, None), (64, 768, 3072, "gelu_tanh"), (320, 768, 2304, None),
-          (None, 256, 768, None)]
+# (tokens per image, in, out, activation): FLUX MLP down-projection (M=256, K=3072), the
+# single block's linear2 (K = 768 + 3072), an MLP up-projection with its fused GELU, a
+# QKV projection, a conditioning vector.
+SHAPES = [
+    (256, 3072, 768, None),
+    (272, 3840, 768, None),
+    (64, 768, 3072, "gelu_tanh"),
+    (320, 768, 2304, None),
+    (None, 256, 768, None),
+]
 
 
 def _runnable(kind: str, names: tuple[str, ...]) -> list[tuple[str, torch.dtype]]:
@@ -34,28 +41,56 @@ def _runnable(kind: str, names: tuple[str, ...]) -> list[tuple[str, torch.dtype]
     return out
 
 
-@pytest.mark.parametrize(("backend", "dtype"), _runnable("linear", ("torch", "onednn")), ids=str)
-def test_per_sample_linear_rows_equal_each_sample_alone(backend: str, dtype: torch.dtype) -> None:
+@pytest.mark.parametrize(
+    ("backend", "dtype"), _runnable("linear", ("torch", "onednn")), ids=str
+)
+def test_per_sample_linear_rows_equal_each_sample_alone(
+    backend: str, dtype: torch.dtype
+) -> None:
     torch.manual_seed(0)
     for tokens, k, n, activation in SHAPES:
         counters = KernelCounters()
-        layer = Linear(k, n, backend=select_linear_backend(backend, "cpu", dtype), counters=counters,
-                       per_sample=True, activation=activation, dtype=dtype).requires_grad_(False)
+        layer = Linear(
+            k,
+            n,
+            backend=select_linear_backend(backend, "cpu", dtype),
+            counters=counters,
+            per_sample=True,
+            activation=activation,
+            dtype=dtype,
+        ).requires_grad_(False)
         x = torch.randn(3, k) if tokens is None else torch.randn(3, tokens, k)
         x = x.to(dtype)
         with torch.inference_mode():
             batched = layer(x)
-            assert counters.snapshot()["linear"] == {backend: 1}  # still one counted call
+            assert counters.snapshot()["linear"] == {
+                backend: 1
+            }  # still one counted call
             for i in range(3):
-                assert torch.equal(batched[i : i + 1], layer(x[i : i + 1])), (backend, dtype, tokens, k, n, i)
+                assert torch.equal(batched[i : i + 1], layer(x[i : i + 1])), (
+                    backend,
+                    dtype,
+                    tokens,
+                    k,
+                    n,
+                    i,
+                )
 
 
-@pytest.mark.parametrize(("backend", "dtype"), _runnable("attention", ("sdpa", "math")), ids=str)
-def test_per_sample_attention_equals_each_sample_alone(backend: str, dtype: torch.dtype) -> None:
+@pytest.mark.parametrize(
+    ("backend", "dtype"), _runnable("attention", ("sdpa", "math")), ids=str
+)
+def test_per_sample_attention_equals_each_sample_alone(
+    backend: str, dtype: torch.dtype
+) -> None:
     torch.manual_seed(0)
     counters = KernelCounters()
-    attention = Attention("joint", backend=select_attention_backend(backend, "cpu", dtype), counters=counters,
-                          per_sample=True)
+    attention = Attention(
+        "joint",
+        backend=select_attention_backend(backend, "cpu", dtype),
+        counters=counters,
+        per_sample=True,
+    )
     q, k, v = (torch.randn(3, 12, 320, 64).to(dtype) for _ in range(3))
     own = torch.rand(3, 1, 320, 320) > 0.2  # a padding mask per sample
     shared = torch.rand(1, 1, 320, 320) > 0.2  # one mask broadcast over the batch
@@ -81,7 +116,9 @@ def test_without_per_sample_one_call_serves_the_whole_batch() -> None:
     backend.linear = recording  # type: ignore[method-assign]
     for per_sample, expected in ((False, [(3, 5, 8)]), (True, [(1, 5, 8)] * 3)):
         seen.clear()
-        layer = Linear(8, 4, backend=backend, counters=KernelCounters(), per_sample=per_sample)
+        layer = Linear(
+            8, 4, backend=backend, counters=KernelCounters(), per_sample=per_sample
+        )
         layer(torch.randn(3, 5, 8))
         assert seen == expected
         assert ("per_sample" in repr(layer)) == per_sample

@@ -1,6 +1,7 @@
-"""The exact conditioning cache: a repeated text skips the text encoders and gives the same image bit for bit;
-anything that changes the encoders' output (the window, the text) misses; least recently used entries go
-first under either bound; a request may opt out."""
+"""The exact conditioning cache: a repeated text skips the text encoders and gives the
+same image bit for bit; anything that changes the encoders' output (the window, the
+text) misses; least recently used entries go first under either bound; a request may opt
+out."""
 
 from __future__ import annotations
 
@@ -22,13 +23,24 @@ def test_lru_bounds_by_entries_and_bytes() -> None:
         cache.put(cache.key(text, 8), row)
     assert cache.get(cache.key("a", 8)) is not None  # "a" is now the most recent
     cache.put(cache.key("c", 8), row)
-    assert cache.get(cache.key("b", 8)) is None and cache.get(cache.key("a", 8)) is not None
-    assert cache.state().entries == 2 and cache.state().evictions_total == 1 and cache.state().bytes == 320
+    assert (
+        cache.get(cache.key("b", 8)) is None
+        and cache.get(cache.key("a", 8)) is not None
+    )
+    assert (
+        cache.state().entries == 2
+        and cache.state().evictions_total == 1
+        and cache.state().bytes == 320
+    )
     small = ConditioningCache(max_bytes=400, max_entries=100, identity="x")
     for text in "abc":
         small.put(small.key(text, 8), row)
-    assert small.state().entries == 2 and small.state().bytes == 320  # the third would exceed 400 bytes
-    small.put(small.key("big", 8), (torch.zeros(1, 100, 8),))  # larger than the whole cache: not kept
+    assert (
+        small.state().entries == 2 and small.state().bytes == 320
+    )  # the third would exceed 400 bytes
+    small.put(
+        small.key("big", 8), (torch.zeros(1, 100, 8),)
+    )  # larger than the whole cache: not kept
     assert small.get(small.key("big", 8)) is None
     assert not ConditioningCache(max_bytes=400, max_entries=0, identity="x").enabled
 
@@ -45,24 +57,36 @@ class EncoderCalls:
         self.calls += 1
 
 
-def test_a_repeated_prompt_hits_skips_the_encoders_and_gives_the_same_image(tiny_flux_dir: Path) -> None:
+def test_a_repeated_prompt_hits_skips_the_encoders_and_gives_the_same_image(
+    tiny_flux_dir: Path,
+) -> None:
     pipe = FluxPipeline.from_pretrained(tiny_flux_dir, dtype="float32")
     calls = EncoderCalls(pipe)
 
     def run(**fields: Any) -> Any:
-        request = dict(prompt="a cached fox", height=64, width=64, num_inference_steps=2, seed=4,
-                       max_sequence_length=32)
+        request = dict(
+            prompt="a cached fox",
+            height=64,
+            width=64,
+            num_inference_steps=2,
+            seed=4,
+            max_sequence_length=32,
+        )
         before = calls.calls
         out = pipe(GenerationRequest(**{**request, **fields}))
         return out, calls.calls - before
 
     first, first_calls = run()
     second, second_calls = run()
-    assert first.attestation["conditioning_cache"] == "miss" and first_calls == 2  # CLIP and T5
+    assert (
+        first.attestation["conditioning_cache"] == "miss" and first_calls == 2
+    )  # CLIP and T5
     assert second.attestation["conditioning_cache"] == "hit" and second_calls == 0
     assert torch.equal(first.images, second.images)
     assert second.attestation["conditioning_cache_state"]["entries"] == 1
-    window, window_calls = run(max_sequence_length=64)  # another window: another T5 output
+    window, window_calls = run(
+        max_sequence_length=64
+    )  # another window: another T5 output
     assert window.attestation["conditioning_cache"] == "miss" and window_calls == 2
     fresh, fresh_calls = run(conditioning_cache=False)
     assert fresh.attestation["conditioning_cache"] == "off" and fresh_calls == 2
@@ -75,9 +99,21 @@ def test_a_repeated_prompt_hits_skips_the_encoders_and_gives_the_same_image(tiny
 
 
 def test_max_entries_zero_turns_it_off(tiny_flux_dir: Path) -> None:
-    pipe = FluxPipeline.from_pretrained(tiny_flux_dir, dtype="float32", conditioning_cache={"max_entries": 0})
-    request = dict(prompt="a fox", height=64, width=64, num_inference_steps=1, seed=1, max_sequence_length=32)
-    outcomes = [pipe(GenerationRequest(**request)).attestation["conditioning_cache"] for _ in range(2)]
+    pipe = FluxPipeline.from_pretrained(
+        tiny_flux_dir, dtype="float32", conditioning_cache={"max_entries": 0}
+    )
+    request = dict(
+        prompt="a fox",
+        height=64,
+        width=64,
+        num_inference_steps=1,
+        seed=1,
+        max_sequence_length=32,
+    )
+    outcomes = [
+        pipe(GenerationRequest(**request)).attestation["conditioning_cache"]
+        for _ in range(2)
+    ]
     assert outcomes == ["off", "off"]
 
 

@@ -1,4 +1,5 @@
-"""compile=True: blocks go through torch.compile (dynamic shapes), results and attestation unchanged."""
+"""compile=True: blocks go through torch.compile (dynamic shapes), results and
+attestation unchanged."""
 
 from __future__ import annotations
 
@@ -13,8 +14,10 @@ from diffserve.layers.linear.module import Linear
 
 pytestmark = [
     pytest.mark.slow,
-    pytest.mark.skipif(shutil.which("cc") is None and shutil.which("gcc") is None,
-                       reason="torch.compile (inductor) on CPU needs a C compiler"),
+    pytest.mark.skipif(
+        shutil.which("cc") is None and shutil.which("gcc") is None,
+        reason="torch.compile (inductor) on CPU needs a C compiler",
+    ),
 ]
 
 
@@ -27,15 +30,40 @@ def test_compiled_blocks_match_eager_and_still_count(tiny_flux_dir) -> None:
     g = torch.Generator().manual_seed(0)
     graphs_before = counters["stats"]["unique_graphs"]
     with torch.inference_mode():
-        for tokens in (16, 24):  # a second image size runs on the graphs the first one compiled
+        for tokens in (
+            16,
+            24,
+        ):  # a second image size runs on the graphs the first one compiled
             img = torch.randn(1, tokens, 64, generator=g)
             txt = torch.randn(1, 8, 64, generator=g)
-            img_ids = torch.stack([torch.zeros(tokens), torch.arange(tokens) // 4, torch.arange(tokens) % 4], -1)
-            args = (img, img_ids.float(), txt, torch.zeros(8, 3), torch.tensor([0.5]), torch.randn(1, 32, generator=g))
-            torch.testing.assert_close(compiled(*args), eager(*args), rtol=1e-4, atol=1e-5)
-    # One dynamic-shape graph per block class: no recompile for the second size (a slice's bounds once
-    # pinned the sequence length, so every new image size recompiled both block classes).
-    assert counters["stats"]["unique_graphs"] - graphs_before == len({type(b) for b in compiled.double_blocks}
-                                                                      | {type(b) for b in compiled.single_blocks})
-    assert compiled.counters.snapshot() == {"linear": {"torch": 2 * n_linear}, "attention": {"sdpa": 2 * n_blocks},
-                                            "transformer_forwards": 2}
+            img_ids = torch.stack(
+                [
+                    torch.zeros(tokens),
+                    torch.arange(tokens) // 4,
+                    torch.arange(tokens) % 4,
+                ],
+                -1,
+            )
+            args = (
+                img,
+                img_ids.float(),
+                txt,
+                torch.zeros(8, 3),
+                torch.tensor([0.5]),
+                torch.randn(1, 32, generator=g),
+            )
+            torch.testing.assert_close(
+                compiled(*args), eager(*args), rtol=1e-4, atol=1e-5
+            )
+    # One dynamic-shape graph per block class: no recompile for the second size (a
+    # slice's bounds once pinned the sequence length, so every new image size recompiled
+    # both block classes).
+    assert counters["stats"]["unique_graphs"] - graphs_before == len(
+        {type(b) for b in compiled.double_blocks}
+        | {type(b) for b in compiled.single_blocks}
+    )
+    assert compiled.counters.snapshot() == {
+        "linear": {"torch": 2 * n_linear},
+        "attention": {"sdpa": 2 * n_blocks},
+        "transformer_forwards": 2,
+    }

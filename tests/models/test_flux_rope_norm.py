@@ -1,5 +1,5 @@
-"""QK-norm + RoPE as the blocks run them: one float32 chain written straight into the attention buffer,
-equal to the reference formulas."""
+"""QK-norm + RoPE as the blocks run them: one float32 chain written straight into the
+attention buffer, equal to the reference formulas."""
 
 from __future__ import annotations
 
@@ -18,7 +18,8 @@ def _table(length: int = 24) -> torch.Tensor:
 
 
 def _reference_rope(x: torch.Tensor, pe: torch.Tensor) -> torch.Tensor:
-    """``x * cos + swap_pairs(x) * signed_sin`` in float64 (the reference's formulation)."""
+    """``x * cos + swap_pairs(x) * signed_sin`` in float64 (the reference's
+    formulation)."""
     shape = (pe.shape[1],) + (1,) * (x.ndim - 3) + (pe.shape[2],)
     cos, sin = pe[0].double().view(shape), pe[1].double().view(shape)
     xd = x.double()
@@ -37,11 +38,15 @@ def _norm(dim: int = 16, seed: int = 0) -> QKNorm:
 def test_apply_rope_is_the_reference_rotation() -> None:
     pe = _table()
     x = torch.randn(2, 24, 2, 3, 16)
-    torch.testing.assert_close(apply_rope(x, pe).double(), _reference_rope(x, pe), rtol=0, atol=1e-6)
+    torch.testing.assert_close(
+        apply_rope(x, pe).double(), _reference_rope(x, pe), rtol=0, atol=1e-6
+    )
     xb = x.bfloat16()
     got = apply_rope(xb, pe)
     assert got.dtype == torch.bfloat16
-    torch.testing.assert_close(got.double(), _reference_rope(xb, pe), rtol=1e-2, atol=1e-2)
+    torch.testing.assert_close(
+        got.double(), _reference_rope(xb, pe), rtol=1e-2, atol=1e-2
+    )
 
 
 def test_norm_rope_into_a_strided_slice_matches_norm_then_rope() -> None:
@@ -51,16 +56,24 @@ def test_norm_rope_into_a_strided_slice_matches_norm_then_rope() -> None:
     joint = torch.zeros(2, 30, 3, 3, 16)  # the rows 6..30 of a longer joint sequence
     norm_rope_into(joint[:, 6:, :2], qkv[:, :, :2], norm, _table(30), 6)
     expected = _reference_rope(norm(qkv[:, :, :2]), _table(30)[:, 6:])
-    torch.testing.assert_close(joint[:, 6:, :2].double(), expected, rtol=1e-5, atol=1e-6)
-    assert torch.equal(joint[:, :6], torch.zeros_like(joint[:, :6]))  # other rows and v untouched
+    torch.testing.assert_close(
+        joint[:, 6:, :2].double(), expected, rtol=1e-5, atol=1e-6
+    )
+    assert torch.equal(
+        joint[:, :6], torch.zeros_like(joint[:, :6])
+    )  # other rows and v untouched
     assert torch.equal(joint[:, 6:, 2], torch.zeros(2, 24, 3, 16))
-    assert torch.equal(qkv, before)  # float32 input is only read (the chain copies before scaling in place)
+    assert torch.equal(
+        qkv, before
+    )  # float32 input is only read (the chain copies before scaling in place)
 
 
 def test_bfloat16_rounds_once() -> None:
     pe, norm = _table(), _norm(seed=1).bfloat16()
     qk = torch.randn(1, 24, 2, 3, 16).bfloat16()
-    truth = _reference_rope(F.rms_norm(qk.double(), (16,), eps=1e-6) * norm.scales(torch.float64), pe)
+    truth = _reference_rope(
+        F.rms_norm(qk.double(), (16,), eps=1e-6) * norm.scales(torch.float64), pe
+    )
     out = torch.empty_like(qk)
     norm_rope_into(out, qk, norm, pe)
     unfused = apply_rope(norm(qk), pe)  # norm rounded to bfloat16, then rotated
@@ -74,11 +87,17 @@ def test_attention_inputs_join_parts_text_first() -> None:
     nt, ni = _norm(seed=2), _norm(seed=3)
     q, k, v = attention_inputs([(txt, nt), (img, ni)], pe)
     assert q.shape == k.shape == v.shape == (2, 3, 30, 16)
-    torch.testing.assert_close(v, torch.cat((txt, img), 1)[:, :, 2].transpose(1, 2), rtol=0, atol=0)
+    torch.testing.assert_close(
+        v, torch.cat((txt, img), 1)[:, :, 2].transpose(1, 2), rtol=0, atol=0
+    )
     qk = torch.cat((nt(txt[:, :, :2]), ni(img[:, :, :2])), dim=1)
     expected = _reference_rope(qk, pe)
-    torch.testing.assert_close(q.double(), expected[:, :, 0].transpose(1, 2), rtol=1e-5, atol=1e-6)
-    torch.testing.assert_close(k.double(), expected[:, :, 1].transpose(1, 2), rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(
+        q.double(), expected[:, :, 0].transpose(1, 2), rtol=1e-5, atol=1e-6
+    )
+    torch.testing.assert_close(
+        k.double(), expected[:, :, 1].transpose(1, 2), rtol=1e-5, atol=1e-6
+    )
 
 
 def test_rotation_is_converted_once_per_table() -> None:
@@ -90,11 +109,14 @@ def test_rotation_is_converted_once_per_table() -> None:
     assert rope_rotation(pe) is not first
     with torch.inference_mode():
         table = _table()
-        assert rope_rotation(table) is rope_rotation(table)  # inference tensors have no version counter
+        assert rope_rotation(table) is rope_rotation(
+            table
+        )  # inference tensors have no version counter
 
 
 def test_the_compiled_form_is_the_same_rotation(monkeypatch) -> None:
-    # Inductor has no complex codegen: under torch.compile, rotate_ takes the real form instead.
+    # Inductor has no complex codegen: under torch.compile, rotate_ takes the real form
+    # instead.
     pe = _table(30)
     x = torch.randn(2, 24, 2, 3, 16)
     eager = rotate_(x.clone(), pe, 6)

@@ -21,27 +21,43 @@ from diffserve.models.flux.sampling import (
 )
 from diffserve.registry.models import MODEL_FAMILIES
 
-DEV = {"num_train_timesteps": 1000, "shift": 3.0, "use_dynamic_shifting": True, "base_shift": 0.5,
-       "max_shift": 1.15, "base_image_seq_len": 256, "max_image_seq_len": 4096}
+DEV = {
+    "num_train_timesteps": 1000,
+    "shift": 3.0,
+    "use_dynamic_shifting": True,
+    "base_shift": 0.5,
+    "max_shift": 1.15,
+    "base_image_seq_len": 256,
+    "max_image_seq_len": 4096,
+}
 SCHNELL = {"num_train_timesteps": 1000, "shift": 1.0, "use_dynamic_shifting": False}
 
 
-@pytest.mark.parametrize("config", [DEV, SCHNELL, {**SCHNELL, "shift": 3.0}], ids=["dynamic", "shift1", "shift3"])
+@pytest.mark.parametrize(
+    "config",
+    [DEV, SCHNELL, {**SCHNELL, "shift": 3.0}],
+    ids=["dynamic", "shift1", "shift3"],
+)
 @pytest.mark.parametrize("steps, seq_len", [(1, 16), (4, 60), (28, 4096)])
 def test_schedule_matches_diffusers(config: dict, steps: int, seq_len: int) -> None:
     from diffusers import FlowMatchEulerDiscreteScheduler
-    from diffusers.pipelines.flux.pipeline_flux import calculate_shift as diffusers_shift
+    from diffusers.pipelines.flux.pipeline_flux import (
+        calculate_shift as diffusers_shift,
+    )
 
     ref = FlowMatchEulerDiscreteScheduler(**config)
     mu = diffusers_shift(seq_len, 256, 4096, 0.5, 1.15)
     ref.set_timesteps(sigmas=np.linspace(1.0, 1 / steps, steps), mu=mu)
     sigmas, timesteps = get_schedule(steps, seq_len, config)
     assert calculate_shift(seq_len) == mu
-    # Exact although diffusers' is another implementation: the same elementwise numpy ops in the same order (each
-    # correctly rounded; exp from the same libm), no reduction or GEMM whose order a CPU kind could change.
+    # Exact although diffusers' is another implementation: the same elementwise numpy
+    # ops in the same order (each correctly rounded; exp from the same libm), no
+    # reduction or GEMM whose order a CPU kind could change.
     torch.testing.assert_close(sigmas, ref.sigmas, rtol=0, atol=0)
     torch.testing.assert_close(timesteps, ref.timesteps, rtol=0, atol=0)
-    assert sigmas[0] <= 1.0 and sigmas[-1] == 0 and bool((sigmas[1:] < sigmas[:-1]).all())
+    assert (
+        sigmas[0] <= 1.0 and sigmas[-1] == 0 and bool((sigmas[1:] < sigmas[:-1]).all())
+    )
 
 
 def test_euler_step_matches_diffusers() -> None:
@@ -51,8 +67,11 @@ def test_euler_step_matches_diffusers() -> None:
     ref.set_timesteps(sigmas=np.linspace(1.0, 0.5, 2), mu=0.7)
     x, v = torch.randn(2, 6, 64), torch.randn(2, 6, 64)
     expected = ref.step(v, ref.timesteps[0], x, return_dict=False)[0]
-    # Exact: diffusers' step is the same float32 multiply then add, elementwise (correctly rounded on any CPU).
-    torch.testing.assert_close(euler_step(x, v, ref.sigmas[0], ref.sigmas[1]), expected, rtol=0, atol=0)
+    # Exact: diffusers' step is the same float32 multiply then add, elementwise
+    # (correctly rounded on any CPU).
+    torch.testing.assert_close(
+        euler_step(x, v, ref.sigmas[0], ref.sigmas[1]), expected, rtol=0, atol=0
+    )
 
 
 def test_pack_unpack_roundtrip_and_ids_non_square() -> None:
@@ -61,13 +80,19 @@ def test_pack_unpack_roundtrip_and_ids_non_square() -> None:
     assert tokens.shape == (2, 6 * 10, 64)
     torch.testing.assert_close(unpack(tokens, 96, 160), latents, rtol=0, atol=0)
     ids = image_ids(96, 160, device="cpu", dtype=torch.float32)
-    assert ids.shape == (60, 3) and ids[11].tolist() == [0.0, 1.0, 1.0] and ids[:, 2].max() == 9
+    assert (
+        ids.shape == (60, 3)
+        and ids[11].tolist() == [0.0, 1.0, 1.0]
+        and ids[:, 2].max() == 9
+    )
 
 
 def test_noise_is_per_image_seed() -> None:
     both = get_noise([3, 4], 16, 64, 32, dtype=torch.float32, device="cpu")
     assert both.shape == (2, 16, 8, 4)
-    torch.testing.assert_close(both[1:], get_noise([4], 16, 64, 32, dtype=torch.float32, device="cpu"))
+    torch.testing.assert_close(
+        both[1:], get_noise([4], 16, 64, 32, dtype=torch.float32, device="cpu")
+    )
     assert not torch.equal(both[0], both[1])
 
 
@@ -83,7 +108,9 @@ def test_registry_is_the_one_list(tmp_path) -> None:
 
     family = MODEL_FAMILIES["FluxPipeline"]
     assert family.load_pipeline_class() is FluxPipeline
-    (tmp_path / "model_index.json").write_text(json.dumps({"_class_name": "StableDiffusionPipeline"}))
+    (tmp_path / "model_index.json").write_text(
+        json.dumps({"_class_name": "StableDiffusionPipeline"})
+    )
     # The resolver refuses what the registry does not list, naming what it does.
     with pytest.raises(ConfigError, match="StableDiffusionPipeline") as info:
         resolve(model=str(tmp_path), env={})

@@ -13,8 +13,16 @@ from diffserve.errors import BackendUnavailableError, ModelLoadError
 from diffserve.layers.attention.module import Attention
 from diffserve.layers.linear.module import Linear
 
-SMALL = dict(in_channels=64, num_layers=2, num_single_layers=2, attention_head_dim=32, num_attention_heads=4,
-             joint_attention_dim=64, pooled_projection_dim=32, axes_dims_rope=(8, 12, 12))
+SMALL = dict(
+    in_channels=64,
+    num_layers=2,
+    num_single_layers=2,
+    attention_head_dim=32,
+    num_attention_heads=4,
+    joint_attention_dim=64,
+    pooled_projection_dim=32,
+    axes_dims_rope=(8, 12, 12),
+)
 
 
 def _make_diffusers(tmp: Path, guidance_embeds: bool, seed: int = 0, **save_kwargs):
@@ -23,7 +31,9 @@ def _make_diffusers(tmp: Path, guidance_embeds: bool, seed: int = 0, **save_kwar
     torch.manual_seed(seed)
     model = FluxTransformer2DModel(**SMALL, guidance_embeds=guidance_embeds).eval()
     with torch.no_grad():
-        for p in model.parameters():  # non-trivial norms and biases, so every mapping is exercised
+        for p in (
+            model.parameters()
+        ):  # non-trivial norms and biases, so every mapping is exercised
             p.add_(torch.randn_like(p) * 0.05)
     out = tmp / "transformer"
     model.save_pretrained(out, **save_kwargs)
@@ -37,7 +47,14 @@ def pair(request, tmp_path_factory):
     return ref, path, request.param
 
 
-def _inputs(guidance: bool, batch: int = 2, h: int = 6, w: int = 10, txt_len: int = 7, seed: int = 1):
+def _inputs(
+    guidance: bool,
+    batch: int = 2,
+    h: int = 6,
+    w: int = 10,
+    txt_len: int = 7,
+    seed: int = 1,
+):
     g = torch.Generator().manual_seed(seed)
     img_ids = torch.zeros(h, w, 3)
     img_ids[..., 1] = torch.arange(h)[:, None]
@@ -54,8 +71,15 @@ def _inputs(guidance: bool, batch: int = 2, h: int = 6, w: int = 10, txt_len: in
 
 
 def _native(model, x):
-    return model(x["hidden_states"], x["img_ids"], x["encoder_hidden_states"], x["txt_ids"], x["timestep"],
-                 x["pooled_projections"], x["guidance"])
+    return model(
+        x["hidden_states"],
+        x["img_ids"],
+        x["encoder_hidden_states"],
+        x["txt_ids"],
+        x["timestep"],
+        x["pooled_projections"],
+        x["guidance"],
+    )
 
 
 def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -97,8 +121,11 @@ def test_counters_per_forward_and_backend_names(pair) -> None:
     with torch.inference_mode():
         _native(model, x)
         snap = model.counters.snapshot()
-        assert snap == {"linear": {"torch": len(linears)}, "attention": {"sdpa": len(attentions)},
-                        "transformer_forwards": 1}
+        assert snap == {
+            "linear": {"torch": len(linears)},
+            "attention": {"sdpa": len(attentions)},
+            "transformer_forwards": 1,
+        }
         _native(model, x)
     assert model.counters.snapshot()["linear"] == {"torch": 2 * len(linears)}
     assert model.counters.snapshot()["attention"] == {"sdpa": 2 * len(attentions)}
@@ -111,19 +138,27 @@ def test_counters_per_forward_and_backend_names(pair) -> None:
 
 def test_per_role_attention_backends(pair) -> None:
     _, path, _ = pair
-    model = flux_transformer(path, attention={"default": "sdpa", "single_block": "math"})
-    roles = {(m.role, m.backend_name) for m in model.modules() if isinstance(m, Attention)}
+    model = flux_transformer(
+        path, attention={"default": "sdpa", "single_block": "math"}
+    )
+    roles = {
+        (m.role, m.backend_name) for m in model.modules() if isinstance(m, Attention)
+    }
     assert roles == {("double_block", "sdpa"), ("single_block", "math")}
 
 
 def test_flash_attn_fails_at_load_on_cpu(pair) -> None:
     _, path, _ = pair
-    with pytest.raises(BackendUnavailableError, match="flash_attn package is not installed|CUDA device"):
+    with pytest.raises(
+        BackendUnavailableError, match="flash_attn package is not installed|CUDA device"
+    ):
         flux_transformer(path, attention="flash_attn")
 
 
 def test_sharded_checkpoint_loads(tmp_path: Path) -> None:
-    ref, path = _make_diffusers(tmp_path, guidance_embeds=False, seed=5, max_shard_size="200KB")
+    ref, path = _make_diffusers(
+        tmp_path, guidance_embeds=False, seed=5, max_shard_size="200KB"
+    )
     assert (path / "diffusion_pytorch_model.safetensors.index.json").is_file()
     model = flux_transformer(path)
     x = _inputs(False)
@@ -139,9 +174,12 @@ def test_missing_and_unexpected_keys_are_errors(tmp_path: Path) -> None:
     weights.pop("transformer_blocks.0.attn.to_k.weight")
     weights["transformer_blocks.0.extra.weight"] = torch.zeros(1)
     save_file(weights, str(path / "diffusion_pytorch_model.safetensors"))
-    with pytest.raises(ModelLoadError, match=r"transformer: weights do not match .*: missing 1 key: "
-                                             r"transformer_blocks.0.attn.to_k.weight; "
-                                             r"unexpected 1 key: transformer_blocks.0.extra.weight"):
+    with pytest.raises(
+        ModelLoadError,
+        match=r"transformer: weights do not match .*: missing 1 key: "
+        r"transformer_blocks.0.attn.to_k.weight; "
+        r"unexpected 1 key: transformer_blocks.0.extra.weight",
+    ):
         flux_transformer(path)
 
 
@@ -155,12 +193,18 @@ def test_guidance_flag_mismatch_is_a_load_error(tmp_path: Path) -> None:
 
 
 def test_missing_shard_and_missing_weights_are_errors(tmp_path: Path) -> None:
-    _, path = _make_diffusers(tmp_path, guidance_embeds=False, seed=8, max_shard_size="200KB")
+    _, path = _make_diffusers(
+        tmp_path, guidance_embeds=False, seed=8, max_shard_size="200KB"
+    )
     shard = sorted(path.glob("*.safetensors"))[0]
     shard.unlink()
-    with pytest.raises(ModelLoadError, match=f"shard {shard.name} listed in .* is missing"):
+    with pytest.raises(
+        ModelLoadError, match=f"shard {shard.name} listed in .* is missing"
+    ):
         flux_transformer(path)
     for weights in path.glob("*.safetensors*"):
         weights.unlink()
-    with pytest.raises(ModelLoadError, match="expected diffusion_pytorch_model.safetensors"):
+    with pytest.raises(
+        ModelLoadError, match="expected diffusion_pytorch_model.safetensors"
+    ):
         flux_transformer(path)

@@ -1,7 +1,9 @@
-"""The generic path: diffusers' SD3, PixArt-Sigma and Qwen-Image pipelines with their denoiser on our kernels.
+"""The generic path: diffusers' SD3, PixArt-Sigma and Qwen-Image pipelines with their
+denoiser on our kernels.
 
-Parity is against plain diffusers on the same directory, prompt and seed; the attestation must show the
-backends the config chose, per role; seeds, abort at a step boundary and compile behave as on FLUX.
+Parity is against plain diffusers on the same directory, prompt and seed; the
+attestation must show the backends the config chose, per role; seeds, abort at a step
+boundary and compile behave as on FLUX.
 """
 
 from __future__ import annotations
@@ -21,12 +23,14 @@ from diffserve.models.base import library_admit
 from diffserve.models.generic.pipeline import GenericPipeline
 from diffserve.types.results import BatchResult, StepEvent
 
-FAMILIES = {"sd3": ("tiny_sd3_dir", "StableDiffusion3Pipeline"),
-            "pixart": ("tiny_pixart_dir", "PixArtSigmaPipeline"),
-            "qwen": ("tiny_qwen_image_dir", "QwenImagePipeline"),
-            "zimage": ("tiny_z_image_dir", "ZImagePipeline"),
-            "klein": ("tiny_flux2_klein_dir", "Flux2KleinPipeline"),
-            "flux2dev": ("tiny_flux2_dir", "Flux2Pipeline")}
+FAMILIES = {
+    "sd3": ("tiny_sd3_dir", "StableDiffusion3Pipeline"),
+    "pixart": ("tiny_pixart_dir", "PixArtSigmaPipeline"),
+    "qwen": ("tiny_qwen_image_dir", "QwenImagePipeline"),
+    "zimage": ("tiny_z_image_dir", "ZImagePipeline"),
+    "klein": ("tiny_flux2_klein_dir", "Flux2KleinPipeline"),
+    "flux2dev": ("tiny_flux2_dir", "Flux2Pipeline"),
+}
 PROMPT = "a red fox in the snow"
 
 
@@ -36,42 +40,77 @@ def psnr(a: np.ndarray, b: np.ndarray) -> float:
 
 
 def build(model_dir: Path, **fields: Any) -> GenericPipeline:
-    fields = {"dtype": "float32", "linear_backend": "torch", "attention_backend": "sdpa", **fields}
+    fields = {
+        "dtype": "float32",
+        "linear_backend": "torch",
+        "attention_backend": "sdpa",
+        **fields,
+    }
     stage = resolve(model=model_dir, overrides=fields, env={}).stages[0]
     return GenericPipeline.from_stage(model_dir, stage)
 
 
-def diffusers_image(model_dir: Path, class_name: str, dtype: torch.dtype, seed: int, steps: int = 3,
-                    **kwargs: Any) -> np.ndarray:
+def diffusers_image(
+    model_dir: Path,
+    class_name: str,
+    dtype: torch.dtype,
+    seed: int,
+    steps: int = 3,
+    **kwargs: Any,
+) -> np.ndarray:
     import diffusers
 
     from diffserve.models.generic.pipeline import ensure_dtype
     from diffserve.models.generic.vl_processor import processor_components
 
-    processors = processor_components(model_dir)  # what transformers cannot build here (no torchvision)
-    pipe = getattr(diffusers, class_name).from_pretrained(str(model_dir), torch_dtype=dtype,
-                                                          **dict.fromkeys(processors))
+    processors = processor_components(
+        model_dir
+    )  # what transformers cannot build here (no torchvision)
+    pipe = getattr(diffusers, class_name).from_pretrained(
+        str(model_dir), torch_dtype=dtype, **dict.fromkeys(processors)
+    )
     pipe.register_modules(**processors)
     pipe.set_progress_bar_config(disable=True)
-    ensure_dtype(pipe.transformer, dtype)  # diffusers' own loader leaves SD3 in float32 without accelerate
+    ensure_dtype(
+        pipe.transformer, dtype
+    )  # diffusers' own loader leaves SD3 in float32 without accelerate
     if class_name == "PixArtSigmaPipeline":
         kwargs.update(use_resolution_binning=False, clean_caption=False)
     if class_name == "QwenImagePipeline":
-        kwargs.setdefault("negative_prompt", " ")  # its model card's: without one the pipeline skips CFG
-    image = pipe(prompt=PROMPT, height=64, width=64, num_inference_steps=steps,  # keywords: klein's first is image
-                 generator=torch.Generator().manual_seed(seed), output_type="np", **kwargs).images[0]
+        kwargs.setdefault(
+            "negative_prompt", " "
+        )  # its model card's: without one the pipeline skips CFG
+    image = pipe(
+        prompt=PROMPT,
+        height=64,
+        width=64,
+        num_inference_steps=steps,  # keywords: klein's first is image
+        generator=torch.Generator().manual_seed(seed),
+        output_type="np",
+        **kwargs,
+    ).images[0]
     return (image * 255).round()
 
 
 def make_request(**fields: Any) -> GenerationRequest:
-    return GenerationRequest(**{"prompt": PROMPT, "height": 64, "width": 64, "num_inference_steps": 3,
-                                "seed": 5, **fields})
+    return GenerationRequest(
+        **{
+            "prompt": PROMPT,
+            "height": 64,
+            "width": 64,
+            "num_inference_steps": 3,
+            "seed": 5,
+            **fields,
+        }
+    )
 
 
 @pytest.mark.numerics
 @pytest.mark.parametrize("family", list(FAMILIES))
 @pytest.mark.parametrize(("dtype", "floor_db"), [("float32", 60.0), ("bfloat16", 40.0)])
-def test_images_match_plain_diffusers(family: str, dtype: str, floor_db: float, request: Any) -> None:
+def test_images_match_plain_diffusers(
+    family: str, dtype: str, floor_db: float, request: Any
+) -> None:
     fixture, class_name = FAMILIES[family]
     model_dir = request.getfixturevalue(fixture)
     pipe = build(model_dir, dtype=dtype)
@@ -79,14 +118,18 @@ def test_images_match_plain_diffusers(family: str, dtype: str, floor_db: float, 
     theirs = diffusers_image(model_dir, class_name, getattr(torch, dtype), seed=5)
     assert ours.shape == (64, 64, 3)
     assert psnr(ours, theirs) >= floor_db
-    # The kernels the config chose ran: every denoiser Linear on torch, attention on sdpa.
+    # The kernels the config chose ran: every denoiser Linear on torch, attention on
+    # sdpa.
     counts = pipe.kernel_counters.snapshot()
     assert set(counts["linear"]) == {"torch"} and counts["linear"]["torch"] > 0
     assert set(counts["attention"]) == {"sdpa"} and counts["attention"]["sdpa"] > 0
-    # One denoiser forward per step where diffusers batches the CFG branches, two where it runs them apart
-    # (Qwen-Image's true CFG); guidance is the model's default.
+    # One denoiser forward per step where diffusers batches the CFG branches, two where
+    # it runs them apart (Qwen-Image's true CFG); guidance is the model's default.
     assert counts["transformer_forwards"] == (6 if family in ("qwen", "klein") else 3)
-    assert pipe.capabilities.implementation == "generic" and pipe.capabilities.family == class_name
+    assert (
+        pipe.capabilities.implementation == "generic"
+        and pipe.capabilities.family == class_name
+    )
 
 
 def test_no_plain_linear_left_and_weights_shared(tiny_sd3_dir: Path) -> None:
@@ -97,19 +140,35 @@ def test_no_plain_linear_left_and_weights_shared(tiny_sd3_dir: Path) -> None:
     assert not [m for m in modules if type(m) is torch.nn.Linear]
     linears = [m for m in modules if isinstance(m, Linear)]
     assert linears and all(m.backend_name == "torch" for m in linears)
-    # Weights are the loaded parameters themselves (one copy): the state dict still has every key.
+    # Weights are the loaded parameters themselves (one copy): the state dict still has
+    # every key.
     keys = set(pipe.denoiser.state_dict())
     assert "transformer_blocks.0.attn.to_q.weight" in keys
-    assert pipe.attention_roles and set(pipe.attention_roles.values()) == {"joint_block"}
-    # Sizes are checked against the VAE factor x the patch size; the default is the model's sample size.
+    assert pipe.attention_roles and set(pipe.attention_roles.values()) == {
+        "joint_block"
+    }
+    # Sizes are checked against the VAE factor x the patch size; the default is the
+    # model's sample size.
     caps = pipe.capabilities
-    assert caps.size_multiple == pipe.pipe.vae_scale_factor * pipe.denoiser.config.patch_size == 16
-    assert caps.default_size == pipe.denoiser.config.sample_size * pipe.pipe.vae_scale_factor
-    assert caps.max_sequence_length == 256 and not caps.true_cfg and not caps.step_batching
+    assert (
+        caps.size_multiple
+        == pipe.pipe.vae_scale_factor * pipe.denoiser.config.patch_size
+        == 16
+    )
+    assert (
+        caps.default_size
+        == pipe.denoiser.config.sample_size * pipe.pipe.vae_scale_factor
+    )
+    assert (
+        caps.max_sequence_length == 256 and not caps.true_cfg and not caps.step_batching
+    )
 
 
 def test_per_role_attention_backends_on_pixart(tiny_pixart_dir: Path) -> None:
-    pipe = build(tiny_pixart_dir, attention_backend={"default": "sdpa", "cross_attention": "math"})
+    pipe = build(
+        tiny_pixart_dir,
+        attention_backend={"default": "sdpa", "cross_attention": "math"},
+    )
     assert set(pipe.attention_roles.values()) == {"self_attention", "cross_attention"}
     pipe(make_request(num_inference_steps=2))
     counts = pipe.kernel_counters.snapshot()["attention"]
@@ -122,10 +181,13 @@ def test_generic_flux_equals_native_flux(tiny_flux_dir: Path) -> None:
     from diffserve.models.flux.pipeline import FluxPipeline
 
     generic = build(tiny_flux_dir, implementation="generic")
-    native = FluxPipeline.from_pretrained(tiny_flux_dir, linear_backend="torch", attention_backend="sdpa")
+    native = FluxPipeline.from_pretrained(
+        tiny_flux_dir, linear_backend="torch", attention_backend="sdpa"
+    )
     req = make_request(num_inference_steps=2, max_sequence_length=64)
-    # Two implementations of one model (diffusers' transformer on our kernels, and ours): the same math in another
-    # order, so equal to rounding, not bit for bit (84-89 dB, at most one level apart, on AVX2 and AMX).
+    # Two implementations of one model (diffusers' transformer on our kernels, and
+    # ours): the same math in another order, so equal to rounding, not bit for bit
+    # (84-89 dB, at most one level apart, on AVX2 and AMX).
     assert psnr(generic(req).images.numpy(), native(req).images.numpy()) >= 60.0
     assert generic.kernel_counters.snapshot()["attention"] == {"sdpa": 8}
 
@@ -136,7 +198,8 @@ def test_each_image_of_a_request_has_its_own_seed(tiny_sd3_dir: Path) -> None:
     assert pair.seeds == [11, 12]
     for i, seed in enumerate(pair.seeds):
         alone = pipe(make_request(seed=seed)).images[0].numpy()
-        # Same starting noise; the batch of 2 may round the last bits differently (docs/models.md).
+        # Same starting noise; the batch of 2 may round the last bits differently
+        # (docs/models.md).
         assert psnr(pair.images[i].numpy(), alone) >= 45.0
     assert not torch.equal(pair.images[0], pair.images[1])
 
@@ -145,7 +208,10 @@ def test_step_events_and_abort_at_a_step_boundary(tiny_sd3_dir: Path) -> None:
     pipe = build(tiny_sd3_dir)
     run = pipe.run([library_admit(pipe, make_request(num_inference_steps=50))])
     events = [next(run), next(run)]
-    assert events == [StepEvent(step=1, total_steps=50), StepEvent(step=2, total_steps=50)]
+    assert events == [
+        StepEvent(step=1, total_steps=50),
+        StepEvent(step=2, total_steps=50),
+    ]
     run.close()  # the pipeline thread stops at its next step callback
     assert pipe.kernel_counters.snapshot()["transformer_forwards"] <= 3
     # The pipeline is free again: a full request still runs to its result.
@@ -162,32 +228,56 @@ def test_compiled_denoiser_counts_and_matches_eager(tiny_sd3_dir: Path) -> None:
     assert compiled.kernel_counters.snapshot() == eager.kernel_counters.snapshot()
 
 
-def test_config_explain_names_the_generic_path_and_model_defaults(tiny_sd3_dir: Path, tiny_pixart_dir: Path,
-                                                                  tiny_qwen_image_dir: Path, tiny_z_image_dir: Path,
-                                                                  tiny_flux2_klein_dir: Path, tiny_flux2_dir: Path,
-                                                                  tiny_qwen_image_edit_dir: Path) -> None:
+def test_config_explain_names_the_generic_path_and_model_defaults(
+    tiny_sd3_dir: Path,
+    tiny_pixart_dir: Path,
+    tiny_qwen_image_dir: Path,
+    tiny_z_image_dir: Path,
+    tiny_flux2_klein_dir: Path,
+    tiny_flux2_dir: Path,
+    tiny_qwen_image_edit_dir: Path,
+) -> None:
     config = resolve(model=tiny_sd3_dir, env={})
     stage = config.stages[0]
     assert stage.implementation == "generic"
-    assert (stage.request_defaults.num_inference_steps, stage.request_defaults.guidance_scale) == (28, 7.0)
-    for key in ("implementation", "request_defaults.num_inference_steps", "request_defaults.guidance_scale"):
+    assert (
+        stage.request_defaults.num_inference_steps,
+        stage.request_defaults.guidance_scale,
+    ) == (28, 7.0)
+    for key in (
+        "implementation",
+        "request_defaults.num_inference_steps",
+        "request_defaults.guidance_scale",
+    ):
         assert config.provenance[f"stages.0.{key}"].layer == "model"
     pixart = resolve(model=tiny_pixart_dir, env={}).stages[0].request_defaults
     assert (pixart.num_inference_steps, pixart.guidance_scale) == (20, 4.5)
     qwen = resolve(model=tiny_qwen_image_dir, env={})
-    assert (qwen.stages[0].request_defaults.num_inference_steps, qwen.stages[0].request_defaults.guidance_scale) == (
-        50, 4.0)
+    assert (
+        qwen.stages[0].request_defaults.num_inference_steps,
+        qwen.stages[0].request_defaults.guidance_scale,
+    ) == (50, 4.0)
     assert qwen.provenance["stages.0.request_defaults.guidance_scale"].layer == "model"
     # The language-model families bring their __call__ defaults, source model.
-    for model, defaults in ((tiny_z_image_dir, (50, 5.0)), (tiny_flux2_klein_dir, (50, 4.0)),
-                            (tiny_flux2_dir, (50, 4.0)), (tiny_qwen_image_edit_dir, (50, 4.0))):
+    for model, defaults in (
+        (tiny_z_image_dir, (50, 5.0)),
+        (tiny_flux2_klein_dir, (50, 4.0)),
+        (tiny_flux2_dir, (50, 4.0)),
+        (tiny_qwen_image_edit_dir, (50, 4.0)),
+    ):
         resolved = resolve(model=model, env={})
         filled = resolved.stages[0].request_defaults
         assert (filled.num_inference_steps, filled.guidance_scale) == defaults
-        for key in ("implementation", "request_defaults.num_inference_steps", "request_defaults.guidance_scale"):
+        for key in (
+            "implementation",
+            "request_defaults.num_inference_steps",
+            "request_defaults.guidance_scale",
+        ):
             assert resolved.provenance[f"stages.0.{key}"].layer == "model"
     # A deploy value beats the model's.
-    mine = resolve(model=tiny_sd3_dir, overrides={"default_guidance_scale": 5.0}, env={})
+    mine = resolve(
+        model=tiny_sd3_dir, overrides={"default_guidance_scale": 5.0}, env={}
+    )
     assert mine.stages[0].request_defaults.guidance_scale == 5.0
     assert mine.provenance["stages.0.request_defaults.guidance_scale"].layer == "cli"
 
@@ -199,27 +289,47 @@ def test_native_on_a_generic_only_family_is_refused(tiny_sd3_dir: Path) -> None:
 
 
 def test_non_dit_pipeline_class_is_refused_listing_supported(tmp_path: Path) -> None:
-    (tmp_path / "model_index.json").write_text('{"_class_name": "StableDiffusionPipeline"}')
+    (tmp_path / "model_index.json").write_text(
+        '{"_class_name": "StableDiffusionPipeline"}'
+    )
     with pytest.raises(ConfigError) as info:
         resolve(model=tmp_path, env={})
     message = str(info.value)
     assert "StableDiffusionPipeline" in message
-    for supported in ("FluxPipeline", "StableDiffusion3Pipeline", "PixArtSigmaPipeline"):
+    for supported in (
+        "FluxPipeline",
+        "StableDiffusion3Pipeline",
+        "PixArtSigmaPipeline",
+    ):
         assert supported in message
 
 
 def test_engine_acceptance_sd3_torch_sdpa(tiny_sd3_dir: Path) -> None:
-    """The issue's acceptance line, through the engine; also the model's defaults reach the request."""
-    with Engine(str(tiny_sd3_dir), linear_backend="torch", attention_backend="sdpa", dtype="float32") as engine:
-        out = engine.generate(GenerationRequest(prompt=PROMPT, height=64, width=64, num_inference_steps=2, seed=1))
-        assert out.attestation["linear"]["torch"] > 0 and out.attestation["attention"]["sdpa"] > 0
+    """The issue's acceptance line, through the engine; also the model's defaults reach
+    the request."""
+    with Engine(
+        str(tiny_sd3_dir),
+        linear_backend="torch",
+        attention_backend="sdpa",
+        dtype="float32",
+    ) as engine:
+        out = engine.generate(
+            GenerationRequest(
+                prompt=PROMPT, height=64, width=64, num_inference_steps=2, seed=1
+            )
+        )
+        assert (
+            out.attestation["linear"]["torch"] > 0
+            and out.attestation["attention"]["sdpa"] > 0
+        )
         assert out.attestation["implementation"] == "generic"
         assert out.guidance_scale == 7.0  # SD3's default, source model
         assert out.images[0].size == (64, 64)
 
 
 def test_the_compute_thread_ends_with_its_pipeline(tiny_sd3_dir: Path) -> None:
-    # A thread left behind would keep its OpenMP team and slow every later torch op of the process.
+    # A thread left behind would keep its OpenMP team and slow every later torch op of
+    # the process.
     import gc
     import threading
 
@@ -240,8 +350,11 @@ def test_the_compute_thread_ends_with_its_pipeline(tiny_sd3_dir: Path) -> None:
 
 
 @pytest.mark.parametrize("family", ["qwen", "zimage", "klein", "flux2dev"])
-def test_int8_quantization_runs_on_the_language_model_families(family: str, request: Any) -> None:
-    # The support matrix claims every quantization method for every family; W8A8 int8 on the new ones here.
+def test_int8_quantization_runs_on_the_language_model_families(
+    family: str, request: Any
+) -> None:
+    # The support matrix claims every quantization method for every family; W8A8 int8 on
+    # the new ones here.
     fixture, _ = FAMILIES[family]
     pipe = build(request.getfixturevalue(fixture), quantization="int8")
     image = pipe(make_request(num_inference_steps=2)).images[0].numpy()

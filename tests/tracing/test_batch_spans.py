@@ -1,6 +1,7 @@
-"""Tracing on, in process, exporting to a local OTLP/HTTP receiver: the carrier, a worker's batch spans (stages,
-step events or step spans, cancel, error), the queue wait, and trace ids in log lines. No model: the batch trace is
-driven the way the worker's command loop drives it (``worker/loop.py``)."""
+"""Tracing on, in process, exporting to a local OTLP/HTTP receiver: the carrier, a
+worker's batch spans (stages, step events or step spans, cancel, error), the queue wait,
+and trace ids in log lines. No model: the batch trace is driven the way the worker's
+command loop drives it (``worker/loop.py``)."""
 
 from __future__ import annotations
 
@@ -36,40 +37,66 @@ def receiver(monkeypatch: pytest.MonkeyPatch) -> Iterator[OtlpReceiver]:
         monkeypatch.delenv("OTEL_TRACES_EXPORTER", raising=False)
         monkeypatch.delenv("DIFFSERVE_TRACE_STEPS", raising=False)
         yield receiver
-        stop_tracing()  # also when a test failed half way: the flag never stays on for the next test
+        # also when a test failed half way: the flag never stays on for the next test
+        stop_tracing()
 
 
 def traced(request_id: str, steps: int = 2) -> GenerationRequest:
-    """A request as admission hands it on: with the current span's context as its carrier."""
-    return carry(GenerationRequest(prompt="p", seed=1, num_inference_steps=steps, request_id=request_id))
+    """A request as admission hands it on: with the current span's context as its
+    carrier."""
+    return carry(
+        GenerationRequest(
+            prompt="p", seed=1, num_inference_steps=steps, request_id=request_id
+        )
+    )
 
 
 def named(spans: list[ReceivedSpan], name: str) -> list[ReceivedSpan]:
     return [s for s in spans if s.name == name]
 
 
-def run_batch(requests: list[GenerationRequest], steps: int, *, finish: bool = True) -> None:
+def run_batch(
+    requests: list[GenerationRequest], steps: int, *, finish: bool = True
+) -> None:
     trace = batch_trace(requests, lambda: dict(WORKER))
     with trace:
         time.sleep(0.002)
         for step in range(1, steps + 1):
             trace.step(step, steps, tuple((r.request_id, step) for r in requests))
         if finish:
-            trace.finish([RequestResult(r.request_id, images=None, seeds=[1],
-                                        timings_ms={"encode": 1.0, "denoise": 2.0, "decode": 0.5},
-                                        attestation={"linear": {"torch": 8, "unused": 0}, "attention": {"sdpa": 4},
-                                                     "cache": [{"computed_steps": 2, "skipped_steps": 1, "trace": []}],
-                                                     "conditioning_cache": "hit", "batch_size": len(requests)})
-                          for r in requests])
+            trace.finish(
+                [
+                    RequestResult(
+                        r.request_id,
+                        images=None,
+                        seeds=[1],
+                        timings_ms={"encode": 1.0, "denoise": 2.0, "decode": 0.5},
+                        attestation={
+                            "linear": {"torch": 8, "unused": 0},
+                            "attention": {"sdpa": 4},
+                            "cache": [
+                                {"computed_steps": 2, "skipped_steps": 1, "trace": []}
+                            ],
+                            "conditioning_cache": "hit",
+                            "batch_size": len(requests),
+                        },
+                    )
+                    for r in requests
+                ]
+            )
 
 
-def test_a_batch_of_two_requests_makes_a_span_tree_in_each_trace(receiver: OtlpReceiver) -> None:
+def test_a_batch_of_two_requests_makes_a_span_tree_in_each_trace(
+    receiver: OtlpReceiver,
+) -> None:
     assert start_tracing("worker") and switch.ON
     with span("client a") as a:
         first = traced("a", steps=3)
     with span("client b"):
         second = traced("b", steps=3)
-    untraced = GenerationRequest(prompt="p", seed=1, request_id="c")  # e.g. warmup: no carrier, no spans
+    untraced = GenerationRequest(
+        prompt="p", seed=1, request_id="c"
+    )  # e.g. warmup: no carrier, no spans
     run_batch([first, second, untraced], steps=3)
     stop_tracing()
     spans = receiver.spans()
@@ -79,27 +106,46 @@ def test_a_batch_of_two_requests_makes_a_span_tree_in_each_trace(receiver: OtlpR
     execute = next(s for s in executes if s.attributes["diffserve.request_id"] == "a")
     assert execute.trace_id == f"{a.get_span_context().trace_id:032x}"
     assert execute.parent_span_id == f"{a.get_span_context().span_id:016x}"
-    assert execute.attributes["diffserve.kernel.linear"] == ["torch"]  # backends that ran, not zero counts
+    assert execute.attributes["diffserve.kernel.linear"] == [
+        "torch"
+    ]  # backends that ran, not zero counts
     assert execute.attributes["diffserve.kernel.attention"] == ["sdpa"]
     assert execute.attributes["diffserve.cache.computed_steps"] == 2
     assert execute.attributes["diffserve.cache.skipped_steps"] == 1
     assert execute.attributes["diffserve.conditioning_cache"] == "hit"
-    assert execute.attributes["diffserve.batch.size"] == 3 and execute.attributes["diffserve.executor"] == "uni"
+    assert (
+        execute.attributes["diffserve.batch.size"] == 3
+        and execute.attributes["diffserve.executor"] == "uni"
+    )
     children = [s for s in spans if s.parent_span_id == execute.span_id]
-    assert sorted(s.name for s in children) == ["diffserve.decode", "diffserve.denoise", "diffserve.encode"]
+    assert sorted(s.name for s in children) == [
+        "diffserve.decode",
+        "diffserve.denoise",
+        "diffserve.encode",
+    ]
     denoise = next(s for s in children if s.name == "diffserve.denoise")
     assert [e[1]["diffserve.step"] for e in denoise.events] == [1, 2, 3]
     assert {s.trace_id for s in spans if s.name.startswith("diffserve.")} == {
-        f"{a.get_span_context().trace_id:032x}", next(s.trace_id for s in executes if s is not execute)}
+        f"{a.get_span_context().trace_id:032x}",
+        next(s.trace_id for s in executes if s is not execute),
+    }
 
 
-def test_step_spans_cancel_and_error(receiver: OtlpReceiver, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_step_spans_cancel_and_error(
+    receiver: OtlpReceiver, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setenv("DIFFSERVE_TRACE_STEPS", "1")
     assert start_tracing("worker") and switch.STEP_SPANS
     with span("client"):
-        done, cancelled, failed = traced("done"), traced("cancelled", steps=4), traced("failed")
+        done, cancelled, failed = (
+            traced("done"),
+            traced("cancelled", steps=4),
+            traced("failed"),
+        )
     run_batch([done], steps=2)
-    run_batch([cancelled], steps=1, finish=False)  # the batch stopped after one step: no results
+    run_batch(
+        [cancelled], steps=1, finish=False
+    )  # the batch stopped after one step: no results
     with pytest.raises(RuntimeError):
         trace = batch_trace([failed], lambda: dict(WORKER))
         with trace:
@@ -107,11 +153,24 @@ def test_step_spans_cancel_and_error(receiver: OtlpReceiver, monkeypatch: pytest
     stop_tracing()
     spans = receiver.spans()
 
-    by_request = {s.attributes["diffserve.request_id"]: s for s in named(spans, "diffserve.execute")}
-    denoise = next(s for s in spans if s.name == "diffserve.denoise" and s.parent_span_id == by_request["done"].span_id)
+    by_request = {
+        s.attributes["diffserve.request_id"]: s
+        for s in named(spans, "diffserve.execute")
+    }
+    denoise = next(
+        s
+        for s in spans
+        if s.name == "diffserve.denoise"
+        and s.parent_span_id == by_request["done"].span_id
+    )
     step_spans = [s for s in spans if s.parent_span_id == denoise.span_id]
-    assert [s.attributes["diffserve.step"] for s in step_spans] == [1, 2] and not denoise.events
-    assert all(s.name == "diffserve.step" and s.start_ns <= s.end_ns for s in step_spans)
+    assert [s.attributes["diffserve.step"] for s in step_spans] == [
+        1,
+        2,
+    ] and not denoise.events
+    assert all(
+        s.name == "diffserve.step" and s.start_ns <= s.end_ns for s in step_spans
+    )
     assert by_request["cancelled"].attributes["diffserve.cancelled"] is True
     assert by_request["failed"].status_code == 2  # STATUS_CODE_ERROR
     assert "diffserve.cancelled" not in by_request["done"].attributes
@@ -142,16 +201,24 @@ def test_queue_wait_and_log_lines_carry_the_trace(receiver: OtlpReceiver) -> Non
 
     context = http.get_span_context()
     inside, outside = stream.getvalue().splitlines()
-    assert inside.endswith(f"inside trace_id={context.trace_id:032x} span_id={context.span_id:016x}")
+    assert inside.endswith(
+        f"inside trace_id={context.trace_id:032x} span_id={context.span_id:016x}"
+    )
     assert outside.endswith("outside")
     (wait,) = named(receiver.spans(), "diffserve.queue_wait")
-    assert wait.parent_span_id == f"{context.span_id:016x}" and wait.attributes["diffserve.request_id"] == "q"
+    assert (
+        wait.parent_span_id == f"{context.span_id:016x}"
+        and wait.attributes["diffserve.request_id"] == "q"
+    )
     assert 0.2e9 < wait.end_ns - wait.start_ns < 5e9
 
 
-def test_lines_logged_off_the_request_task_carry_its_trace(receiver: OtlpReceiver) -> None:
-    """The engine's dispatch thread (``current``), the executor's reader thread running a step callback, and a
-    worker's batch none of whose requests the sampler kept: each logs lines naming the request's trace."""
+def test_lines_logged_off_the_request_task_carry_its_trace(
+    receiver: OtlpReceiver,
+) -> None:
+    """The engine's dispatch thread (``current``), the executor's reader thread running
+    a step callback, and a worker's batch none of whose requests the sampler kept: each
+    logs lines naming the request's trace."""
     assert start_tracing("server")
     stream = io.StringIO()
     handler = logging.StreamHandler(stream)
@@ -160,15 +227,27 @@ def test_lines_logged_off_the_request_task_carry_its_trace(receiver: OtlpReceive
     log.addHandler(handler)
     with span("HTTP") as http:
         request = traced("r")
-    parent = f"00-{secrets.token_hex(16)}-{secrets.token_hex(8)}-00"  # a client trace the sampler dropped
-    dropped = replace(request, request_id="d").carrying(trace_context=(("traceparent", parent),))
+    # a client trace the sampler dropped
+    parent = f"00-{secrets.token_hex(16)}-{secrets.token_hex(8)}-00"
+    dropped = replace(request, request_id="d").carrying(
+        trace_context=(("traceparent", parent),)
+    )
     calls = CallTable()
 
-    def engine_thread() -> None:  # as EngineCore._loop: the batch's context current around its run
-        with current([GenerationRequest(prompt="p", seed=1, request_id="warmup"), request]):
+    def engine_thread() -> (
+        None
+    ):  # as EngineCore._loop: the batch's context current around its run
+        with current(
+            [GenerationRequest(prompt="p", seed=1, request_id="warmup"), request]
+        ):
             log.warning("engine")
-            call = calls.open(1, on_step=lambda step, total, progress: log.warning("step %d", step))
-        reader = threading.Thread(target=calls.deliver, args=(Reply("step", call.call_id, 0, step=1, total_steps=1),))
+            call = calls.open(
+                1, on_step=lambda step, total, progress: log.warning("step %d", step)
+            )
+        reader = threading.Thread(
+            target=calls.deliver,
+            args=(Reply("step", call.call_id, 0, step=1, total_steps=1),),
+        )
         reader.start()
         reader.join()
         with batch_trace([dropped], lambda: dict(WORKER)):
@@ -187,4 +266,6 @@ def test_lines_logged_off_the_request_task_carry_its_trace(receiver: OtlpReceive
     engine, step, worker = stream.getvalue().splitlines()
     assert engine.endswith(f"engine {ours}") and step.endswith(f"step 1 {ours}")
     assert worker.endswith(f"worker trace_id={parent[3:35]} span_id={parent[36:52]}")
-    assert named(receiver.spans(), "diffserve.execute") == []  # dropped: ids in lines, but no spans
+    assert (
+        named(receiver.spans(), "diffserve.execute") == []
+    )  # dropped: ids in lines, but no spans

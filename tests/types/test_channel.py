@@ -1,4 +1,5 @@
-"""The mp wire format: plain-pickle headers plus raw tensor frames read straight into a new tensor."""
+"""The mp wire format: plain-pickle headers plus raw tensor frames read straight into a
+new tensor."""
 
 from __future__ import annotations
 
@@ -17,15 +18,21 @@ def test_result_tensors_travel_as_frames_and_arrive_intact() -> None:
     images = torch.randint(0, 256, (2, 16, 16, 3), dtype=torch.uint8)
     floats = torch.rand(1, 3, 8, 8, dtype=torch.float32)
     halves = torch.rand(1, 4, 64, dtype=torch.bfloat16)
-    outputs = [RequestResult(f"r{i}", t, [i], {"denoise": 1.0}, {"batch_size": 3})
-               for i, t in enumerate((images, floats, halves))]
+    outputs = [
+        RequestResult(f"r{i}", t, [i], {"denoise": 1.0}, {"batch_size": 3})
+        for i, t in enumerate((images, floats, halves))
+    ]
     worker.send(Reply("result", 7, 0, value=outputs))
     got = parent.recv()
     assert got.kind == "result" and got.call_id == 7
     for sent, received in zip(outputs, got.value, strict=True):
         assert received.request_id == sent.request_id and received.seeds == sent.seeds
-        assert received.images.dtype == sent.images.dtype and torch.equal(received.images, sent.images)
-        assert received.images.data_ptr() != sent.images.data_ptr()  # the receiver owns its copy
+        assert received.images.dtype == sent.images.dtype and torch.equal(
+            received.images, sent.images
+        )
+        assert (
+            received.images.data_ptr() != sent.images.data_ptr()
+        )  # the receiver owns its copy
     # Other messages are ordinary pickles, and the channel keeps working after frames.
     parent.send(Command("rpc", call_id=8, method="ping"))
     assert worker.poll(5) and worker.recv().method == "ping"

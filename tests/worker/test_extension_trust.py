@@ -1,7 +1,9 @@
-"""worker_extension_cls: only an extension class is ever called; anything else is a ConfigError first.
+"""worker_extension_cls: only an extension class is ever called; anything else is a
+ConfigError first.
 
-The side effects below write a marker file named by an environment variable, so the proof also holds
-inside an mp worker process (which inherits the environment, not this process's memory).
+The side effects below write a marker file named by an environment variable, so the
+proof also holds inside an mp worker process (which inherits the environment, not this
+process's memory).
 """
 
 from __future__ import annotations
@@ -25,7 +27,8 @@ def _touch(what: str) -> None:
 
 
 def make_extension() -> WorkerExtension:
-    """A factory function: callable with no arguments, but not a class, so it must never run."""
+    """A factory function: callable with no arguments, but not a class, so it must never
+    run."""
     _touch("function called")
     return WorkerExtension()
 
@@ -75,7 +78,9 @@ def test_a_non_class_is_refused_without_being_called(marker: Path, name: str) ->
     assert not marker.exists(), marker.read_text()
 
 
-def test_a_class_without_hooks_is_refused_without_being_instantiated(marker: Path) -> None:
+def test_a_class_without_hooks_is_refused_without_being_instantiated(
+    marker: Path,
+) -> None:
     with pytest.raises(ConfigError, match="worker_extension_cls.*no before_load"):
         load_extension(f"{__name__}.NoHooks")
     assert not marker.exists(), marker.read_text()
@@ -87,9 +92,17 @@ def test_subclass_and_duck_typed_classes_load() -> None:
 
 
 @pytest.mark.parametrize("kind", ["uni", "mp"])
-def test_worker_startup_refuses_a_function_without_calling_it(marker: Path, kind: str) -> None:
-    config = resolve(model=None, deploy_config={"distributed_executor_backend": kind,
-                                                "worker_extension_cls": f"{__name__}.make_extension"}, env={})
+def test_worker_startup_refuses_a_function_without_calling_it(
+    marker: Path, kind: str
+) -> None:
+    config = resolve(
+        model=None,
+        deploy_config={
+            "distributed_executor_backend": kind,
+            "worker_extension_cls": f"{__name__}.make_extension",
+        },
+        env={},
+    )
     with pytest.raises(ConfigError, match="worker_extension_cls"):
         make_executor(config, ready_timeout=120)
     assert not marker.exists(), marker.read_text()

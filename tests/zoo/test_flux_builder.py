@@ -1,4 +1,5 @@
-"""The hermetic FLUX builder: CLI, diffusers compatibility, determinism, bad arguments."""
+"""The hermetic FLUX builder: CLI, diffusers compatibility, determinism, bad
+arguments."""
 
 from __future__ import annotations
 
@@ -24,7 +25,11 @@ def _cli(*args: str | Path) -> subprocess.CompletedProcess[str]:
 
 
 def _files(root: Path) -> dict[str, bytes]:
-    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+    return {
+        str(p.relative_to(root)): p.read_bytes()
+        for p in sorted(root.rglob("*"))
+        if p.is_file()
+    }
 
 
 @pytest.fixture(scope="module")
@@ -45,38 +50,63 @@ def test_cli_model_loads_and_generates_with_diffusers(cli_built_dir: Path) -> No
     assert index["_class_name"] == "FluxPipeline"
     sched = json.loads((cli_built_dir / "scheduler/scheduler_config.json").read_text())
     assert sched["_class_name"] == "FlowMatchEulerDiscreteScheduler"
-    assert (sched["use_dynamic_shifting"], sched["base_shift"], sched["max_shift"], sched["shift"]) == (
-        True, 0.5, 1.15, 3.0)
+    assert (
+        sched["use_dynamic_shifting"],
+        sched["base_shift"],
+        sched["max_shift"],
+        sched["shift"],
+    ) == (True, 0.5, 1.15, 3.0)
     assert (sched["base_image_seq_len"], sched["max_image_seq_len"]) == (256, 4096)
 
     pipe = FluxPipeline.from_pretrained(cli_built_dir)
     assert pipe.vae_scale_factor == 8
     assert pipe.transformer.config.guidance_embeds is False
     assert pipe.tokenizer.model_max_length == 77
-    out = pipe("a photo of a cat", height=128, width=128, num_inference_steps=2, guidance_scale=0.0,
-               max_sequence_length=64, generator=torch.Generator().manual_seed(0), output_type="np")
+    out = pipe(
+        "a photo of a cat",
+        height=128,
+        width=128,
+        num_inference_steps=2,
+        guidance_scale=0.0,
+        max_sequence_length=64,
+        generator=torch.Generator().manual_seed(0),
+        output_type="np",
+    )
     image = out.images
     assert image.shape == (1, 128, 128, 3)
     assert np.isfinite(image).all() and image.std() > 0
 
     with torch.no_grad():
         sample = pipe.transformer(
-            hidden_states=torch.randn(1, 64, 64), encoder_hidden_states=torch.randn(1, 64, 64),
-            pooled_projections=torch.randn(1, 32), timestep=torch.tensor([0.5]),
-            img_ids=torch.zeros(64, 3), txt_ids=torch.zeros(64, 3),
+            hidden_states=torch.randn(1, 64, 64),
+            encoder_hidden_states=torch.randn(1, 64, 64),
+            pooled_projections=torch.randn(1, 32),
+            timestep=torch.tensor([0.5]),
+            img_ids=torch.zeros(64, 3),
+            txt_ids=torch.zeros(64, 3),
         ).sample
     assert sample.shape == (1, 64, 64)
     assert torch.isfinite(sample).all()
 
 
-def test_dev_model_has_guidance_embedding_and_generates(tiny_flux_dev_dir: Path) -> None:
+def test_dev_model_has_guidance_embedding_and_generates(
+    tiny_flux_dev_dir: Path,
+) -> None:
     import torch
     from diffusers import FluxPipeline
 
     pipe = FluxPipeline.from_pretrained(tiny_flux_dev_dir)
     assert pipe.transformer.config.guidance_embeds is True
-    out = pipe("a red fox", height=128, width=128, num_inference_steps=2, guidance_scale=3.5,
-               max_sequence_length=64, generator=torch.Generator().manual_seed(0), output_type="pt")
+    out = pipe(
+        "a red fox",
+        height=128,
+        width=128,
+        num_inference_steps=2,
+        guidance_scale=3.5,
+        max_sequence_length=64,
+        generator=torch.Generator().manual_seed(0),
+        output_type="pt",
+    )
     assert out.images.shape == (1, 3, 128, 128)
     assert torch.isfinite(out.images).all()
 
@@ -91,7 +121,9 @@ def test_tokenizers_cover_prompts(tiny_flux_dir: Path) -> None:
     assert ids[0] == clip.bos_token_id and ids[-1] == clip.eos_token_id
     # Byte-level BPE covers any text; CLIP's decode puts a space after every pre-token.
     decoded = clip.decode(ids, skip_special_tokens=True)
-    assert decoded.replace(" ", "") == (prompt + " caf\u00e9 \U0001f431").lower().replace(" ", "")
+    assert decoded.replace(" ", "") == (
+        prompt + " caf\u00e9 \U0001f431"
+    ).lower().replace(" ", "")
     t5_ids = t5(prompt).input_ids
     assert t5.unk_token_id not in t5_ids and t5_ids[-1] == t5.eos_token_id
     assert t5.decode(t5_ids, skip_special_tokens=True) == prompt
@@ -99,8 +131,11 @@ def test_tokenizers_cover_prompts(tiny_flux_dir: Path) -> None:
     assert len(t5("photo", add_special_tokens=False).input_ids) == 1
 
 
-def test_same_seed_is_byte_identical_across_processes(cli_built_dir: Path, tiny_flux_dir: Path) -> None:
-    # The fixture was built in this process, the CLI one in another (different hash seed).
+def test_same_seed_is_byte_identical_across_processes(
+    cli_built_dir: Path, tiny_flux_dir: Path
+) -> None:
+    # The fixture was built in this process, the CLI one in another (different hash
+    # seed).
     built, fixture = _files(cli_built_dir), _files(tiny_flux_dir)
     assert sorted(built) == sorted(fixture)
     assert set(WEIGHT_FILES) <= set(built)
@@ -108,7 +143,9 @@ def test_same_seed_is_byte_identical_across_processes(cli_built_dir: Path, tiny_
     assert not differing
 
 
-def test_different_seed_changes_every_weight_file_only(tmp_path: Path, tiny_flux_dir: Path) -> None:
+def test_different_seed_changes_every_weight_file_only(
+    tmp_path: Path, tiny_flux_dir: Path
+) -> None:
     from diffserve.zoo.flux import build_flux_model
 
     other = _files(build_flux_model("tiny-flux", tmp_path / "seed1", seed=1))
@@ -149,7 +186,9 @@ def test_non_empty_dir_without_force_is_rejected_and_untouched(tmp_path: Path) -
     assert proc.returncode == 1
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1, proc.stderr
-    assert lines[0].startswith("diffserve make-model: error:") and "not empty" in lines[0]
+    assert (
+        lines[0].startswith("diffserve make-model: error:") and "not empty" in lines[0]
+    )
     assert "--force" in lines[0]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]
     assert _files(target) == {"notes.txt": b"keep me"}
@@ -166,11 +205,16 @@ def test_unwritable_dir_is_rejected_without_leftovers(tmp_path: Path) -> None:
     assert proc.returncode == 1
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1, proc.stderr
-    assert lines[0].startswith("diffserve make-model: error:") and "cannot write" in lines[0]
+    assert (
+        lines[0].startswith("diffserve make-model: error:")
+        and "cannot write" in lines[0]
+    )
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a-file"]
 
 
-def test_failed_build_leaves_nothing_behind(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_failed_build_leaves_nothing_behind(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     from diffserve.zoo import flux as tiny
 
     def broken(*args: object, **kwargs: object) -> None:
@@ -202,7 +246,9 @@ def test_small_flux_transformer_size() -> None:
     from diffserve.zoo.flux_specs import get_spec
 
     with torch.device("meta"):
-        model = FluxTransformer2DModel(**get_spec("small-flux").transformer_config(guidance_embeds=False))
+        model = FluxTransformer2DModel(
+            **get_spec("small-flux").transformer_config(guidance_embeds=False)
+        )
     params = sum(p.numel() for p in model.parameters())
     assert 100e6 <= params <= 200e6, params
 
@@ -210,7 +256,12 @@ def test_small_flux_transformer_size() -> None:
 def test_cli_choices_match_specs() -> None:
     from diffserve.zoo.flux_specs import SPECS
     from diffserve.zoo.generic_specs import GENERIC_SPECS
-    from diffserve.zoo.make_model import FLUX_KINDS, GENERIC_KINDS, MODEL_KINDS, WAN_KINDS
+    from diffserve.zoo.make_model import (
+        FLUX_KINDS,
+        GENERIC_KINDS,
+        MODEL_KINDS,
+        WAN_KINDS,
+    )
     from diffserve.zoo.wan_specs import WAN_SPECS
 
     assert tuple(SPECS) == FLUX_KINDS

@@ -1,7 +1,8 @@
-"""``diffserve config explain|validate|schema``: show, check and describe the deploy config.
+"""``diffserve config explain|validate|schema``: show, check and describe the deploy
+config.
 
-None of these loads weights or starts a worker; ``explain`` and ``validate`` run the same resolver
-the engine runs, so what they print is what a worker would get.
+None of these loads weights or starts a worker; ``explain`` and ``validate`` run the
+same resolver the engine runs, so what they print is what a worker would get.
 """
 
 from __future__ import annotations
@@ -16,16 +17,32 @@ from diffserve.errors import ConfigError, ConfigErrors
 def register(subparsers: argparse._SubParsersAction) -> None:
     from diffserve.config.cli_args import add_config_arguments
 
-    parser = subparsers.add_parser("config", help="explain, validate or describe the deploy config",
-                                   description="Inspect the resolved deploy config without loading weights.")
-    actions = parser.add_subparsers(dest="config_action", metavar="ACTION", required=True)
-    explain = actions.add_parser("explain", help="every effective value of every stage, with its source")
-    validate = actions.add_parser("validate", help="exit 0 if the config is valid, else print every problem")
+    parser = subparsers.add_parser(
+        "config",
+        help="explain, validate or describe the deploy config",
+        description="Inspect the resolved deploy config without loading weights.",
+    )
+    actions = parser.add_subparsers(
+        dest="config_action", metavar="ACTION", required=True
+    )
+    explain = actions.add_parser(
+        "explain", help="every effective value of every stage, with its source"
+    )
+    validate = actions.add_parser(
+        "validate", help="exit 0 if the config is valid, else print every problem"
+    )
     for sub in (explain, validate):
-        sub.add_argument("model", nargs="?", default=None, metavar="MODEL",
-                         help="model directory (diffusers layout; only model_index.json is read)")
+        sub.add_argument(
+            "model",
+            nargs="?",
+            default=None,
+            metavar="MODEL",
+            help="model directory (diffusers layout; only model_index.json is read)",
+        )
         add_config_arguments(sub)
-    explain.add_argument("--json", action="store_true", help="print machine-readable JSON")
+    explain.add_argument(
+        "--json", action="store_true", help="print machine-readable JSON"
+    )
     actions.add_parser("schema", help="print the JSON Schema of the deploy YAML")
     parser.set_defaults(func=run)
 

@@ -1,8 +1,10 @@
-"""``diffserve generate [MODEL] PROMPT -o out.png``: one request, no server, with a progress bar.
+"""``diffserve generate [MODEL] PROMPT -o out.png``: one request, no server, with a
+progress bar.
 
-Images are written with the same encoder as the server (PNGs carry prompt, seed, steps and config
-fingerprint); the seed of every image is printed so any of them can be regenerated alone. A video model's
-output is an H.264 MP4 (``-o out.mp4``, the same metadata in its tags) or one PNG per frame (``-o DIR/``).
+Images are written with the same encoder as the server (PNGs carry prompt, seed, steps
+and config fingerprint); the seed of every image is printed so any of them can be
+regenerated alone. A video model's output is an H.264 MP4 (``-o out.mp4``, the same
+metadata in its tags) or one PNG per frame (``-o DIR/``).
 """
 
 from __future__ import annotations
@@ -23,43 +25,112 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     from diffserve.config.cli_args import add_config_arguments
 
     parser = subparsers.add_parser(
-        "generate", help="generate images from a prompt (no server)",
-        usage="diffserve generate [MODEL] PROMPT [-o out.png|out.mp4|DIR/] [--seed N] [--steps N] [--size WxH] "
-              "[-n N] [--num-frames N] [--fps F] [--image in.png [--image ref.png] [--mask m.png] [--strength S]] "
-              "[config flags]",
-        description="Generate images locally. MODEL is optional (default: the toy-shapes demo model).")
-    parser.add_argument("words", nargs="+", metavar="[MODEL] PROMPT",
-                        help="an optional model directory, then the prompt (quote it)")
-    parser.add_argument("-o", "--output", default=None,
-                        help="output file (.png, .jpg, .webp; a video model's: .mp4, or DIR/ for one PNG per frame); "
-                             "with -n > 1, out-0.png, out-1.png, ... (default out.png, or out.mp4 for a video model)")
-    parser.add_argument("--num-frames", type=int, default=None,
-                        help="video models: frames, a multiple of the model's temporal factor plus 1 (default: the model's, e.g. 81)")
-    parser.add_argument("--fps", type=int, default=None, help="video models: frames per second (default: the model's)")
-    parser.add_argument("--seed", type=int, default=None, help="seed of the first image (default: random)")
-    parser.add_argument("--steps", type=int, default=None, help="denoise steps (default: the engine's)")
-    parser.add_argument("--size", default=None, help="WIDTHxHEIGHT, multiples of 16 (default: the model's)")
+        "generate",
+        help="generate images from a prompt (no server)",
+        usage="diffserve generate [MODEL] PROMPT [-o out.png|out.mp4|DIR/] "
+        "[--seed N] [--steps N] [--size WxH] "
+        "[-n N] [--num-frames N] [--fps F] [--image in.png "
+        "[--image ref.png] [--mask m.png] [--strength S]] "
+        "[config flags]",
+        description="Generate images locally. MODEL is optional (default: "
+        "the toy-shapes demo model).",
+    )
+    parser.add_argument(
+        "words",
+        nargs="+",
+        metavar="[MODEL] PROMPT",
+        help="an optional model directory, then the prompt (quote it)",
+    )
+    parser.add_argument(
+        "-o",
+        "--output",
+        default=None,
+        help="output file (.png, .jpg, .webp; a video model's: .mp4, "
+        "or DIR/ for one PNG per frame); "
+        "with -n > 1, out-0.png, out-1.png, ... (default out.png, "
+        "or out.mp4 for a video model)",
+    )
+    parser.add_argument(
+        "--num-frames",
+        type=int,
+        default=None,
+        help="video models: frames, a multiple of the model's temporal "
+        "factor plus 1 (default: the model's, e.g. 81)",
+    )
+    parser.add_argument(
+        "--fps",
+        type=int,
+        default=None,
+        help="video models: frames per second (default: the model's)",
+    )
+    parser.add_argument(
+        "--seed",
+        type=int,
+        default=None,
+        help="seed of the first image (default: random)",
+    )
+    parser.add_argument(
+        "--steps", type=int, default=None, help="denoise steps (default: the engine's)"
+    )
+    parser.add_argument(
+        "--size",
+        default=None,
+        help="WIDTHxHEIGHT, multiples of 16 (default: the model's)",
+    )
     parser.add_argument("-n", type=int, default=1, help="number of images (default 1)")
     parser.add_argument("--guidance-scale", type=float, default=None)
     parser.add_argument("--negative-prompt", default=None)
-    parser.add_argument("--max-sequence-length", type=int, default=None,
-                        help="text tokens per prompt, 1..512 (default: the model's)")
-    parser.add_argument("--lora", action="append", default=None, metavar="NAME_OR_FILE[:SCALE]",
-                        help="apply a LoRA adapter at SCALE (default 1; repeatable): a name registered with "
-                             "--lora-modules, or a .safetensors file (registered under its file name)")
-    parser.add_argument("--image", action="append", default=None, metavar="FILE",
-                        help="edit this PNG/JPEG/WEBP image (repeatable: further images are references, for models "
-                             "that take them); the output size defaults to the first image's, rounded down to the "
-                             "model's multiple")
-    parser.add_argument("--mask", default=None, metavar="FILE",
-                        help="where to repaint, the size of the first image: with an alpha channel, transparent "
-                             "pixels (alpha 0, OpenAI's convention); without one, white pixels (diffusers')")
-    parser.add_argument("--strength", type=float, default=None,
-                        help="edit strength in (0, 1]: the last fraction of the schedule that runs from the noised "
-                             "image; 1 = from pure noise (default: the engine's, 0.6)")
-    parser.add_argument("--no-rewrite", action="store_true",
-                        help="skip the deployment's AR stages (kind: ar): draw from the prompt as written")
-    parser.add_argument("--no-progress", action="store_true", help="do not draw the progress bar")
+    parser.add_argument(
+        "--max-sequence-length",
+        type=int,
+        default=None,
+        help="text tokens per prompt, 1..512 (default: the model's)",
+    )
+    parser.add_argument(
+        "--lora",
+        action="append",
+        default=None,
+        metavar="NAME_OR_FILE[:SCALE]",
+        help="apply a LoRA adapter at SCALE (default 1; repeatable): "
+        "a name registered with "
+        "--lora-modules, or a .safetensors file (registered under its file name)",
+    )
+    parser.add_argument(
+        "--image",
+        action="append",
+        default=None,
+        metavar="FILE",
+        help="edit this PNG/JPEG/WEBP image (repeatable: further "
+        "images are references, for models "
+        "that take them); the output size defaults to the first "
+        "image's, rounded down to the "
+        "model's multiple",
+    )
+    parser.add_argument(
+        "--mask",
+        default=None,
+        metavar="FILE",
+        help="where to repaint, the size of the first image: with "
+        "an alpha channel, transparent "
+        "pixels (alpha 0, OpenAI's convention); without one, white pixels (diffusers')",
+    )
+    parser.add_argument(
+        "--strength",
+        type=float,
+        default=None,
+        help="edit strength in (0, 1]: the last fraction of the "
+        "schedule that runs from the noised "
+        "image; 1 = from pure noise (default: the engine's, 0.6)",
+    )
+    parser.add_argument(
+        "--no-rewrite",
+        action="store_true",
+        help="skip the deployment's AR stages (kind: ar): draw from "
+        "the prompt as written",
+    )
+    parser.add_argument(
+        "--no-progress", action="store_true", help="do not draw the progress bar"
+    )
     add_config_arguments(parser)
     parser.set_defaults(func=run)
 
@@ -70,8 +141,10 @@ def run(args: argparse.Namespace) -> int:
     from diffserve.errors import RequestError
 
     if len(args.words) > 2:
-        raise RequestError(f"expected [MODEL] PROMPT, got {len(args.words)} words; quote the prompt",
-                           param="prompt")
+        raise RequestError(
+            f"expected [MODEL] PROMPT, got {len(args.words)} words; quote the prompt",
+            param="prompt",
+        )
     model, prompt = (None, args.words[0]) if len(args.words) == 1 else args.words
     fmt = None
     if args.output is not None:
@@ -79,15 +152,27 @@ def run(args: argparse.Namespace) -> int:
         if args.output.endswith(("/", "\\")) or output.is_dir():
             fmt = "frames"
         else:
-            fmt = FORMATS.get(output.suffix.lower()) or VIDEO_FORMATS.get(output.suffix.lower())
+            fmt = FORMATS.get(output.suffix.lower()) or VIDEO_FORMATS.get(
+                output.suffix.lower()
+            )
         if fmt is None:
-            raise RequestError(f"output {output} must end in one of {', '.join([*FORMATS, *VIDEO_FORMATS])} (or "
-                               "be a directory, DIR/, for a video's frames)", param="output")
+            raise RequestError(
+                f"output {output} must "
+                f"end in one of {', '.join([*FORMATS, *VIDEO_FORMATS])} "
+                "(or "
+                "be a directory, DIR/, for a video's frames)",
+                param="output",
+            )
     return asyncio.run(_generate(args, model, prompt, args.output, fmt))
 
 
-async def _generate(args: argparse.Namespace, model: str | None, prompt: str, output_arg: str | None,
-                    fmt: str | None) -> int:
+async def _generate(
+    args: argparse.Namespace,
+    model: str | None,
+    prompt: str,
+    output_arg: str | None,
+    fmt: str | None,
+) -> int:
     import asyncio
 
     from tqdm import tqdm
@@ -102,32 +187,51 @@ async def _generate(args: argparse.Namespace, model: str | None, prompt: str, ou
     from diffserve.registry.models import makes_videos
     from diffserve.types.request import ProgressEvent, RequestOutput
 
-    # The arguments as the request names them (request_fields.to_request: the one mapper of every API).
-    kwargs: dict[str, Any] = {"prompt": prompt, "n": args.n, "seed": args.seed, "size": args.size,
-                              "negative_prompt": args.negative_prompt, "num_inference_steps": args.steps,
-                              "guidance_scale": args.guidance_scale, "max_sequence_length": args.max_sequence_length,
-                              "num_frames": args.num_frames, "fps": args.fps,
-                              "rewrite_prompt": False if args.no_rewrite else None}
+    # The arguments as the request names them (request_fields.to_request: the one mapper
+    # of every API).
+    kwargs: dict[str, Any] = {
+        "prompt": prompt,
+        "n": args.n,
+        "seed": args.seed,
+        "size": args.size,
+        "negative_prompt": args.negative_prompt,
+        "num_inference_steps": args.steps,
+        "guidance_scale": args.guidance_scale,
+        "max_sequence_length": args.max_sequence_length,
+        "num_frames": args.num_frames,
+        "fps": args.fps,
+        "rewrite_prompt": False if args.no_rewrite else None,
+    }
     if args.config_cache_threshold is not None:
-        # One request: the config flag --cache-threshold is also this request's cache_threshold, so it is
-        # checked like an HTTP request's (bounded by cache.max_threshold, refused without a cache backend).
-        kwargs["cache_threshold"] = _number(args.config_cache_threshold, "cache_threshold")
+        # One request: the config flag --cache-threshold is also this request's
+        # cache_threshold, so it is checked like an HTTP request's (bounded by
+        # cache.max_threshold, refused without a cache backend).
+        kwargs["cache_threshold"] = _number(
+            args.config_cache_threshold, "cache_threshold"
+        )
     files = _lora_choices(args.lora or [], kwargs)
     _edit_inputs(args, kwargs)
-    # Built (and so validated) before anything loads: a bad argument fails in milliseconds.
+    # Built (and so validated) before anything loads: a bad argument fails in
+    # milliseconds.
     request = to_request(kwargs)
     config_kwargs = config_kwargs_from_args(args)
     if files:  # files given to --lora are registered for this one run
         overrides = config_kwargs.get("overrides") or {}
-        overrides["lora_modules"] = ",".join(filter(None, [overrides.get("lora_modules", ""), *files]))
+        overrides["lora_modules"] = ",".join(
+            filter(None, [overrides.get("lora_modules", ""), *files])
+        )
         config_kwargs["overrides"] = overrides
     config = resolve(model=model, **config_kwargs)
     if config.model is None:  # neither MODEL nor the deploy file's model:
         from diffserve.zoo.demo import ensure_demo_model
 
         model = str(ensure_demo_model())
-        logger.warning("no MODEL given: using the toy-shapes demo model at %s (a tiny model trained to draw "
-                       "'a {colour} {shape} on a {colour} background', 64x64)", model)
+        logger.warning(
+            "no MODEL given: using the toy-shapes demo model at "
+            "%s (a tiny model trained to draw "
+            "'a {colour} {shape} on a {colour} background', 64x64)",
+            model,
+        )
         config = resolve(model=model, **config_kwargs)
     for warning in config.warnings:
         logger.warning("config: %s", warning)
@@ -135,14 +239,23 @@ async def _generate(args: argparse.Namespace, model: str | None, prompt: str, ou
     fmt = fmt or ("mp4" if video else "png")
     output = Path(output_arg or ("out.mp4" if video else "out.png"))
     if video != (fmt in ("mp4", "frames")):
-        wanted = "a video model writes .mp4 or DIR/" if video else "an image model writes " + ", ".join(FORMATS)
+        wanted = (
+            "a video model writes .mp4 or DIR/"
+            if video
+            else "an image model writes " + ", ".join(FORMATS)
+        )
         raise RequestError(f"output {output}: {wanted}", param="output")
-    # Construction loads the model (and warms up): blocking work, kept off the event loop.
+    # Construction loads the model (and warms up): blocking work, kept off the event
+    # loop.
     engine: AsyncEngineClient = await asyncio.to_thread(AsyncEngine.from_config, config)
     try:
         output_obj: RequestOutput | None = None
-        with tqdm(total=request.num_inference_steps, desc="denoise", unit="step",
-                  disable=args.no_progress) as bar:
+        with tqdm(
+            total=request.num_inference_steps,
+            desc="denoise",
+            unit="step",
+            disable=args.no_progress,
+        ) as bar:
             async for event in engine.generate(request):
                 if isinstance(event, ProgressEvent):
                     bar.total = event.total_steps
@@ -155,14 +268,25 @@ async def _generate(args: argparse.Namespace, model: str | None, prompt: str, ou
         raise RuntimeError("the engine finished without an output")
     if output_obj.revised_prompt is not None:
         print(f"revised prompt: {output_obj.revised_prompt}")
-    metadata = {"prompt": prompt, "steps": str(output_obj.num_inference_steps or request.num_inference_steps),
-                "guidance_scale": str(output_obj.guidance_scale),
-                "config_fingerprint": output_obj.config_fingerprint,
-                "size": f"{output_obj.width}x{output_obj.height}"}
+    metadata = {
+        "prompt": prompt,
+        "steps": str(output_obj.num_inference_steps or request.num_inference_steps),
+        "guidance_scale": str(output_obj.guidance_scale),
+        "config_fingerprint": output_obj.config_fingerprint,
+        "size": f"{output_obj.width}x{output_obj.height}",
+    }
     if output_obj.videos:
-        await asyncio.to_thread(_write_videos, output_obj, output, fmt, {**metadata, "model": str(config.model)})
+        await asyncio.to_thread(
+            _write_videos,
+            output_obj,
+            output,
+            fmt,
+            {**metadata, "model": str(config.model)},
+        )
         return 0
-    blobs = await asyncio.to_thread(encode_all, output_obj.images, output_obj.seeds, fmt, None, metadata)
+    blobs = await asyncio.to_thread(
+        encode_all, output_obj.images, output_obj.seeds, fmt, None, metadata
+    )
     paths = output_paths(output, len(blobs))
     for path, blob, seed in zip(paths, blobs, output_obj.seeds, strict=True):
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -170,10 +294,17 @@ async def _generate(args: argparse.Namespace, model: str | None, prompt: str, ou
         print(f"wrote {path} ({output_obj.width}x{output_obj.height}, seed {seed})")
     for i, entry in enumerate(output_obj.attestation.get("cache", [])):
         if entry["backend"] != "none":
-            print(f"step cache image {i}: {entry['backend']} threshold {entry['threshold']:g}, skipped "
-                  f"{entry['skipped_steps']} of {entry['computed_steps'] + entry['skipped_steps']} steps")
-    print(f"config fingerprint {output_obj.config_fingerprint}; timings ms "
-          + ", ".join(f"{k}={v:.0f}" for k, v in output_obj.timings.items()))
+            print(
+                f"step cache image {i}: {entry['backend']} threshold "
+                f"{entry['threshold']:g}, skipped "
+                f"{entry['skipped_steps']} "
+                f"of {entry['computed_steps'] + entry['skipped_steps']} "
+                "steps"
+            )
+    print(
+        f"config fingerprint {output_obj.config_fingerprint}; timings ms "
+        + ", ".join(f"{k}={v:.0f}" for k, v in output_obj.timings.items())
+    )
     return 0
 
 
@@ -183,18 +314,23 @@ def _number(text: str, param: str) -> float:
     try:
         return float(text)
     except ValueError:
-        raise RequestError(f"--{param.replace('_', '-')} {text!r} is not a number", param=param) from None
+        raise RequestError(
+            f"--{param.replace('_', '-')} {text!r} is not a number", param=param
+        ) from None
 
 
 def _edit_inputs(args: argparse.Namespace, kwargs: dict[str, Any]) -> None:
-    """``--image``/``--mask``/``--strength`` -> the request's ``images``, ``mask`` (255 = repaint) and
-    ``strength``, decoded with the server's checks and mask convention (``openai/uploads.py``)."""
+    """``--image``/``--mask``/``--strength`` -> the request's ``images``, ``mask`` (255
+    = repaint) and ``strength``, decoded with the server's checks and mask convention
+    (``openai/uploads.py``)."""
     from diffserve.errors import RequestError
 
     if args.image:
         from diffserve.entrypoints.openai.uploads import MAX_SIDE, read_edit_files
 
-        kwargs["images"], kwargs["mask"] = read_edit_files(args.image, args.mask, max_pixels=MAX_SIDE * MAX_SIDE)
+        kwargs["images"], kwargs["mask"] = read_edit_files(
+            args.image, args.mask, max_pixels=MAX_SIDE * MAX_SIDE
+        )
     elif args.mask is not None:
         raise RequestError("--mask needs --image (the image to edit)", param="mask")
     if args.strength is not None:
@@ -209,15 +345,19 @@ def output_paths(output: Path, n: int) -> list[Path]:
 
 
 def _lora_choices(values: list[str], kwargs: dict[str, Any]) -> list[str]:
-    """``--lora NAME_OR_FILE[:SCALE]`` -> the request's ``loras``; returns ``name=path`` for the files given,
-    which this run registers under their file name."""
+    """``--lora NAME_OR_FILE[:SCALE]`` -> the request's ``loras``; returns ``name=path``
+    for the files given, which this run registers under their file name."""
     loras, files = [], []
     for value in values:
-        target, _, scale_text = value.rpartition(":") if ":" in value else (value, "", "1")
+        target, _, scale_text = (
+            value.rpartition(":") if ":" in value else (value, "", "1")
+        )
         try:
             scale = float(scale_text)
         except ValueError:
-            raise SystemExit(f"diffserve generate: error: --lora {value!r}: SCALE must be a number") from None
+            raise SystemExit(
+                f"diffserve generate: error: --lora {value!r}: SCALE must be a number"
+            ) from None
         path = Path(target).expanduser()
         if path.suffix == ".safetensors" or path.is_dir() or path.is_file():
             name = path.stem if path.suffix else path.name
@@ -229,14 +369,24 @@ def _lora_choices(values: list[str], kwargs: dict[str, Any]) -> list[str]:
     return files
 
 
-def _write_videos(output_obj: Any, output: Path, fmt: str, metadata: dict[str, str]) -> None:
-    """Each video as an MP4 (``out.mp4``; ``out-0.mp4``... for several) or its frames as PNGs (``DIR/``;
-    ``DIR/0/``... for several), with the seed, frames and fps beside the request's metadata."""
+def _write_videos(
+    output_obj: Any, output: Path, fmt: str, metadata: dict[str, str]
+) -> None:
+    """Each video as an MP4 (``out.mp4``; ``out-0.mp4``... for several) or its frames as
+    PNGs (``DIR/``; ``DIR/0/``... for several), with the seed, frames and fps beside the
+    request's metadata."""
     from diffserve.entrypoints.video_encoding import encode_mp4, write_frames
 
     n = len(output_obj.videos)
-    for index, (video, seed) in enumerate(zip(output_obj.videos, output_obj.seeds, strict=True)):
-        tags = {**metadata, "seed": str(seed), "num_frames": str(output_obj.num_frames), "fps": str(output_obj.fps)}
+    for index, (video, seed) in enumerate(
+        zip(output_obj.videos, output_obj.seeds, strict=True)
+    ):
+        tags = {
+            **metadata,
+            "seed": str(seed),
+            "num_frames": str(output_obj.num_frames),
+            "fps": str(output_obj.fps),
+        }
         if fmt == "frames":
             target = output / str(index) if n > 1 else output
             write_frames(target, video, tags)
@@ -244,5 +394,8 @@ def _write_videos(output_obj: Any, output: Path, fmt: str, metadata: dict[str, s
             target = output_paths(output, n)[index]
             target.parent.mkdir(parents=True, exist_ok=True)
             target.write_bytes(encode_mp4(video, output_obj.fps, tags))
-        print(f"wrote {target} ({output_obj.num_frames} frames of {output_obj.width}x{output_obj.height} at "
-              f"{output_obj.fps} fps, seed {seed})")
+        print(
+            f"wrote {target} ({output_obj.num_frames} frames of "
+            f"{output_obj.width}x{output_obj.height} at "
+            f"{output_obj.fps} fps, seed {seed})"
+        )

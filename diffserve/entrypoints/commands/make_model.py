@@ -1,5 +1,6 @@
-"""``diffserve make-model KIND DIR``: write one of the zoo's test and demo models and print where. The kinds, their
-help and their builders live in ``diffserve/zoo/make_model.py`` (the zoo names model families; serving code does
+"""``diffserve make-model KIND DIR``: write one of the zoo's test and demo models and
+print where. The kinds, their help and their builders live in
+``diffserve/zoo/make_model.py`` (the zoo names model families; serving code does
 not)."""
 
 from __future__ import annotations

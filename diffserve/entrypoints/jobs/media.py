@@ -1,6 +1,6 @@
-"""A finished video's files: the MP4 (``video_encoding.encode_mp4``), its first frame as a WEBP thumbnail and a
-sprite sheet (evenly spaced frames in a grid, JPEG), each written straight to the temporary path
-``ArtifactDir.publish`` hands over."""
+"""A finished video's files: the MP4 (``video_encoding.encode_mp4``), its first frame as
+a WEBP thumbnail and a sprite sheet (evenly spaced frames in a grid, JPEG), each written
+straight to the temporary path ``ArtifactDir.publish`` hands over."""
 
 from __future__ import annotations
 
@@ -19,21 +19,24 @@ def write_mp4(path: Path, frames: Any, fps: int, metadata: dict[str, str]) -> No
 
 
 def write_thumbnail(path: Path, frames: Any) -> None:
-    """The first frame, lossless WEBP (the same pixels as the video's first decoded frame before H.264)."""
+    """The first frame, lossless WEBP (the same pixels as the video's first decoded
+    frame before H.264)."""
     from PIL import Image
 
     Image.fromarray(frames[0]).save(path, format="WEBP", lossless=True)
 
 
 def sprite_frames(count: int, tiles: int = SPRITE_TILES) -> list[int]:
-    """Which frames a sprite sheet shows: ``tiles`` evenly spaced indices from the first to the last."""
+    """Which frames a sprite sheet shows: ``tiles`` evenly spaced indices from the first
+    to the last."""
     if count <= tiles:
         return list(range(count))
     return [round(i * (count - 1) / (tiles - 1)) for i in range(tiles)]
 
 
 def write_spritesheet(path: Path, frames: Any) -> None:
-    """Up to ``SPRITE_TILES`` frames, left to right then top to bottom, in a JPEG grid of ``SPRITE_COLUMNS``."""
+    """Up to ``SPRITE_TILES`` frames, left to right then top to bottom, in a JPEG grid
+    of ``SPRITE_COLUMNS``."""
     import numpy as np
     from PIL import Image
 
@@ -44,5 +47,7 @@ def write_spritesheet(path: Path, frames: Any) -> None:
     sheet = np.zeros((rows * height, columns * width, 3), dtype=np.uint8)
     for tile, index in enumerate(picks):
         row, column = divmod(tile, columns)
-        sheet[row * height:(row + 1) * height, column * width:(column + 1) * width] = frames[index]
+        sheet[
+            row * height : (row + 1) * height, column * width : (column + 1) * width
+        ] = frames[index]
     Image.fromarray(sheet).save(path, format="JPEG", quality=90)

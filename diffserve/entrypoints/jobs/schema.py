@@ -1,5 +1,6 @@
-"""The job store's one schema, versioned: ``video_jobs`` (one row per job) and ``diffserve_schema`` (the applied
-migration). Each migration is applied once, in order, inside one transaction, on SQLite and PostgreSQL alike."""
+"""The job store's one schema, versioned: ``video_jobs`` (one row per job) and
+``diffserve_schema`` (the applied migration). Each migration is applied once, in order,
+inside one transaction, on SQLite and PostgreSQL alike."""
 
 from __future__ import annotations
 
@@ -7,17 +8,31 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from sqlalchemy import Column, Float, Index, Integer, MetaData, String, Table, Text, select, text
+from sqlalchemy import (
+    Column,
+    Float,
+    Index,
+    Integer,
+    MetaData,
+    String,
+    Table,
+    Text,
+    select,
+    text,
+)
 from sqlalchemy.exc import DBAPIError
 
 metadata = MetaData()
 
 jobs = Table(
-    "video_jobs", metadata,
+    "video_jobs",
+    metadata,
     Column("id", String(64), primary_key=True),  # "video_" + 128 random bits in hex
     Column("model", String(512), nullable=False),
     Column("prompt", Text, nullable=False),
-    Column("status", String(16), nullable=False),  # queued | in_progress | completed | failed
+    Column(
+        "status", String(16), nullable=False
+    ),  # queued | in_progress | completed | failed
     Column("progress", Integer, nullable=False),  # 0-100
     Column("request", Text, nullable=False),  # JSON: the request's fields as admitted
     Column("created_at", Float, nullable=False),  # unix seconds
@@ -27,14 +42,18 @@ jobs = Table(
     Column("error_message", Text),
     Column("result", Text),  # JSON: seed, steps, frames, fps, attestation
     Column("idempotency_key", String(256), unique=True),
-    Column("request_hash", String(64)),  # sha256 of the canonical request body, for Idempotency-Key checks
+    Column(
+        "request_hash", String(64)
+    ),  # sha256 of the canonical request body, for Idempotency-Key checks
     Column("owner", String(128)),  # the instance that holds the job's lease
     Column("lease_until", Float),
 )
 Index("video_jobs_created", jobs.c.created_at, jobs.c.id)
 Index("video_jobs_status", jobs.c.status)
 
-schema_version = Table("diffserve_schema", metadata, Column("version", Integer, nullable=False))
+schema_version = Table(
+    "diffserve_schema", metadata, Column("version", Integer, nullable=False)
+)
 
 
 def _create_v1(connection: Any) -> None:
@@ -45,17 +64,19 @@ def _create_v1(connection: Any) -> None:
 MIGRATIONS: tuple[Callable[[Any], None], ...] = (_create_v1,)
 
 
-# PostgreSQL advisory lock key of the migration ("diffserv" in ASCII): instances that start together against a
-# fresh database take turns, so only the first creates the tables (two concurrent CREATE TABLEs collide in the
-# catalogue, "duplicate key value violates unique constraint pg_type_typname_nsp_index").
+# PostgreSQL advisory lock key of the migration ("diffserv" in ASCII): instances that
+# start together against a fresh database take turns, so only the first creates the
+# tables (two concurrent CREATE TABLEs collide in the catalogue, "duplicate key value
+# violates unique constraint pg_type_typname_nsp_index").
 MIGRATION_LOCK = 0x6469666673657276
 _ATTEMPTS = 3
 
 
 def migrate(engine: Any) -> int:
-    """Bring the database to the latest schema version; the version it is at afterwards. Safe when several
-    instances start at once: they take turns (PostgreSQL: an advisory lock; SQLite: the database's write lock,
-    taken first), and one that still lost a race (a lock wait past the store's timeout) retries."""
+    """Bring the database to the latest schema version; the version it is at afterwards.
+    Safe when several instances start at once: they take turns (PostgreSQL: an advisory
+    lock; SQLite: the database's write lock, taken first), and one that still lost a
+    race (a lock wait past the store's timeout) retries."""
     for attempt in range(_ATTEMPTS):
         try:
             return _migrate_once(engine)
@@ -69,10 +90,13 @@ def migrate(engine: Any) -> int:
 def _migrate_once(engine: Any) -> int:
     with engine.begin() as connection:
         if connection.dialect.name == "postgresql":
-            connection.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": MIGRATION_LOCK})
+            connection.execute(
+                text("SELECT pg_advisory_xact_lock(:key)"), {"key": MIGRATION_LOCK}
+            )
         elif connection.dialect.name == "sqlite":
-            # The write lock now, not at the first write: else two instances both read "no version row" and
-            # both insert one (the driver begins a transaction lazily, at the first INSERT).
+            # The write lock now, not at the first write: else two instances both read
+            # "no version row" and both insert one (the driver begins a transaction
+            # lazily, at the first INSERT).
             connection.exec_driver_sql("BEGIN IMMEDIATE")
         metadata.create_all(connection, tables=[schema_version])
         current = connection.execute(select(schema_version.c.version)).scalar()

@@ -1,5 +1,6 @@
-"""The one exception -> response mapping of the HTTP routes: every failure of a route becomes OpenAI's error body
-with the status ``api_errors.to_api_error`` gives it (an unexpected one logged under the request's id)."""
+"""The one exception -> response mapping of the HTTP routes: every failure of a route
+becomes OpenAI's error body with the status ``api_errors.to_api_error`` gives it (an
+unexpected one logged under the request's id)."""
 
 from __future__ import annotations
 
@@ -17,10 +18,14 @@ def error_response(error: APIError) -> JSONResponse:
 
 def error_of(exc: BaseException, request: Request) -> JSONResponse:
     """``exc`` raised while serving ``request``, as the response the client gets."""
-    return error_response(to_api_error(exc, request_id_from(request.headers.get("x-request-id"))))
+    return error_response(
+        to_api_error(exc, request_id_from(request.headers.get("x-request-id")))
+    )
 
 
-async def answered(request: Request, call: Callable[[], Awaitable[Response]]) -> Response:
+async def answered(
+    request: Request, call: Callable[[], Awaitable[Response]]
+) -> Response:
     """``call()``'s response, or its failure's error response."""
     try:
         return await call()

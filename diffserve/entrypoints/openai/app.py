@@ -1,7 +1,8 @@
 """The FastAPI application factory of the OpenAI-compatible server.
 
-``create_app`` wires the engine host (background load + readiness), the images and edits handlers, the probes,
-metrics and config endpoints, and the pre-parsing middleware (metrics, API key, body size).
+``create_app`` wires the engine host (background load + readiness), the images and edits
+handlers, the probes, metrics and config endpoints, and the pre-parsing middleware
+(metrics, API key, body size).
 """
 
 from __future__ import annotations
@@ -36,8 +37,17 @@ from diffserve.entrypoints.openai.middleware import (
 )
 from diffserve.entrypoints.openai.model_routes import add_model_routes
 from diffserve.entrypoints.openai.playground import PlaygroundMiddleware
-from diffserve.entrypoints.openai.served import ModelServing, ServedModel, ServedModels, makes_of
-from diffserve.entrypoints.openai.video_routes import VIDEOS_PATH, add_video_routes, video_jobs
+from diffserve.entrypoints.openai.served import (
+    ModelServing,
+    ServedModel,
+    ServedModels,
+    makes_of,
+)
+from diffserve.entrypoints.openai.video_routes import (
+    VIDEOS_PATH,
+    add_video_routes,
+    video_jobs,
+)
 from diffserve.logging import get_logger
 from diffserve.tracing.asgi import TracingMiddleware
 from diffserve.tracing.provider import start_tracing, stop_tracing
@@ -45,22 +55,36 @@ from diffserve.tracing.provider import start_tracing, stop_tracing
 logger = get_logger(__name__)
 
 
-def create_app(engine: AsyncEngineClient | None = None, *, engine_factory: EngineFactory | None = None,
-               config: ResolvedConfig | None = None, served_model_name: str = "diffserve",
-               model_aliases: tuple[str, ...] = (), models: Sequence[ModelServing] | None = None,
-               api_key: str | None = None, image_ttl_s: float = 600.0, instance_name: str | None = None) -> FastAPI:
-    """Build the app around one model (a ready ``engine`` or an ``engine_factory`` that builds one after startup,
-    named ``served_model_name``) or several (``models``, each its own engine; the first is the default).
+def create_app(
+    engine: AsyncEngineClient | None = None,
+    *,
+    engine_factory: EngineFactory | None = None,
+    config: ResolvedConfig | None = None,
+    served_model_name: str = "diffserve",
+    model_aliases: tuple[str, ...] = (),
+    models: Sequence[ModelServing] | None = None,
+    api_key: str | None = None,
+    image_ttl_s: float = 600.0,
+    instance_name: str | None = None,
+) -> FastAPI:
+    """Build the app around one model (a ready ``engine`` or an ``engine_factory`` that
+    builds one after startup, named ``served_model_name``) or several (``models``, each
+    its own engine; the first is the default).
 
-    ``config`` is the ``ResolvedConfig`` the engine is built from; given an engine, its own ``.config`` is the
-    default. The server-wide settings (``server.*``: body limits, API key paths, the job store) are the first
-    model's. The request limits (``server.max_n`` ...) are each engine's to check, at admission, which also
-    fills unset fields.
+    ``config`` is the ``ResolvedConfig`` the engine is built from; given an engine, its
+    own ``.config`` is the default. The server-wide settings (``server.*``: body limits,
+    API key paths, the job store) are the first model's. The request limits
+    (``server.max_n`` ...) are each engine's to check, at admission, which also fills
+    unset fields.
     """
     if models is None:
         if config is None and engine is not None:
             config = engine.config
-        models = [ModelServing(served_model_name, engine, engine_factory, config, model_aliases)]
+        models = [
+            ModelServing(
+                served_model_name, engine, engine_factory, config, model_aliases
+            )
+        ]
     elif engine is not None or engine_factory is not None or config is not None:
         raise ValueError("give models or one engine (or factory), not both")
     metrics = ServerMetrics()
@@ -69,15 +93,21 @@ def create_app(engine: AsyncEngineClient | None = None, *, engine_factory: Engin
     first_config = served.first.config
     server = first_config.server if first_config is not None else ServerConfig()
     store = ImageStore(ttl_s=image_ttl_s)
-    handler = ImagesHandler(served, store, metrics, max_user_chars=server.max_prompt_chars)
-    edits = EditsHandler(handler, max_pixels=server.max_pixels,
-                         max_field_bytes=max(65536, 4 * server.max_prompt_chars + 1024))
+    handler = ImagesHandler(
+        served, store, metrics, max_user_chars=server.max_prompt_chars
+    )
+    edits = EditsHandler(
+        handler,
+        max_pixels=server.max_pixels,
+        max_field_bytes=max(65536, 4 * server.max_prompt_chars + 1024),
+    )
     videos = video_jobs(served, server, instance_name)
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
-        # Tracing, when the OTEL_* environment asks for it: on before any engine (its workers inherit the
-        # environment), flushed and off after the last one stopped (docs/deploy.md, "Tracing").
+        # Tracing, when the OTEL_* environment asks for it: on before any engine (its
+        # workers inherit the environment), flushed and off after the last one stopped
+        # (docs/deploy.md, "Tracing").
         start_tracing("server")
         previous = None
         for model in served:
@@ -94,8 +124,14 @@ def create_app(engine: AsyncEngineClient | None = None, *, engine_factory: Engin
                 await model.host.shutdown()
             await asyncio.to_thread(stop_tracing)
 
-    app = FastAPI(title="diffserve", version=__version__, lifespan=lifespan, docs_url=None, redoc_url=None,
-                  openapi_url=None)
+    app = FastAPI(
+        title="diffserve",
+        version=__version__,
+        lifespan=lifespan,
+        docs_url=None,
+        redoc_url=None,
+        openapi_url=None,
+    )
     app.state.models = served
     app.state.host = served.first.host
     app.state.metrics = metrics
@@ -107,8 +143,13 @@ def create_app(engine: AsyncEngineClient | None = None, *, engine_factory: Engin
     @app.exception_handler(StarletteHTTPException)
     async def _http_error(_: Request, exc: StarletteHTTPException) -> JSONResponse:
         codes = {404: "not_found", 405: "method_not_allowed"}
-        return error_response(APIError(exc.status_code, str(exc.detail), code=codes.get(exc.status_code,
-                                                                                         "http_error")))
+        return error_response(
+            APIError(
+                exc.status_code,
+                str(exc.detail),
+                code=codes.get(exc.status_code, "http_error"),
+            )
+        )
 
     @app.exception_handler(Exception)
     async def _any_error(request: Request, exc: Exception) -> JSONResponse:
@@ -129,10 +170,17 @@ def create_app(engine: AsyncEngineClient | None = None, *, engine_factory: Engin
     async def get_image(name: str) -> Response:
         item = store.get(name)
         if item is None:
-            raise APIError(404, "image not found (urls expire after "
-                                f"{int(store.ttl_s)} s)", param="name", code="image_not_found")
-        return Response(item.data, media_type=item.media_type,
-                        headers={"Cache-Control": f"private, max-age={int(store.ttl_s)}"})
+            raise APIError(
+                404,
+                f"image not found (urls expire after {int(store.ttl_s)} s)",
+                param="name",
+                code="image_not_found",
+            )
+        return Response(
+            item.data,
+            media_type=item.media_type,
+            headers={"Cache-Control": f"private, max-age={int(store.ttl_s)}"},
+        )
 
     add_model_routes(app, served, int(time.time()), expose_config=server.expose_config)
 
@@ -140,19 +188,31 @@ def create_app(engine: AsyncEngineClient | None = None, *, engine_factory: Engin
     async def prometheus() -> Response:
         return Response(metrics.render(), media_type=CONTENT_TYPE)
 
-    # Added last = runs first: metrics see every response; then Host, the key (so an unknown path
-    # without the key is 401, not 404), the route table (404/405), and only then is a body read.
-    app.add_middleware(BodyLimitMiddleware, max_bytes=server.max_body_bytes, timeout_s=server.body_timeout_s,
-                       uploads={EDITS_PATH: server.max_upload_bytes, VIDEOS_PATH: server.max_upload_bytes},
-                       json_uploads=frozenset({VIDEOS_PATH}))
+    # Added last = runs first: metrics see every response; then Host, the key (so an
+    # unknown path without the key is 401, not 404), the route table (404/405), and only
+    # then is a body read.
+    app.add_middleware(
+        BodyLimitMiddleware,
+        max_bytes=server.max_body_bytes,
+        timeout_s=server.body_timeout_s,
+        uploads={
+            EDITS_PATH: server.max_upload_bytes,
+            VIDEOS_PATH: server.max_upload_bytes,
+        },
+        json_uploads=frozenset({VIDEOS_PATH}),
+    )
     app.add_middleware(RouteGuardMiddleware, routes=app.router.routes)
     if api_key:
         app.add_middleware(APIKeyMiddleware, api_key=api_key)
-    app.add_middleware(PlaygroundMiddleware)  # GET / and its files: before the key (the page asks for it)
+    app.add_middleware(
+        PlaygroundMiddleware
+    )  # GET / and its files: before the key (the page asks for it)
     if server.allowed_hosts:
         app.add_middleware(HostMiddleware, allowed=server.allowed_hosts)
     app.add_middleware(MetricsMiddleware, metrics=metrics)
-    app.add_middleware(TracingMiddleware, route_of=endpoint_label)  # outermost: every response has its span
+    app.add_middleware(
+        TracingMiddleware, route_of=endpoint_label
+    )  # outermost: every response has its span
     return app
 
 
@@ -161,5 +221,15 @@ def _served(model: ModelServing, metrics: ServerMetrics) -> ServedModel:
         loaded.add_stats_listener(metrics.observe_batch)
 
     host = EngineHost(engine=model.engine, factory=model.factory, on_loaded=on_loaded)
-    config = model.config if model.config is not None else getattr(model.engine, "config", None)
-    return ServedModel(model.name, frozenset({model.name, *model.aliases}), host, config, makes_of(config))
+    config = (
+        model.config
+        if model.config is not None
+        else getattr(model.engine, "config", None)
+    )
+    return ServedModel(
+        model.name,
+        frozenset({model.name, *model.aliases}),
+        host,
+        config,
+        makes_of(config),
+    )

@@ -1,9 +1,11 @@
-"""The body of ``GET /v1/config``: the resolved config's values with where each one came from.
+"""The body of ``GET /v1/config``: the resolved config's values with where each one came
+from.
 
-Unless ``server.expose_config`` is on, what would tell a client about the host is redacted: absolute
-paths (the model directory, deploy files, provenance locations, paths inside warnings) keep only their
-last component, and ``extras`` values (free-form, possibly secrets) are replaced by a marker. A password in
-``server.job_store``'s URL is replaced by the marker always.
+Unless ``server.expose_config`` is on, what would tell a client about the host is
+redacted: absolute paths (the model directory, deploy files, provenance locations, paths
+inside warnings) keep only their last component, and ``extras`` values (free-form,
+possibly secrets) are replaced by a marker. A password in ``server.job_store``'s URL is
+replaced by the marker always.
 """
 
 from __future__ import annotations
@@ -13,25 +15,30 @@ import re
 from typing import Any
 
 REDACTED = "<redacted>"
-# An absolute POSIX path, a home-relative one, or a Windows drive path; up to a quote, space or comma.
+# An absolute POSIX path, a home-relative one, or a Windows drive path; up to a quote,
+# space or comma.
 _URL_PASSWORD = re.compile(r"(://[^:/@\s]+:)\S*@")
 _PATH = re.compile(r"(?:(?<![\w.])~|\b[A-Za-z]:)?(?:[/\\][^\s'\",;()\[\]{}]+)+")
 
 
 def config_view(cfg: Any, *, expose: bool = False) -> dict[str, Any]:
-    """The same document as ``diffserve config explain --json`` (one renderer, owned by config),
-    redacted unless ``expose``."""
+    """The same document as ``diffserve config explain --json`` (one renderer, owned by
+    config), redacted unless ``expose``."""
     from diffserve.config.explain import explain_dict
 
     doc = explain_dict(cfg)
     store = doc.get("pipeline", {}).get("server.job_store")
-    if store and isinstance(store.get("value"), str):  # a database password never leaves, exposed or not
+    if store and isinstance(
+        store.get("value"), str
+    ):  # a database password never leaves, exposed or not
         store["value"] = _URL_PASSWORD.sub(r"\1" + REDACTED + "@", store["value"])
     if expose:
         return doc
     doc["model"] = _basename(doc.get("model"))
     source = doc.get("model_source")
-    if source:  # a hub id's repository, revision and commit are public; local paths are not
+    if (
+        source
+    ):  # a hub id's repository, revision and commit are public; local paths are not
         for key in ("given", "path", "location"):
             if isinstance(source.get(key), str):
                 source[key] = redact_paths(source[key])

@@ -1,7 +1,8 @@
 """Encode generated images as PNG / JPEG / WEBP bytes.
 
-PNGs carry the prompt, seed, steps and config fingerprint as text chunks so a file found later on
-disk still says how to reproduce it. Encoding is CPU work: callers run it off the event loop.
+PNGs carry the prompt, seed, steps and config fingerprint as text chunks so a file found
+later on disk still says how to reproduce it. Encoding is CPU work: callers run it off
+the event loop.
 """
 
 from __future__ import annotations
@@ -10,25 +11,32 @@ import io
 from typing import Any
 
 MIME_TYPES = {"png": "image/png", "jpeg": "image/jpeg", "webp": "image/webp"}
-# Quality used for lossy formats when the request gives no output_compression (OpenAI's default).
+# Quality used for lossy formats when the request gives no output_compression (OpenAI's
+# default).
 DEFAULT_QUALITY = 100
-# Longest metadata text kept in a PNG: every image of a request would otherwise carry a copy of a
-# prompt as long as the server accepts.
+# Longest metadata text kept in a PNG: every image of a request would otherwise carry a
+# copy of a prompt as long as the server accepts.
 MAX_METADATA_CHARS = 1000
 TRUNCATED_MARKER = "...[truncated]"
 
 
 def clip_text(value: str, limit: int = MAX_METADATA_CHARS) -> str:
-    """``value`` cut to ``limit`` characters, the cut marked so nobody mistakes it for the prompt."""
+    """``value`` cut to ``limit`` characters, the cut marked so nobody mistakes it for
+    the prompt."""
     if len(value) <= limit:
         return value
-    return value[:limit - len(TRUNCATED_MARKER)] + TRUNCATED_MARKER
+    return value[: limit - len(TRUNCATED_MARKER)] + TRUNCATED_MARKER
 
 
-def encode_image(image: Any, output_format: str, *, compression: int | None = None,
-                 metadata: dict[str, str] | None = None) -> bytes:
-    """Encode one PIL image. ``compression`` (0-100) is the quality of jpeg/webp and, for png,
-    maps onto zlib levels 0-9 (png stays lossless)."""
+def encode_image(
+    image: Any,
+    output_format: str,
+    *,
+    compression: int | None = None,
+    metadata: dict[str, str] | None = None,
+) -> bytes:
+    """Encode one PIL image. ``compression`` (0-100) is the quality of jpeg/webp and,
+    for png, maps onto zlib levels 0-9 (png stays lossless)."""
     from PIL import PngImagePlugin
 
     buf = io.BytesIO()
@@ -48,13 +56,25 @@ def encode_image(image: Any, output_format: str, *, compression: int | None = No
 
 
 def _quality(compression: int | None) -> int:
-    # PIL's JPEG quality tops out at 95 in its docs; 100 still works and is what OpenAI means by default.
+    # PIL's JPEG quality tops out at 95 in its docs; 100 still works and is what OpenAI
+    # means by default.
     return DEFAULT_QUALITY if compression is None else max(1, compression)
 
 
-def encode_all(images: list[Any], seeds: list[int], output_format: str, compression: int | None,
-               base_metadata: dict[str, str]) -> list[bytes]:
+def encode_all(
+    images: list[Any],
+    seeds: list[int],
+    output_format: str,
+    compression: int | None,
+    base_metadata: dict[str, str],
+) -> list[bytes]:
     """Encode every image of a request, each PNG tagged with its own seed."""
-    return [encode_image(img, output_format, compression=compression,
-                         metadata={**base_metadata, "seed": str(seed)})
-            for img, seed in zip(images, seeds, strict=True)]
+    return [
+        encode_image(
+            img,
+            output_format,
+            compression=compression,
+            metadata={**base_metadata, "seed": str(seed)},
+        )
+        for img, seed in zip(images, seeds, strict=True)
+    ]

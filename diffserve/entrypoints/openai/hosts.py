@@ -1,8 +1,9 @@
 """``server.allowed_hosts``: which ``Host`` header values this server answers.
 
-A browser page on an attacker's domain can resolve that domain to 127.0.0.1 (DNS rebinding) and then
-talk to a local server as same-origin; the Host header it sends still names the attacker's domain, so
-an allow-list of the names the server is really reached by defeats it.
+A browser page on an attacker's domain can resolve that domain to 127.0.0.1 (DNS
+rebinding) and then talk to a local server as same-origin; the Host header it sends
+still names the attacker's domain, so an allow-list of the names the server is really
+reached by defeats it.
 """
 
 from __future__ import annotations
@@ -11,14 +12,15 @@ from collections.abc import Sequence
 
 
 def split_host(value: str) -> tuple[str, str | None]:
-    """``"Example.com:8000"`` -> ``("example.com", "8000")``; IPv6 literals keep their brackets."""
+    """``"Example.com:8000"`` -> ``("example.com", "8000")``; IPv6 literals keep their
+    brackets."""
     value = value.strip().lower()
     if value.startswith("["):
         end = value.find("]")
         if end < 0:
             return value, None
-        rest = value[end + 1:]
-        return value[:end + 1], rest[1:] if rest.startswith(":") else None
+        rest = value[end + 1 :]
+        return value[: end + 1], rest[1:] if rest.startswith(":") else None
     if value.count(":") == 1:
         host, port = value.split(":")
         return host, port
@@ -26,7 +28,8 @@ def split_host(value: str) -> tuple[str, str | None]:
 
 
 class HostAllowList:
-    """Entries are ``name``, ``name:port``, ``*.suffix`` or ``*``; an entry without a port matches any port."""
+    """Entries are ``name``, ``name:port``, ``*.suffix`` or ``*``; an entry without a
+    port matches any port."""
 
     def __init__(self, allowed: Sequence[str]) -> None:
         self.entries = [split_host(entry) for entry in allowed if entry.strip()]
@@ -45,7 +48,8 @@ class HostAllowList:
                 continue
             if entry_host == "*" or entry_host == host:
                 return True
-            # "*.corp" matches "a.corp" and "a.b.corp", not "corp" itself nor "evilcorp".
+            # "*.corp" matches "a.corp" and "a.b.corp", not "corp" itself nor
+            # "evilcorp".
             if entry_host.startswith("*.") and host.endswith(entry_host[1:]):
                 return True
         return False

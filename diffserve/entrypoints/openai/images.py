@@ -1,8 +1,9 @@
-"""``POST /v1/images/generations``: parse, run on the engine, encode, answer (JSON or SSE). ``serve`` is
-also the second half of ``POST /v1/images/edits`` (``edits.py``).
+"""``POST /v1/images/generations``: parse, run on the engine, encode, answer (JSON or
+SSE). ``serve`` is also the second half of ``POST /v1/images/edits`` (``edits.py``).
 
-The handler never blocks the event loop: images are encoded in a worker thread. A client that goes
-away aborts its request in the engine, so no GPU time is spent on an answer nobody will read.
+The handler never blocks the event loop: images are encoded in a worker thread. A client
+that goes away aborts its request in the engine, so no GPU time is spent on an answer
+nobody will read.
 """
 
 from __future__ import annotations
@@ -47,8 +48,14 @@ Events = AsyncIterator[ProgressEvent | RequestOutput]
 
 
 class ImagesHandler:
-    def __init__(self, models: ServedModels, store: ImageStore, metrics: ServerMetrics, *,
-                 max_user_chars: int | None = None) -> None:
+    def __init__(
+        self,
+        models: ServedModels,
+        store: ImageStore,
+        metrics: ServerMetrics,
+        *,
+        max_user_chars: int | None = None,
+    ) -> None:
         self.models = models
         self.max_user_chars = max_user_chars
         self.store = store
@@ -62,24 +69,50 @@ class ImagesHandler:
         return await self.serve(request, body, gen, received, served)
 
     def check_body(self, body: ImageGenerationRequest) -> ServedModel:
-        """The checks of a parsed body that need this server: the model it names (404; 400 for a video model),
-        ``user``'s length (422). Returns the model that serves it."""
+        """The checks of a parsed body that need this server: the model it names (404;
+        400 for a video model), ``user``'s length (422). Returns the model that serves
+        it."""
         served = self.models.pick(body.model, default_makes="images")
         if served.makes == "videos":
-            raise APIError(400, f"model {served.name!r} makes videos, not images; the video API (POST /v1/videos) "
-                                "serves it", param="model", code="model_makes_videos")
-        if body.user is not None and self.max_user_chars is not None and len(body.user) > self.max_user_chars:
-            # `user` only reaches a debug log line, but an unbounded one would still be logged whole.
-            raise APIError(422, f"user has {len(body.user)} characters, above this server's limit of "
-                                f"{self.max_user_chars}", param="user", code="limit_exceeded")
+            raise APIError(
+                400,
+                f"model {served.name!r} makes videos, not images; the "
+                "video API (POST /v1/videos) "
+                "serves it",
+                param="model",
+                code="model_makes_videos",
+            )
+        if (
+            body.user is not None
+            and self.max_user_chars is not None
+            and len(body.user) > self.max_user_chars
+        ):
+            # `user` only reaches a debug log line, but an unbounded one would still be
+            # logged whole.
+            raise APIError(
+                422,
+                f"user has {len(body.user)} characters, above this server's limit of "
+                f"{self.max_user_chars}",
+                param="user",
+                code="limit_exceeded",
+            )
         return served
 
-    async def serve(self, request: Request, body: ImageGenerationRequest, gen: GenerationRequest,
-                    received: float, served: ServedModel) -> Response:
-        """Run ``gen`` on ``served``'s engine and answer: JSON, or SSE with ``body.stream``; a client that goes
-        away aborts it. Shared by generations and edits (``received``: when the body arrived, for ``total``)."""
+    async def serve(
+        self,
+        request: Request,
+        body: ImageGenerationRequest,
+        gen: GenerationRequest,
+        received: float,
+        served: ServedModel,
+    ) -> Response:
+        """Run ``gen`` on ``served``'s engine and answer: JSON, or SSE with
+        ``body.stream``; a client that goes away aborts it. Shared by generations and
+        edits (``received``: when the body arrived, for ``total``)."""
         engine = served.host.require()
-        annotate({MODEL: served.name, REQUEST_ID: gen.request_id})  # on the HTTP span, when tracing is on
+        annotate(
+            {MODEL: served.name, REQUEST_ID: gen.request_id}
+        )  # on the HTTP span, when tracing is on
         if body.user:
             logger.debug("request %s from user %r", gen.request_id, body.user)
         events = aiter_events(engine, gen)
@@ -90,12 +123,22 @@ class ImagesHandler:
             async def never_started() -> None:
                 first.cancel()
                 self.metrics.aborted.inc()
-                logger.info("client went away before the stream started; aborting %s", gen.request_id)
+                logger.info(
+                    "client went away before the stream started; aborting %s",
+                    gen.request_id,
+                )
                 await abort_quietly(engine, gen.request_id)
 
-            stream = self._sse(request, engine, body, gen, events, first, received, started)
-            return GuardedStream(stream, started, never_started, media_type="text/event-stream",
-                                 headers={"X-Request-Id": gen.request_id, "Cache-Control": "no-cache"})
+            stream = self._sse(
+                request, engine, body, gen, events, first, received, started
+            )
+            return GuardedStream(
+                stream,
+                started,
+                never_started,
+                media_type="text/event-stream",
+                headers={"X-Request-Id": gen.request_id, "Cache-Control": "no-cache"},
+            )
         self.metrics.inflight.inc()
         try:
             output = await self._run_until_disconnect(request, engine, gen, events)
@@ -104,13 +147,20 @@ class ImagesHandler:
             self.metrics.inflight.dec()
         return JSONResponse(payload, headers={"X-Request-Id": gen.request_id})
 
-    async def _run_until_disconnect(self, request: Request, engine: AsyncEngineClient, gen: GenerationRequest,
-                                    events: Events) -> RequestOutput:
+    async def _run_until_disconnect(
+        self,
+        request: Request,
+        engine: AsyncEngineClient,
+        gen: GenerationRequest,
+        events: Events,
+    ) -> RequestOutput:
         async def consume() -> RequestOutput:
             async for event in events:
                 if isinstance(event, RequestOutput):
                     return event
-            raise RequestAbortedError(f"request {gen.request_id} ended without an output")
+            raise RequestAbortedError(
+                f"request {gen.request_id} ended without an output"
+            )
 
         async def disconnected() -> None:
             while (await request.receive())["type"] != "http.disconnect":
@@ -129,55 +179,111 @@ class ImagesHandler:
                 await asyncio.gather(work, return_exceptions=True)
                 await abort_quietly(engine, gen.request_id)
         if work.cancelled():
-            raise RequestAbortedError(f"client disconnected; request {gen.request_id} aborted")
+            raise RequestAbortedError(
+                f"client disconnected; request {gen.request_id} aborted"
+            )
         return work.result()
 
-    async def _respond(self, request: Request, body: ImageGenerationRequest, gen: GenerationRequest,
-                       output: RequestOutput, received: float) -> dict[str, Any]:
+    async def _respond(
+        self,
+        request: Request,
+        body: ImageGenerationRequest,
+        gen: GenerationRequest,
+        output: RequestOutput,
+        received: float,
+    ) -> dict[str, Any]:
         start = time.perf_counter()
-        metadata = {"prompt": gen.prompt, "steps": str(output.num_inference_steps or gen.num_inference_steps),
-                    "config_fingerprint": output.config_fingerprint, "size": f"{output.width}x{output.height}",
-                    "guidance_scale": str(output.guidance_scale), "software": f"diffserve {__version__}"}
+        metadata = {
+            "prompt": gen.prompt,
+            "steps": str(output.num_inference_steps or gen.num_inference_steps),
+            "config_fingerprint": output.config_fingerprint,
+            "size": f"{output.width}x{output.height}",
+            "guidance_scale": str(output.guidance_scale),
+            "software": f"diffserve {__version__}",
+        }
         if gen.negative_prompt:
             metadata["negative_prompt"] = gen.negative_prompt
         if gen.images:
-            metadata["edit"] = f"{len(gen.images)} image(s){', mask' if gen.mask is not None else ''}"
+            metadata["edit"] = (
+                f"{len(gen.images)} image(s){', mask' if gen.mask is not None else ''}"
+            )
             if gen.strength is not None:
                 metadata["strength"] = str(gen.strength)
-        with span("diffserve.image_encode", {IMAGES: len(output.images), OUTPUT_FORMAT: body.output_format}):
-            encoded = await asyncio.to_thread(encode_all, output.images, output.seeds, body.output_format,
-                                              body.output_compression, metadata)
+        with span(
+            "diffserve.image_encode",
+            {IMAGES: len(output.images), OUTPUT_FORMAT: body.output_format},
+        ):
+            encoded = await asyncio.to_thread(
+                encode_all,
+                output.images,
+                output.seeds,
+                body.output_format,
+                body.output_compression,
+                metadata,
+            )
         done = time.perf_counter()
-        # Engine phases, plus what the server adds: image encoding and the total it observed
-        # (body received -> response ready, so it includes queueing and encoding).
-        timings = {**{k: float(v) for k, v in output.timings.items()},
-                   "image_encode": round((done - start) * 1000.0, 3),
-                   "total": round((done - received) * 1000.0, 3)}
+        # Engine phases, plus what the server adds: image encoding and the total it
+        # observed (body received -> response ready, so it includes queueing and
+        # encoding).
+        timings = {
+            **{k: float(v) for k, v in output.timings.items()},
+            "image_encode": round((done - start) * 1000.0, 3),
+            "total": round((done - received) * 1000.0, 3),
+        }
         data = []
         for blob in encoded:
             if body.response_format == "url":
-                name = self.store.put(blob, MIME_TYPES[body.output_format], body.output_format)
-                data.append(ImageData(url=str(request.url_for("get_image", name=name)),
-                                      revised_prompt=output.revised_prompt))
+                name = self.store.put(
+                    blob, MIME_TYPES[body.output_format], body.output_format
+                )
+                data.append(
+                    ImageData(
+                        url=str(request.url_for("get_image", name=name)),
+                        revised_prompt=output.revised_prompt,
+                    )
+                )
             else:
-                data.append(ImageData(b64_json=base64.b64encode(blob).decode("ascii"),
-                                      revised_prompt=output.revised_prompt))
-        self.metrics.observe_output(timings, len(encoded), output.attestation.get("cache"))
+                data.append(
+                    ImageData(
+                        b64_json=base64.b64encode(blob).decode("ascii"),
+                        revised_prompt=output.revised_prompt,
+                    )
+                )
+        self.metrics.observe_output(
+            timings, len(encoded), output.attestation.get("cache")
+        )
         self.metrics.observe_conditioning(dict(output.attestation))
         self.metrics.observe_ar(dict(output.attestation))
         response = ImagesResponse(
-            created=int(time.time()), data=data, output_format=body.output_format,
+            created=int(time.time()),
+            data=data,
+            output_format=body.output_format,
             size=f"{output.width}x{output.height}",
-            diffserve=DiffserveInfo(request_id=gen.request_id, seeds=list(output.seeds),
-                                    num_inference_steps=output.num_inference_steps or gen.num_inference_steps or 0,
-                                    timings_ms=timings, memory_peak_mib=output.memory_peak_mib,
-                                    attestation=jsonable(output.attestation),
-                                    config_fingerprint=output.config_fingerprint))
+            diffserve=DiffserveInfo(
+                request_id=gen.request_id,
+                seeds=list(output.seeds),
+                num_inference_steps=output.num_inference_steps
+                or gen.num_inference_steps
+                or 0,
+                timings_ms=timings,
+                memory_peak_mib=output.memory_peak_mib,
+                attestation=jsonable(output.attestation),
+                config_fingerprint=output.config_fingerprint,
+            ),
+        )
         return response.model_dump(mode="json")
 
-    async def _sse(self, request: Request, engine: AsyncEngineClient, body: ImageGenerationRequest, gen: GenerationRequest,
-                   events: Events, first: asyncio.Future[ProgressEvent | RequestOutput],
-                   received: float, started: list[bool]) -> AsyncIterator[str]:
+    async def _sse(
+        self,
+        request: Request,
+        engine: AsyncEngineClient,
+        body: ImageGenerationRequest,
+        gen: GenerationRequest,
+        events: Events,
+        first: asyncio.Future[ProgressEvent | RequestOutput],
+        received: float,
+        started: list[bool],
+    ) -> AsyncIterator[str]:
         started[0] = True
         finished = False
         self.metrics.inflight.inc()
@@ -185,8 +291,14 @@ class ImagesHandler:
             event = await first
             while True:
                 if isinstance(event, ProgressEvent):
-                    yield sse({"type": "progress", "request_id": gen.request_id, "step": event.step,
-                               "total_steps": event.total_steps})
+                    yield sse(
+                        {
+                            "type": "progress",
+                            "request_id": gen.request_id,
+                            "step": event.step,
+                            "total_steps": event.total_steps,
+                        }
+                    )
                 elif isinstance(event, RequestOutput):
                     payload = await self._respond(request, body, gen, event, received)
                     finished = True
@@ -196,16 +308,30 @@ class ImagesHandler:
                 event = await events.__anext__()
         except StopAsyncIteration:
             finished = True
-            yield sse({"type": "error", **to_api_error(
-                RequestAbortedError(f"request {gen.request_id} ended without an output")).body()})
+            yield sse(
+                {
+                    "type": "error",
+                    **to_api_error(
+                        RequestAbortedError(
+                            f"request {gen.request_id} ended without an output"
+                        )
+                    ).body(),
+                }
+            )
         except Exception as exc:  # noqa: BLE001 - after the 200 header, errors travel as an event
             finished = True
-            yield sse({"type": "error", **to_api_error(exc, request_id_from(gen.request_id)).body()})
+            yield sse(
+                {
+                    "type": "error",
+                    **to_api_error(exc, request_id_from(gen.request_id)).body(),
+                }
+            )
         finally:
             self.metrics.inflight.dec()
             first.cancel()  # no-op once done; stops waiting for a request still queued
             if not finished:
-                # Client disconnect cancels this generator; the abort must still reach the engine.
+                # Client disconnect cancels this generator; the abort must still reach
+                # the engine.
                 self.metrics.aborted.inc()
                 with anyio.CancelScope(shield=True):
                     logger.info("stream closed early; aborting %s", gen.request_id)
@@ -215,12 +341,18 @@ class ImagesHandler:
 class GuardedStream(StreamingResponse):
     """A stream that still aborts its request when the body generator never ran.
 
-    A client that disconnects before the response starts cancels the stream before the generator's
-    first step, so the generator's own cleanup (the abort) never runs, and a queued request would
-    then run to completion for nobody. ``started[0]`` is set by the generator's first line."""
+    A client that disconnects before the response starts cancels the stream before the
+    generator's first step, so the generator's own cleanup (the abort) never runs, and a
+    queued request would then run to completion for nobody. ``started[0]`` is set by the
+    generator's first line."""
 
-    def __init__(self, content: AsyncIterator[str], started: list[bool],
-                 on_never_started: Callable[[], Awaitable[None]], **kwargs: Any) -> None:
+    def __init__(
+        self,
+        content: AsyncIterator[str],
+        started: list[bool],
+        on_never_started: Callable[[], Awaitable[None]],
+        **kwargs: Any,
+    ) -> None:
         super().__init__(content, **kwargs)
         self.started = started
         self.on_never_started = on_never_started
@@ -238,13 +370,15 @@ def aiter_events(engine: AsyncEngineClient, gen: GenerationRequest) -> Events:
     return engine.generate(gen).__aiter__()
 
 
-async def admit(engine: AsyncEngineClient, request_id: str, events: Events) -> asyncio.Future[ProgressEvent | RequestOutput]:
+async def admit(
+    engine: AsyncEngineClient, request_id: str, events: Events
+) -> asyncio.Future[ProgressEvent | RequestOutput]:
     """Submit the request and return the future of its first event.
 
-    The engine admits (validates, enqueues) synchronously inside the first ``__anext__``, before it
-    waits for an event: one loop turn is enough to raise admission errors here, so they keep their
-    HTTP status (400, 429, 503), while a queued stream gets its 200 header at once instead of
-    after the wait.
+    The engine admits (validates, enqueues) synchronously inside the first
+    ``__anext__``, before it waits for an event: one loop turn is enough to raise
+    admission errors here, so they keep their HTTP status (400, 429, 503), while a
+    queued stream gets its 200 header at once instead of after the wait.
     """
     first = asyncio.ensure_future(anext_or_abort(engine, request_id, events))
     await asyncio.sleep(0)
@@ -253,12 +387,15 @@ async def admit(engine: AsyncEngineClient, request_id: str, events: Events) -> a
     return first
 
 
-async def anext_or_abort(engine: AsyncEngineClient, request_id: str,
-                         events: Events) -> ProgressEvent | RequestOutput:
+async def anext_or_abort(
+    engine: AsyncEngineClient, request_id: str, events: Events
+) -> ProgressEvent | RequestOutput:
     try:
         return await events.__anext__()
     except StopAsyncIteration as exc:
-        raise RequestAbortedError(f"request {request_id} ended without an output") from exc
+        raise RequestAbortedError(
+            f"request {request_id} ended without an output"
+        ) from exc
 
 
 async def abort_quietly(engine: AsyncEngineClient, request_id: str) -> None:
@@ -273,6 +410,6 @@ def sse(obj: dict[str, Any]) -> str:
 
 
 def jsonable(value: Any) -> Any:
-    """Attestation values come from workers; make sure they serialise (tuples, numpy ints, ...)."""
+    """Attestation values come from workers; make sure they serialise (tuples, numpy
+    ints, ...)."""
     return json.loads(json.dumps(value, default=str))
-

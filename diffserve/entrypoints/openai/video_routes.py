@@ -1,5 +1,6 @@
-"""The ``/v1/videos`` routes of a server with a video model, and the job store, artifact directory and
-runner behind them (``entrypoints/jobs``), built from the deployment's ``server.*`` settings."""
+"""The ``/v1/videos`` routes of a server with a video model, and the job store, artifact
+directory and runner behind them (``entrypoints/jobs``), built from the deployment's
+``server.*`` settings."""
 
 from __future__ import annotations
 
@@ -19,22 +20,35 @@ from diffserve.entrypoints.openai.videos import VIDEOS_PATH, VideosHandler
 __all__ = ["VIDEOS_PATH", "add_video_routes", "video_jobs"]
 
 
-def video_jobs(models: ServedModels, server: ServerConfig, instance_name: str | None) -> VideosHandler | None:
-    """The videos API of a server with a video model (None when every model makes images), one job store and
-    runner for all its video models. ``instance_name``: this instance's name in the store's leases, stable across
-    its restarts (``diffserve serve``: host and port), so a restarted instance recognises the jobs its previous
+def video_jobs(
+    models: ServedModels, server: ServerConfig, instance_name: str | None
+) -> VideosHandler | None:
+    """The videos API of a server with a video model (None when every model makes
+    images), one job store and runner for all its video models. ``instance_name``: this
+    instance's name in the store's leases, stable across its restarts (``diffserve
+    serve``: host and port), so a restarted instance recognises the jobs its previous
     run left unfinished."""
     hosts = {model.name: model.host for model in models if model.makes == "videos"}
     if not hosts:
         return None
     store = open_job_store(server)
     artifacts = open_artifacts(server)
-    settings = RunnerSettings(owner=instance_name or f"{socket.gethostname()}:{os.getpid()}",
-                              lease_s=float(server.job_lease_s), deadline_s=float(server.job_deadline_s),
-                              ttl_s=float(server.video_ttl_s), requeue=server.requeue_interrupted)
+    settings = RunnerSettings(
+        owner=instance_name or f"{socket.gethostname()}:{os.getpid()}",
+        lease_s=float(server.job_lease_s),
+        deadline_s=float(server.job_deadline_s),
+        ttl_s=float(server.video_ttl_s),
+        requeue=server.requeue_interrupted,
+    )
     runner = JobRunner(store, artifacts, hosts, settings)
-    return VideosHandler(models, store, artifacts, runner, max_pixels=server.max_pixels,
-                         max_field_bytes=max(65536, 4 * server.max_prompt_chars + 1024))
+    return VideosHandler(
+        models,
+        store,
+        artifacts,
+        runner,
+        max_pixels=server.max_pixels,
+        max_field_bytes=max(65536, 4 * server.max_prompt_chars + 1024),
+    )
 
 
 def add_video_routes(app: FastAPI, videos: VideosHandler) -> None:

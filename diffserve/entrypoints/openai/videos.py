@@ -1,9 +1,11 @@
 """``/v1/videos``: OpenAI's video job API over the job store (``entrypoints/jobs``).
 
-``POST`` checks the request against the engine the way an image request is checked at admission (so a bad one is
-a 400/422 now, not a failed job later), fixes its seed and defaults, stores it and answers with the queued job;
-the runner claims and runs it. Every other route reads or changes the store only, so any instance that shares
-the store answers for any job. Store calls block: each runs in a worker thread, bounded by the store's timeout.
+``POST`` checks the request against the engine the way an image request is checked at
+admission (so a bad one is a 400/422 now, not a failed job later), fixes its seed and
+defaults, stores it and answers with the queued job; the runner claims and runs it.
+Every other route reads or changes the store only, so any instance that shares the store
+answers for any job. Store calls block: each runs in a worker thread, bounded by the
+store's timeout.
 """
 
 from __future__ import annotations
@@ -25,7 +27,11 @@ from diffserve.entrypoints.jobs.job_request import to_row
 from diffserve.entrypoints.jobs.runner import JobRunner
 from diffserve.entrypoints.jobs.store import COMPLETED, IdempotencyConflict, JobStore
 from diffserve.entrypoints.openai.served import ServedModels
-from diffserve.entrypoints.openai.uploads import input_pixel_limit, open_image, to_rgb_array
+from diffserve.entrypoints.openai.uploads import (
+    input_pixel_limit,
+    open_image,
+    to_rgb_array,
+)
 from diffserve.entrypoints.openai.video_protocol import (
     MAX_TEXT_FIELDS,
     VideoCreateRequest,
@@ -41,13 +47,25 @@ from diffserve.tracing.spans import annotate
 from diffserve.types.request import GenerationRequest
 
 VIDEOS_PATH = "/v1/videos"
-MEDIA_TYPES = {"video": "video/mp4", "thumbnail": "image/webp", "spritesheet": "image/jpeg"}
+MEDIA_TYPES = {
+    "video": "video/mp4",
+    "thumbnail": "image/webp",
+    "spritesheet": "image/jpeg",
+}
 _IDEMPOTENCY_KEY = re.compile(r"[\x21-\x7e]{1,256}")
 
 
 class VideosHandler:
-    def __init__(self, models: ServedModels, store: JobStore, artifacts: ArtifactDir, runner: JobRunner, *,
-                 max_pixels: int, max_field_bytes: int) -> None:
+    def __init__(
+        self,
+        models: ServedModels,
+        store: JobStore,
+        artifacts: ArtifactDir,
+        runner: JobRunner,
+        *,
+        max_pixels: int,
+        max_field_bytes: int,
+    ) -> None:
         self.models = models
         self.store = store
         self.artifacts = artifacts
@@ -55,66 +73,110 @@ class VideosHandler:
         self.max_input_pixels = input_pixel_limit(max_pixels)
         self.max_field_bytes = max_field_bytes
 
-    # -- create ---------------------------------------------------------------------------------------
+    # -- create
+    # ----------------------------------------------------------------------------------
 
     async def create(self, request: Request) -> Response:
         key = request.headers.get("idempotency-key")
         if key is not None and not _IDEMPOTENCY_KEY.fullmatch(key):
-            raise APIError(400, "Idempotency-Key must be 1-256 printable ASCII characters", param="Idempotency-Key",
-                           code="invalid_value")
+            raise APIError(
+                400,
+                "Idempotency-Key must be 1-256 printable ASCII characters",
+                param="Idempotency-Key",
+                code="invalid_value",
+            )
         body, image_bytes = await self._read_body(request)
         served = self.models.pick(body.model, default_makes="videos")
         if served.makes != "videos":
-            raise APIError(400, f"model {served.name!r} makes images; POST /v1/images/generations serves it",
-                           param="model", code="model_makes_images")
+            raise APIError(
+                400,
+                f"model {served.name!r} makes images; POST /v1/images/generations "
+                "serves it",
+                param="model",
+                code="model_makes_images",
+            )
         engine = served.host.require()
         image = None
         if image_bytes is not None:
             image = await asyncio.to_thread(self._decode_reference, image_bytes)
         admitted = self._admit(engine, body, image)
-        seconds = body.seconds.strip() if body.seconds is not None else \
-            f"{(admitted.num_frames or 0) / max(1, admitted.fps or 1):g}"
+        seconds = (
+            body.seconds.strip()
+            if body.seconds is not None
+            else f"{(admitted.num_frames or 0) / max(1, admitted.fps or 1):g}"
+        )
         fields = to_row(admitted, seconds=seconds, has_input=image is not None)
         try:
             job, created = await asyncio.to_thread(
-                self.store.create, model=served.name, prompt=body.prompt, request=fields,
-                now=time.time(), idempotency_key=key, request_hash=request_hash(body, image_bytes))
+                self.store.create,
+                model=served.name,
+                prompt=body.prompt,
+                request=fields,
+                now=time.time(),
+                idempotency_key=key,
+                request_hash=request_hash(body, image_bytes),
+            )
         except IdempotencyConflict as exc:
-            raise APIError(409, str(exc), param="Idempotency-Key", code="idempotency_conflict") from None
+            raise APIError(
+                409, str(exc), param="Idempotency-Key", code="idempotency_conflict"
+            ) from None
         if created and image is not None:
             try:
-                await asyncio.to_thread(self.artifacts.publish, job.id, INPUT, lambda p: _save_png(p, image))
+                await asyncio.to_thread(
+                    self.artifacts.publish, job.id, INPUT, lambda p: _save_png(p, image)
+                )
             except OSError:
-                await asyncio.to_thread(self.store.delete, job.id)  # no job without its input
+                await asyncio.to_thread(
+                    self.store.delete, job.id
+                )  # no job without its input
                 raise
-        annotate({MODEL: served.name, VIDEO_JOB: job.id})  # on the HTTP span; the job runs in a trace of its own
+        annotate(
+            {MODEL: served.name, VIDEO_JOB: job.id}
+        )  # on the HTTP span; the job runs in a trace of its own
         if created:
             self.runner.notify()
         return JSONResponse(video_object(job), headers={"X-Request-Id": job.id})
 
-    async def _read_body(self, request: Request) -> tuple[VideoCreateRequest, bytes | None]:
+    async def _read_body(
+        self, request: Request
+    ) -> tuple[VideoCreateRequest, bytes | None]:
         if "multipart/form-data" not in request.headers.get("content-type", "").lower():
             return parse_json(await request.body())
         try:
-            async with request.form(max_files=2, max_fields=MAX_TEXT_FIELDS,
-                                    max_part_size=self.max_field_bytes) as form:
+            async with request.form(
+                max_files=2,
+                max_fields=MAX_TEXT_FIELDS,
+                max_part_size=self.max_field_bytes,
+            ) as form:
                 body, upload = parse_form(form.multi_items())
                 return body, (await upload.read() if upload is not None else None)
         except StarletteHTTPException as exc:
-            raise APIError(400, f"invalid multipart/form-data body: {exc.detail}", code="invalid_multipart") from None
+            raise APIError(
+                400,
+                f"invalid multipart/form-data body: {exc.detail}",
+                code="invalid_multipart",
+            ) from None
 
     def _decode_reference(self, data: bytes) -> Any:
         image = open_image(data, "input_reference", max_pixels=self.max_input_pixels)
         return to_rgb_array(image, "input_reference")
 
-    def _admit(self, engine: Any, body: VideoCreateRequest, image: Any) -> GenerationRequest:
-        """The engine's admission of this body, once (400/422 as for images): what the job stores and runs.
-        ``seconds`` becomes frames at the fps that will run (``types/modality.py``)."""
-        request = to_request(dict(body), seconds=body.seconds_value(), request_id=f"check-{uuid.uuid4().hex}",
-                             images=(image,) if image is not None else None)
+    def _admit(
+        self, engine: Any, body: VideoCreateRequest, image: Any
+    ) -> GenerationRequest:
+        """The engine's admission of this body, once (400/422 as for images): what the
+        job stores and runs. ``seconds`` becomes frames at the fps that will run
+        (``types/modality.py``)."""
+        request = to_request(
+            dict(body),
+            seconds=body.seconds_value(),
+            request_id=f"check-{uuid.uuid4().hex}",
+            images=(image,) if image is not None else None,
+        )
         return engine.admit(request)
 
-    # -- read -----------------------------------------------------------------------------------------
+    # -- read
+    # ----------------------------------------------------------------------------------
 
     async def retrieve(self, video_id: str) -> Response:
         return JSONResponse(video_object(await self._job(video_id)))
@@ -123,55 +185,102 @@ class VideosHandler:
         query = request.query_params
         unknown = sorted(set(query) - {"after", "limit", "order"})
         if unknown:
-            raise RequestError(f"unknown query parameter {unknown[0]!r}", param=unknown[0], code="unknown_parameter")
+            raise RequestError(
+                f"unknown query parameter {unknown[0]!r}",
+                param=unknown[0],
+                code="unknown_parameter",
+            )
         order = query.get("order", "desc")
         if order not in ("asc", "desc"):
-            raise RequestError(f"order={order[:20]!r} must be asc or desc", param="order")
+            raise RequestError(
+                f"order={order[:20]!r} must be asc or desc", param="order"
+            )
         limit_text = query.get("limit", "20")
         if not limit_text.isdigit() or not 1 <= int(limit_text) <= 100:
-            raise RequestError(f"limit={limit_text[:20]!r} must be an integer in [1, 100]", param="limit")
+            raise RequestError(
+                f"limit={limit_text[:20]!r} must be an integer in [1, 100]",
+                param="limit",
+            )
         after = query.get("after")
         if after is not None and not JOB_ID.fullmatch(after):
             raise RequestError(f"after={after[:80]!r} is not a video id", param="after")
         try:
-            jobs, more = await asyncio.to_thread(self.store.page, after=after, limit=int(limit_text), order=order)
+            jobs, more = await asyncio.to_thread(
+                self.store.page, after=after, limit=int(limit_text), order=order
+            )
         except KeyError:
-            raise RequestError(f"after={after!r}: no such video", param="after") from None
+            raise RequestError(
+                f"after={after!r}: no such video", param="after"
+            ) from None
         data = [video_object(job) for job in jobs]
-        return JSONResponse({"object": "list", "data": data, "first_id": data[0]["id"] if data else None,
-                             "last_id": data[-1]["id"] if data else None, "has_more": more})
+        return JSONResponse(
+            {
+                "object": "list",
+                "data": data,
+                "first_id": data[0]["id"] if data else None,
+                "last_id": data[-1]["id"] if data else None,
+                "has_more": more,
+            }
+        )
 
     async def content(self, video_id: str, request: Request) -> Response:
         variant = request.query_params.get("variant", "video")
         if variant not in VARIANTS:
-            raise RequestError(f"variant={variant[:40]!r} must be one of {', '.join(VARIANTS)}", param="variant")
+            raise RequestError(
+                f"variant={variant[:40]!r} must be one of {', '.join(VARIANTS)}",
+                param="variant",
+            )
         job = await self._job(video_id)
         expired = job.expires_at is not None and job.expires_at <= time.time()
         if job.status != COMPLETED or expired:
             state = "expired" if expired else job.status
-            raise APIError(404, f"video {video_id} has no content ({state}); it is downloadable once completed "
-                                "and until it expires", param="video_id", code="video_not_ready"
-                           if not expired and job.status != "failed" else "video_not_found")
+            raise APIError(
+                404,
+                f"video {video_id} has no content ({state}); it is downloadable "
+                "once completed "
+                "and until it expires",
+                param="video_id",
+                code="video_not_ready"
+                if not expired and job.status != "failed"
+                else "video_not_found",
+            )
         try:
-            data = await asyncio.to_thread(self.artifacts.path(video_id, variant).read_bytes)
+            data = await asyncio.to_thread(
+                self.artifacts.path(video_id, variant).read_bytes
+            )
         except FileNotFoundError:  # deleted or expired since the row was read
-            raise APIError(404, f"video {video_id} was deleted", param="video_id", code="video_not_found") from None
-        return Response(data, media_type=MEDIA_TYPES[variant],
-                        headers={"Content-Disposition": f'inline; filename="{video_id}{_suffix(variant)}"'})
+            raise APIError(
+                404,
+                f"video {video_id} was deleted",
+                param="video_id",
+                code="video_not_found",
+            ) from None
+        name = f"{video_id}{_suffix(variant)}"
+        return Response(
+            data,
+            media_type=MEDIA_TYPES[variant],
+            headers={"Content-Disposition": f'inline; filename="{name}"'},
+        )
 
-    # -- delete ---------------------------------------------------------------------------------------
+    # -- delete
+    # ----------------------------------------------------------------------------------
 
     async def delete(self, video_id: str) -> Response:
         await self._job(video_id)
-        await self.runner.cancel(video_id)  # running here: aborted at its next step, its slot freed
+        await self.runner.cancel(
+            video_id
+        )  # running here: aborted at its next step, its slot freed
         deleted = await asyncio.to_thread(self.store.delete, video_id)
-        # Row first, files second: the job is gone for every instance before its files go (a crash between
-        # them leaves files without a row, which the runner's sweep removes). Elsewhere, its runner sees the
-        # lease gone at its next heartbeat and aborts.
+        # Row first, files second: the job is gone for every instance before its files
+        # go (a crash between them leaves files without a row, which the runner's sweep
+        # removes). Elsewhere, its runner sees the lease gone at its next heartbeat and
+        # aborts.
         await asyncio.to_thread(self.artifacts.remove, video_id)
         if not deleted:
             raise _not_found(video_id)
-        return JSONResponse({"id": video_id, "object": "video.deleted", "deleted": True})
+        return JSONResponse(
+            {"id": video_id, "object": "video.deleted", "deleted": True}
+        )
 
     async def _job(self, video_id: str) -> Any:
         if not JOB_ID.fullmatch(video_id):
@@ -183,8 +292,12 @@ class VideosHandler:
 
 
 def _not_found(video_id: str) -> APIError:
-    return APIError(404, f"no video {video_id[:80]!r} (deleted, expired or never created)", param="video_id",
-                    code="video_not_found")
+    return APIError(
+        404,
+        f"no video {video_id[:80]!r} (deleted, expired or never created)",
+        param="video_id",
+        code="video_not_found",
+    )
 
 
 def _suffix(variant: str) -> str:

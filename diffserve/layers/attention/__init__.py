@@ -1,1 +1,2 @@
-"""Attention call sites: the backend contract, one backend per file, the ``Attention`` module."""
+"""Attention call sites: the backend contract, one backend per file, the ``Attention``
+module."""

@@ -1,4 +1,5 @@
-"""``Attention``: one attention call site with a role and a backend object fixed at construction."""
+"""``Attention``: one attention call site with a role and a backend object fixed at
+construction."""
 
 from __future__ import annotations
 
@@ -11,14 +12,22 @@ from diffserve.layers.per_sample import each_sample
 
 
 class Attention(nn.Module):
-    """Runs ``backend.attention(q, k, v)`` (``[B, H, L, D]`` in, ``[B, L, H * D]`` out) and counts it.
+    """Runs ``backend.attention(q, k, v)`` (``[B, H, L, D]`` in, ``[B, L, H * D]`` out)
+    and counts it.
 
-    ``role`` names the call site for per-role backend choice (see docs/backends.md). ``per_sample=True`` (a
-    ``batch_invariant`` kernel set, ``layers/per_sample.py``): one backend call per sample of the batch.
+    ``role`` names the call site for per-role backend choice (see docs/backends.md).
+    ``per_sample=True`` (a ``batch_invariant`` kernel set, ``layers/per_sample.py``):
+    one backend call per sample of the batch.
     """
 
-    def __init__(self, role: str, *, backend: AttentionBackend, counters: KernelCounters,
-                 per_sample: bool = False) -> None:
+    def __init__(
+        self,
+        role: str,
+        *,
+        backend: AttentionBackend,
+        counters: KernelCounters,
+        per_sample: bool = False,
+    ) -> None:
         super().__init__()
         self.role = role
         self.per_sample = per_sample
@@ -26,19 +35,31 @@ class Attention(nn.Module):
         self.backend_name = backend.name
         self.counters = counters
 
-    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                mask: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        mask: torch.Tensor | None = None,
+    ) -> torch.Tensor:
         if not torch.compiler.is_compiling():
             self.counters.count_attention(self.backend_name)
         if self.per_sample and q.shape[0] > 1:
             return each_sample(self._run, q, k, v, mask=mask)
         return self._run(q, k, v, mask)
 
-    def _run(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-             mask: torch.Tensor | None = None) -> torch.Tensor:
+    def _run(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        mask: torch.Tensor | None = None,
+    ) -> torch.Tensor:
         if mask is None:
             return self.backend.attention(q, k, v)
         return self.backend.attention(q, k, v, mask)
 
     def extra_repr(self) -> str:
-        return f"role={self.role}, backend={self.backend_name}" + (", per_sample" if self.per_sample else "")
+        return f"role={self.role}, backend={self.backend_name}" + (
+            ", per_sample" if self.per_sample else ""
+        )

@@ -9,8 +9,9 @@ import torch.nn.functional as F
 
 from diffserve.layers.backend import KernelBackend
 
-# Activations a ``Linear`` may apply to its own output (``Linear(..., activation=name)``); a backend may
-# fuse one into its GEMM, or apply it afterwards with ``activate``.
+# Activations a ``Linear`` may apply to its own output (``Linear(...,
+# activation=name)``); a backend may fuse one into its GEMM, or apply it afterwards with
+# ``activate``.
 ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
     "gelu_tanh": lambda y: F.gelu(y, approximate="tanh"),
 }
@@ -22,13 +23,20 @@ def activate(y: torch.Tensor, activation: str | None) -> torch.Tensor:
 
 
 class LinearBackend(KernelBackend):
-    """A kernel for ``y = act(x @ weight.T + bias)``. Chosen once, at construction, by ``select_linear_backend``.
+    """A kernel for ``y = act(x @ weight.T + bias)``. Chosen once, at construction, by
+    ``select_linear_backend``.
 
-    ``Linear`` calls ``linear(x, weight, bias)`` for a plain layer and ``linear(x, weight, bias,
-    activation)`` for one with an activation (a name in ``ACTIVATIONS``), so every call goes through this
-    one method (a wrapper or a patched method sees all of them).
+    ``Linear`` calls ``linear(x, weight, bias)`` for a plain layer and ``linear(x,
+    weight, bias, activation)`` for one with an activation (a name in ``ACTIVATIONS``),
+    so every call goes through this one method (a wrapper or a patched method sees all
+    of them).
     """
 
-    def linear(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
-               activation: str | None = None) -> torch.Tensor:
+    def linear(
+        self,
+        x: torch.Tensor,
+        weight: torch.Tensor,
+        bias: torch.Tensor | None,
+        activation: str | None = None,
+    ) -> torch.Tensor:
         raise NotImplementedError

@@ -1,15 +1,18 @@
-"""Linear layers with torchao-quantized weights (``quantization: int8 | int8_weight_only | fp8 | fp8_weight_only``).
+"""Linear layers with torchao-quantized weights (``quantization: int8 | int8_weight_only
+| fp8 | fp8_weight_only``).
 
-``quantize_linears`` walks a module, leaves the layers an ignore pattern names as they are and hands every
-other one to torchao's ``quantize_``, which replaces its weight by a quantized tensor subclass (``Int8Tensor``,
-``Float8Tensor``: int8/float8 data plus per-channel scales) whose ``F.linear`` runs the method's kernel. One of
-our ``Linear`` layers also gets its backend wrapped in ``QuantizedLinearBackend`` named after the method
-(``int8_dynamic``...), so its calls are counted as what ran; a plain ``nn.Linear`` (a text encoder's) is only
-quantized. The packed oneDNN path of the stage's backend cannot take a tensor subclass, so a quantized layer
-always calls ``F.linear``: torchao picks the kernel for the device.
+``quantize_linears`` walks a module, leaves the layers an ignore pattern names as they
+are and hands every other one to torchao's ``quantize_``, which replaces its weight by a
+quantized tensor subclass (``Int8Tensor``, ``Float8Tensor``: int8/float8 data plus
+per-channel scales) whose ``F.linear`` runs the method's kernel. One of our ``Linear``
+layers also gets its backend wrapped in ``QuantizedLinearBackend`` named after the
+method (``int8_dynamic``...), so its calls are counted as what ran; a plain
+``nn.Linear`` (a text encoder's) is only quantized. The packed oneDNN path of the
+stage's backend cannot take a tensor subclass, so a quantized layer always calls
+``F.linear``: torchao picks the kernel for the device.
 
-A LoRA delta (``layers/linear/lora.py``) is added on the unquantized path: the base GEMM is the quantized
-one, the adapter's two small GEMMs run in the activation's dtype.
+A LoRA delta (``layers/linear/lora.py``) is added on the unquantized path: the base GEMM
+is the quantized one, the adapter's two small GEMMs run in the activation's dtype.
 """
 
 from __future__ import annotations
@@ -31,15 +34,22 @@ from diffserve.types.attestation import QuantizationReport
 
 
 class QuantizedLinearBackend(LinearBackend):
-    """``F.linear`` on a torchao-quantized weight (its kernel is the subclass's); one subclass per method
-    (``backend_class``), so the name each call is counted under says the method."""
+    """``F.linear`` on a torchao-quantized weight (its kernel is the subclass's); one
+    subclass per method (``backend_class``), so the name each call is counted under says
+    the method."""
 
     def __init__(self, inner: LinearBackend) -> None:
         super().__init__(inner.device, inner.dtype)
-        self.inner = inner  # the stage's backend, kept for what the layer ran on before quantization
+        # the stage's backend, kept for what the layer ran on before quantization
+        self.inner = inner
 
-    def linear(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
-               activation: str | None = None) -> torch.Tensor:
+    def linear(
+        self,
+        x: torch.Tensor,
+        weight: torch.Tensor,
+        bias: torch.Tensor | None,
+        activation: str | None = None,
+    ) -> torch.Tensor:
         return activate(F.linear(x, weight, bias), activation)
 
 
@@ -47,16 +57,23 @@ _BACKENDS: dict[str, type[QuantizedLinearBackend]] = {}
 
 
 def backend_class(method: QuantizationMethod) -> type[QuantizedLinearBackend]:
-    """The wrapper counted as ``method.backend`` (a backend's name is a class attribute)."""
+    """The wrapper counted as ``method.backend`` (a backend's name is a class
+    attribute)."""
     if method.backend not in _BACKENDS:
-        class_name = "".join(part.capitalize() for part in method.backend.split("_")) + "LinearBackend"
-        _BACKENDS[method.backend] = type(class_name, (QuantizedLinearBackend,), {"name": method.backend})
+        class_name = (
+            "".join(part.capitalize() for part in method.backend.split("_"))
+            + "LinearBackend"
+        )
+        _BACKENDS[method.backend] = type(
+            class_name, (QuantizedLinearBackend,), {"name": method.backend}
+        )
     return _BACKENDS[method.backend]
 
 
 @dataclass
 class QuantizationResult:
-    """What ``quantize_linears`` did to one component (the attestation's ``quantization`` entry)."""
+    """What ``quantize_linears`` did to one component (the attestation's
+    ``quantization`` entry)."""
 
     method: str
     backend: str
@@ -69,27 +86,42 @@ class QuantizationResult:
         """The attestation's entry for the component (None when it runs unquantized)."""
         if self.method == "none":
             return None
-        return QuantizationReport(method=self.method, backend=self.backend, quantized_linears=self.quantized_linears,
-                                  ignored_linears=self.ignored_linears, ignored_patterns=list(self.ignored_patterns))
+        return QuantizationReport(
+            method=self.method,
+            backend=self.backend,
+            quantized_linears=self.quantized_linears,
+            ignored_linears=self.ignored_linears,
+            ignored_patterns=list(self.ignored_patterns),
+        )
 
 
 def ignored(name: str, patterns: Iterable[str]) -> bool:
-    """Whether module ``name`` is left unquantized: a pattern matches the name (``fnmatch``, case-sensitive)
-    or one of its parents (``final_layer`` covers ``final_layer.linear``)."""
+    """Whether module ``name`` is left unquantized: a pattern matches the name
+    (``fnmatch``, case-sensitive) or one of its parents (``final_layer`` covers
+    ``final_layer.linear``)."""
     parts = name.split(".")
     prefixes = [".".join(parts[:i]) for i in range(1, len(parts) + 1)]
-    return any(fnmatch.fnmatchcase(prefix, pattern) for pattern in patterns for prefix in prefixes)
+    return any(
+        fnmatch.fnmatchcase(prefix, pattern)
+        for pattern in patterns
+        for prefix in prefixes
+    )
 
 
 def torchao_config(method: QuantizationMethod) -> object:
-    """The method's torchao config object (torchao is imported here, on first use only)."""
-    # torchao logs a warning for each CUDA-only extension it cannot load into a CPU build of torch: noise here.
+    """The method's torchao config object (torchao is imported here, on first use
+    only)."""
+    # torchao logs a warning for each CUDA-only extension it cannot load into a CPU
+    # build of torch: noise here.
     logging.getLogger("torchao").setLevel(logging.ERROR)
     return load_target(method.torchao_config)()
 
 
-def quantize_linears(module: nn.Module, method_name: str, ignore: Iterable[str] = ()) -> QuantizationResult:
-    """Quantize every ``Linear`` / ``nn.Linear`` under ``module`` that no pattern of ``ignore`` names, in place."""
+def quantize_linears(
+    module: nn.Module, method_name: str, ignore: Iterable[str] = ()
+) -> QuantizationResult:
+    """Quantize every ``Linear`` / ``nn.Linear`` under ``module`` that no pattern of
+    ``ignore`` names, in place."""
     method = QUANTIZATION_METHODS[method_name]
     patterns = tuple(ignore)
     result = QuantizationResult(method.name, method.backend, ignored_patterns=patterns)
@@ -100,8 +132,11 @@ def quantize_linears(module: nn.Module, method_name: str, ignore: Iterable[str] 
     config = torchao_config(method)
     chosen: set[int] = set()
     for name, layer in module.named_modules():
-        if not isinstance(layer, (Linear, nn.Linear)) or not isinstance(layer.weight, nn.Parameter):
-            continue  # a GGUF layer's packed weight is already quantized (its own method)
+        if not isinstance(layer, (Linear, nn.Linear)) or not isinstance(
+            layer.weight, nn.Parameter
+        ):
+            # a GGUF layer's packed weight is already quantized (its own method)
+            continue
         if ignored(name, patterns):
             result.ignored_linears += 1
             result.ignored_names.append(name)

@@ -11,6 +11,9 @@ from diffserve.registry.backends import LINEAR_BACKENDS
 REGISTRY: BackendRegistry[LinearBackend] = BackendRegistry(LINEAR_BACKENDS)
 
 
-def select_linear_backend(name: str, device: torch.device | str, dtype: torch.dtype) -> LinearBackend:
-    """A backend instance for ``name`` on ``device``/``dtype`` (``auto``: the first that can run)."""
+def select_linear_backend(
+    name: str, device: torch.device | str, dtype: torch.dtype
+) -> LinearBackend:
+    """A backend instance for ``name`` on ``device``/``dtype`` (``auto``: the first that
+    can run)."""
     return REGISTRY.select(name, device, dtype)

@@ -1,4 +1,5 @@
-"""The reference linear backend: ``torch.nn.functional.linear`` (any device, any dtype)."""
+"""The reference linear backend: ``torch.nn.functional.linear`` (any device, any
+dtype)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,11 @@ from diffserve.layers.linear.base import LinearBackend, activate
 class TorchLinearBackend(LinearBackend):
     name = "torch"
 
-    def linear(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
-               activation: str | None = None) -> torch.Tensor:
+    def linear(
+        self,
+        x: torch.Tensor,
+        weight: torch.Tensor,
+        bias: torch.Tensor | None,
+        activation: str | None = None,
+    ) -> torch.Tensor:
         return activate(F.linear(x, weight, bias), activation)

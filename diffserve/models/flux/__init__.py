@@ -1,1 +1,2 @@
-"""Native FLUX.1: transformer built from diffserve.layers, weights remap, sampling and the pipeline."""
+"""Native FLUX.1: transformer built from diffserve.layers, weights remap, sampling and
+the pipeline."""

@@ -1,4 +1,5 @@
-"""FLUX building blocks: modulation, QK-norm attention projections, double- and single-stream blocks."""
+"""FLUX building blocks: modulation, QK-norm attention projections, double- and
+single-stream blocks."""
 
 from __future__ import annotations
 
@@ -29,30 +30,46 @@ class QKNorm(nn.Module):
         self.key_norm = RMSNorm(dim)
 
     def forward(self, qk: Tensor) -> Tensor:
-        """RMS-normalize ``qk`` ``[B, L, 2, H, D]`` (queries then keys) in one pass, each with its own scale."""
+        """RMS-normalize ``qk`` ``[B, L, 2, H, D]`` (queries then keys) in one pass,
+        each with its own scale."""
         return F.rms_norm(qk, qk.shape[-1:], eps=1e-6) * self.scales(qk.dtype)
 
     def scales(self, dtype: torch.dtype) -> Tensor:
-        """The query and key scales as ``[2, 1, D]`` (broadcasting over ``[..., 2, H, D]``)."""
-        return torch.stack((self.query_norm.scale, self.key_norm.scale))[:, None, :].to(dtype)
+        """The query and key scales as ``[2, 1, D]`` (broadcasting over ``[..., 2, H,
+        D]``)."""
+        return torch.stack((self.query_norm.scale, self.key_norm.scale))[:, None, :].to(
+            dtype
+        )
 
 
-def norm_rope_into(out: Tensor, qk: Tensor, norm: QKNorm, pe: Tensor, first_row: int = 0) -> None:
-    """QK-norm, then RoPE (the ``L`` rows of the ``rope`` table ``pe`` from ``first_row``), of ``qk``
-    ``[B, L, 2, H, D]`` (any strides), written into ``out`` (same shape, any strides, e.g. a slice of the
-    joint attention buffer).
+def norm_rope_into(
+    out: Tensor, qk: Tensor, norm: QKNorm, pe: Tensor, first_row: int = 0
+) -> None:
+    """QK-norm, then RoPE (the ``L`` rows of the ``rope`` table ``pe`` from
+    ``first_row``), of ``qk`` ``[B, L, 2, H, D]`` (any strides), written into ``out``
+    (same shape, any strides, e.g. a slice of the joint attention buffer).
 
-    One float32 chain (mean square, scale, complex rotate) and one rounding at the end: a half-precision
-    ``qk`` is neither rounded between the norm and the rotation nor copied by a separate ``cat``.
+    One float32 chain (mean square, scale, complex rotate) and one rounding at the end:
+    a half-precision ``qk`` is neither rounded between the norm and the rotation nor
+    copied by a separate ``cat``.
     """
-    xf = qk.float()  # a float32 copy of half-precision input; float32 input itself (then only read)
-    inv_rms = torch.linalg.vector_norm(xf, dim=-1, keepdim=True).square_().div_(qk.shape[-1]).add_(1e-6).rsqrt_()
+    xf = (
+        qk.float()
+    )  # a float32 copy of half-precision input; float32 input itself (then only read)
+    inv_rms = (
+        torch.linalg.vector_norm(xf, dim=-1, keepdim=True)
+        .square_()
+        .div_(qk.shape[-1])
+        .add_(1e-6)
+        .rsqrt_()
+    )
     y = xf.mul_(inv_rms) if xf is not qk else torch.mul(xf, inv_rms)
     out.copy_(rotate_(y.mul_(norm.scales(torch.float32)), pe, first_row))
 
 
 def layer_norm(x: Tensor) -> Tensor:
-    """LayerNorm without affine parameters (eps 1e-6), the pre-norm of every FLUX branch."""
+    """LayerNorm without affine parameters (eps 1e-6), the pre-norm of every FLUX
+    branch."""
     return F.layer_norm(x, x.shape[-1:], eps=1e-6)
 
 
@@ -71,13 +88,18 @@ class Modulation(nn.Module):
 
     def forward(self, vec: Tensor) -> tuple[ModulationOut, ModulationOut | None]:
         out = self.lin(F.silu(vec))[:, None, :].chunk(self.multiplier, dim=-1)
-        return ModulationOut(*out[:3]), ModulationOut(*out[3:]) if self.multiplier == 6 else None
+        return ModulationOut(*out[:3]), ModulationOut(
+            *out[3:]
+        ) if self.multiplier == 6 else None
 
 
 class SelfAttention(nn.Module):
-    """Fused QKV projection + QK-norm + output projection; the attention call itself is the block's."""
+    """Fused QKV projection + QK-norm + output projection; the attention call itself is
+    the block's."""
 
-    def __init__(self, dim: int, num_heads: int, qkv_bias: bool, kernels: KernelSet) -> None:
+    def __init__(
+        self, dim: int, num_heads: int, qkv_bias: bool, kernels: KernelSet
+    ) -> None:
         super().__init__()
         self.num_heads = num_heads
         self.qkv = kernels.make_linear(dim, dim * 3, bias=qkv_bias)
@@ -85,14 +107,17 @@ class SelfAttention(nn.Module):
         self.proj = kernels.make_linear(dim, dim)
 
     def heads(self, x: Tensor) -> Tensor:
-        """``[B, L, dim]`` -> the raw projection as ``[B, L, 3, H, D]`` (a view: "B L (K H D) -> B L K H D")."""
+        """``[B, L, dim]`` -> the raw projection as ``[B, L, 3, H, D]`` (a view: "B L (K
+        H D) -> B L K H D")."""
         return self.qkv(x).unflatten(-1, (3, self.num_heads, -1))
 
 
-def attention_inputs(parts: list[tuple[Tensor, QKNorm]], pe: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-    """q, k, v ``[B, H, L, D]`` of the joint sequence from its ``(qkv [B, L_i, 3, H, D], norm)`` parts in
-    sequence order (text first): QK-norm and RoPE applied, every part written straight into one buffer,
-    so the concatenation costs no pass of its own."""
+def attention_inputs(
+    parts: list[tuple[Tensor, QKNorm]], pe: Tensor
+) -> tuple[Tensor, Tensor, Tensor]:
+    """q, k, v ``[B, H, L, D]`` of the joint sequence from its ``(qkv [B, L_i, 3, H, D],
+    norm)`` parts in sequence order (text first): QK-norm and RoPE applied, every part
+    written straight into one buffer, so the concatenation costs no pass of its own."""
     first = parts[0][0]
     batch, heads, dim = first.shape[0], first.shape[3], first.shape[4]
     length = sum(qkv.shape[1] for qkv, _ in parts)
@@ -108,8 +133,9 @@ def attention_inputs(parts: list[tuple[Tensor, QKNorm]], pe: Tensor) -> tuple[Te
 
 
 def attend(attn: nn.Module, q: Tensor, k: Tensor, v: Tensor, txt_len: int) -> Tensor:
-    """The joint-sequence attention call. Under Ulysses (``FluxTransformer.shard_sequence``) the rank
-    holds only an image shard, and the exchange must know where the replicated text ends."""
+    """The joint-sequence attention call. Under Ulysses
+    (``FluxTransformer.shard_sequence``) the rank holds only an image shard, and the
+    exchange must know where the replicated text ends."""
     if isinstance(attn, UlyssesAttention):
         return attn(q, k, v, txt_len)
     return attn(q, k, v)
@@ -121,7 +147,8 @@ def modulate(x: Tensor, mod: ModulationOut) -> Tensor:
 
 
 def mlp(hidden_size: int, mlp_hidden_dim: int, kernels: KernelSet) -> nn.Sequential:
-    # The tanh-GELU is the first projection's activation: a backend may fuse it into its GEMM.
+    # The tanh-GELU is the first projection's activation: a backend may fuse it into its
+    # GEMM.
     return nn.Sequential(
         kernels.make_linear(hidden_size, mlp_hidden_dim, activation="gelu_tanh"),
         kernels.make_linear(mlp_hidden_dim, hidden_size),
@@ -131,8 +158,14 @@ def mlp(hidden_size: int, mlp_hidden_dim: int, kernels: KernelSet) -> nn.Sequent
 class DoubleStreamBlock(nn.Module):
     """Image and text streams with their own weights, joined for one attention call."""
 
-    def __init__(self, hidden_size: int, num_heads: int, mlp_ratio: float, qkv_bias: bool,
-                 kernels: KernelSet) -> None:
+    def __init__(
+        self,
+        hidden_size: int,
+        num_heads: int,
+        mlp_ratio: float,
+        qkv_bias: bool,
+        kernels: KernelSet,
+    ) -> None:
         super().__init__()
         mlp_hidden_dim = int(hidden_size * mlp_ratio)
         self.img_mod = Modulation(hidden_size, double=True, kernels=kernels)
@@ -143,7 +176,9 @@ class DoubleStreamBlock(nn.Module):
         self.txt_mlp = mlp(hidden_size, mlp_hidden_dim, kernels)
         self.attn = kernels.make_attention("double_block")
 
-    def forward(self, img: Tensor, txt: Tensor, vec: Tensor, pe: Tensor) -> tuple[Tensor, Tensor]:
+    def forward(
+        self, img: Tensor, txt: Tensor, vec: Tensor, pe: Tensor
+    ) -> tuple[Tensor, Tensor]:
         img_mod1, img_mod2 = self.img_mod(vec)
         txt_mod1, txt_mod2 = self.txt_mod(vec)
 
@@ -152,7 +187,9 @@ class DoubleStreamBlock(nn.Module):
         txt_qkv = self.txt_attn.heads(modulate(txt, txt_mod1))
 
         # run actual attention over the joint sequence, text first
-        q, k, v = attention_inputs([(txt_qkv, self.txt_attn.norm), (img_qkv, self.img_attn.norm)], pe)
+        q, k, v = attention_inputs(
+            [(txt_qkv, self.txt_attn.norm), (img_qkv, self.img_attn.norm)], pe
+        )
         attn = attend(self.attn, q, k, v, txt.shape[1])
         txt_attn, img_attn = attn[:, : txt.shape[1]], attn[:, txt.shape[1] :]
 
@@ -167,19 +204,25 @@ class DoubleStreamBlock(nn.Module):
 class SingleStreamBlock(nn.Module):
     """Parallel attention and MLP over the joint sequence.
 
-    The reference's first projection (Q/K/V and MLP-in as one GEMM) is two here, ``qkv`` and ``mlp_in``,
-    so the MLP's tanh-GELU is ``mlp_in``'s own activation (fusable into its GEMM) and neither output is a
-    strided slice of the other.
+    The reference's first projection (Q/K/V and MLP-in as one GEMM) is two here, ``qkv``
+    and ``mlp_in``, so the MLP's tanh-GELU is ``mlp_in``'s own activation (fusable into
+    its GEMM) and neither output is a strided slice of the other.
     """
 
-    def __init__(self, hidden_size: int, num_heads: int, mlp_ratio: float, kernels: KernelSet) -> None:
+    def __init__(
+        self, hidden_size: int, num_heads: int, mlp_ratio: float, kernels: KernelSet
+    ) -> None:
         super().__init__()
         self.hidden_size = hidden_size
         self.num_heads = num_heads
         self.mlp_hidden_dim = int(hidden_size * mlp_ratio)
         self.qkv = kernels.make_linear(hidden_size, hidden_size * 3)
-        self.mlp_in = kernels.make_linear(hidden_size, self.mlp_hidden_dim, activation="gelu_tanh")
-        self.linear2 = kernels.make_linear(hidden_size + self.mlp_hidden_dim, hidden_size)
+        self.mlp_in = kernels.make_linear(
+            hidden_size, self.mlp_hidden_dim, activation="gelu_tanh"
+        )
+        self.linear2 = kernels.make_linear(
+            hidden_size + self.mlp_hidden_dim, hidden_size
+        )
         self.norm = QKNorm(hidden_size // num_heads)
         self.modulation = Modulation(hidden_size, double=False, kernels=kernels)
         self.attn = kernels.make_attention("single_block")
@@ -196,7 +239,9 @@ class SingleStreamBlock(nn.Module):
 class LastLayer(nn.Module):
     def __init__(self, hidden_size: int, out_channels: int, kernels: KernelSet) -> None:
         super().__init__()
-        self.adaLN_modulation = nn.Sequential(nn.SiLU(), kernels.make_linear(hidden_size, 2 * hidden_size))
+        self.adaLN_modulation = nn.Sequential(
+            nn.SiLU(), kernels.make_linear(hidden_size, 2 * hidden_size)
+        )
         self.linear = kernels.make_linear(hidden_size, out_channels)
 
     def forward(self, x: Tensor, vec: Tensor) -> Tensor:

@@ -1,6 +1,7 @@
-"""A FLUX stage built as the stage says: the transformer loaded (a single file or GGUF if it names one),
-quantized (``quantization`` minus ``quantization_ignored_layers``), sharded for Ulysses and compiled unless
-``enforce_eager``, its kernels chosen once; then the text encoders, VAE, scheduler, adapters and offload."""
+"""A FLUX stage built as the stage says: the transformer loaded (a single file or GGUF
+if it names one), quantized (``quantization`` minus ``quantization_ignored_layers``),
+sharded for Ulysses and compiled unless ``enforce_eager``, its kernels chosen once; then
+the text encoders, VAE, scheduler, adapters and offload."""
 
 from __future__ import annotations
 
@@ -36,20 +37,34 @@ from diffserve.types.memory import ComponentWeights, describe_weights
 
 logger = get_logger(__name__)
 
-FLUX_FIT = "flux.1-dev"  # TeaCache's only FLUX polynomial (registry/teacache.py), for every FLUX checkpoint
+# TeaCache's only FLUX polynomial (registry/teacache.py), for every FLUX checkpoint
+FLUX_FIT = "flux.1-dev"
 
 
-def build_transformer(root: Path, stage: StageConfig,
-                      context: BuildContext) -> tuple[FluxTransformer, QuantizationResult, torch.device, torch.dtype]:
-    """The stage's transformer, what its quantization did, and the device and dtype it runs in."""
+def build_transformer(
+    root: Path, stage: StageConfig, context: BuildContext
+) -> tuple[FluxTransformer, QuantizationResult, torch.device, torch.dtype]:
+    """The stage's transformer, what its quantization did, and the device and dtype it
+    runs in."""
     roles = MODEL_FAMILIES["FluxPipeline"].attention_roles
     device, dtype, kernels = stage_kernels(stage, context, roles)
-    transformer = load_flux_transformer(root / "transformer", kernels, dtype=dtype, device=device,
-                                        weights_file=stage.components.get("transformer"))
-    quantized = quantize_linears(transformer, stage.quantization, stage.quantization_ignored_layers)
+    transformer = load_flux_transformer(
+        root / "transformer",
+        kernels,
+        dtype=dtype,
+        device=device,
+        weights_file=stage.components.get("transformer"),
+    )
+    quantized = quantize_linears(
+        transformer, stage.quantization, stage.quantization_ignored_layers
+    )
     if context.parallel.ulysses_size > 1:
-        check_ulysses_heads(transformer.params.num_heads, context.parallel, stage.stage_id)
-        transformer.shard_sequence(context.parallel.ulysses_group, kernels.counters.collectives)
+        check_ulysses_heads(
+            transformer.params.num_heads, context.parallel, stage.stage_id
+        )
+        transformer.shard_sequence(
+            context.parallel.ulysses_group, kernels.counters.collectives
+        )
     if not stage.enforce_eager:
         transformer.compile_blocks()
     return transformer, quantized, device, dtype
@@ -57,10 +72,13 @@ def build_transformer(root: Path, stage: StageConfig,
 
 @dataclass
 class FluxComponents:
-    """Everything ``FluxPipeline`` runs with, loaded and configured as the stage says."""
+    """Everything ``FluxPipeline`` runs with, loaded and configured as the stage
+    says."""
 
     transformer: FluxTransformer
-    encoders: TextEncoders | None  # None: another stage encodes (the text comes as payloads)
+    encoders: (
+        TextEncoders | None
+    )  # None: another stage encodes (the text comes as payloads)
     text: CachedTextEncoders | PayloadText
     vae: Any
     scheduler_config: dict[str, Any]
@@ -75,38 +93,110 @@ class FluxComponents:
 
 
 def load_flux(root: Path, stage: StageConfig, context: BuildContext) -> FluxComponents:
-    """Every component of ``root`` as ``stage`` says (a component's weights from a single file when
-    ``stage.components`` names it)."""
+    """Every component of ``root`` as ``stage`` says (a component's weights from a
+    single file when ``stage.components`` names it)."""
     if not (root / "transformer").is_dir():
-        raise ModelLoadError(f"{root} is not a FLUX model directory (no transformer/ folder)")
-    stage_polynomial(stage.cache, "flux", stage.stage_id, FLUX_FIT)  # refused before anything loads
+        raise ModelLoadError(
+            f"{root} is not a FLUX model directory (no transformer/ folder)"
+        )
+    stage_polynomial(
+        stage.cache, "flux", stage.stage_id, FLUX_FIT
+    )  # refused before anything loads
     start = time.perf_counter()
     transformer, quantized, device, dtype = build_transformer(root, stage, context)
-    encoders = None if context.encoded_elsewhere else TextEncoders(
-        root, dtype=dtype, device=device, per_prompt=stage.batch_invariant, weights_files=stage.components)
-    encoders_quantized = encoders.quantize(stage.text_encoder_quantization) if encoders is not None else {}
+    encoders = (
+        None
+        if context.encoded_elsewhere
+        else TextEncoders(
+            root,
+            dtype=dtype,
+            device=device,
+            per_prompt=stage.batch_invariant,
+            weights_files=stage.components,
+        )
+    )
+    encoders_quantized = (
+        encoders.quantize(stage.text_encoder_quantization)
+        if encoders is not None
+        else {}
+    )
     encoder_modules = encoders.modules() if encoders is not None else {}
-    vae = load_vae(root / "vae", dtype=dtype, device=device, weights_file=stage.components.get("vae"))
+    vae = load_vae(
+        root / "vae",
+        dtype=dtype,
+        device=device,
+        weights_file=stage.components.get("vae"),
+    )
     try:
-        scheduler_config = json.loads((root / "scheduler" / "scheduler_config.json").read_text())
+        scheduler_config = json.loads(
+            (root / "scheduler" / "scheduler_config.json").read_text()
+        )
     except (OSError, ValueError) as exc:
-        raise ModelLoadError(f"cannot read the scheduler config of {root}: {exc}") from exc
+        raise ModelLoadError(
+            f"cannot read the scheduler config of {root}: {exc}"
+        ) from exc
     check_scheduler_config(scheduler_config)
     configure_tiling(vae, stage.vae)
-    logger.info("loaded %s (%s on %s) in %.1fs", root, dtype, device, time.perf_counter() - start)
-    text = PayloadText(transformer.params, stage_id=stage.stage_id, role=stage.role, device=device,
-                       dtype=dtype) if encoders is None else CachedTextEncoders.for_model(
-        encoders, root, stage.conditioning_cache, dict(stage.components), str(dtype),
-        stage.text_encoder_quantization, stage.batch_invariant)
-    loras = transformer.lora_adapters = flux_lora_adapters(transformer, transformer.params, stage)
-    offload_native(stage.offload, denoiser_blocks=[*transformer.double_blocks, *transformer.single_blocks],
-                   components={**encoder_modules, "vae": vae}, device=device)
+    logger.info(
+        "loaded %s (%s on %s) in %.1fs",
+        root,
+        dtype,
+        device,
+        time.perf_counter() - start,
+    )
+    text = (
+        PayloadText(
+            transformer.params,
+            stage_id=stage.stage_id,
+            role=stage.role,
+            device=device,
+            dtype=dtype,
+        )
+        if encoders is None
+        else CachedTextEncoders.for_model(
+            encoders,
+            root,
+            stage.conditioning_cache,
+            dict(stage.components),
+            str(dtype),
+            stage.text_encoder_quantization,
+            stage.batch_invariant,
+        )
+    )
+    loras = transformer.lora_adapters = flux_lora_adapters(
+        transformer, transformer.params, stage
+    )
+    offload_native(
+        stage.offload,
+        denoiser_blocks=[*transformer.double_blocks, *transformer.single_blocks],
+        components={**encoder_modules, "vae": vae},
+        device=device,
+    )
     weights = {
-        "transformer": component_weights("transformer", transformer, quantization=quantized.attested()),
-        **{name: component_weights(name, module, quantization=encoders_quantized[name].attested())
-           for name, module in encoder_modules.items()},
-        "vae": component_weights("vae", vae)}
+        "transformer": component_weights(
+            "transformer", transformer, quantization=quantized.attested()
+        ),
+        **{
+            name: component_weights(
+                name, module, quantization=encoders_quantized[name].attested()
+            )
+            for name, module in encoder_modules.items()
+        },
+        "vae": component_weights("vae", vae),
+    }
     logger.info("weights: %s", describe_weights(weights))
-    return FluxComponents(transformer, encoders, text, vae, scheduler_config, device, dtype,
-                          MODEL_FAMILIES[read_class_name(root)], stage, context.parallel, context.decoded_elsewhere,
-                          loras, weights)
+    return FluxComponents(
+        transformer,
+        encoders,
+        text,
+        vae,
+        scheduler_config,
+        device,
+        dtype,
+        MODEL_FAMILIES[read_class_name(root)],
+        stage,
+        context.parallel,
+        context.decoded_elsewhere,
+        loras,
+        weights,
+    )

@@ -13,9 +13,14 @@ from diffserve.layers.kernels import KernelSet
 
 
 def timestep_embedding(t: Tensor, dim: int, max_period: int = 10_000) -> Tensor:
-    """Sinusoidal embedding ``[cos, sin]`` of (already scaled) timesteps ``t`` of shape ``[B]``."""
+    """Sinusoidal embedding ``[cos, sin]`` of (already scaled) timesteps ``t`` of shape
+    ``[B]``."""
     half = dim // 2
-    freqs = torch.exp(-math.log(max_period) * torch.arange(half, dtype=torch.float32, device=t.device) / half)
+    freqs = torch.exp(
+        -math.log(max_period)
+        * torch.arange(half, dtype=torch.float32, device=t.device)
+        / half
+    )
     args = t[:, None].float() * freqs[None]
     return torch.cat([torch.cos(args), torch.sin(args)], dim=-1)
 
@@ -32,12 +37,18 @@ class MLPEmbedder(nn.Module):
         return self.out_layer(F.silu(self.in_layer(x)))
 
 
-def rope(ids: Tensor, axes_dim: tuple[int, ...], theta: int, dtype: torch.dtype = torch.float32) -> Tensor:
-    """Rotation table ``[2, L, head_dim]`` for ``ids`` of shape ``[L, n_axes]``: row 0 is cos, row 1 is sin with
-    the sign of the pair rotation folded in (``-sin, +sin`` per channel pair), as ``apply_rope`` consumes it.
+def rope(
+    ids: Tensor,
+    axes_dim: tuple[int, ...],
+    theta: int,
+    dtype: torch.dtype = torch.float32,
+) -> Tensor:
+    """Rotation table ``[2, L, head_dim]`` for ``ids`` of shape ``[L, n_axes]``: row 0
+    is cos, row 1 is sin with the sign of the pair rotation folded in (``-sin, +sin``
+    per channel pair), as ``apply_rope`` consumes it.
 
-    Computed once per request in float64 (as the reference does) and cast, keeping float64 off the
-    per-step path.
+    Computed once per request in float64 (as the reference does) and cast, keeping
+    float64 off the per-step path.
     """
     angles = []
     for axis, dim in enumerate(axes_dim):
@@ -50,15 +61,18 @@ def rope(ids: Tensor, axes_dim: tuple[int, ...], theta: int, dtype: torch.dtype 
     return torch.stack((cos, sin)).to(dtype)
 
 
-# pe table -> its complex form: every block of a forward (and every step of a request) rotates by the same
-# table, so it is converted once. Weakly keyed: an entry goes with its table.
+# pe table -> its complex form: every block of a forward (and every step of a request)
+# rotates by the same table, so it is converted once. Weakly keyed: an entry goes with
+# its table.
 _ROTATIONS: WeakIdKeyDictionary = WeakIdKeyDictionary()
 
 
 def rope_rotation(pe: Tensor) -> Tensor:
-    """The ``rope`` table as unit complex numbers ``e^{i angle}``, ``[L, head_dim / 2]`` complex64 (one per pair).
+    """The ``rope`` table as unit complex numbers ``e^{i angle}``, ``[L, head_dim / 2]``
+    complex64 (one per pair).
 
-    Cached per table object (recomputed if a non-inference table was changed in place)."""
+    Cached per table object (recomputed if a non-inference table was changed in
+    place)."""
     if torch.compiler.is_compiling():
         return _rotation(pe)
     version = -1 if pe.is_inference() else pe._version
@@ -75,14 +89,16 @@ def _rotation(pe: Tensor) -> Tensor:
 
 
 def rotate_(x: Tensor, pe: Tensor, first_row: int = 0) -> Tensor:
-    """Rotate consecutive channel pairs of the float32 ``x`` ``[B, L, ..., D]`` by the ``L`` rows of the
-    ``rope`` table ``pe`` from ``first_row`` on, in place: one complex multiply by ``rope_rotation(pe)``, no
-    swapped copy. Returns the rotated tensor (``x`` itself, except under ``torch.compile``: inductor has no
-    complex codegen, so a compiled block takes the real form ``x * cos + swap_pairs(x) * signed_sin``, which
+    """Rotate consecutive channel pairs of the float32 ``x`` ``[B, L, ..., D]`` by the
+    ``L`` rows of the ``rope`` table ``pe`` from ``first_row`` on, in place: one complex
+    multiply by ``rope_rotation(pe)``, no swapped copy. Returns the rotated tensor
+    (``x`` itself, except under ``torch.compile``: inductor has no complex codegen, so a
+    compiled block takes the real form ``x * cos + swap_pairs(x) * signed_sin``, which
     it fuses).
 
-    An offset, not a ``slice``: dynamo pins a slice object's bounds (an equality guard on the sequence
-    length, so one recompile per image size); ``narrow`` by a symbolic offset and length keeps them symbolic."""
+    An offset, not a ``slice``: dynamo pins a slice object's bounds (an equality guard
+    on the sequence length, so one recompile per image size); ``narrow`` by a symbolic
+    offset and length keeps them symbolic."""
     length = x.shape[1]
     if torch.compiler.is_compiling():
         table = pe.narrow(1, first_row, length).float()
@@ -96,7 +112,8 @@ def rotate_(x: Tensor, pe: Tensor, first_row: int = 0) -> Tensor:
 
 
 def apply_rope(x: Tensor, pe: Tensor) -> Tensor:
-    """Rotate consecutive channel pairs of ``x`` ``[B, L, ..., D]`` by the angles in ``pe`` (from ``rope``),
-    in float32 (half-precision input is rounded back once, at the end)."""
+    """Rotate consecutive channel pairs of ``x`` ``[B, L, ..., D]`` by the angles in
+    ``pe`` (from ``rope``), in float32 (half-precision input is rounded back once, at
+    the end)."""
     xf = x.to(torch.float32, memory_format=torch.contiguous_format, copy=True)
     return rotate_(xf, pe).to(x.dtype)

@@ -1,4 +1,5 @@
-"""``FluxParams``: the architecture of one FLUX transformer, read from a diffusers ``config.json``."""
+"""``FluxParams``: the architecture of one FLUX transformer, read from a diffusers
+``config.json``."""
 
 from __future__ import annotations
 
@@ -27,10 +28,15 @@ class FluxParams:
 
     def __post_init__(self) -> None:
         if self.hidden_size % self.num_heads:
-            raise ModelLoadError(f"hidden size {self.hidden_size} is not divisible by num_heads {self.num_heads}")
+            raise ModelLoadError(
+                f"hidden size {self.hidden_size} is not divisible by "
+                f"num_heads {self.num_heads}"
+            )
         if sum(self.axes_dim) != self.head_dim:
-            raise ModelLoadError(f"RoPE axes_dim {self.axes_dim} sum to {sum(self.axes_dim)}, "
-                                 f"but the head dim is {self.head_dim}")
+            raise ModelLoadError(
+                f"RoPE axes_dim {self.axes_dim} sum to {sum(self.axes_dim)}, "
+                f"but the head dim is {self.head_dim}"
+            )
 
     @property
     def head_dim(self) -> int:
@@ -42,9 +48,12 @@ class FluxParams:
 
     @classmethod
     def from_diffusers_config(cls, config: Mapping[str, Any]) -> FluxParams:
-        """Map a ``FluxTransformer2DModel`` config to params (diffusers' FLUX is always mlp_ratio 4)."""
+        """Map a ``FluxTransformer2DModel`` config to params (diffusers' FLUX is always
+        mlp_ratio 4)."""
         if config.get("patch_size", 1) != 1:
-            raise ModelLoadError(f"patch_size={config['patch_size']} is not supported (FLUX uses 1)")
+            raise ModelLoadError(
+                f"patch_size={config['patch_size']} is not supported (FLUX uses 1)"
+            )
         heads = int(config.get("num_attention_heads", 24))
         head_dim = int(config.get("attention_head_dim", 128))
         in_channels = int(config.get("in_channels", 64))

@@ -1,12 +1,15 @@
-"""One FLUX transformer call through a step cache (``models/stepcache``): the probe, the decision per
-row, and the blocks run only for the rows that compute.
+"""One FLUX transformer call through a step cache (``models/stepcache``): the probe, the
+decision per row, and the blocks run only for the rows that compute.
 
-- fbcache: block 0 always runs; its image residual is the probe; skipping rows reuse the cached residual
+- fbcache: block 0 always runs; its image residual is the probe; skipping rows reuse the
+  cached residual
   of the remaining blocks on top of block 0's output.
-- teacache: block 0's modulated input is the probe (no block runs for it); skipping rows reuse the cached
+- teacache: block 0's modulated input is the probe (no block runs for it); skipping rows
+  reuse the cached
   residual of all blocks on top of the embedded image tokens.
-The embeddings and the final layer always run, for every row. When every row computes this is the fused
-``FluxTransformer.forward``, op for op, so the images equal an uncached run bit for bit.
+The embeddings and the final layer always run, for every row. When every row computes
+this is the fused ``FluxTransformer.forward``, op for op, so the images equal an
+uncached run bit for bit.
 """
 
 from __future__ import annotations
@@ -17,10 +20,19 @@ from diffserve.models.flux.transformer import FluxTransformer
 from diffserve.models.stepcache.policy import BranchCache
 
 
-def cached_velocity(transformer: FluxTransformer, cache: BranchCache, steps: list[int], x: Tensor, txt: Tensor,
-                    timesteps: Tensor, y: Tensor, guidance: Tensor | None, pe: Tensor) -> Tensor:
-    """The velocity for every row of ``x``, row ``r`` at denoise step ``steps[r]`` (0-based), as
-    ``transformer(...)`` returns it."""
+def cached_velocity(
+    transformer: FluxTransformer,
+    cache: BranchCache,
+    steps: list[int],
+    x: Tensor,
+    txt: Tensor,
+    timesteps: Tensor,
+    y: Tensor,
+    guidance: Tensor | None,
+    pe: Tensor,
+) -> Tensor:
+    """The velocity for every row of ``x``, row ``r`` at denoise step ``steps[r]``
+    (0-based), as ``transformer(...)`` returns it."""
     img, txt, vec = transformer.embed(x, txt, timesteps, y, guidance)
     if cache.settings.backend == "fbcache":
         base, txt, start = *transformer.first_block(img, txt, vec, pe), 1
@@ -29,7 +41,8 @@ def cached_velocity(transformer: FluxTransformer, cache: BranchCache, steps: lis
         base, start = img, 0
         compute = cache.decide(steps, transformer.modulated_input(img, vec))
     if any(compute):
-        transformer.counters.count_forward()  # a full forward (for the computing rows); skips do not count
+        # a full forward (for the computing rows); skips do not count
+        transformer.counters.count_forward()
 
     def run_blocks(rows: Tensor | None) -> Tensor:
         if rows is None:

@@ -1,9 +1,10 @@
 """Counting and compiling a diffusers denoiser that runs on our kernels.
 
-Modules inside a ``torch.compile`` graph cannot count their own calls (a Python increment would be traced
-away or force recompiles), so, as on the native path, each compiled block's calls are added from a static
-tally of its ``Linear``/``Attention`` modules, once per denoiser forward: every block of a DiT runs once
-per forward. Modules outside the blocks stay eager and count themselves.
+Modules inside a ``torch.compile`` graph cannot count their own calls (a Python
+increment would be traced away or force recompiles), so, as on the native path, each
+compiled block's calls are added from a static tally of its ``Linear``/``Attention``
+modules, once per denoiser forward: every block of a DiT runs once per forward. Modules
+outside the blocks stay eager and count themselves.
 """
 
 from __future__ import annotations
@@ -21,19 +22,32 @@ from diffserve.logging import get_logger
 logger = get_logger(__name__)
 
 
-def count_forwards(denoiser: nn.Module, counters: KernelCounters, computed: Callable[[], bool] = lambda: True) -> None:
-    """Count every denoiser forward in ``counters.transformer_forwards`` that ``computed`` says ran its blocks (a
-    step cache's skipped forward, which ran the first block only, does not count, as on the native path)."""
-    denoiser.register_forward_hook(lambda module, args, output: counters.count_forward() if computed() else None)
+def count_forwards(
+    denoiser: nn.Module,
+    counters: KernelCounters,
+    computed: Callable[[], bool] = lambda: True,
+) -> None:
+    """Count every denoiser forward in ``counters.transformer_forwards`` that
+    ``computed`` says ran its blocks (a step cache's skipped forward, which ran the
+    first block only, does not count, as on the native path)."""
+    denoiser.register_forward_hook(
+        lambda module, args, output: counters.count_forward() if computed() else None
+    )
 
 
 def compile_denoiser(denoiser: nn.Module, counters: KernelCounters) -> int:
-    """``torch.compile`` (dynamic shapes, lazily) every block in the denoiser's block lists; returns how
-    many blocks were compiled."""
-    blocks = [block for _, child in denoiser.named_children() if isinstance(child, nn.ModuleList)
-              for block in child]
+    """``torch.compile`` (dynamic shapes, lazily) every block in the denoiser's block
+    lists; returns how many blocks were compiled."""
+    blocks = [
+        block
+        for _, child in denoiser.named_children()
+        if isinstance(child, nn.ModuleList)
+        for block in child
+    ]
     if not blocks:
-        logger.warning("%s has no block lists to compile; it runs eager", type(denoiser).__name__)
+        logger.warning(
+            "%s has no block lists to compile; it runs eager", type(denoiser).__name__
+        )
         return 0
     tally: dict[str, dict[str, int]] = {"linear": {}, "attention": {}}
     for block in blocks:
@@ -41,7 +55,9 @@ def compile_denoiser(denoiser: nn.Module, counters: KernelCounters) -> int:
             tally[kind][name] = tally[kind].get(name, 0) + 1
         block.compile(dynamic=True)
     denoiser.register_forward_pre_hook(lambda module, args: counters.add(tally))
-    logger.info("%d denoiser blocks will be compiled on first use (dynamic shapes)", len(blocks))
+    logger.info(
+        "%d denoiser blocks will be compiled on first use (dynamic shapes)", len(blocks)
+    )
     return len(blocks)
 
 

@@ -1,18 +1,22 @@
-"""``GenericPipeline``: any diffusers text-to-image DiT pipeline on diffserve's engine and kernels.
+"""``GenericPipeline``: any diffusers text-to-image DiT pipeline on diffserve's engine
+and kernels.
 
-diffusers' own pipeline class (named by ``model_index.json``) loads the directory (safetensors only,
-offline) and runs the request; we move its denoiser onto our kernels (``kernels.py``), compile its blocks
-when ``enforce_eager`` is false, and drive it from ``run``'s generator: the pipeline runs on its compute
-thread (``compute_thread.py``: one thread for the load and every batch) that stops at every step's
-``callback_on_step_end`` until the engine has seen the step, so step events, progress and abort at a step
+diffusers' own pipeline class (named by ``model_index.json``) loads the directory
+(safetensors only, offline) and runs the request; we move its denoiser onto our kernels
+(``kernels.py``), compile its blocks when ``enforce_eager`` is false, and drive it from
+``run``'s generator: the pipeline runs on its compute thread (``compute_thread.py``: one
+thread for the load and every batch) that stops at every step's ``callback_on_step_end``
+until the engine has seen the step, so step events, progress and abort at a step
 boundary work as on the native path.
 
-Seeds: image i gets its own ``torch.Generator`` seeded with ``seeds[i]`` (diffusers draws each image's
-noise from its own generator), so its starting noise equals the request run alone with that seed. A
-batch of one image is bit-identical to the same request alone. With the stage's ``batch_invariant`` the
-denoiser's Linear and attention calls run per sample, but diffusers' pipeline encodes the prompts and
-decodes the latents of a larger batch together (and its denoiser's convolutions see the whole batch), so
-the path does not claim batch invariance (``capabilities.batch_invariant`` false; see docs/models.md).
+Seeds: image i gets its own ``torch.Generator`` seeded with ``seeds[i]`` (diffusers
+draws each image's noise from its own generator), so its starting noise equals the
+request run alone with that seed. A batch of one image is bit-identical to the same
+request alone. With the stage's ``batch_invariant`` the denoiser's Linear and attention
+calls run per sample, but diffusers' pipeline encodes the prompts and decodes the
+latents of a larger batch together (and its denoiser's convolutions see the whole
+batch), so the path does not claim batch invariance (``capabilities.batch_invariant``
+false; see docs/models.md).
 """
 
 from __future__ import annotations
@@ -40,7 +44,11 @@ from diffserve.models.base import BuildContext, Pipeline, PipelineCapabilities, 
 from diffserve.models.dtype import resolve_dtype
 from diffserve.models.generic.compile import compile_denoiser, count_forwards
 from diffserve.models.generic.compute_thread import ComputeThread
-from diffserve.models.generic.kernels import check_masked_roles, route_attention, swap_linears
+from diffserve.models.generic.kernels import (
+    check_masked_roles,
+    route_attention,
+    swap_linears,
+)
 from diffserve.models.generic.lora import generic_lora_adapters
 from diffserve.models.generic.step_cache import GenericStepCache
 from diffserve.models.generic.vl_processor import processor_components
@@ -68,33 +76,55 @@ class _Cancelled(Exception):
 
 
 class GenericPipeline(Pipeline):
-    """A diffusers pipeline whose denoiser runs on the stage's linear and attention backends."""
+    """A diffusers pipeline whose denoiser runs on the stage's linear and attention
+    backends."""
 
-    def __init__(self, pipe: Any, family: ModelFamily, counters: KernelCounters, *, device: torch.device,
-                 dtype: torch.dtype, attention_roles: dict[str, str], compute: ComputeThread | None = None,
-                 vae_config: VaeConfig = VaeConfig(), cache: CacheConfig = CacheConfig(),
-                 step_cache: GenericStepCache | None = None, loras: LoraAdapters | None = None) -> None:
+    def __init__(
+        self,
+        pipe: Any,
+        family: ModelFamily,
+        counters: KernelCounters,
+        *,
+        device: torch.device,
+        dtype: torch.dtype,
+        attention_roles: dict[str, str],
+        compute: ComputeThread | None = None,
+        vae_config: VaeConfig = VaeConfig(),
+        cache: CacheConfig = CacheConfig(),
+        step_cache: GenericStepCache | None = None,
+        loras: LoraAdapters | None = None,
+    ) -> None:
         self.pipe = pipe
         self.vae_config = vae_config
-        self.cache, self.step_cache = cache, step_cache  # First-Block Cache where the stage asks and the family has one
+        self.cache, self.step_cache = (
+            cache,
+            step_cache,
+        )  # First-Block Cache where the stage asks and the family has one
         self.loras = loras  # per-request adapters where the family takes them
         configure_tiling(pipe.vae, vae_config)
-        if device.type == "cpu":  # the Qwen-Image VAE's RMS norms without F.normalize's slow CPU kernel (vae_norm.py)
+        if device.type == "cpu":
+            # The Qwen-Image VAE's RMS norms without F.normalize's slow CPU kernel
+            # (vae_norm.py).
             running_sum_rms_norms(pipe.vae)
-        # Where every batch runs (the thread that loaded the weights, see compute_thread.py). It ends with
-        # this pipeline: a thread left behind would keep its OpenMP team, slowing every later torch op of
-        # the process.
+        # Where every batch runs (the thread that loaded the weights, see
+        # compute_thread.py). It ends with this pipeline: a thread left behind would
+        # keep its OpenMP team, slowing every later torch op of the process.
         self.compute = compute or ComputeThread("diffserve-generic-pipeline")
         weakref.finalize(self, self.compute.stop)
         self.family = family
         self.counters = counters
         self.device = device
         self.dtype = dtype
-        self.attention_roles = attention_roles  # module path -> role (what config explain cannot see)
-        self.weights: dict[str, ComponentWeights] = {}  # set by from_stage (models/memory.py)
+        self.attention_roles = (
+            attention_roles  # module path -> role (what config explain cannot see)
+        )
+        self.weights: dict[
+            str, ComponentWeights
+        ] = {}  # set by from_stage (models/memory.py)
         self._encode_ms = 0.0
-        # The running batch's peak memory per phase (models/memory.py): diffusers' call runs them all, so the
-        # phase changes at its encode_prompt and at every step callback.
+        # The running batch's peak memory per phase (models/memory.py): diffusers' call
+        # runs them all, so the phase changes at its encode_prompt and at every step
+        # callback.
         self._peaks = PhasePeaks(device)
         encode_prompt = pipe.encode_prompt
 
@@ -110,41 +140,67 @@ class GenericPipeline(Pipeline):
                 self._peaks.start("denoise")
 
         pipe.encode_prompt = timed_encode  # the "encode" phase of the timings
-        # The step hook: ``callback_on_step_end`` where the pipeline has it, the older per-step
-        # ``callback(step, timestep, latents)`` elsewhere (PixArt-Sigma).
+        # The step hook: ``callback_on_step_end`` where the pipeline has it, the older
+        # per-step ``callback(step, timestep, latents)`` elsewhere (PixArt-Sigma).
         self._call_params = frozenset(inspect.signature(type(pipe).__call__).parameters)
         if not {"callback_on_step_end", "callback"} & self._call_params:
-            raise ModelLoadError(f"{family.class_name} has no per-step callback: the engine could not report "
-                                 "progress or stop it at a step boundary")
+            raise ModelLoadError(
+                f"{family.class_name} has no per-step callback: the "
+                "engine could not report "
+                "progress or stop it at a step boundary"
+            )
         denoiser = getattr(pipe, family.denoiser)
         vae_factor = int(getattr(pipe, "vae_scale_factor", 8))
         patch = int(getattr(denoiser.config, "patch_size", 1) or 1)
-        # Pipelines that pack 2x2 latent patches outside the denoiser (FLUX, Qwen-Image, Z-Image: patch_size 1 or
-        # absent in its config) say so in their image processor's factor.
+        # Pipelines that pack 2x2 latent patches outside the denoiser (FLUX, Qwen-Image,
+        # Z-Image: patch_size 1 or absent in its config) say so in their image
+        # processor's factor.
         processor = getattr(getattr(pipe, "image_processor", None), "config", None)
-        multiple = max(vae_factor * patch, int(getattr(processor, "vae_scale_factor", vae_factor)))
+        multiple = max(
+            vae_factor * patch, int(getattr(processor, "vae_scale_factor", vae_factor))
+        )
         sample = getattr(denoiser.config, "sample_size", None) or 128
         default = int(getattr(pipe, "default_sample_size", sample)) * vae_factor
         self.capabilities = PipelineCapabilities(
-            family=family.class_name, default_size=default, size_multiple=multiple,
-            max_sequence_length=family.defaults.max_sequence_length, true_cfg=False,
-            attention_roles=family.attention_roles, step_batching=False, implementation="generic",
-            lora=loras is not None, edits=family.features.edits,
+            family=family.class_name,
+            default_size=default,
+            size_multiple=multiple,
+            max_sequence_length=family.defaults.max_sequence_length,
+            true_cfg=False,
+            attention_roles=family.attention_roles,
+            step_batching=False,
+            implementation="generic",
+            lora=loras is not None,
+            edits=family.features.edits,
             edit_strength="strength" in self._call_params,
-            min_inference_steps=2 if getattr(pipe.scheduler.config, "shift_terminal", None) else 1,
-            default_cache_threshold=cache.request_threshold if step_cache is not None else 0.0,
-            negative_prompt="negative_prompt" in self._call_params)
+            min_inference_steps=2
+            if getattr(pipe.scheduler.config, "shift_terminal", None)
+            else 1,
+            default_cache_threshold=cache.request_threshold
+            if step_cache is not None
+            else 0.0,
+            negative_prompt="negative_prompt" in self._call_params,
+        )
 
     @classmethod
-    def from_stage(cls, model_dir: str | Path, stage: StageConfig,
-                   context: BuildContext = BuildContext()) -> GenericPipeline:
-        """Load ``model_dir`` with diffusers (safetensors only, no hub), then move the denoiser's Linear and
-        attention calls onto the stage's backends and compile its blocks unless ``enforce_eager``. All of it
-        runs on the pipeline's compute thread, where its batches will run too."""
+    def from_stage(
+        cls,
+        model_dir: str | Path,
+        stage: StageConfig,
+        context: BuildContext = BuildContext(),
+    ) -> GenericPipeline:
+        """Load ``model_dir`` with diffusers (safetensors only, no hub), then move the
+        denoiser's Linear and attention calls onto the stage's backends and compile its
+        blocks unless ``enforce_eager``. All of it runs on the pipeline's compute
+        thread, where its batches will run too."""
         root = Path(model_dir)
         if context.parallel.world_size > 1:
-            raise ConfigError("the generic path runs one rank per replica", path=f"stages.{stage.stage_id}.parallel",
-                              hint="set the parallel degrees to 1 (use num_replicas for more throughput)")
+            raise ConfigError(
+                "the generic path runs one rank per replica",
+                path=f"stages.{stage.stage_id}.parallel",
+                hint="set the parallel degrees to 1 (use num_replicas for "
+                "more throughput)",
+            )
         compute = ComputeThread("diffserve-generic-pipeline")
         try:
             return compute.call(lambda: cls._load(root, stage, context, compute))
@@ -153,7 +209,13 @@ class GenericPipeline(Pipeline):
             raise
 
     @classmethod
-    def _load(cls, root: Path, stage: StageConfig, context: BuildContext, compute: ComputeThread) -> GenericPipeline:
+    def _load(
+        cls,
+        root: Path,
+        stage: StageConfig,
+        context: BuildContext,
+        compute: ComputeThread,
+    ) -> GenericPipeline:
         import diffusers
 
         class_name = read_class_name(root)
@@ -161,22 +223,36 @@ class GenericPipeline(Pipeline):
         device = torch.device(context.device)
         dtype = resolve_dtype(stage.dtype, device)
         start = time.perf_counter()
-        kernels = build_kernel_set(stage.linear_backend, stage.attention_backend, roles=family.attention_roles,
-                                   device=device, dtype=dtype, observers=context.kernel_observers,
-                                   batch_invariant=stage.batch_invariant)
+        kernels = build_kernel_set(
+            stage.linear_backend,
+            stage.attention_backend,
+            roles=family.attention_roles,
+            device=device,
+            dtype=dtype,
+            observers=context.kernel_observers,
+            batch_invariant=stage.batch_invariant,
+        )
         check_masked_roles(kernels, family.generic.masked_roles, stage.stage_id)
         try:
             pipeline_class = getattr(diffusers, class_name)
             components = strict_model_components(root, dtype)
-            # Processors transformers cannot build here go in after the load (diffusers would check their class
-            # against one that does not exist without torchvision).
+            # Processors transformers cannot build here go in after the load (diffusers
+            # would check their class against one that does not exist without
+            # torchvision).
             processors = processor_components(root)
-            pipe = pipeline_class.from_pretrained(str(root), torch_dtype=dtype, use_safetensors=True,
-                                                  local_files_only=True, **components,
-                                                  **dict.fromkeys(processors))
+            pipe = pipeline_class.from_pretrained(
+                str(root),
+                torch_dtype=dtype,
+                use_safetensors=True,
+                local_files_only=True,
+                **components,
+                **dict.fromkeys(processors),
+            )
             pipe.register_modules(**processors)
         except (OSError, ValueError, AttributeError, json.JSONDecodeError) as exc:
-            raise ModelLoadError(f"cannot load {class_name} from {root} with diffusers: {exc}") from exc
+            raise ModelLoadError(
+                f"cannot load {class_name} from {root} with diffusers: {exc}"
+            ) from exc
         pipe.set_progress_bar_config(disable=True)
         denoiser = getattr(pipe, family.denoiser)
         ensure_dtype(denoiser, dtype)
@@ -185,19 +261,51 @@ class GenericPipeline(Pipeline):
         pipe.to(device)
         weights = quantized_weights(pipe, family.denoiser, stage)
         offload_diffusers(stage.offload, pipe, device)
-        # LoRA finds its layers by their diffusers names: before the step cache wraps the blocks.
-        loras = generic_lora_adapters(denoiser, stage) if family.features.lora_check is not None else None
+        # LoRA finds its layers by their diffusers names: before the step cache wraps
+        # the blocks.
+        loras = (
+            generic_lora_adapters(denoiser, stage)
+            if family.features.lora_check is not None
+            else None
+        )
         step_cache = None
-        if stage.cache.backend == "fbcache" and family.generic.first_block_cache is not None:  # config refuses the rest
+        if (
+            stage.cache.backend == "fbcache"
+            and family.generic.first_block_cache is not None
+        ):  # config refuses the rest
             step_cache = GenericStepCache(denoiser, family.generic.first_block_cache)
-        count_forwards(denoiser, kernels.counters, step_cache.forward_computed if step_cache else lambda: True)
+        count_forwards(
+            denoiser,
+            kernels.counters,
+            step_cache.forward_computed if step_cache else lambda: True,
+        )
         if not stage.enforce_eager:
             compile_denoiser(denoiser, kernels.counters)
-        logger.info("loaded %s on the generic path (%s on %s, %d Linear and %d attention modules on %s) in %.1fs",
-                    class_name, dtype, device, linears, len(roles), kernels.describe(), time.perf_counter() - start)
+        logger.info(
+            "loaded %s on the generic path (%s on %s, %d Linear "
+            "and %d attention modules on %s) in %.1fs",
+            class_name,
+            dtype,
+            device,
+            linears,
+            len(roles),
+            kernels.describe(),
+            time.perf_counter() - start,
+        )
         logger.info("weights: %s", describe_weights(weights))
-        pipeline = cls(pipe, family, kernels.counters, device=device, dtype=dtype, attention_roles=roles,
-                       compute=compute, vae_config=stage.vae, cache=stage.cache, step_cache=step_cache, loras=loras)
+        pipeline = cls(
+            pipe,
+            family,
+            kernels.counters,
+            device=device,
+            dtype=dtype,
+            attention_roles=roles,
+            compute=compute,
+            vae_config=stage.vae,
+            cache=stage.cache,
+            step_cache=step_cache,
+            loras=loras,
+        )
         pipeline.weights = weights
         return pipeline
 
@@ -207,18 +315,25 @@ class GenericPipeline(Pipeline):
 
     @property
     def denoiser(self) -> Any:
-        """diffusers' denoiser module, running on our kernels (what the attestation counts)."""
+        """diffusers' denoiser module, running on our kernels (what the attestation
+        counts)."""
         return getattr(self.pipe, self.family.denoiser)
 
     def __call__(self, request: GenerationRequest) -> RequestResult:
         """Run one (seeded) request to completion."""
         return run_one(self, request)
 
-    def run(self, batch: Sequence[GenerationRequest],
-            joins: Callable[[], list[GenerationRequest]] | None = None) -> Generator[StepEvent | BatchResult, None, None]:
-        """Yield a ``StepEvent`` per denoise step, then one ``BatchResult``. Close the generator to cancel
-        (the pipeline stops at its next step callback). ``joins`` is unused: no step-level batching here."""
-        batch = list(batch)  # admitted requests: defaults filled (engine/admission.py or run_one)
+    def run(
+        self,
+        batch: Sequence[GenerationRequest],
+        joins: Callable[[], list[GenerationRequest]] | None = None,
+    ) -> Generator[StepEvent | BatchResult, None, None]:
+        """Yield a ``StepEvent`` per denoise step, then one ``BatchResult``. Close the
+        generator to cancel (the pipeline stops at its next step callback). ``joins`` is
+        unused: no step-level batching here."""
+        batch = list(
+            batch
+        )  # admitted requests: defaults filled (engine/admission.py or run_one)
         if not batch:
             raise ValueError("run() needs at least one request")
         if len({batch_key(r) for r in batch}) != 1:
@@ -230,22 +345,33 @@ class GenericPipeline(Pipeline):
         cancel = threading.Event()
         timings: dict[str, float] = {}
 
-        def on_step(pipe: Any, index: int, timestep: Any, tensors: dict[str, Any]) -> dict[str, Any]:
+        def on_step(
+            pipe: Any, index: int, timestep: Any, tensors: dict[str, Any]
+        ) -> dict[str, Any]:
             timings["last_step"] = time.perf_counter()
             self._peaks.stop()
             self._peaks.start("denoise" if index + 1 < steps else "decode")
             if self.step_cache is not None:
                 self.step_cache.next_step()
             events.put(("step", index + 1))
-            resume.acquire()  # the engine has seen the step (and may have decided to stop)
+            # the engine has seen the step (and may have decided to stop)
+            resume.acquire()
             if cancel.is_set():
                 raise _Cancelled
             return {}
 
         def target() -> None:
             try:
-                # The images are converted here too: no parallel torch op on the caller's thread.
-                events.put(("done", self._results(batch, *self._call(batch, on_step, timings), timings)))
+                # The images are converted here too: no parallel torch op on the
+                # caller's thread.
+                events.put(
+                    (
+                        "done",
+                        self._results(
+                            batch, *self._call(batch, on_step, timings), timings
+                        ),
+                    )
+                )
             except BaseException as exc:  # noqa: BLE001 - handed to the generator, which re-raises it
                 if self.step_cache is not None:
                     self.step_cache.abandon()
@@ -269,52 +395,91 @@ class GenericPipeline(Pipeline):
                 job.result()
         yield BatchResult(value)
 
-    def merge_rank_outputs(self, outputs: list[RequestResult], per_rank: list[list[dict[str, Any]]]) -> None:
+    def merge_rank_outputs(
+        self, outputs: list[RequestResult], per_rank: list[list[dict[str, Any]]]
+    ) -> None:
         """One rank per replica on this path: nothing to merge."""
 
     @torch.inference_mode()
-    def _call(self, batch: list[GenerationRequest], on_step: Callable[..., dict[str, Any]],
-              timings: dict[str, float]) -> tuple[Any, bool, list[Any] | None]:
-        """The batch's images (or latents), whether the VAE decoded them in tiles, and the step cache's entries
-        (one per image; None without a step cache)."""
+    def _call(
+        self,
+        batch: list[GenerationRequest],
+        on_step: Callable[..., dict[str, Any]],
+        timings: dict[str, float],
+    ) -> tuple[Any, bool, list[Any] | None]:
+        """The batch's images (or latents), whether the VAE decoded them in tiles, and
+        the step cache's entries (one per image; None without a step cache)."""
         first, plan = batch[0], plan_of(batch[0])
         self._encode_ms = 0.0
         self._peaks = PhasePeaks(self.device)
-        self._peaks.start("denoise")  # the pipeline's own preparation counts as denoise, as in the timings
+        self._peaks.start(
+            "denoise"
+        )  # the pipeline's own preparation counts as denoise, as in the timings
         start = time.perf_counter()
         prompts = [r.prompt for r in batch for _ in range(r.n)]
         seeds = [s for r in batch for s in r.seeds]
         kwargs: dict[str, Any] = dict(
-            prompt=prompts, height=plan.height, width=plan.width, num_inference_steps=plan.steps,
+            prompt=prompts,
+            height=plan.height,
+            width=plan.width,
+            num_inference_steps=plan.steps,
             num_images_per_prompt=1,
-            generator=[torch.Generator(device=self.device).manual_seed(s) for s in seeds],
+            generator=[
+                torch.Generator(device=self.device).manual_seed(s) for s in seeds
+            ],
             max_sequence_length=first.max_sequence_length,
-            output_type="latent" if first.output_type == "latent" else "pt", return_dict=False)
+            output_type="latent" if first.output_type == "latent" else "pt",
+            return_dict=False,
+        )
         if "callback_on_step_end" in self._call_params:
             kwargs["callback_on_step_end"] = on_step
         else:
-            kwargs.update(callback=lambda step, timestep, latents: on_step(self.pipe, step, timestep, {}),
-                          callback_steps=1)
+            kwargs.update(
+                callback=lambda step, timestep, latents: on_step(
+                    self.pipe, step, timestep, {}
+                ),
+                callback_steps=1,
+            )
         if "clean_caption" in self._call_params:
-            kwargs["clean_caption"] = False  # needs bs4/ftfy; the text goes to the encoder as given
+            kwargs["clean_caption"] = (
+                False  # needs bs4/ftfy; the text goes to the encoder as given
+            )
         kwargs[self.family.generic.cfg_argument] = first.guidance_scale
         if first.negative_prompt is not None:  # the batch key makes it all-or-none
-            kwargs["negative_prompt"] = [r.negative_prompt or "" for r in batch for _ in range(r.n)]
-        elif self.family.generic.cfg_negative_prompt is not None and (first.guidance_scale or 0.0) > 1.0:
-            kwargs["negative_prompt"] = [self.family.generic.cfg_negative_prompt] * len(prompts)
-        if first.images:  # a reference edit (Qwen-Image-Edit): each image's input, its size from admission
-            images = [PIL.Image.fromarray(r.images[0]) for r in batch for _ in range(r.n)]
-            # One image as itself: diffusers' edit pipeline resizes a list otherwise (56 dB apart, measured).
+            kwargs["negative_prompt"] = [
+                r.negative_prompt or "" for r in batch for _ in range(r.n)
+            ]
+        elif (
+            self.family.generic.cfg_negative_prompt is not None
+            and (first.guidance_scale or 0.0) > 1.0
+        ):
+            kwargs["negative_prompt"] = [self.family.generic.cfg_negative_prompt] * len(
+                prompts
+            )
+        # a reference edit (Qwen-Image-Edit): each image's input, its size from
+        # admission
+        if first.images:
+            images = [
+                PIL.Image.fromarray(r.images[0]) for r in batch for _ in range(r.n)
+            ]
+            # One image as itself: diffusers' edit pipeline resizes a list otherwise (56
+            # dB apart, measured).
             kwargs["image"] = images[0] if len(images) == 1 else images
         if self.family.class_name == "PixArtSigmaPipeline":
-            kwargs["use_resolution_binning"] = False  # the size asked for, not the nearest trained bucket
+            kwargs["use_resolution_binning"] = (
+                False  # the size asked for, not the nearest trained bucket
+            )
         if self.step_cache is not None:
             settings = CacheSettings.for_batch(self.cache, plan.cache_threshold)
             self.step_cache.start(settings, plan.steps, len(prompts))
-        if self.loras is not None:  # the batch key gives every request of the batch the same adapters
+        if (
+            self.loras is not None
+        ):  # the batch key gives every request of the batch the same adapters
             self.loras.activate(first.loras)
         try:
-            with tiling(self.pipe.vae, self.vae_config, kwargs["height"], kwargs["width"]) as tiled:
+            with tiling(
+                self.pipe.vae, self.vae_config, kwargs["height"], kwargs["width"]
+            ) as tiled:
                 images = self.pipe(**kwargs)[0]
         finally:
             if self.loras is not None:
@@ -322,14 +487,24 @@ class GenericPipeline(Pipeline):
         entries = self.step_cache.finish() if self.step_cache is not None else None
         end = time.perf_counter()
         self._peaks.stop()
-        # Phases as the native path reports them; "denoise" includes the pipeline's own preparation.
+        # Phases as the native path reports them; "denoise" includes the pipeline's own
+        # preparation.
         last_step = timings.pop("last_step", end)
-        timings.update(encode=self._encode_ms, denoise=(last_step - start) * 1000.0 - self._encode_ms,
-                       decode=(end - last_step) * 1000.0)
+        timings.update(
+            encode=self._encode_ms,
+            denoise=(last_step - start) * 1000.0 - self._encode_ms,
+            decode=(end - last_step) * 1000.0,
+        )
         return images, tiled, entries
 
-    def _results(self, batch: list[GenerationRequest], images: torch.Tensor, tiled: bool, entries: list[Any] | None,
-                 timings: dict[str, float]) -> list[RequestResult]:
+    def _results(
+        self,
+        batch: list[GenerationRequest],
+        images: torch.Tensor,
+        tiled: bool,
+        entries: list[Any] | None,
+        timings: dict[str, float],
+    ) -> list[RequestResult]:
         if batch[0].output_type == "pil":
             images = (images.permute(0, 2, 3, 1).float() * 255).round().to(torch.uint8)
         elif batch[0].output_type == "pt":
@@ -340,40 +515,59 @@ class GenericPipeline(Pipeline):
         for request, imgs in zip(batch, per_request, strict=True):
             attestation = Attestation(vae_tiled=tiled) if decoded else Attestation()
             if entries is not None:
-                attestation["cache"] = entries[row:row + request.n]
+                attestation["cache"] = entries[row : row + request.n]
             if self.loras is not None and request.loras:
                 attestation["lora"] = self.loras.describe(request.loras)
             row += request.n
-            results.append(RequestResult(request_id=request.request_id, images=imgs, seeds=request.seeds,
-                                         timings_ms=dict(timings), memory_peak_mib=dict(self._peaks.peaks),
-                                         attestation=attestation))
+            results.append(
+                RequestResult(
+                    request_id=request.request_id,
+                    images=imgs,
+                    seeds=request.seeds,
+                    timings_ms=dict(timings),
+                    memory_peak_mib=dict(self._peaks.peaks),
+                    attestation=attestation,
+                )
+            )
         return results
 
 
-def quantized_weights(pipe: Any, denoiser: str, stage: StageConfig) -> dict[str, ComponentWeights]:
-    """Quantize the denoiser (``quantization``, minus ``quantization_ignored_layers``) and the text encoders
-    (``text_encoder_quantization``), then report every network component's weights."""
+def quantized_weights(
+    pipe: Any, denoiser: str, stage: StageConfig
+) -> dict[str, ComponentWeights]:
+    """Quantize the denoiser (``quantization``, minus ``quantization_ignored_layers``)
+    and the text encoders (``text_encoder_quantization``), then report every network
+    component's weights."""
     weights = {}
     for name, module in pipe.components.items():
         if not isinstance(module, torch.nn.Module):
             continue  # tokenizers, the scheduler
         quantized = None
         if name == denoiser:
-            quantized = quantize_linears(module, stage.quantization, stage.quantization_ignored_layers).attested()
+            quantized = quantize_linears(
+                module, stage.quantization, stage.quantization_ignored_layers
+            ).attested()
         elif name.startswith("text_encoder"):
-            quantized = quantize_linears(module, stage.text_encoder_quantization).attested()
+            quantized = quantize_linears(
+                module, stage.text_encoder_quantization
+            ).attested()
         weights[name] = component_weights(name, module, quantization=quantized)
     return weights
 
 
 def ensure_dtype(denoiser: torch.nn.Module, dtype: torch.dtype) -> None:
-    """Cast the denoiser to ``dtype`` where diffusers left it elsewhere. Without ``accelerate``, diffusers
-    0.42 loads a checkpoint that stores a buffer (SD3's ``pos_embed.pos_embed``) in float32 whatever
-    ``torch_dtype`` says; the deployment asked for ``dtype`` and the attestation reports it. Modules a
-    class keeps in float32 on purpose (``_keep_in_fp32_modules``) are left to diffusers."""
+    """Cast the denoiser to ``dtype`` where diffusers left it elsewhere. Without
+    ``accelerate``, diffusers 0.42 loads a checkpoint that stores a buffer (SD3's
+    ``pos_embed.pos_embed``) in float32 whatever ``torch_dtype`` says; the deployment
+    asked for ``dtype`` and the attestation reports it. Modules a class keeps in float32
+    on purpose (``_keep_in_fp32_modules``) are left to diffusers."""
     if getattr(denoiser, "_keep_in_fp32_modules", None):
         return
     if any(p.dtype != dtype for p in denoiser.parameters() if p.is_floating_point()):
-        logger.info("casting %s to %s (diffusers loaded it as %s)", type(denoiser).__name__, dtype,
-                    next(denoiser.parameters()).dtype)
+        logger.info(
+            "casting %s to %s (diffusers loaded it as %s)",
+            type(denoiser).__name__,
+            dtype,
+            next(denoiser.parameters()).dtype,
+        )
         denoiser.to(dtype)

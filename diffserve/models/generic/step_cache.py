@@ -1,19 +1,27 @@
-"""First-Block Cache on the generic path: diffusers' own denoiser, its block list wrapped so that a step whose
-first-block residual barely moved reuses the other blocks' cached residual (``models/stepcache``'s rules).
+"""First-Block Cache on the generic path: diffusers' own denoiser, its block list
+wrapped so that a step whose first-block residual barely moved reuses the other blocks'
+cached residual (``models/stepcache``'s rules).
 
-The registry names the block list and how a block hands its streams on (``FirstBlockCacheSpec``). Each block
-is wrapped in place and diffusers' forward still loops over them:
-- block 0 runs; the change of its image residual is the probe; every row decides alone (``BranchCache``);
-- when every row of the forward skips, blocks 1..N-2 pass their inputs through untouched and the last one
-  returns block 0's output with the cached residual added to the image stream (the text stream leaves the
-  loop unused in the families that declare a spec: SD3 and Qwen-Image discard it after the last block);
-- otherwise every block runs for the whole batch, and rows that skip get block 0's output plus their own
-  cached residual: a row's result is the one it would have alone (a mixed batch saves nothing).
-Threshold 0 computes every step through the same blocks: the image is the uncached one, bit for bit. CFG
-branches decide apart: a pipeline that runs them as two forwards a step (Qwen-Image) gets one ``BranchCache``
-per forward, one that batches them (SD3: negative rows first) one cache over both halves. Eager only (config
-refuses ``enforce_eager: false`` with it): compiled blocks are counted from a tally per forward, which a
-skipped block would falsify.
+The registry names the block list and how a block hands its streams on
+(``FirstBlockCacheSpec``). Each block is wrapped in place and diffusers' forward still
+loops over them:
+- block 0 runs; the change of its image residual is the probe; every row decides alone
+  (``BranchCache``);
+- when every row of the forward skips, blocks 1..N-2 pass their inputs through untouched
+  and the last one
+  returns block 0's output with the cached residual added to the image stream (the text
+  stream leaves the loop unused in the families that declare a spec: SD3 and Qwen-Image
+  discard it after the last block);
+- otherwise every block runs for the whole batch, and rows that skip get block 0's
+  output plus their own
+  cached residual: a row's result is the one it would have alone (a mixed batch saves
+  nothing).
+Threshold 0 computes every step through the same blocks: the image is the uncached one,
+bit for bit. CFG branches decide apart: a pipeline that runs them as two forwards a step
+(Qwen-Image) gets one ``BranchCache`` per forward, one that batches them (SD3: negative
+rows first) one cache over both halves. Eager only (config refuses ``enforce_eager:
+false`` with it): compiled blocks are counted from a tally per forward, which a skipped
+block would falsify.
 """
 
 from __future__ import annotations
@@ -31,13 +39,16 @@ from diffserve.types.attestation import CacheEntry
 
 @dataclass
 class _Run:
-    """One batch: its settings, the current step and forward within it, each forward's branch cache."""
+    """One batch: its settings, the current step and forward within it, each forward's
+    branch cache."""
 
     settings: CacheSettings
     steps: int
     images: int
     step: int = 0
-    forward: int = 0  # within the step: sequential CFG runs the prompt's forward, then the negative prompt's
+    # within the step: sequential CFG runs the prompt's forward, then the negative
+    # prompt's
+    forward: int = 0
     rows: list[int] = field(default_factory=list)  # rows of each forward of a step
     branches: list[BranchCache] = field(default_factory=list)
     compute: list[bool] = field(default_factory=list)
@@ -59,7 +70,8 @@ class _Run:
                 self.branches.append(cache)
 
     def entries(self) -> list[CacheEntry]:
-        """One entry per image: its prompt branch's decisions, and the negative prompt's where CFG ran."""
+        """One entry per image: its prompt branch's decisions, and the negative prompt's
+        where CFG ran."""
         images = list(range(self.images))
         sequential, batched = len(self.rows) == 2, self.rows[:1] == [2 * self.images]
         positive = negative = None
@@ -67,10 +79,20 @@ class _Run:
             positive, negative = self.branches
         elif self.active and batched:  # the pipeline's torch.cat([negative, prompt])
             both = self.branches[0]
-            positive, negative = _view(both, both.rows[self.images:]), _view(both, both.rows[:self.images])
+            positive, negative = (
+                _view(both, both.rows[self.images :]),
+                _view(both, both.rows[: self.images]),
+            )
         elif self.active:
             positive = self.branches[0]
-        return image_entries(self.settings, self.steps, images, positive, negative, cfg=sequential or batched)
+        return image_entries(
+            self.settings,
+            self.steps,
+            images,
+            positive,
+            negative,
+            cfg=sequential or batched,
+        )
 
 
 def _view(branch: BranchCache, rows: list[Any]) -> BranchCache:
@@ -81,9 +103,12 @@ def _view(branch: BranchCache, rows: list[Any]) -> BranchCache:
 
 
 class _CachedBlock(nn.Module):
-    """One block of the list: block 0 decides, the others run or pass through as it decided."""
+    """One block of the list: block 0 decides, the others run or pass through as it
+    decided."""
 
-    def __init__(self, block: nn.Module, index: int, last: int, owner: GenericStepCache) -> None:
+    def __init__(
+        self, block: nn.Module, index: int, last: int, owner: GenericStepCache
+    ) -> None:
         super().__init__()
         self.block, self.index, self.last = block, index, last
         self._owner = [owner]  # a plain reference, not a submodule
@@ -106,7 +131,11 @@ class _CachedBlock(nn.Module):
         if not any(run.compute):
             if self.index < self.last:
                 return tuple(kwargs[name] for name in owner.spec.block_outputs)
-            return _with_image(run.base, image, run.branch().apply(run.compute, run.base[image], _never))
+            return _with_image(
+                run.base,
+                image,
+                run.branch().apply(run.compute, run.base[image], _never),
+            )
         out = self.block(*args, **kwargs)
         if self.index != self.last or not run.active:
             return out
@@ -114,8 +143,13 @@ class _CachedBlock(nn.Module):
         def computed(rows: Tensor | None) -> Tensor:
             return out[image] if rows is None else out[image][rows]
 
-        # Refreshes the computing rows' residuals; skipping rows get block 0's output + theirs.
-        return _with_image(tuple(out), image, run.branch().apply(run.compute, run.base[image], computed))
+        # Refreshes the computing rows' residuals; skipping rows get block 0's output +
+        # theirs.
+        return _with_image(
+            tuple(out),
+            image,
+            run.branch().apply(run.compute, run.base[image], computed),
+        )
 
 
 def _with_image(outputs: tuple[Any, ...], image: int, value: Tensor) -> tuple[Any, ...]:
@@ -128,7 +162,8 @@ def _never(rows: Tensor | None) -> Tensor:
 
 
 class GenericStepCache:
-    """Wraps the denoiser's block list once; ``start`` / ``next_step`` / ``finish`` bracket each batch."""
+    """Wraps the denoiser's block list once; ``start`` / ``next_step`` / ``finish``
+    bracket each batch."""
 
     def __init__(self, denoiser: nn.Module, spec: FirstBlockCacheSpec) -> None:
         self.spec = spec
@@ -136,10 +171,13 @@ class GenericStepCache:
         blocks = getattr(denoiser, spec.blocks)
         for i, block in enumerate(list(blocks)):
             blocks[i] = _CachedBlock(block, i, len(blocks) - 1, self)
-        denoiser.register_forward_hook(lambda module, args, output: self._after_forward())
+        denoiser.register_forward_hook(
+            lambda module, args, output: self._after_forward()
+        )
 
     def start(self, settings: CacheSettings, steps: int, images: int) -> None:
-        """A batch of ``images`` begins (at threshold 0 every step computes, and is still reported)."""
+        """A batch of ``images`` begins (at threshold 0 every step computes, and is
+        still reported)."""
         self.run = _Run(settings, steps, images)
 
     def next_step(self) -> None:
@@ -160,7 +198,8 @@ class GenericStepCache:
         self.run = None
 
     def forward_computed(self) -> bool:
-        """Whether the forward that just ran computed its blocks for some row (False: all of them skipped)."""
+        """Whether the forward that just ran computed its blocks for some row (False:
+        all of them skipped)."""
         return self.run is None or any(self.run.compute)
 
     def _after_forward(self) -> None:

@@ -1,13 +1,16 @@
-"""The processors of the language-model families, with or without torchvision: Qwen2-VL's for the image-editing
-pipeline (Qwen-Image-Edit) and Pixtral's for FLUX.2-dev's prompts.
+"""The processors of the language-model families, with or without torchvision:
+Qwen2-VL's for the image-editing pipeline (Qwen-Image-Edit) and Pixtral's for
+FLUX.2-dev's prompts.
 
-``QwenImageEditPipeline`` hands its prompt and input image to a ``Qwen2VLProcessor``: the image processor turns
-the image into patches and the tokenizer repeats ``<|image_pad|>`` once per merged patch. transformers builds that
-processor with a video processor too, which needs torchvision; where torchvision is not installed (it has no
-build beside every torch release) the image-only twin here takes its place: the same image processor (its PIL
-backend) and tokenizer from the same directory, the same text and image outputs, no video. transformers'
-PixtralProcessor needs torchvision whole; FLUX.2-dev's text-to-image prompts only use its tokenizer's chat
-template, so without torchvision that tokenizer stands in.
+``QwenImageEditPipeline`` hands its prompt and input image to a ``Qwen2VLProcessor``:
+the image processor turns the image into patches and the tokenizer repeats
+``<|image_pad|>`` once per merged patch. transformers builds that processor with a video
+processor too, which needs torchvision; where torchvision is not installed (it has no
+build beside every torch release) the image-only twin here takes its place: the same
+image processor (its PIL backend) and tokenizer from the same directory, the same text
+and image outputs, no video. transformers' PixtralProcessor needs torchvision whole;
+FLUX.2-dev's text-to-image prompts only use its tokenizer's chat template, so without
+torchvision that tokenizer stands in.
 """
 
 from __future__ import annotations
@@ -20,19 +23,29 @@ from diffserve.registry.processors import PIXTRAL_PROCESSOR_CLASS, VL_PROCESSOR_
 
 logger = get_logger(__name__)
 
+
 def load_vl_processor(directory: Path) -> Any:
-    """The directory's ``Qwen2VLProcessor``, or its image-only twin where transformers cannot build it."""
+    """The directory's ``Qwen2VLProcessor``, or its image-only twin where transformers
+    cannot build it."""
     from transformers import Qwen2VLProcessor
 
     try:
         return Qwen2VLProcessor.from_pretrained(str(directory), local_files_only=True)
-    except (AttributeError, ImportError, ValueError) as exc:  # no torchvision: no video processor
-        logger.info("Qwen2VLProcessor needs torchvision here (%s); using its image-only twin", exc)
+    except (
+        AttributeError,
+        ImportError,
+        ValueError,
+    ) as exc:  # no torchvision: no video processor
+        logger.info(
+            "Qwen2VLProcessor needs torchvision here (%s); using its image-only twin",
+            exc,
+        )
         return image_only_processor(directory)
 
 
 def image_only_processor(directory: Path) -> Any:
-    """A ``Qwen2VLProcessor`` without its video processor, from the image processor and tokenizer files."""
+    """A ``Qwen2VLProcessor`` without its video processor, from the image processor and
+    tokenizer files."""
     from transformers import AutoTokenizer, Qwen2VLImageProcessorPil, Qwen2VLProcessor
     from transformers.processing_utils import ProcessorMixin
 
@@ -45,15 +58,18 @@ def image_only_processor(directory: Path) -> Any:
             self.image_token_id = tokenizer.convert_tokens_to_ids(self.image_token)
             self.video_token_id = tokenizer.convert_tokens_to_ids(self.video_token)
 
-    image_processor = Qwen2VLImageProcessorPil.from_pretrained(str(directory), local_files_only=True)
+    image_processor = Qwen2VLImageProcessorPil.from_pretrained(
+        str(directory), local_files_only=True
+    )
     tokenizer = AutoTokenizer.from_pretrained(str(directory), local_files_only=True)
     return ImageOnlyQwen2VLProcessor(image_processor, tokenizer)
 
 
 def processor_components(root: Path) -> dict[str, Any]:
-    """The processors ``model_index.json`` names that transformers may not build here: ``{"processor": ...}`` for
-    a Qwen2-VL processor, ``{"tokenizer": ...}`` for FLUX.2-dev's Pixtral processor (its text side, all its
-    text-to-image prompt encoding uses, where PixtralProcessor's torchvision is missing)."""
+    """The processors ``model_index.json`` names that transformers may not build here:
+    ``{"processor": ...}`` for a Qwen2-VL processor, ``{"tokenizer": ...}`` for
+    FLUX.2-dev's Pixtral processor (its text side, all its text-to-image prompt encoding
+    uses, where PixtralProcessor's torchvision is missing)."""
     import json
 
     index = json.loads((root / "model_index.json").read_text(encoding="utf-8"))
@@ -70,7 +86,8 @@ def _names(entry: Any, class_name: str) -> bool:
 
 
 def load_pixtral_processor(directory: Path) -> Any:
-    """The directory's ``PixtralProcessor``, or its tokenizer (with the chat template) without torchvision."""
+    """The directory's ``PixtralProcessor``, or its tokenizer (with the chat template)
+    without torchvision."""
     from transformers import AutoTokenizer
 
     try:
@@ -78,5 +95,9 @@ def load_pixtral_processor(directory: Path) -> Any:
 
         return PixtralProcessor.from_pretrained(str(directory), local_files_only=True)
     except ImportError as exc:
-        logger.info("PixtralProcessor needs torchvision here (%s); prompts go through its tokenizer", exc)
+        logger.info(
+            "PixtralProcessor needs torchvision here (%s); prompts "
+            "go through its tokenizer",
+            exc,
+        )
         return AutoTokenizer.from_pretrained(str(directory), local_files_only=True)

@@ -1,6 +1,7 @@
-"""Classifier-free guidance as the runner runs it: which branches this rank computes, one step cache per
-branch (each decides alone), the combination (both branches here, or one per rank of a CFG-parallel group
-exchanged once a step), and what an idle CFG rank yields."""
+"""Classifier-free guidance as the runner runs it: which branches this rank computes,
+one step cache per branch (each decides alone), the combination (both branches here, or
+one per rank of a CFG-parallel group exchanged once a step), and what an idle CFG rank
+yields."""
 
 from __future__ import annotations
 
@@ -23,8 +24,9 @@ from diffserve.types.results import BatchResult, RequestResult, StepEvent
 
 @dataclass(frozen=True)
 class Guidance:
-    """A batch's guidance on this rank: ``scale`` None runs one branch; ``split`` (CFG-parallel) runs only
-    this rank's branch (cfg_rank 0 the prompt's, 1 the negative prompt's) and gathers the other."""
+    """A batch's guidance on this rank: ``scale`` None runs one branch; ``split``
+    (CFG-parallel) runs only this rank's branch (cfg_rank 0 the prompt's, 1 the negative
+    prompt's) and gathers the other."""
 
     scale: float | None
     split: bool
@@ -33,27 +35,47 @@ class Guidance:
     def of(cls, scale: float | None, parallel: ParallelContext) -> Guidance:
         return cls(scale, scale is not None and parallel.cfg_size > 1)
 
-    def combine(self, pred: Tensor, negative: Tensor | None, parallel: ParallelContext,
-                counters: KernelCounters) -> Tensor:
+    def combine(
+        self,
+        pred: Tensor,
+        negative: Tensor | None,
+        parallel: ParallelContext,
+        counters: KernelCounters,
+    ) -> Tensor:
         if self.scale is None:
             return pred
         if self.split:
-            # One exchange per step; every rank combines the same two tensors in the same order, so the
-            # latents stay identical on all ranks (and equal to the single-rank result).
-            pred, negative = all_gather_into(pred, parallel.cfg_group, counters).unbind(0)
+            # One exchange per step; every rank combines the same two tensors in the
+            # same order, so the latents stay identical on all ranks (and equal to the
+            # single-rank result).
+            pred, negative = all_gather_into(pred, parallel.cfg_group, counters).unbind(
+                0
+            )
         assert negative is not None
         return negative + self.scale * (pred - negative)
 
 
 class BranchCaches:
-    """One step cache per CFG branch this rank runs, grown as rows join; none when the batch runs uncached."""
+    """One step cache per CFG branch this rank runs, grown as rows join; none when the
+    batch runs uncached."""
 
-    def __init__(self, settings: CacheSettings, steps: int, branches: int, parallel: ParallelContext,
-                 counters: KernelCounters) -> None:
+    def __init__(
+        self,
+        settings: CacheSettings,
+        steps: int,
+        branches: int,
+        parallel: ParallelContext,
+        counters: KernelCounters,
+    ) -> None:
         self.settings, self.steps = settings, steps
         self.caches: list[BranchCache | None] = [
-            BranchCache(settings, steps, group=parallel.ulysses_group, counters=counters) if settings.enabled
-            else None for _ in range(branches)]
+            BranchCache(
+                settings, steps, group=parallel.ulysses_group, counters=counters
+            )
+            if settings.enabled
+            else None
+            for _ in range(branches)
+        ]
 
     def __getitem__(self, branch: int) -> BranchCache | None:
         return self.caches[branch]
@@ -64,7 +86,8 @@ class BranchCaches:
                 cache.add_rows(rows)
 
     def forget(self) -> None:
-        """Another denoiser takes over: a residual of one must not stand in for the other's."""
+        """Another denoiser takes over: a residual of one must not stand in for the
+        other's."""
         for cache in self.caches:
             if cache is not None:
                 cache.forget()
@@ -75,24 +98,43 @@ class BranchCaches:
                 cache.keep_rows(keep)
 
     def entries(self, rows: list[int]) -> list[CacheEntry]:
-        """``attestation["cache"]`` of ``rows``: the negative branch's counts when this rank ran it too."""
+        """``attestation["cache"]`` of ``rows``: the negative branch's counts when this
+        rank ran it too."""
         negative = self.caches[1] if len(self.caches) > 1 else None
-        return image_entries(self.settings, self.steps, rows, self.caches[0], negative, cfg=len(self.caches) > 1)
+        return image_entries(
+            self.settings,
+            self.steps,
+            rows,
+            self.caches[0],
+            negative,
+            cfg=len(self.caches) > 1,
+        )
 
 
-def idle(batch: list[GenerationRequest], steps: int) -> Generator[StepEvent | BatchResult, None, None]:
-    """A CFG rank of a batch with one branch: no forwards, no collectives, only step pace with the stop
-    decision, then empty results (rank 0's are the answer)."""
+def idle(
+    batch: list[GenerationRequest], steps: int
+) -> Generator[StepEvent | BatchResult, None, None]:
+    """A CFG rank of a batch with one branch: no forwards, no collectives, only step
+    pace with the stop decision, then empty results (rank 0's are the answer)."""
     for i in range(steps):
         yield StepEvent(step=i + 1, total_steps=steps)
-    yield BatchResult([RequestResult(request_id=r.request_id, images=torch.empty(0), seeds=r.seeds)
-                       for r in batch])
+    yield BatchResult(
+        [
+            RequestResult(request_id=r.request_id, images=torch.empty(0), seeds=r.seeds)
+            for r in batch
+        ]
+    )
 
 
 def check_ulysses_heads(heads: int, parallel: ParallelContext, stage_id: int) -> None:
-    """Ulysses splits the attention heads across its ranks: the degree must divide them."""
+    """Ulysses splits the attention heads across its ranks: the degree must divide
+    them."""
     degree = parallel.ulysses_size
     if degree > 1 and heads % degree:
         allowed = ", ".join(str(u) for u in range(1, heads + 1) if heads % u == 0)
-        raise ConfigError(f"ulysses_degree {degree} must divide the transformer's {heads} attention heads",
-                          path=f"stages.{stage_id}.parallel.ulysses_degree", hint=f"use one of {allowed}")
+        raise ConfigError(
+            f"ulysses_degree {degree} must divide the transformer's "
+            f"{heads} attention heads",
+            path=f"stages.{stage_id}.parallel.ulysses_degree",
+            hint=f"use one of {allowed}",
+        )

@@ -1,8 +1,10 @@
-"""What a native family hands the shared runner (``models/runner/loop.py``): model-shaped values only.
+"""What a native family hands the shared runner (``models/runner/loop.py``):
+model-shaped values only.
 
-In the spirit of BFL's reference code a family writes four steps, encode, prepare latents, one velocity
-call and decode, plus a ``Sampler`` for its schedule; the runner owns everything between them (batch plan,
-joins, CFG branches, step caches, LoRA activation, Ulysses sharding, peaks, timings, results, attestation).
+In the spirit of BFL's reference code a family writes four steps, encode, prepare
+latents, one velocity call and decode, plus a ``Sampler`` for its schedule; the runner
+owns everything between them (batch plan, joins, CFG branches, step caches, LoRA
+activation, Ulysses sharding, peaks, timings, results, attestation).
 """
 
 from __future__ import annotations
@@ -17,10 +19,11 @@ from torch import Tensor
 class Prepared:
     """The rows of requests about to join the batch, before their first step.
 
-    ``extras`` are per-row values the velocity or ``after_step`` need (a dataclass, tuple or tensor whose
-    tensors have one row per image: an edit's clean latents and mask, a first frame, a reference image's
-    tokens); ``shared`` is one value for every row of the batch key (a rotary table). ``start_step`` is the
-    step the rows start at (an edit of strength < 1 skips the schedule's first steps)."""
+    ``extras`` are per-row values the velocity or ``after_step`` need (a dataclass,
+    tuple or tensor whose tensors have one row per image: an edit's clean latents and
+    mask, a first frame, a reference image's tokens); ``shared`` is one value for every
+    row of the batch key (a rotary table). ``start_step`` is the step the rows start at
+    (an edit of strength < 1 skips the schedule's first steps)."""
 
     latents: Tensor
     extras: Any = None
@@ -30,9 +33,10 @@ class Prepared:
 
 @dataclass
 class Decoded:
-    """What ``decode`` made of finished rows: one tensor per request (images, videos or latents), whether
-    the VAE tiled, and, when another stage decodes, what is handed on per request (the family's own payload,
-    carried opaque by the engine to its decoding stage)."""
+    """What ``decode`` made of finished rows: one tensor per request (images, videos or
+    latents), whether the VAE tiled, and, when another stage decodes, what is handed on
+    per request (the family's own payload, carried opaque by the engine to its decoding
+    stage)."""
 
     outputs: list[Tensor]
     vae_tiled: bool | None = None
@@ -40,15 +44,18 @@ class Decoded:
 
 
 class Sampler(Protocol):
-    """One batch's schedule. Each row carries its own step index (rows that joined later are behind)."""
+    """One batch's schedule. Each row carries its own step index (rows that joined later
+    are behind)."""
 
-    # Stateless per row (a flow-matching Euler step): requests may join at any step boundary. A multistep
-    # solver keeps one history for the whole batch and cannot take joins.
+    # Stateless per row (a flow-matching Euler step): requests may join at any step
+    # boundary. A multistep solver keeps one history for the whole batch and cannot take
+    # joins.
     joinable: bool
 
     def begin(self, steps: list[int]) -> bool:
-        """Before the step of ``steps``: True when another denoiser takes over from here (a mixture of
-        experts' boundary), so no step cache may reuse the last one's residuals."""
+        """Before the step of ``steps``: True when another denoiser takes over from here
+        (a mixture of experts' boundary), so no step cache may reuse the last one's
+        residuals."""
         ...
 
     def step(self, latents: Tensor, velocity: Tensor, steps: list[int]) -> Tensor:

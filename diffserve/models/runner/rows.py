@@ -1,9 +1,11 @@
-"""The rows of a running (step-level) batch: who is in it, at which step, and their tensors.
+"""The rows of a running (step-level) batch: who is in it, at which step, and their
+tensors.
 
-Requests of one batch key join at a step boundary and leave when their last step is done, so the rows of
-one forward may sit at different steps of the same schedule: every row carries its own step index. Tensors
-are kept batched and rebuilt only when rows join or leave; a family's per-row values (text states per CFG
-branch, an edit's inputs) may be tensors, tuples or dataclasses of tensors, joined and sliced alike.
+Requests of one batch key join at a step boundary and leave when their last step is
+done, so the rows of one forward may sit at different steps of the same schedule: every
+row carries its own step index. Tensors are kept batched and rebuilt only when rows join
+or leave; a family's per-row values (text states per CFG branch, an edit's inputs) may
+be tensors, tuples or dataclasses of tensors, joined and sliced alike.
 """
 
 from __future__ import annotations
@@ -49,23 +51,36 @@ class LiveRows:
     def rows(self) -> int:
         return len(self.steps)
 
-    def add(self, requests: list[GenerationRequest], prepared: Prepared, texts: list[Any], encode_ms: float) -> None:
+    def add(
+        self,
+        requests: list[GenerationRequest],
+        prepared: Prepared,
+        texts: list[Any],
+        encode_ms: float,
+    ) -> None:
         for request in requests:
             self.members.append(Member(request, self.rows, encode_ms=encode_ms))
             self.steps += [prepared.start_step] * request.n
         if self.latents is None:
-            self.latents, self.texts, self.extras = prepared.latents, texts, prepared.extras
+            self.latents, self.texts, self.extras = (
+                prepared.latents,
+                texts,
+                prepared.extras,
+            )
             self.shared = prepared.shared
             return
         self.latents = torch.cat((self.latents, prepared.latents))
-        self.texts = [_join(mine, theirs) for mine, theirs in zip(self.texts, texts, strict=True)]
+        self.texts = [
+            _join(mine, theirs) for mine, theirs in zip(self.texts, texts, strict=True)
+        ]
         self.extras = _join(self.extras, prepared.extras)
 
     def finished(self, total_steps: int) -> list[Member]:
         return [m for m in self.members if self.steps[m.first_row] >= total_steps]
 
     def drop(self, leaving: list[Member]) -> list[int]:
-        """Remove ``leaving`` members; returns the rows that stay (old indices, in order)."""
+        """Remove ``leaving`` members; returns the rows that stay (old indices, in
+        order)."""
         gone = {id(m) for m in leaving}
         keep = [row for m in self.members if id(m) not in gone for row in m.rows]
         staying = [m for m in self.members if id(m) not in gone]
@@ -83,7 +98,9 @@ class LiveRows:
 
     def progress(self) -> tuple[tuple[str, int], ...]:
         """``(request_id, steps done)`` of every member."""
-        return tuple((m.request.request_id, self.steps[m.first_row]) for m in self.members)
+        return tuple(
+            (m.request.request_id, self.steps[m.first_row]) for m in self.members
+        )
 
 
 def _join(mine: Any, theirs: Any) -> Any:
@@ -92,8 +109,13 @@ def _join(mine: Any, theirs: Any) -> Any:
     if isinstance(mine, tuple):
         return tuple(_join(a, b) for a, b in zip(mine, theirs, strict=True))
     if dataclasses.is_dataclass(mine) and not isinstance(mine, type):
-        return dataclasses.replace(mine, **{f.name: _join(getattr(mine, f.name), getattr(theirs, f.name))
-                                           for f in dataclasses.fields(mine)})
+        return dataclasses.replace(
+            mine,
+            **{
+                f.name: _join(getattr(mine, f.name), getattr(theirs, f.name))
+                for f in dataclasses.fields(mine)
+            },
+        )
     return mine  # None or a value every row shares
 
 
@@ -103,6 +125,11 @@ def _select(value: Any, index: Tensor) -> Any:
     if isinstance(value, tuple):
         return tuple(_select(v, index) for v in value)
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return dataclasses.replace(value, **{f.name: _select(getattr(value, f.name), index)
-                                            for f in dataclasses.fields(value)})
+        return dataclasses.replace(
+            value,
+            **{
+                f.name: _select(getattr(value, f.name), index)
+                for f in dataclasses.fields(value)
+            },
+        )
     return value

@@ -1,11 +1,12 @@
-"""``WanVideoPipeline``: Wan2.1 / Wan2.2 text-to-video and Wan2.2 image-to-video as hooks of the shared native
-runner (``models/runner``).
+"""``WanVideoPipeline``: Wan2.1 / Wan2.2 text-to-video and Wan2.2 image-to-video as
+hooks of the shared native runner (``models/runner``).
 
-A batch runs as diffusers' ``WanPipeline`` / ``WanImageToVideoPipeline`` would run each of its videos: UMT5
-prompt states, seeded float32 noise per video, the model's own scheduler (UniPC over flow sigmas),
-classifier-free guidance with the negative prompt ("" when unset) whenever ``guidance_scale > 1``, and, on
-Wan2.2, the high-noise expert ``transformer`` while ``t >= boundary_ratio * num_train_timesteps`` and the
-low-noise ``transformer_2`` after (``sampler.py``).
+A batch runs as diffusers' ``WanPipeline`` / ``WanImageToVideoPipeline`` would run each
+of its videos: UMT5 prompt states, seeded float32 noise per video, the model's own
+scheduler (UniPC over flow sigmas), classifier-free guidance with the negative prompt
+("" when unset) whenever ``guidance_scale > 1``, and, on Wan2.2, the high-noise expert
+``transformer`` while ``t >= boundary_ratio * num_train_timesteps`` and the low-noise
+``transformer_2`` after (``sampler.py``).
 """
 
 from __future__ import annotations
@@ -34,76 +35,149 @@ __all__ = ["WanVideoPipeline"]
 
 
 class WanVideoPipeline(NativeRunner):
-    """Native Wan: a diffusers-format ``WanPipeline`` / ``WanImageToVideoPipeline`` directory in, videos out."""
+    """Native Wan: a diffusers-format ``WanPipeline`` / ``WanImageToVideoPipeline``
+    directory in, videos out."""
 
     def __init__(self, parts: WanComponents) -> None:
-        self.experts, self.text, self.vae, self.scheduler_config = parts.experts, parts.text, parts.vae, \
-            parts.scheduler_config
-        self.device, self.dtype, self.parallel, self.weights = parts.device, parts.dtype, parts.parallel, parts.weights
-        self.image_to_video = needs_image(MODEL_FAMILIES[parts.family].features.edits)  # registry data: Wan2.2 I2V
+        self.experts, self.text, self.vae, self.scheduler_config = (
+            parts.experts,
+            parts.text,
+            parts.vae,
+            parts.scheduler_config,
+        )
+        self.device, self.dtype, self.parallel, self.weights = (
+            parts.device,
+            parts.dtype,
+            parts.parallel,
+            parts.weights,
+        )
+        self.image_to_video = needs_image(
+            MODEL_FAMILIES[parts.family].features.edits
+        )  # registry data: Wan2.2 I2V
         self.cache, self.teacache = parts.stage.cache, parts.teacache
         params, spec, vae = self.experts.params, MODEL_FAMILIES[parts.family], self.vae
         self.capabilities = PipelineCapabilities(
-            # Ulysses splits the tokens frame-major: a height of a multiple of 16 * degree splits every frame evenly.
-            family=parts.family, default_size=spec.defaults.height,
-            size_multiple=vae.spatial * params.patch_size[1] * self.parallel.ulysses_size,
-            max_sequence_length=spec.defaults.max_sequence_length, true_cfg=False, attention_roles=spec.attention_roles,
-            edits=spec.features.edits, batch_invariant=parts.stage.batch_invariant,
+            # Ulysses splits the tokens frame-major: a height of a multiple of 16 *
+            # degree splits every frame evenly.
+            family=parts.family,
+            default_size=spec.defaults.height,
+            size_multiple=vae.spatial
+            * params.patch_size[1]
+            * self.parallel.ulysses_size,
+            max_sequence_length=spec.defaults.max_sequence_length,
+            true_cfg=False,
+            attention_roles=spec.attention_roles,
+            edits=spec.features.edits,
+            batch_invariant=parts.stage.batch_invariant,
             default_cache_threshold=self.cache.request_threshold,
-            video=VideoCapabilities(temporal_factor=vae.temporal * params.patch_size[0],
-                                    default_height=spec.defaults.height, default_width=spec.defaults.width,
-                                    animates_image=self.image_to_video))
+            video=VideoCapabilities(
+                temporal_factor=vae.temporal * params.patch_size[0],
+                default_height=spec.defaults.height,
+                default_width=spec.defaults.width,
+                animates_image=self.image_to_video,
+            ),
+        )
 
     @classmethod
-    def from_stage(cls, model_dir: str | Path, stage: StageConfig,
-                   context: BuildContext = BuildContext()) -> WanVideoPipeline:
+    def from_stage(
+        cls,
+        model_dir: str | Path,
+        stage: StageConfig,
+        context: BuildContext = BuildContext(),
+    ) -> WanVideoPipeline:
         return cls(load_wan(Path(model_dir), stage, context))
 
     @property
     def kernel_counters(self) -> KernelCounters:
         return self.experts.counters
 
-    # -- the runner's hooks ----------------------------------------------------------------------------------
+    # -- the runner's hooks
+    # ----------------------------------------------------------------------------------
     def plan(self, request: GenerationRequest) -> BatchPlan:
         plan = plan_of(request)
         if plan.num_frames is None:
-            raise ValueError(f"request {request.request_id} was not admitted (num_frames must be set)")
+            raise ValueError(
+                f"request {request.request_id} was not admitted (num_frames "
+                "must be set)"
+            )
         return plan
 
     def cfg_scale(self, request: GenerationRequest) -> float | None:
         guidance = request.guidance_scale
         return float(guidance) if guidance is not None and guidance > 1.0 else None
 
-    def encode(self, requests: list[GenerationRequest], plan: BatchPlan, *, negative: bool) -> Tensor:
-        prompts = [r.negative_prompt or "" for r in requests] if negative else [r.prompt for r in requests]
+    def encode(
+        self, requests: list[GenerationRequest], plan: BatchPlan, *, negative: bool
+    ) -> Tensor:
+        prompts = (
+            [r.negative_prompt or "" for r in requests]
+            if negative
+            else [r.prompt for r in requests]
+        )
         repeats = torch.tensor([r.n for r in requests], device=self.device)
-        return self.text.encode(prompts, plan.text_length).repeat_interleave(repeats, dim=0)
+        return self.text.encode(prompts, plan.text_length).repeat_interleave(
+            repeats, dim=0
+        )
 
     def prepare(self, requests: list[GenerationRequest], plan: BatchPlan) -> Prepared:
         assert plan.num_frames is not None  # plan() checked it
         frames, height, width = plan.num_frames, plan.height, plan.width
-        latents = self.vae.noise([s for r in requests for s in r.seeds], frames, height, width, self.device)
-        first_frames = torch.cat([
-            self.vae.first_frame_condition(r.images[0], frames, height, width, self.device).repeat(r.n, 1, 1, 1, 1)
-            for r in requests]) if self.image_to_video else None
+        latents = self.vae.noise(
+            [s for r in requests for s in r.seeds], frames, height, width, self.device
+        )
+        first_frames = (
+            torch.cat(
+                [
+                    self.vae.first_frame_condition(
+                        r.images[0], frames, height, width, self.device
+                    ).repeat(r.n, 1, 1, 1, 1)
+                    for r in requests
+                ]
+            )
+            if self.image_to_video
+            else None
+        )
         return Prepared(latents, first_frames, self.experts.rope(latents))
 
     def sampler(self, plan: BatchPlan) -> WanSampler:
         return WanSampler(self.scheduler_config, plan.steps, self.experts, self.device)
 
-    def velocity(self, latents: Tensor, text: Tensor, rows: LiveRows, sampler: Any,
-                 cache: BranchCache | None) -> Tensor:
-        model_input = latents if rows.extras is None else torch.cat([latents, rows.extras], dim=1)
+    def velocity(
+        self,
+        latents: Tensor,
+        text: Tensor,
+        rows: LiveRows,
+        sampler: Any,
+        cache: BranchCache | None,
+    ) -> Tensor:
+        model_input = (
+            latents if rows.extras is None else torch.cat([latents, rows.extras], dim=1)
+        )
         model_input = model_input.to(self.dtype)
         timestep = sampler.timestep(rows.steps).expand(latents.shape[0])
         if cache is None:
             return sampler.expert(model_input, timestep, text, rows.shared)
         probe = self.teacache.probe if self.teacache is not None else None
-        return cached_forward(sampler.expert, cache, rows.steps, model_input, timestep, text, rows.shared, probe)
+        return cached_forward(
+            sampler.expert,
+            cache,
+            rows.steps,
+            model_input,
+            timestep,
+            text,
+            rows.shared,
+            probe,
+        )
 
-    def decode(self, latents: Tensor, requests: list[GenerationRequest], plan: BatchPlan) -> Decoded:
+    def decode(
+        self, latents: Tensor, requests: list[GenerationRequest], plan: BatchPlan
+    ) -> Decoded:
         output_type = requests[0].output_type
-        videos = latents if output_type == "latent" else self.vae.decode(latents, output_type)
+        videos = (
+            latents
+            if output_type == "latent"
+            else self.vae.decode(latents, output_type)
+        )
         return Decoded([part.cpu() for part in videos.split([r.n for r in requests])])
 
     def attest(self, request: GenerationRequest, guided: bool) -> dict[str, Any]:

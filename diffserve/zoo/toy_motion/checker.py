@@ -1,10 +1,13 @@
-"""Read a toy-motion clip back: what a trained model's video shows, in the grammar's words.
+"""Read a toy-motion clip back: what a trained model's video shows, in the grammar's
+words.
 
-Per frame (toy-shapes' checker): the background is the dominant colour of the border, the object the dominant
-other colour, its shape the template that fits its largest blob best. Across frames: the clip's background,
-colour and shape are the frames' majority votes; the object's centroid track gives the direction, the axis and
-sign of the larger displacement from the first third of the frames to the last third (robust to a frame or two
-that lose the object), and "none" when the centre moves less than ``MIN_TRAVEL`` pixels. Only numpy and PIL.
+Per frame (toy-shapes' checker): the background is the dominant colour of the border,
+the object the dominant other colour, its shape the template that fits its largest blob
+best. Across frames: the clip's background, colour and shape are the frames' majority
+votes; the object's centroid track gives the direction, the axis and sign of the larger
+displacement from the first third of the frames to the last third (robust to a frame or
+two that lose the object), and "none" when the centre moves less than ``MIN_TRAVEL``
+pixels. Only numpy and PIL.
 """
 
 from __future__ import annotations
@@ -19,7 +22,8 @@ from diffserve.zoo.toy_shapes.grammar import STAR_LIKE, segment, shape_of, solid
 
 MIN_TRAVEL = 4.0  # pixels: a centre that moves less than this is not moving
 SCORES = ("background", "colour", "direction", "shape")
-# The share of held-out clips that must read as their prompt for the model to ship (issue #33).
+# The share of held-out clips that must read as their prompt for the model to ship
+# (issue #33).
 BARS = {"background": 0.90, "colour": 0.85, "direction": 0.80, "shape": 0.60}
 
 
@@ -28,11 +32,14 @@ class ClipReading:
     """What the checker read from a clip."""
 
     scene: MotionScene
-    track: tuple[tuple[float, float] | None, ...]  # the object's centre (x, y) per frame; None where none is found
+    track: tuple[
+        tuple[float, float] | None, ...
+    ]  # the object's centre (x, y) per frame; None where none is found
 
 
 def read_clip(frames: Sequence[Any]) -> ClipReading:
-    """The clip's background, object colour, shape and direction (``frames``: PIL images or uint8 [H, W, 3])."""
+    """The clip's background, object colour, shape and direction (``frames``: PIL images
+    or uint8 [H, W, 3])."""
     backgrounds: list[str] = []
     colours: list[str] = []
     shapes: list[str] = []
@@ -50,12 +57,18 @@ def read_clip(frames: Sequence[Any]) -> ClipReading:
             shape = "star"
         shapes.append(shape)
         track.append(_centroid(blob))
-    scene = MotionScene(_majority(colours), _majority(shapes), direction_of(track), _majority(backgrounds))
+    scene = MotionScene(
+        _majority(colours),
+        _majority(shapes),
+        direction_of(track),
+        _majority(backgrounds),
+    )
     return ClipReading(scene, tuple(track))
 
 
 def direction_of(track: Sequence[tuple[float, float] | None]) -> str:
-    """left / right / up / down from the mean centre of the first and last thirds of the frames, or "none"."""
+    """left / right / up / down from the mean centre of the first and last thirds of the
+    frames, or "none"."""
     third = max(1, len(track) // 3)
     head = [p for p in track[:third] if p is not None]
     tail = [p for p in track[-third:] if p is not None]

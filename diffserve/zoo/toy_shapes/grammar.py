@@ -1,9 +1,11 @@
-"""The toy-shapes grammar: prompts, a procedural drawer and a checker that reads a drawing back.
+"""The toy-shapes grammar: prompts, a procedural drawer and a checker that reads a
+drawing back.
 
-"a {colour} {shape} on a {colour} background", 8 flat colours and 5 shapes, drawn at 64x64. The
-checker is what proves that a trained model draws: background = the dominant colour of the border,
-object = the dominant other colour, shape = the template (drawn into the bounding box of the object's
-largest blob) that overlaps it best. Only numpy and PIL (imported inside the functions).
+"a {colour} {shape} on a {colour} background", 8 flat colours and 5 shapes, drawn at
+64x64. The checker is what proves that a trained model draws: background = the dominant
+colour of the border, object = the dominant other colour, shape = the template (drawn
+into the bounding box of the object's largest blob) that overlaps it best. Only numpy
+and PIL (imported inside the functions).
 """
 
 from __future__ import annotations
@@ -25,8 +27,9 @@ COLOURS: dict[str, tuple[int, int, int]] = {
 }
 SHAPES = ("circle", "square", "triangle", "star", "ring")
 SIZE = 64
-# Solidity (area / convex hull area) under which an object is star-like: drawn circles measure 0.96-0.97,
-# triangles 0.92-0.94, rings 0.65-0.68, stars 0.55-0.63; the toy model's circles 0.92-0.97, its stars ~0.82.
+# Solidity (area / convex hull area) under which an object is star-like: drawn circles
+# measure 0.96-0.97, triangles 0.92-0.94, rings 0.65-0.68, stars 0.55-0.63; the toy
+# model's circles 0.92-0.97, its stars ~0.82.
 STAR_LIKE = 0.88
 _SUPERSAMPLE = 4
 
@@ -45,7 +48,8 @@ class Scene:
 
 
 def all_scenes() -> list[Scene]:
-    """Every prompt of the grammar (object colour differs from the background): 8 x 7 x 5 = 280."""
+    """Every prompt of the grammar (object colour differs from the background): 8 x 7 x
+    5 = 280."""
     return [Scene(c, s, b) for b in COLOURS for c in COLOURS if c != b for s in SHAPES]
 
 
@@ -56,22 +60,31 @@ def grammar_corpus() -> str:
 
 def parse_prompt(prompt: str) -> Scene:
     words = prompt.split()
-    if len(words) != 7 or words[0] != "a" or words[3:5] != ["on", "a"] or words[6] != "background":
+    if (
+        len(words) != 7
+        or words[0] != "a"
+        or words[3:5] != ["on", "a"]
+        or words[6] != "background"
+    ):
         raise ValueError(f"not a toy-shapes prompt: {prompt!r}")
     return Scene(words[1], words[2], words[5])
 
 
 def draw(scene: Scene, rng: random.Random) -> Any:
-    """Draw ``scene`` as a 64x64 RGB PIL image; position and size jitter come from ``rng``."""
+    """Draw ``scene`` as a 64x64 RGB PIL image; position and size jitter come from
+    ``rng``."""
     radius = rng.uniform(15.0, 22.0)
     cx = SIZE / 2 + rng.uniform(-5.0, 5.0)
     cy = SIZE / 2 + rng.uniform(-5.0, 5.0)
     return draw_shape(scene, cx, cy, radius)
 
 
-def draw_shape(scene: Scene, cx: float, cy: float, radius: float, size: int = SIZE) -> Any:
-    """``scene``'s shape centred at (``cx``, ``cy``) with ``radius`` (pixels) on its background, as a
-    ``size`` x ``size`` RGB PIL image, drawn supersampled and box-filtered (soft, anti-aliased edges)."""
+def draw_shape(
+    scene: Scene, cx: float, cy: float, radius: float, size: int = SIZE
+) -> Any:
+    """``scene``'s shape centred at (``cx``, ``cy``) with ``radius`` (pixels) on its
+    background, as a ``size`` x ``size`` RGB PIL image, drawn supersampled and
+    box-filtered (soft, anti-aliased edges)."""
     from PIL import Image, ImageDraw
 
     k = _SUPERSAMPLE
@@ -86,8 +99,14 @@ def draw_shape(scene: Scene, cx: float, cy: float, radius: float, size: int = SI
         half = radius * 0.85
         pen.rectangle((cx - half, cy - half, cx + half, cy + half), fill=fill)
     elif scene.shape == "triangle":
-        pen.polygon([(cx, cy - radius), (cx + radius, cy + radius * 0.8), (cx - radius, cy + radius * 0.8)],
-                    fill=fill)
+        pen.polygon(
+            [
+                (cx, cy - radius),
+                (cx + radius, cy + radius * 0.8),
+                (cx - radius, cy + radius * 0.8),
+            ],
+            fill=fill,
+        )
     elif scene.shape == "star":
         points = []
         for i in range(10):
@@ -98,18 +117,22 @@ def draw_shape(scene: Scene, cx: float, cy: float, radius: float, size: int = SI
     elif scene.shape == "ring":
         pen.ellipse(box, fill=fill)
         inner = radius * 0.55
-        pen.ellipse((cx - inner, cy - inner, cx + inner, cy + inner), fill=COLOURS[scene.background])
+        pen.ellipse(
+            (cx - inner, cy - inner, cx + inner, cy + inner),
+            fill=COLOURS[scene.background],
+        )
     else:
         raise ValueError(f"unknown shape {scene.shape!r}")
     return image.resize((size, size), Image.Resampling.BOX)
 
 
 def classify(image: Any) -> Scene:
-    """Read a drawing back: (object colour, shape, background colour) as the grammar names them.
+    """Read a drawing back: (object colour, shape, background colour) as the grammar
+    names them.
 
-    Shape: the template that overlaps the object best, except that a "circle" whose solidity is under
-    ``STAR_LIKE`` is a star (a star with fat arms overlaps a circle's template best, but no circle is that
-    concave).
+    Shape: the template that overlaps the object best, except that a "circle" whose
+    solidity is under ``STAR_LIKE`` is a star (a star with fat arms overlaps a circle's
+    template best, but no circle is that concave).
     """
     found = segment(image)
     if found is None:
@@ -122,8 +145,9 @@ def classify(image: Any) -> Scene:
 
 
 def solidity(image: Any) -> float:
-    """The object's area over its convex hull's: about 0.96 for drawn circles, 1.0 for squares, 0.6 for stars
-    (1.0 when there is no object). A shape measure that needs no template."""
+    """The object's area over its convex hull's: about 0.96 for drawn circles, 1.0 for
+    squares, 0.6 for stars (1.0 when there is no object). A shape measure that needs no
+    template."""
     found = segment(image)
     return 1.0 if found is None else solidity_of(found[2])
 
@@ -134,12 +158,18 @@ def solidity_of(blob: Any) -> float:
 
     ys, xs = np.nonzero(blob)
     # Every pixel's four corners, so a one-pixel-wide blob still has an area.
-    corners = {(y + dy, x + dx) for y, x in zip(ys.tolist(), xs.tolist(), strict=True) for dy in (0, 1) for dx in (0, 1)}
+    corners = {
+        (y + dy, x + dx)
+        for y, x in zip(ys.tolist(), xs.tolist(), strict=True)
+        for dy in (0, 1)
+        for dx in (0, 1)
+    }
     return float(len(ys)) / max(_hull_area(sorted(corners)), 1.0)
 
 
 def segment(image: Any) -> tuple[str, str, Any] | None:
-    """(object colour, background colour, the object colour's largest blob), or None without an object."""
+    """(object colour, background colour, the object colour's largest blob), or None
+    without an object."""
     import numpy as np
 
     labels = palette_labels(image)
@@ -153,10 +183,13 @@ def segment(image: Any) -> tuple[str, str, Any] | None:
 
 
 def palette_labels(image: Any) -> Any:
-    """[H, W] index into ``COLOURS`` of each pixel's nearest palette colour (a PIL image or uint8 [H, W, 3])."""
+    """[H, W] index into ``COLOURS`` of each pixel's nearest palette colour (a PIL image
+    or uint8 [H, W, 3])."""
     import numpy as np
 
-    pixels = np.asarray(image.convert("RGB") if hasattr(image, "convert") else image, dtype=np.float32)
+    pixels = np.asarray(
+        image.convert("RGB") if hasattr(image, "convert") else image, dtype=np.float32
+    )
     palette = np.array(list(COLOURS.values()), dtype=np.float32)
     return ((pixels[:, :, None, :] - palette) ** 2).sum(-1).argmin(-1)
 
@@ -164,7 +197,14 @@ def palette_labels(image: Any) -> Any:
 def _border_colour(labels: Any) -> int:
     import numpy as np
 
-    border = np.concatenate([labels[:2].ravel(), labels[-2:].ravel(), labels[:, :2].ravel(), labels[:, -2:].ravel()])
+    border = np.concatenate(
+        [
+            labels[:2].ravel(),
+            labels[-2:].ravel(),
+            labels[:, :2].ravel(),
+            labels[:, -2:].ravel(),
+        ]
+    )
     return int(np.bincount(border, minlength=len(COLOURS)).argmax())
 
 
@@ -173,7 +213,9 @@ def _background_name(image: Any) -> str:
 
 
 def _hull_area(points: list[tuple[int, int]]) -> float:
-    """Area of the convex hull of sorted, distinct points (Andrew's monotone chain, then the shoelace)."""
+    """Area of the convex hull of sorted, distinct points (Andrew's monotone chain, then
+    the shoelace)."""
+
     def turn(o: tuple[int, int], a: tuple[int, int], b: tuple[int, int]) -> int:
         return (a[0] - o[0]) * (b[1] - o[1]) - (a[1] - o[1]) * (b[0] - o[0])
 
@@ -186,11 +228,17 @@ def _hull_area(points: list[tuple[int, int]]) -> float:
             chain.append(p)
         chains.append(chain[:-1])
     hull = chains[0] + chains[1]
-    return 0.5 * abs(sum(hull[i][0] * hull[i - 1][1] - hull[i - 1][0] * hull[i][1] for i in range(len(hull))))
+    return 0.5 * abs(
+        sum(
+            hull[i][0] * hull[i - 1][1] - hull[i - 1][0] * hull[i][1]
+            for i in range(len(hull))
+        )
+    )
 
 
 def _largest_component(mask: Any) -> Any:
-    """The largest 4-connected blob of ``mask``: the object, without stray specks of its colour."""
+    """The largest 4-connected blob of ``mask``: the object, without stray specks of its
+    colour."""
     import numpy as np
 
     seen = np.zeros_like(mask, dtype=bool)
@@ -218,7 +266,8 @@ def _largest_component(mask: Any) -> Any:
 
 
 def shape_of(mask: Any) -> str:
-    """The shape whose template, drawn into the blob's bounding box, overlaps the blob best (IoU)."""
+    """The shape whose template, drawn into the blob's bounding box, overlaps the blob
+    best (IoU)."""
     import numpy as np
     from PIL import Image, ImageDraw
 
@@ -243,12 +292,17 @@ def shape_of(mask: Any) -> str:
         elif shape == "triangle":
             pen.polygon([(W / 2, 0), (W, H), (0, H)], fill=255)
         else:
-            rx, ry = W / (2 * math.sin(2 * math.pi / 5)), H / (1 + math.cos(math.pi / 5))
+            rx, ry = (
+                W / (2 * math.sin(2 * math.pi / 5)),
+                H / (1 + math.cos(math.pi / 5)),
+            )
             points = []
             for i in range(10):
                 r = 1.0 if i % 2 == 0 else 0.45
                 angle = -math.pi / 2 + i * math.pi / 5
-                points.append((W / 2 + r * rx * math.cos(angle), ry + r * ry * math.sin(angle)))
+                points.append(
+                    (W / 2 + r * rx * math.cos(angle), ry + r * ry * math.sin(angle))
+                )
             pen.polygon(points, fill=255)
         ref = np.asarray(template.resize((w, h), Image.Resampling.BOX)) >= 128
         iou = (ref & box).sum() / max((ref | box).sum(), 1)

@@ -1,7 +1,9 @@
-"""A worker extension for the video job fault tests (imported in the worker process: the tests put this folder
-on the server's PYTHONPATH): every denoise step is followed by a pause. A job meant to run "until something stops
-it" then spends its seconds asleep instead of burning both cores; the faults under test (a DELETE, the job
-deadline, a killed server or worker) act between steps either way, so what they prove does not change."""
+"""A worker extension for the video job fault tests (imported in the worker process: the
+tests put this folder on the server's PYTHONPATH): every denoise step is followed by a
+pause. A job meant to run "until something stops it" then spends its seconds asleep
+instead of burning both cores; the faults under test (a DELETE, the job deadline, a
+killed server or worker) act between steps either way, so what they prove does not
+change."""
 
 from __future__ import annotations
 
@@ -29,6 +31,7 @@ class PacedStepsExtension(WorkerExtension):
                     if isinstance(event, StepEvent):
                         time.sleep(STEP_PAUSE_S)
             finally:
-                events.close()  # closing the pacer cancels the real denoise loop, as the worker expects
+                # closing the pacer cancels the real denoise loop, as the worker expects
+                events.close()
 
         worker.pipeline.run = paced

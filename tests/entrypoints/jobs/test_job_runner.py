@@ -1,6 +1,7 @@
-"""The video job runner's engine slots, in process (a real SQLite store, a stub engine that never finishes): a job
-deleted right after this instance claimed it, before its task ever ran, frees the model's slot, so the next queued
-job runs (it used to stay taken: every later job of that model stayed ``queued`` until a restart)."""
+"""The video job runner's engine slots, in process (a real SQLite store, a stub engine
+that never finishes): a job deleted right after this instance claimed it, before its
+task ever ran, frees the model's slot, so the next queued job runs (it used to stay
+taken: every later job of that model stayed ``queued`` until a restart)."""
 
 from __future__ import annotations
 
@@ -47,25 +48,41 @@ class Host:
 def test_a_job_deleted_before_its_task_ran_frees_the_slot(tmp_path: Path) -> None:
     store = JobStore(f"sqlite:///{tmp_path / 'jobs.sqlite3'}")
     engine = StuckEngine()
-    runner = JobRunner(store, ArtifactDir(tmp_path / "videos"), {"m": Host(engine)},
-                       RunnerSettings(owner="here", lease_s=30, deadline_s=60, ttl_s=0, requeue=False))
-    row = to_row(GenerationRequest(prompt="a ball", request_id="r", num_frames=5), seconds="1", has_input=False)
+    runner = JobRunner(
+        store,
+        ArtifactDir(tmp_path / "videos"),
+        {"m": Host(engine)},
+        RunnerSettings(owner="here", lease_s=30, deadline_s=60, ttl_s=0, requeue=False),
+    )
+    row = to_row(
+        GenerationRequest(prompt="a ball", request_id="r", num_frames=5),
+        seconds="1",
+        has_input=False,
+    )
 
     def create(now: float) -> str:
         return store.create(model="m", prompt="a ball", request=row, now=now)[0].id
 
     async def scenario() -> None:
         first = create(time.time())
-        await runner._claim()  # claims the first job: its task exists, it has not run a line yet
+        await (
+            runner._claim()
+        )  # claims the first job: its task exists, it has not run a line yet
         assert list(runner._running) == [first]
         assert await runner.cancel(first)  # DELETE's call, before the task's first step
         store.delete(first)
         second = create(time.time() + 1)
         await runner._claim()
-        assert list(runner._running) == [second], runner._running  # the slot was free again
+        assert list(runner._running) == [second], (
+            runner._running
+        )  # the slot was free again
         await asyncio.sleep(0.05)
-        assert [request_id.rsplit("-", 1)[0] for request_id in engine.started] == [second]
-        await runner.stop()  # aborts the second and hands it back (failed, as at a restart)
+        assert [request_id.rsplit("-", 1)[0] for request_id in engine.started] == [
+            second
+        ]
+        await (
+            runner.stop()
+        )  # aborts the second and hands it back (failed, as at a restart)
 
     try:
         asyncio.run(scenario())

@@ -1,9 +1,10 @@
-"""Two ``diffserve serve`` instances of the tiny Wan sharing one PostgreSQL job store (a real server,
-tests/pg_server.py) and one artifact directory: a job created on one is listed, retrieved, downloaded and deleted
-on the other; only the instance that runs a job (its lease holder) marks it; when that instance is SIGKILLed, the
-survivor takes the job over once the lease expires (here: runs it again, --requeue-interrupted), never both at
-once; and a store that goes away mid-job fails no server: requests get a 5xx meanwhile, and the job runs again
-once the store is back."""
+"""Two ``diffserve serve`` instances of the tiny Wan sharing one PostgreSQL job store (a
+real server, tests/pg_server.py) and one artifact directory: a job created on one is
+listed, retrieved, downloaded and deleted on the other; only the instance that runs a
+job (its lease holder) marks it; when that instance is SIGKILLed, the survivor takes the
+job over once the lease expires (here: runs it again, --requeue-interrupted), never both
+at once; and a store that goes away mid-job fails no server: requests get a 5xx
+meanwhile, and the job runs again once the store is back."""
 
 from __future__ import annotations
 
@@ -27,7 +28,13 @@ server:
   job_lease_s: 3
   requeue_interrupted: true
 """
-SHORT = {"prompt": "a ball", "size": "64x48", "num_frames": 5, "num_inference_steps": 2, "seed": 1}
+SHORT = {
+    "prompt": "a ball",
+    "size": "64x48",
+    "num_frames": 5,
+    "num_inference_steps": 2,
+    "seed": 1,
+}
 
 
 @pytest.fixture(scope="module")
@@ -44,9 +51,22 @@ def store_url() -> Iterator[str]:
 
 def start(tmp: Path, model: Path, store_url: str, name: str) -> ServerProcess:
     (tmp / "deploy.yaml").write_text(DEPLOY)
-    server = ServerProcess([str(model), "--deploy-config", str(tmp / "deploy.yaml"), "--state-dir", str(tmp / name),
-                            "--job-store", store_url, "--artifact-dir", str(tmp / "shared"),
-                            "--served-model-name", "tiny-wan"], tmp / f"{name}.log")
+    server = ServerProcess(
+        [
+            str(model),
+            "--deploy-config",
+            str(tmp / "deploy.yaml"),
+            "--state-dir",
+            str(tmp / name),
+            "--job-store",
+            store_url,
+            "--artifact-dir",
+            str(tmp / "shared"),
+            "--served-model-name",
+            "tiny-wan",
+        ],
+        tmp / f"{name}.log",
+    )
     return server
 
 
@@ -54,7 +74,9 @@ def video(server: ServerProcess, video_id: str) -> dict:
     return httpx.get(f"{server.url}/v1/videos/{video_id}", timeout=30).json()
 
 
-def wait(server: ServerProcess, video_id: str, done: tuple[str, ...], timeout: float = 120) -> dict:
+def wait(
+    server: ServerProcess, video_id: str, done: tuple[str, ...], timeout: float = 120
+) -> dict:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         seen = video(server, video_id)
@@ -64,8 +86,9 @@ def wait(server: ServerProcess, video_id: str, done: tuple[str, ...], timeout: f
     raise TimeoutError(f"{video_id}: {seen}")
 
 
-def test_two_instances_share_jobs_and_take_over_a_dead_ones(tmp_path: Path, tiny_wan_dir: Path,
-                                                            store_url: str) -> None:
+def test_two_instances_share_jobs_and_take_over_a_dead_ones(
+    tmp_path: Path, tiny_wan_dir: Path, store_url: str
+) -> None:
     first = start(tmp_path, tiny_wan_dir, store_url, "a")
     second = start(tmp_path, tiny_wan_dir, store_url, "b")
     servers = {}
@@ -77,41 +100,78 @@ def test_two_instances_share_jobs_and_take_over_a_dead_ones(tmp_path: Path, tiny
             made = httpx.post(server.url + "/v1/videos", json=SHORT, timeout=30).json()
             names[made["id"]] = server
         for job_id in names:  # each is visible, downloadable and the same on both
-            on_first, on_second = wait(first, job_id, ("completed",)), wait(second, job_id, ("completed",))
+            on_first, on_second = (
+                wait(first, job_id, ("completed",)),
+                wait(second, job_id, ("completed",)),
+            )
             assert on_first == on_second and on_first["diffserve"]["instance"].endswith(
-                (f":{first.port}", f":{second.port}"))
-            assert (httpx.get(f"{first.url}/v1/videos/{job_id}/content", timeout=30).content
-                    == httpx.get(f"{second.url}/v1/videos/{job_id}/content", timeout=30).content)
+                (f":{first.port}", f":{second.port}")
+            )
+            assert (
+                httpx.get(f"{first.url}/v1/videos/{job_id}/content", timeout=30).content
+                == httpx.get(
+                    f"{second.url}/v1/videos/{job_id}/content", timeout=30
+                ).content
+            )
         listed = httpx.get(second.url + "/v1/videos?order=asc", timeout=30).json()
         assert set(names) <= {v["id"] for v in listed["data"]}
         gone = next(iter(names))
-        assert httpx.delete(f"{second.url}/v1/videos/{gone}", timeout=30).json()["deleted"] is True
+        assert (
+            httpx.delete(f"{second.url}/v1/videos/{gone}", timeout=30).json()["deleted"]
+            is True
+        )
         assert httpx.get(f"{first.url}/v1/videos/{gone}", timeout=30).status_code == 404
         assert not list((tmp_path / "shared").glob(f"{gone}*"))
 
-        # A long job: whichever instance claims it is its only runner; kill that one mid-run.
-        long = httpx.post(first.url + "/v1/videos", json={**SHORT, "num_inference_steps": 60}, timeout=30).json()
+        # A long job: whichever instance claims it is its only runner; kill that one
+        # mid-run.
+        long = httpx.post(
+            first.url + "/v1/videos",
+            json={**SHORT, "num_inference_steps": 60},
+            timeout=30,
+        ).json()
         running = wait(first, long["id"], ("in_progress",))
         servers = {f"{first.port}": first, f"{second.port}": second}
         holder_port = running["diffserve"]["instance"].rsplit(":", 1)[1]
         holder = servers.pop(holder_port)
         (survivor,) = servers.values()
-        assert video(survivor, long["id"])["diffserve"]["instance"] == running["diffserve"]["instance"]
+        assert (
+            video(survivor, long["id"])["diffserve"]["instance"]
+            == running["diffserve"]["instance"]
+        )
         holder.kill()
         done = wait(survivor, long["id"], ("completed", "failed"), timeout=180)
         assert done["status"] == "completed", done
-        assert done["diffserve"]["instance"].endswith(f":{survivor.port}")  # ran again, by the survivor
-        assert httpx.get(f"{survivor.url}/v1/videos/{long['id']}/content", timeout=30).status_code == 200
+        assert done["diffserve"]["instance"].endswith(
+            f":{survivor.port}"
+        )  # ran again, by the survivor
+        assert (
+            httpx.get(
+                f"{survivor.url}/v1/videos/{long['id']}/content", timeout=30
+            ).status_code
+            == 200
+        )
 
-        # The store goes away mid-job: requests get an OpenAI-shaped 5xx, the server lives, the job is not lost.
-        cut = httpx.post(survivor.url + "/v1/videos", json={**SHORT, "num_inference_steps": 30}, timeout=30).json()
+        # The store goes away mid-job: requests get an OpenAI-shaped 5xx, the server
+        # lives, the job is not lost.
+        cut = httpx.post(
+            survivor.url + "/v1/videos",
+            json={**SHORT, "num_inference_steps": 30},
+            timeout=30,
+        ).json()
         wait(survivor, cut["id"], ("in_progress",))
         with _store_blocked(store_url):
             time.sleep(4)
             outage = httpx.get(f"{survivor.url}/v1/videos/{cut['id']}", timeout=30)
-            assert outage.status_code == 500 and outage.json()["error"]["code"] == "internal_error"
+            assert (
+                outage.status_code == 500
+                and outage.json()["error"]["code"] == "internal_error"
+            )
             assert httpx.get(survivor.url + "/health", timeout=10).status_code == 200
-        assert wait(survivor, cut["id"], ("completed", "failed"), timeout=180)["status"] == "completed"
+        assert (
+            wait(survivor, cut["id"], ("completed", "failed"), timeout=180)["status"]
+            == "completed"
+        )
     finally:
         first.stop()
         second.stop()
@@ -119,12 +179,18 @@ def test_two_instances_share_jobs_and_take_over_a_dead_ones(tmp_path: Path, tiny
 
 @contextlib.contextmanager
 def _store_blocked(store_url: str) -> Iterator[None]:
-    """No new connection to the store's database, and every open one (the servers' pools) cut."""
+    """No new connection to the store's database, and every open one (the servers'
+    pools) cut."""
     import psycopg
 
-    with psycopg.connect(_libpq(store_url).rsplit("/", 1)[0] + "/postgres", autocommit=True) as admin:
+    with psycopg.connect(
+        _libpq(store_url).rsplit("/", 1)[0] + "/postgres", autocommit=True
+    ) as admin:
         admin.execute("ALTER DATABASE videos ALLOW_CONNECTIONS false")
-        admin.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = 'videos'")
+        admin.execute(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+            "WHERE datname = 'videos'"
+        )
         try:
             yield
         finally:
