@@ -188,7 +188,7 @@ def _step_fraction(
     import torch
 
     from benchmarks.matmul_peak import peak_gflops
-    from diffserve.config.schema import AttentionBackendConfig
+    from diffserve.config.stage_sections import AttentionBackendConfig
     from diffserve.layers.kernels import build_kernel_set
     from diffserve.models.wan.transformer import load_wan_transformer
 

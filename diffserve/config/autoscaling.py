@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from diffserve.config.provenance import DEFAULT_SOURCE, Source
-from diffserve.config.schema import AutoscalingConfig
+from diffserve.config.server_schema import AutoscalingConfig
 from diffserve.errors import ConfigError
 
 _PREFIX = "server.autoscaling"

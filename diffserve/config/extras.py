@@ -14,7 +14,7 @@ from typing import Any
 from diffserve.config.fields import FLAT_LEAVES, SECTIONS, STAGE_LEAVES
 from diffserve.config.ingest import Ctx, stage_field
 from diffserve.config.provenance import Collector, Source
-from diffserve.config.schema import ATTENTION_ROLES
+from diffserve.config.stage_sections import ATTENTION_ROLES
 
 
 def names_typed_field(name: str) -> bool:

@@ -17,7 +17,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from diffserve.config import canonical as c
-from diffserve.config.schema import DERIVED_STAGE_FIELDS, ServerConfig, StageConfig
+from diffserve.config.schema import DERIVED_STAGE_FIELDS, StageConfig
+from diffserve.config.server_schema import ServerConfig
 from diffserve.errors import ConfigError
 
 

@@ -7,7 +7,8 @@ import dataclasses
 from typing import Any
 
 from diffserve.config.ar_schema import ArStageConfig
-from diffserve.config.schema import ServerConfig, StageConfig
+from diffserve.config.schema import StageConfig
+from diffserve.config.server_schema import ServerConfig
 
 
 def flatten_stage(stage: StageConfig) -> dict[str, Any]:

@@ -28,7 +28,8 @@ from diffserve.config.fields import (
 )
 from diffserve.config.ingest_context import Ctx
 from diffserve.config.provenance import Source, StageRef
-from diffserve.config.schema import ATTENTION_ROLES, FrozenDict
+from diffserve.config.schema import FrozenDict
+from diffserve.config.stage_sections import ATTENTION_ROLES
 from diffserve.errors import ConfigError
 
 _MAX_DEPTH = 32

@@ -18,7 +18,8 @@ from diffserve.config.fields import (
     TOP_LEVEL_PIPELINE_LEAVES,
     Leaf,
 )
-from diffserve.config.schema import ATTENTION_ROLES, PLATFORMS
+from diffserve.config.schema import PLATFORMS
+from diffserve.config.stage_sections import ATTENTION_ROLES
 
 # list and mapping settings also take their flag/environment spelling ("a,b",
 # "name=path,...").

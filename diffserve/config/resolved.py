@@ -9,7 +9,8 @@ from dataclasses import dataclass, field
 from diffserve.config.ar_schema import ArStageConfig
 from diffserve.config.model_source import ModelSource
 from diffserve.config.provenance import Source
-from diffserve.config.schema import FrozenDict, ServerConfig, StageConfig
+from diffserve.config.schema import FrozenDict, StageConfig
+from diffserve.config.server_schema import ServerConfig
 from diffserve.errors import ConfigError
 
 

@@ -11,12 +11,9 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from diffserve.config.schema import (
-    CacheConfig,
-    RequestDefaultsConfig,
-    ServerConfig,
-    StageConfig,
-)
+from diffserve.config.schema import StageConfig
+from diffserve.config.server_schema import ServerConfig
+from diffserve.config.stage_sections import CacheConfig, RequestDefaultsConfig
 from diffserve.errors import LimitExceededError, RequestError
 from diffserve.registry.edits import admit_edit
 from diffserve.registry.models import MODEL_FAMILIES

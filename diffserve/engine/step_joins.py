@@ -17,7 +17,8 @@ from diffserve.engine.watchdog import batch_deadline_s
 from diffserve.types.batching import batch_key
 
 if TYPE_CHECKING:  # pragma: no cover
-    from diffserve.config.schema import ServerConfig, StageConfig
+    from diffserve.config.schema import StageConfig
+    from diffserve.config.server_schema import ServerConfig
     from diffserve.engine.replicas import Replica, ReplicaSet
     from diffserve.engine.scheduler import RequestState, Scheduler
     from diffserve.types.request import GenerationRequest

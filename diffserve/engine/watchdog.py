@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 from diffserve.errors import EngineDeadError
 
 if TYPE_CHECKING:  # pragma: no cover
-    from diffserve.config.schema import ServerConfig
+    from diffserve.config.server_schema import ServerConfig
     from diffserve.types.request import GenerationRequest
 
 # The size of a request no model admitted (an RPC-only executor's): every admitted

@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from diffserve.config.schema import AttentionBackendConfig
+from diffserve.config.stage_sections import AttentionBackendConfig
 from diffserve.errors import ConfigError
 from diffserve.layers.attention.base import AttentionBackend
 from diffserve.layers.attention.module import Attention

@@ -120,7 +120,7 @@ def library_admit(pipeline: Pipeline, request: GenerationRequest) -> GenerationR
     registry's, which an engine's deployment takes as its own unless it sets others) and
     the stage's cache threshold, and the request is checked against the pipeline's
     capabilities."""
-    from diffserve.config.schema import RequestDefaultsConfig
+    from diffserve.config.stage_sections import RequestDefaultsConfig
     from diffserve.registry.edits import admit_edit
     from diffserve.registry.models import MODEL_FAMILIES
 

@@ -12,7 +12,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from diffserve.config.schema import VaeConfig
+from diffserve.config.stage_sections import VaeConfig
 
 TILE_OVERLAP = 0.25  # diffusers' default blend: a quarter of a tile on each shared edge
 

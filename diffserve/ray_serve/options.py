@@ -26,7 +26,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from diffserve.config.resolved import ResolvedConfig
-from diffserve.config.schema import AutoscalingConfig
+from diffserve.config.server_schema import AutoscalingConfig
 from diffserve.executor.ray_env import worker_env
 
 # The platforms whose ranks each take a GPU (Ray's "GPU" resource covers both vendors'

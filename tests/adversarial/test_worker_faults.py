@@ -31,7 +31,7 @@ from server_process import ServerProcess
 
 from diffserve import Engine, GenerationRequest
 from diffserve.config.resolve import resolve
-from diffserve.config.schema import ServerConfig
+from diffserve.config.server_schema import ServerConfig
 from diffserve.engine.step_watch import STALL_FLOOR_S
 from diffserve.engine.watchdog import FailureStreak, batch_deadline_s
 from diffserve.errors import EngineDeadError, WorkerError

@@ -6,7 +6,8 @@ from __future__ import annotations
 import dataclasses
 
 from diffserve.config import canonical as c
-from diffserve.config.schema import ATTENTION_ROLES, StageConfig
+from diffserve.config.schema import StageConfig
+from diffserve.config.stage_sections import ATTENTION_ROLES
 from diffserve.registry.backends import ATTENTION_BACKENDS, LINEAR_BACKENDS
 from diffserve.registry.executors import EXECUTOR_ALIASES, EXECUTORS
 from diffserve.registry.fronts import FRONTS

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from diffserve.config.resolve import resolve
-from diffserve.config.schema import CacheConfig
+from diffserve.config.stage_sections import CacheConfig
 from diffserve.errors import ConfigError
 from diffserve.models.stepcache.policy import BranchCache, CacheSettings
 from diffserve.models.stepcache.teacache import rescale

@@ -232,7 +232,7 @@ def build_toy_native(root: Path, seed: int = 0) -> Path:
     (root / "model_index.json").write_text(
         json.dumps({"_class_name": FAMILY.class_name})
     )
-    from diffserve.config.schema import AttentionBackendConfig
+    from diffserve.config.stage_sections import AttentionBackendConfig
     from diffserve.layers.kernels import build_kernel_set
 
     torch.manual_seed(seed)

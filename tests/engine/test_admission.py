@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from diffserve.config.schema import RequestDefaultsConfig, ServerConfig
+from diffserve.config.server_schema import ServerConfig
+from diffserve.config.stage_sections import RequestDefaultsConfig
 from diffserve.engine.admission import admit
 from diffserve.errors import LimitExceededError, RequestError
 from diffserve.types.capabilities import PipelineCapabilities

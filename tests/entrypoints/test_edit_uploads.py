@@ -18,7 +18,7 @@ from fastapi.testclient import TestClient
 from PIL import Image
 from starlette.datastructures import UploadFile
 
-from diffserve.config.schema import ServerConfig
+from diffserve.config.server_schema import ServerConfig
 from diffserve.engine.load import ModelLoad, ReplicaLoad
 from diffserve.entrypoints.openai.app import create_app
 from diffserve.entrypoints.openai.edits import parse_form

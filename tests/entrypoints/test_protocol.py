@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from diffserve.config.schema import ServerConfig
+from diffserve.config.server_schema import ServerConfig
 from diffserve.engine.admission import admit
 from diffserve.entrypoints.api_errors import to_api_error
 from diffserve.entrypoints.openai.protocol import parse_body, to_generation_request

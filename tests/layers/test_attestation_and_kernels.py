@@ -3,7 +3,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from diffserve.config.schema import AttentionBackendConfig, FrozenDict
+from diffserve.config.schema import FrozenDict
+from diffserve.config.stage_sections import AttentionBackendConfig
 from diffserve.errors import BackendUnavailableError, ConfigError
 from diffserve.layers.attestation import KernelCounters
 from diffserve.layers.kernels import build_kernel_set

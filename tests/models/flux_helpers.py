@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import torch
 
-from diffserve.config.schema import AttentionBackendConfig, FrozenDict
+from diffserve.config.schema import FrozenDict
+from diffserve.config.stage_sections import AttentionBackendConfig
 from diffserve.layers.kernels import build_kernel_set
 from diffserve.models.flux.transformer import FluxTransformer, load_flux_transformer
 from diffserve.registry.models import MODEL_FAMILIES

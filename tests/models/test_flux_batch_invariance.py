@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from diffserve import Engine, GenerationRequest
-from diffserve.config.schema import AttentionBackendConfig
+from diffserve.config.stage_sections import AttentionBackendConfig
 from diffserve.layers.kernels import build_kernel_set
 from diffserve.models.base import library_admit
 from diffserve.models.flux.params import FluxParams

@@ -12,7 +12,7 @@ import pytest
 import torch
 from flux_helpers import flux_transformer
 
-from diffserve.config.schema import AttentionBackendConfig
+from diffserve.config.stage_sections import AttentionBackendConfig
 from diffserve.layers.kernels import build_kernel_set
 from diffserve.layers.linear.module import Linear
 from diffserve.layers.linear.onednn import OneDnnLinearBackend

@@ -396,7 +396,7 @@ def _load_component(model: Path, component: str, path: Path) -> str:
     uses for it."""
     from transformers import CLIPTextModel, T5EncoderModel
 
-    from diffserve.config.schema import AttentionBackendConfig
+    from diffserve.config.stage_sections import AttentionBackendConfig
     from diffserve.layers.kernels import build_kernel_set
     from diffserve.models.flux.transformer import load_flux_transformer
     from diffserve.models.text_encoder_file import load_text_encoder

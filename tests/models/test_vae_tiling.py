@@ -16,7 +16,7 @@ import pytest
 
 from benchmarks.common import psnr
 from diffserve.config.resolve import resolve
-from diffserve.config.schema import VaeConfig
+from diffserve.config.stage_sections import VaeConfig
 from diffserve.errors import ConfigError
 from diffserve.models.vae_tiling import wants_tiling
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from diffserve.config.schema import ServerConfig
+from diffserve.config.server_schema import ServerConfig
 from diffserve.entrypoints.jobs.artifacts import ArtifactDir
 from diffserve.entrypoints.jobs.store import JobStore
 

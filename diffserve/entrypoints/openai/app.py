@@ -18,7 +18,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from diffserve import __version__
 from diffserve.config.resolved import ResolvedConfig
-from diffserve.config.schema import ServerConfig
+from diffserve.config.server_schema import ServerConfig
 from diffserve.engine.client import AsyncEngineClient
 from diffserve.entrypoints.api_errors import APIError
 from diffserve.entrypoints.engine_host import EngineFactory, EngineHost

@@ -10,7 +10,7 @@ import socket
 from fastapi import FastAPI, Request
 from fastapi.responses import Response
 
-from diffserve.config.schema import ServerConfig
+from diffserve.config.server_schema import ServerConfig
 from diffserve.entrypoints.jobs.runner import JobRunner, RunnerSettings
 from diffserve.entrypoints.jobs.setup import open_artifacts, open_job_store
 from diffserve.entrypoints.openai.answers import answered

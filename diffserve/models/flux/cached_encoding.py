@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from diffserve.config.schema import ConditioningCacheConfig
+from diffserve.config.stage_sections import ConditioningCacheConfig
 from diffserve.models.conditioning_cache import (
     CacheState,
     ConditioningCache,

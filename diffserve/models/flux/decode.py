@@ -8,7 +8,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from diffserve.config.schema import VaeConfig
+from diffserve.config.stage_sections import VaeConfig
 from diffserve.models.flux.sampling import unpack
 from diffserve.models.vae_tiling import tiling
 from diffserve.types.request import GenerationRequest

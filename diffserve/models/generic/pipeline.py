@@ -34,7 +34,8 @@ from typing import Any
 import PIL.Image
 import torch
 
-from diffserve.config.schema import CacheConfig, StageConfig, VaeConfig
+from diffserve.config.schema import StageConfig
+from diffserve.config.stage_sections import CacheConfig, VaeConfig
 from diffserve.errors import ConfigError, ModelLoadError
 from diffserve.layers.attestation import KernelCounters
 from diffserve.layers.kernels import build_kernel_set

@@ -20,7 +20,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from diffserve.config.schema import CacheConfig
+from diffserve.config.stage_sections import CacheConfig
 from diffserve.layers.attestation import KernelCounters
 from diffserve.models.base import ParallelContext, Pipeline, run_one
 from diffserve.models.lora_adapters import LoraAdapters

@@ -28,7 +28,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from diffserve.config.schema import CacheConfig
+from diffserve.config.stage_sections import CacheConfig
 from diffserve.layers.collectives import all_reduce_sum
 from diffserve.models.stepcache.teacache import FLUX_COEFFICIENTS, rescale
 from diffserve.registry.teacache import TeaCachePolynomial

@@ -9,7 +9,7 @@ the default, as ``np.poly1d([4.98651651e+02, -2.83781631e+02, 5.58554382e+01,
 
 from __future__ import annotations
 
-from diffserve.config.schema import CacheConfig
+from diffserve.config.stage_sections import CacheConfig
 from diffserve.errors import ConfigError
 from diffserve.registry.teacache import AUTO, TEACACHE_POLYNOMIALS, TeaCachePolynomial
 
