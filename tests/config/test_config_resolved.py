@@ -24,9 +24,8 @@ def _sample(tmp_path: Path) -> ResolvedConfig:
         topology: split_text_encoder
         server: {max_n: 2}
         stages:
-          - stage_id: 1
-            attention_backend: {default: sdpa, single_block: math}
-            extras: {k: [1, {a: b}]}
+          - {stage_id: 1, attention_backend: {default: sdpa, single_block: math},
+             extras: {k: [1, {a: b}]}}
         """,
     )
     return run(
