@@ -14,9 +14,9 @@ import argparse
 import json
 from typing import Any
 
-from diffserve.config.canonical import SINGLE_FILE_COMPONENTS
 from diffserve.config.fields import FLAT_LEAVES, Leaf
 from diffserve.config.schema import PLATFORMS
+from diffserve.config.structured import SINGLE_FILE_COMPONENTS
 from diffserve.errors import ConfigError
 
 _DEST_PREFIX = "config_"

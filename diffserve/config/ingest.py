@@ -15,7 +15,6 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from diffserve.config.ar_ingest import AR_KIND, ar_stage_mapping, stage_kind
 from diffserve.config.fields import (
     FLAT_LEAVES,
     PIPELINE_LEAVES,
@@ -27,20 +26,20 @@ from diffserve.config.fields import (
     did_you_mean,
 )
 from diffserve.config.ingest_context import Ctx
-from diffserve.config.provenance import Source, StageRef
+from diffserve.config.provenance import Source
 from diffserve.config.schema import FrozenDict
 from diffserve.config.stage_sections import ATTENTION_ROLES
 from diffserve.errors import ConfigError
 
 _MAX_DEPTH = 32
-_PIPELINE_ONLY = (*TOP_LEVEL_PIPELINE_LEAVES, "server")
+PIPELINE_ONLY = (*TOP_LEVEL_PIPELINE_LEAVES, "server")
 
 
-def _join(path: str, key: Any) -> str:
+def join(path: str, key: Any) -> str:
     return f"{path}.{key}" if path else str(key)
 
 
-def _is_key(ctx: Ctx, mapping: Mapping, key: Any, path: str) -> bool:
+def is_key(ctx: Ctx, mapping: Mapping, key: Any, path: str) -> bool:
     if isinstance(key, str):
         return True
     ctx.out.error(
@@ -78,7 +77,7 @@ def _unknown(
         or f"valid keys: {', '.join(sorted(set(valid)))}"
     )
     ctx.out.error(
-        f"unknown key {key!r}", path=_join(path, key), source=source, hint=hint
+        f"unknown key {key!r}", path=join(path, key), source=source, hint=hint
     )
 
 
@@ -88,7 +87,7 @@ def _unknown(
 _FILE_MAPPINGS = frozenset({"lora_modules", "components"})
 
 
-def _leaf(
+def leaf(
     ctx: Ctx, leaf: Leaf, value: Any, stage_id: int | None, path: str, source: Source
 ) -> None:
     if (
@@ -129,7 +128,7 @@ def _attention(
             ctx.out.add(ctx.rank, stage_id, f"attention_backend.{part}", name, source)
         return
     for role, name in value.items():
-        if not _is_key(ctx, value, role, path):
+        if not is_key(ctx, value, role, path):
             continue
         sub_source = ctx.src(value, role) if ctx.file else source
         if role not in ("default", *ATTENTION_ROLES):
@@ -146,7 +145,7 @@ def _attention(
                 sub_source,
             )
         except ConfigError as exc:
-            ctx.out.fail(exc, path=_join(path, role), source=sub_source)
+            ctx.out.fail(exc, path=join(path, role), source=sub_source)
 
 
 def freeze(value: Any, path: str, depth: int = 0) -> Any:
@@ -165,7 +164,7 @@ def freeze(value: Any, path: str, depth: int = 0) -> Any:
                     f"extras key {key!r} is not a string", path=path, hint="quote it"
                 )
         return FrozenDict(
-            {k: freeze(v, _join(path, k), depth + 1) for k, v in value.items()}
+            {k: freeze(v, join(path, k), depth + 1) for k, v in value.items()}
         )
     if isinstance(value, (list, tuple)):
         return tuple(freeze(v, f"{path}[{i}]", depth + 1) for i, v in enumerate(value))
@@ -181,7 +180,7 @@ def _extras(
 ) -> None:
     extras = _mapping(ctx, value, path, source) or {}
     for key, item in extras.items():
-        if not _is_key(ctx, extras, key, path):
+        if not is_key(ctx, extras, key, path):
             continue
         sub_source = ctx.src(extras, key) if ctx.file else source
         try:
@@ -189,14 +188,14 @@ def _extras(
                 ctx.rank,
                 stage_id,
                 f"extras.{key}",
-                freeze(item, _join(path, key)),
+                freeze(item, join(path, key)),
                 sub_source,
             )
         except ConfigError as exc:
             ctx.out.fail(exc, path=exc.path, source=sub_source)
 
 
-def _section(
+def section(
     ctx: Ctx, name: str, value: Any, stage_id: int | None, path: str, source: Source
 ) -> None:
     _section_body(ctx, SECTIONS[name], value, stage_id, path, source)
@@ -216,12 +215,12 @@ def _section_body(
     body = _mapping(ctx, value, path, source) or {}
     nested = {key.split(".", 1)[0] for key in leaves if "." in key}
     for key, item in body.items():
-        if not _is_key(ctx, body, key, path):
+        if not is_key(ctx, body, key, path):
             continue
         sub_source = ctx.src(body, key) if ctx.file else source
         if key in leaves:
             if item is not None:
-                _leaf(ctx, leaves[key], item, stage_id, _join(path, key), sub_source)
+                leaf(ctx, leaves[key], item, stage_id, join(path, key), sub_source)
         elif key in nested:
             if item is not None:
                 inner = {
@@ -229,7 +228,7 @@ def _section_body(
                     for k, leaf in leaves.items()
                     if k.startswith(f"{key}.")
                 }
-                _section_body(ctx, inner, item, stage_id, _join(path, key), sub_source)
+                _section_body(ctx, inner, item, stage_id, join(path, key), sub_source)
         else:
             _unknown(
                 ctx, key, path, sub_source, sorted({k.split(".", 1)[0] for k in leaves})
@@ -248,7 +247,7 @@ def stage_field(
     """One key of a stage mapping (or a pipeline-wide stage field). ``valid`` feeds
     did-you-mean."""
     source = ctx.src(mapping, key)
-    full = _join(path, key)
+    full = join(path, key)
     if value is None:
         return  # null means "no opinion", same as leaving the key out
     if key == "attention_backend":
@@ -256,11 +255,11 @@ def stage_field(
     elif key == "extras":
         _extras(ctx, value, stage_id, full, source)
     elif key in SECTIONS and key != "server":
-        _section(ctx, key, value, stage_id, full, source)
+        section(ctx, key, value, stage_id, full, source)
     elif key in STAGE_LEAVES:
-        _leaf(ctx, STAGE_LEAVES[key], value, stage_id, full, source)
+        leaf(ctx, STAGE_LEAVES[key], value, stage_id, full, source)
     elif ctx.allow_flat and key in FLAT_LEAVES and FLAT_LEAVES[key].scope == "stage":
-        _leaf(ctx, FLAT_LEAVES[key], value, stage_id, full, source)
+        leaf(ctx, FLAT_LEAVES[key], value, stage_id, full, source)
     elif key in ("stage_id", "role", "stages"):
         hint = {
             "stage_id": "stage_id belongs inside a stages: entry",
@@ -269,7 +268,7 @@ def stage_field(
         }[key]
         _unknown(ctx, key, path, source, valid, hint)
     elif stage_id is not None and (
-        key in _PIPELINE_ONLY
+        key in PIPELINE_ONLY
         or key in PIPELINE_LEAVES
         or (key in FLAT_LEAVES and FLAT_LEAVES[key].scope == "pipeline")
     ):
@@ -302,127 +301,6 @@ def stage_mapping(
     """Every field of one stage entry (``stage_id`` itself is read by the caller)."""
     valid = [*STAGE_KEYS, "stage_id"] + (list(FLAT_LEAVES) if ctx.allow_flat else [])
     for key, value in body.items():
-        if key in skip or not _is_key(ctx, body, key, path):
+        if key in skip or not is_key(ctx, body, key, path):
             continue
         stage_field(ctx, body, key, value, stage_id, path, valid)
-
-
-def stage_id_of(value: Any) -> int:
-    """A stage id: a non-negative int, or its decimal text (JSON object keys are
-    strings)."""
-    # isascii: str.isdigit() also accepts superscripts and other digits that int()
-    # refuses ("²").
-    if isinstance(value, str) and value.strip().isascii() and value.strip().isdigit():
-        value = int(value)
-    if isinstance(value, int) and not isinstance(value, bool) and 0 <= value < 1000:
-        return value
-    raise ConfigError(f"stage_id {value!r} is not a stage number", hint="use 0, 1, ...")
-
-
-def stages_list(ctx: Ctx, value: Any, path: str, source: Source) -> None:
-    """``stages: [{stage_id: 0, ...}, ...]``; entries are matched to the topology by
-    stage_id."""
-    if not isinstance(value, list):
-        ctx.out.error(
-            f"expected a list of stage entries, got {type(value).__name__}",
-            path=path,
-            source=source,
-            hint="write stages: [{stage_id: 0, ...}]",
-        )
-        return
-    seen: dict[int, int] = {}
-    for index, entry in enumerate(value):
-        entry_path = f"{path}[{index}]"
-        entry_source = Source(
-            ctx.layer, ctx.file, getattr(entry, "line", None), ctx.detail
-        )
-        if not isinstance(entry, Mapping):
-            ctx.out.error(
-                f"stage entry must be a mapping, got {type(entry).__name__}",
-                path=entry_path,
-                source=entry_source,
-                hint="write - {stage_id: 0, dtype: ...}",
-            )
-            continue
-        if entry.get("stage_id") is None:
-            ctx.out.error(
-                "stage entry has no stage_id",
-                path=entry_path,
-                source=entry_source,
-                hint="add stage_id: 0 (or the stage it configures)",
-            )
-            continue
-        id_source = ctx.src(entry, "stage_id")
-        try:
-            stage_id = stage_id_of(entry["stage_id"])
-        except ConfigError as exc:
-            ctx.out.fail(exc, path=f"{entry_path}.stage_id", source=id_source)
-            continue
-        if stage_id in seen:
-            ctx.out.error(
-                f"stage_id {stage_id} appears twice (entries {seen[stage_id]} "
-                f"and {index})",
-                path=entry_path,
-                source=id_source,
-                hint="merge the two entries",
-            )
-            continue
-        seen[stage_id] = index
-        kind = stage_kind(ctx, entry, stage_id, entry_path)
-        if kind == AR_KIND:
-            ar_stage_mapping(ctx, entry, stage_id, f"{path}[stage_id={stage_id}]")
-        elif kind is not None:
-            ctx.out.stage_refs.append(
-                StageRef(stage_id, id_source, f"{entry_path}.stage_id")
-            )
-            stage_mapping(
-                ctx,
-                entry,
-                stage_id,
-                f"{path}[stage_id={stage_id}]",
-                skip=("stage_id", "kind"),
-            )
-
-
-def pipeline_doc(
-    ctx: Ctx,
-    doc: Mapping,
-    path: str,
-    *,
-    reserved: tuple[str, ...] = (),
-    stages: bool = True,
-) -> None:
-    """A top-level document: pipeline-only keys, pipeline-wide stage fields and
-    ``stages``.
-
-    ``reserved`` keys are accepted but handled by the caller (``base_config``,
-    ``platforms``).
-    """
-    valid = [*_PIPELINE_ONLY, *STAGE_KEYS, *reserved] + (["stages"] if stages else [])
-    if ctx.allow_flat:
-        valid += list(FLAT_LEAVES)
-    for key, value in doc.items():
-        if not _is_key(ctx, doc, key, path) or key in reserved or value is None:
-            continue
-        source = ctx.src(doc, key)
-        if key in TOP_LEVEL_PIPELINE_LEAVES:
-            _leaf(
-                ctx,
-                TOP_LEVEL_PIPELINE_LEAVES[key],
-                value,
-                None,
-                _join(path, key),
-                source,
-            )
-        elif key == "server":
-            _section(ctx, "server", value, None, _join(path, key), source)
-        elif key == "stages" and stages:
-            stages_list(ctx, value, _join(path, key), source)
-        elif (
-            ctx.allow_flat
-            and key in FLAT_LEAVES
-            and FLAT_LEAVES[key].scope == "pipeline"
-        ):
-            _leaf(ctx, FLAT_LEAVES[key], value, None, _join(path, key), source)
-        else:
-            stage_field(ctx, doc, key, value, None, path, valid)

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from diffserve.config import canonical as c
+from diffserve.config import structured as sv
 from diffserve.config.frozen import FrozenDict
 from diffserve.config.options import opt, section
 from diffserve.config.stage_sections import (
@@ -84,7 +85,7 @@ class StageConfig:
     devices: tuple[int, ...] = opt(
         (),
         'device indices: a list ([0, 1]) or "0,1"; empty or auto = pick',
-        c.normalize_devices,
+        sv.normalize_devices,
         kind="list",
     )
     max_batch_size: int = opt(
@@ -131,7 +132,7 @@ class StageConfig:
         "a name also covers the modules under it); unset = "
         "the model family's (embedders, modulation, "
         "final layer)",
-        c.normalize_module_patterns,
+        sv.normalize_module_patterns,
         kind="list",
     )
     text_encoder_quantization: str = opt(
@@ -166,7 +167,7 @@ class StageConfig:
         FrozenDict(),
         "LoRA adapters registered at start: {name: path} (flags "
         "and environment: name=path,...); requests choose them by name",
-        c.normalize_lora_modules,
+        sv.normalize_lora_modules,
         kind="mapping",
     )
     components: Mapping[str, str] = opt(
@@ -176,14 +177,14 @@ class StageConfig:
         "text_encoder_2: path} (flags: --transformer FILE, --vae FILE, "
         "--text-encoder FILE, --text-encoder-2 FILE); diffusers, BFL and ComfyUI "
         "layouts",
-        c.normalize_components,
+        sv.normalize_components,
         kind="mapping",
     )
     lora_dir: str = opt(
         "",
         "directory requests may load LoRA files from by path "
         "(empty: only registered names)",
-        c.normalize_optional_dir,
+        sv.normalize_optional_dir,
     )
     max_loras: int = opt(
         4,
@@ -203,7 +204,7 @@ class StageConfig:
     worker_extension_cls: str | None = opt(
         None,
         "dotted path of a WorkerExtension subclass to load",
-        c.normalize_class_path,
+        sv.normalize_class_path,
     )
     extras: Mapping[str, Any] = field(
         default_factory=FrozenDict,

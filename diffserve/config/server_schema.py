@@ -7,6 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from diffserve.config import canonical as c
+from diffserve.config import structured as sv
 from diffserve.config.options import opt, section
 
 
@@ -138,7 +139,7 @@ class ServerConfig:
         (),
         "Host header values accepted: a list or comma-separated (empty: "
         "any); against DNS rebinding",
-        c.normalize_host_list,
+        sv.normalize_host_list,
         kind="list",
     )
     expose_config: bool = opt(
@@ -155,20 +156,20 @@ class ServerConfig:
         "SQLite job store and, unless "
         "artifact_dir is set, the video files (empty: $XDG_STATE_HOME/diffserve, else "
         "~/.local/state/diffserve)",
-        c.normalize_optional_dir,
+        sv.normalize_optional_dir,
     )
     job_store: str = opt(
         "",
         "database of video jobs: sqlite:///PATH or postgresql://USER@HOST:PORT/DB, "
         "shared by "
         "every instance that serves the same jobs (empty: SQLite in state_dir)",
-        c.normalize_job_store_url,
+        sv.normalize_job_store_url,
     )
     artifact_dir: str = opt(
         "",
         "directory of finished videos (MP4, thumbnail, sprite sheet), shared by every "
         "instance of one job store (empty: state_dir/videos)",
-        c.normalize_optional_dir,
+        sv.normalize_optional_dir,
     )
     video_ttl_s: int = opt(
         86400,

@@ -15,7 +15,8 @@ from typing import Any
 from diffserve.config.ar_ingest import ar_stage_mapping
 from diffserve.config.canonical import normalize_platform
 from diffserve.config.fields import FLAT_LEAVES, did_you_mean
-from diffserve.config.ingest import Ctx, pipeline_doc, stage_id_of, stage_mapping
+from diffserve.config.ingest import Ctx, stage_mapping
+from diffserve.config.ingest_document import pipeline_doc, stage_id_of
 from diffserve.config.model_source import (
     deploy_model,
 )

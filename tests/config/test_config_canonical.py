@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 
 from diffserve.config import canonical as c
+from diffserve.config import structured as sv
 from diffserve.errors import ConfigError
 
 
@@ -67,21 +68,21 @@ def test_bool_and_int_text_forms() -> None:
     with pytest.raises(ConfigError):
         c.int_normalizer(1)(2.5)
     # Lists and mappings are typed values once parsed, however they were written.
-    assert c.normalize_devices(0) == (0,) and c.normalize_devices("0, 1") == (
+    assert sv.normalize_devices(0) == (0,) and sv.normalize_devices("0, 1") == (
         0,
         1,
-    ) == c.normalize_devices([0, 1])
-    assert c.normalize_devices("auto") == () == c.normalize_devices("")
-    assert c.normalize_host_list("Localhost, 127.0.0.1:8000,localhost") == (
+    ) == sv.normalize_devices([0, 1])
+    assert sv.normalize_devices("auto") == () == sv.normalize_devices("")
+    assert sv.normalize_host_list("Localhost, 127.0.0.1:8000,localhost") == (
         "localhost",
         "127.0.0.1:8000",
     )
-    assert c.normalize_host_list(["a.corp", "b.corp"]) == ("a.corp", "b.corp")
-    modules = c.normalize_lora_modules("b=/x/b.safetensors, a=/x/a.safetensors")
+    assert sv.normalize_host_list(["a.corp", "b.corp"]) == ("a.corp", "b.corp")
+    modules = sv.normalize_lora_modules("b=/x/b.safetensors, a=/x/a.safetensors")
     assert dict(modules) == {"a": "/x/a.safetensors", "b": "/x/b.safetensors"} and list(
         modules
     ) == ["a", "b"]
     assert (
-        c.normalize_lora_modules({"b": "/x/b.safetensors", "a": "/x/a.safetensors"})
+        sv.normalize_lora_modules({"b": "/x/b.safetensors", "a": "/x/a.safetensors"})
         == modules
     )

@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 
 from diffserve.config import canonical as c
+from diffserve.config import structured as sv
 from diffserve.config.schema import StageConfig
 from diffserve.config.stage_sections import ATTENTION_ROLES
 from diffserve.registry.backends import ATTENTION_BACKENDS, LINEAR_BACKENDS
@@ -68,7 +69,7 @@ def test_single_file_components_are_the_registrys() -> None:
     what its loaders do."""
     from diffserve.models.text_encoder_file import TEXT_ENCODER_FILES
 
-    assert set(c.SINGLE_FILE_COMPONENTS) == {
+    assert set(sv.SINGLE_FILE_COMPONENTS) == {
         x for f in MODEL_FAMILIES.values() for x in f.features.single_file_components
     }
     readers = {
