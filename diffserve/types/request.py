@@ -7,7 +7,6 @@ at admission (``engine/admission.py``), because only the engine knows them."""
 
 from __future__ import annotations
 
-import math
 import secrets
 import uuid
 from dataclasses import dataclass, field, replace
@@ -15,20 +14,19 @@ from typing import Any, Literal
 
 from diffserve.errors import RequestError
 from diffserve.types.attestation import Attestation
+from diffserve.types.request_checks import (
+    MAX_CACHE_THRESHOLD,
+    MAX_FPS,
+    MAX_FRAMES,
+    MAX_GUIDANCE_SCALE,
+    MAX_SEED,
+    MAX_TRUE_CFG_SCALE,
+    check_edit_inputs,
+    check_float,
+    lora_pairs,
+)
 
 OutputType = Literal["pil", "latent", "pt"]
-MAX_SEED = 2**63 - 1
-# Upper bounds of the float knobs: far above any useful value, and a bound keeps a typo
-# (or 1e308) from reaching the sampler as an overflow.
-MAX_GUIDANCE_SCALE = 100.0
-MAX_TRUE_CFG_SCALE = 100.0
-MAX_CACHE_THRESHOLD = (
-    100.0  # the config's bound too; a deployment sets a tighter cache.max_threshold
-)
-MAX_FRAMES = (
-    10_000  # a sanity bound; a deployment's server.max_frames is the real limit
-)
-MAX_FPS = 240
 
 
 @dataclass(frozen=True)
@@ -130,111 +128,10 @@ class GenerationRequest:
         return replace(self, carried=replace(self.carried, **changes))
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "loras", _lora_pairs(self.loras))
+        object.__setattr__(self, "loras", lora_pairs(self.loras))
         object.__setattr__(self, "images", tuple(self.images or ()))
-        self._validate()
-        _check_edit(self.images, self.mask, self.strength)
-
-    def _validate(self) -> None:
-        """Raise ``RequestError`` naming the bad value and the fix. Model-independent
-        checks only."""
-        if not isinstance(self.prompt, str) or not self.prompt.strip():
-            raise RequestError("prompt must be a non-empty string", param="prompt")
-        for name in ("height", "width"):
-            value = getattr(self, name)
-            if value is None:
-                continue
-            if (
-                not isinstance(value, int)
-                or isinstance(value, bool)
-                or value < 16
-                or value % 16
-            ):
-                raise RequestError(
-                    f"{name}={value!r} must be a positive multiple of 16 "
-                    f"(e.g. {max(16, (int(value or 0) // 16) * 16)})",
-                    param=name,
-                )
-        steps = self.num_inference_steps
-        if steps is not None and (
-            not isinstance(steps, int) or isinstance(steps, bool) or steps < 1
-        ):
-            raise RequestError(
-                f"num_inference_steps={self.num_inference_steps!r} must "
-                "be an integer >= 1",
-                param="num_inference_steps",
-            )
-        if self.num_frames is not None and (
-            not isinstance(self.num_frames, int)
-            or isinstance(self.num_frames, bool)
-            or not 1 <= self.num_frames <= MAX_FRAMES
-        ):
-            raise RequestError(
-                f"num_frames={self.num_frames!r} must be an integer "
-                f"in [1, {MAX_FRAMES}]",
-                param="num_frames",
-            )
-        if self.fps is not None and (
-            not isinstance(self.fps, int)
-            or isinstance(self.fps, bool)
-            or not 1 <= self.fps <= MAX_FPS
-        ):
-            raise RequestError(
-                f"fps={self.fps!r} must be an integer in [1, {MAX_FPS}]", param="fps"
-            )
-        if self.seconds is not None:
-            _check_float(self.seconds, "seconds", 0.0, float(MAX_FRAMES))
-            if self.seconds <= 0:
-                raise RequestError(
-                    f"seconds={self.seconds!r} must be above 0", param="seconds"
-                )
-        if self.rewrite_prompt is not None and not isinstance(
-            self.rewrite_prompt, bool
-        ):
-            raise RequestError(
-                f"rewrite_prompt={self.rewrite_prompt!r} must be true or false",
-                param="rewrite_prompt",
-            )
-        if not isinstance(self.conditioning_cache, bool):
-            raise RequestError(
-                f"conditioning_cache={self.conditioning_cache!r} must be true or false",
-                param="conditioning_cache",
-            )
-        if not isinstance(self.n, int) or self.n < 1:
-            raise RequestError(f"n={self.n!r} must be an integer >= 1", param="n")
-        if self.guidance_scale is not None:
-            _check_float(self.guidance_scale, "guidance_scale", 0.0, MAX_GUIDANCE_SCALE)
-        _check_float(self.true_cfg_scale, "true_cfg_scale", 0.0, MAX_TRUE_CFG_SCALE)
-        if self.true_cfg_scale < 1.0 and self.true_cfg_scale != 0:
-            raise RequestError(
-                f"true_cfg_scale={self.true_cfg_scale!r} must be >= "
-                "1 (1 disables true CFG)",
-                param="true_cfg_scale",
-            )
-        if self.seed is not None and not (0 <= self.seed <= MAX_SEED - self.n):
-            raise RequestError(
-                f"seed={self.seed!r} must be in [0, 2**63 - 1 - n]", param="seed"
-            )
-        length = self.max_sequence_length
-        # Its upper bound is the model's text window, checked at admission
-        # (PipelineCapabilities.check).
-        if length is not None and (
-            not isinstance(length, int) or isinstance(length, bool) or length < 1
-        ):
-            raise RequestError(
-                f"max_sequence_length={self.max_sequence_length!r} must "
-                "be an integer >= 1",
-                param="max_sequence_length",
-            )
-        if self.cache_threshold is not None:
-            _check_float(
-                self.cache_threshold, "cache_threshold", 0.0, MAX_CACHE_THRESHOLD
-            )
-        if self.output_type not in ("pil", "latent", "pt"):
-            raise RequestError(
-                f"output_type={self.output_type!r} must be one of pil, latent, pt",
-                param="output_type",
-            )
+        _check_fields(self)
+        check_edit_inputs(self.images, self.mask, self.strength)
 
     def with_defaults(
         self,
@@ -283,117 +180,109 @@ class GenerationRequest:
         return [self.seed + i for i in range(self.n)]
 
 
-MAX_INPUT_IMAGES = 4  # images per edit request (the HTTP layer may bound it lower)
-
-
-def _check_edit(images: tuple[Any, ...], mask: Any, strength: float | None) -> None:
-    """Shapes and types of an edit's inputs (sizes against the model are checked at
-    admission)."""
-    if len(images) > MAX_INPUT_IMAGES:
-        raise RequestError(
-            f"{len(images)} input images; at most {MAX_INPUT_IMAGES}", param="image"
-        )
-    for image in images:
-        shape, dtype = getattr(image, "shape", None), str(getattr(image, "dtype", ""))
+def _check_fields(request: GenerationRequest) -> None:
+    """Raise ``RequestError`` naming the bad value and the fix. Model-independent
+    checks only."""
+    if not isinstance(request.prompt, str) or not request.prompt.strip():
+        raise RequestError("prompt must be a non-empty string", param="prompt")
+    for name in ("height", "width"):
+        value = getattr(request, name)
+        if value is None:
+            continue
         if (
-            shape is None
-            or len(shape) != 3
-            or shape[2] != 3
-            or dtype != "uint8"
-            or min(shape[:2]) < 1
+            not isinstance(value, int)
+            or isinstance(value, bool)
+            or value < 16
+            or value % 16
         ):
             raise RequestError(
-                f"input images must be uint8 RGB arrays [H, W, 3], got {dtype} {shape}",
-                param="image",
+                f"{name}={value!r} must be a positive multiple of 16 "
+                f"(e.g. {max(16, (int(value or 0) // 16) * 16)})",
+                param=name,
             )
-    if mask is not None:
-        if not images:
-            raise RequestError("a mask needs an image to edit", param="mask")
-        shape, dtype = getattr(mask, "shape", None), str(getattr(mask, "dtype", ""))
-        if (
-            shape is None
-            or tuple(shape) != tuple(images[0].shape[:2])
-            or dtype != "uint8"
-        ):
-            raise RequestError(
-                "the mask must be uint8 [H, W] of the image's size "
-                f"{tuple(images[0].shape[:2])}, "
-                f"got {dtype} {shape}",
-                param="mask",
-            )
-    if strength is not None:
-        if (
-            isinstance(strength, bool)
-            or not isinstance(strength, (int, float))
-            or not 0 < strength <= 1
-        ):
-            raise RequestError(
-                f"strength={strength!r} must be a number in (0, 1]", param="strength"
-            )
-        if not images:
-            raise RequestError("strength needs an input image", param="strength")
-
-
-MAX_LORA_SCALE = (
-    100.0  # the config's bound too; a deployment sets a tighter max_lora_scale
-)
-
-
-def _lora_pairs(value: Any) -> tuple[tuple[str, float], ...]:
-    """``[(name, scale), ...]`` (or ``{"name": ..., "scale": ...}`` items) as a tuple of
-    pairs, checked."""
-    if value is None:
-        return ()
-    if isinstance(value, (str, bytes)) or not isinstance(value, (list, tuple)):
-        raise RequestError(
-            f"loras={value!r} must be a list of (name, scale)", param="loras"
-        )
-    pairs = []
-    for item in value:
-        if isinstance(item, dict):
-            name, scale = item.get("name"), item.get("scale", 1.0)
-        elif isinstance(item, (list, tuple)) and len(item) == 2:
-            name, scale = item
-        else:
-            raise RequestError(
-                f"loras item {item!r} must be (name, scale)", param="loras"
-            )
-        if not isinstance(name, str) or not name.strip() or len(name) > 1024:
-            raise RequestError(
-                f"loras name {name!r} must be a non-empty string", param="loras"
-            )
-        if (
-            isinstance(scale, bool)
-            or not isinstance(scale, (int, float))
-            or not math.isfinite(scale)
-            or abs(scale) > MAX_LORA_SCALE
-        ):
-            raise RequestError(
-                f"loras scale {scale!r} of {name!r} must be a finite number in "
-                f"[-{MAX_LORA_SCALE:g}, {MAX_LORA_SCALE:g}]",
-                param="loras",
-            )
-        pairs.append((name.strip(), float(scale)))
-    if len({name for name, _ in pairs}) != len(pairs):
-        raise RequestError(
-            "loras names must be unique (combine scales into one entry)", param="loras"
-        )
-    return tuple(pairs)
-
-
-def _check_float(value: object, name: str, low: float, high: float) -> None:
-    """A finite number in ``[low, high]``: inf and NaN pass every ``<`` comparison, so
-    test them first."""
-    if (
-        isinstance(value, bool)
-        or not isinstance(value, (int, float))
-        or not math.isfinite(value)
+    steps = request.num_inference_steps
+    if steps is not None and (
+        not isinstance(steps, int) or isinstance(steps, bool) or steps < 1
     ):
-        raise RequestError(f"{name}={value!r} must be a finite number", param=name)
-    if not low <= value <= high:
         raise RequestError(
-            f"{name}={value!r} must be in [{low:g}, {high:g}]", param=name
+            f"num_inference_steps={request.num_inference_steps!r} must "
+            "be an integer >= 1",
+            param="num_inference_steps",
         )
+    if request.num_frames is not None and (
+        not isinstance(request.num_frames, int)
+        or isinstance(request.num_frames, bool)
+        or not 1 <= request.num_frames <= MAX_FRAMES
+    ):
+        raise RequestError(
+            f"num_frames={request.num_frames!r} must be an integer "
+            f"in [1, {MAX_FRAMES}]",
+            param="num_frames",
+        )
+    if request.fps is not None and (
+        not isinstance(request.fps, int)
+        or isinstance(request.fps, bool)
+        or not 1 <= request.fps <= MAX_FPS
+    ):
+        raise RequestError(
+            f"fps={request.fps!r} must be an integer in [1, {MAX_FPS}]", param="fps"
+        )
+    if request.seconds is not None:
+        check_float(request.seconds, "seconds", 0.0, float(MAX_FRAMES))
+        if request.seconds <= 0:
+            raise RequestError(
+                f"seconds={request.seconds!r} must be above 0", param="seconds"
+            )
+    if request.rewrite_prompt is not None and not isinstance(
+        request.rewrite_prompt, bool
+    ):
+        raise RequestError(
+            f"rewrite_prompt={request.rewrite_prompt!r} must be true or false",
+            param="rewrite_prompt",
+        )
+    if not isinstance(request.conditioning_cache, bool):
+        raise RequestError(
+            f"conditioning_cache={request.conditioning_cache!r} must be true or false",
+            param="conditioning_cache",
+        )
+    if not isinstance(request.n, int) or request.n < 1:
+        raise RequestError(f"n={request.n!r} must be an integer >= 1", param="n")
+    if request.guidance_scale is not None:
+        check_float(request.guidance_scale, "guidance_scale", 0.0, MAX_GUIDANCE_SCALE)
+    check_float(request.true_cfg_scale, "true_cfg_scale", 0.0, MAX_TRUE_CFG_SCALE)
+    if request.true_cfg_scale < 1.0 and request.true_cfg_scale != 0:
+        raise RequestError(
+            f"true_cfg_scale={request.true_cfg_scale!r} must be >= "
+            "1 (1 disables true CFG)",
+            param="true_cfg_scale",
+        )
+    if request.seed is not None and not (0 <= request.seed <= MAX_SEED - request.n):
+        raise RequestError(
+            f"seed={request.seed!r} must be in [0, 2**63 - 1 - n]", param="seed"
+        )
+    length = request.max_sequence_length
+    # Its upper bound is the model's text window, checked at admission
+    # (PipelineCapabilities.check).
+    if length is not None and (
+        not isinstance(length, int) or isinstance(length, bool) or length < 1
+    ):
+        raise RequestError(
+            f"max_sequence_length={request.max_sequence_length!r} must "
+            "be an integer >= 1",
+            param="max_sequence_length",
+        )
+    if request.cache_threshold is not None:
+        check_float(
+            request.cache_threshold, "cache_threshold", 0.0, MAX_CACHE_THRESHOLD
+        )
+    if request.output_type not in ("pil", "latent", "pt"):
+        raise RequestError(
+            f"output_type={request.output_type!r} must be one of pil, latent, pt",
+            param="output_type",
+        )
+
+
+MAX_INPUT_IMAGES = 4  # images per edit request (the HTTP layer may bound it lower)
 
 
 @dataclass

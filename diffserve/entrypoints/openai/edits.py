@@ -39,7 +39,7 @@ from diffserve.entrypoints.openai.protocol import (
 )
 from diffserve.entrypoints.openai.uploads import decode_edit_inputs, input_pixel_limit
 from diffserve.errors import RequestError
-from diffserve.types.request import MAX_INPUT_IMAGES
+from diffserve.types.request_checks import MAX_INPUT_IMAGES
 
 EDITS_PATH = "/v1/images/edits"
 # The SDK sends one image as ``image`` and a list as ``image[]`` (one part per file).

@@ -18,12 +18,12 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from diffserve.entrypoints.request_fields import to_request
 from diffserve.errors import RequestError
 from diffserve.types.attestation import Attestation
-from diffserve.types.request import (
+from diffserve.types.request import GenerationRequest
+from diffserve.types.request_checks import (
     MAX_CACHE_THRESHOLD,
     MAX_GUIDANCE_SCALE,
     MAX_SEED,
     MAX_TRUE_CFG_SCALE,
-    GenerationRequest,
 )
 
 OutputFormat = Literal["png", "jpeg", "webp"]

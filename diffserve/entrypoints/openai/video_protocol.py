@@ -30,7 +30,11 @@ from diffserve.entrypoints.openai.protocol import (
     request_error,
 )
 from diffserve.errors import RequestError
-from diffserve.types.request import MAX_CACHE_THRESHOLD, MAX_GUIDANCE_SCALE, MAX_SEED
+from diffserve.types.request_checks import (
+    MAX_CACHE_THRESHOLD,
+    MAX_GUIDANCE_SCALE,
+    MAX_SEED,
+)
 
 MAX_SECONDS = 600.0
 TYPES = FieldTypes(
