@@ -22,7 +22,6 @@ false; see docs/models.md).
 from __future__ import annotations
 
 import inspect
-import json
 import queue
 import threading
 import time
@@ -38,32 +37,20 @@ from diffserve.config.schema import StageConfig
 from diffserve.config.stage_sections import CacheConfig, VaeConfig
 from diffserve.errors import ConfigError, ModelLoadError
 from diffserve.layers.attestation import KernelCounters
-from diffserve.layers.kernels import build_kernel_set
-from diffserve.layers.linear.quantized import quantize_linears
 from diffserve.logging import get_logger
 from diffserve.models.base import BuildContext, Pipeline, PipelineCapabilities, run_one
-from diffserve.models.dtype import resolve_dtype
-from diffserve.models.generic.compile import compile_denoiser, count_forwards
+from diffserve.models.generic.build import load_generic
 from diffserve.models.generic.compute_thread import ComputeThread
-from diffserve.models.generic.kernels import (
-    check_masked_roles,
-    route_attention,
-    swap_linears,
-)
-from diffserve.models.generic.lora import generic_lora_adapters
 from diffserve.models.generic.step_cache import GenericStepCache
-from diffserve.models.generic.vl_processor import processor_components
-from diffserve.models.loader import strict_model_components
 from diffserve.models.lora_adapters import LoraAdapters
-from diffserve.models.memory import PhasePeaks, component_weights
-from diffserve.models.offload import offload_diffusers
+from diffserve.models.memory import PhasePeaks
 from diffserve.models.stepcache.policy import CacheSettings
 from diffserve.models.vae_norm import running_sum_rms_norms
 from diffserve.models.vae_tiling import configure_tiling, tiling
-from diffserve.registry.models import MODEL_FAMILIES, ModelFamily, read_class_name
+from diffserve.registry.models import ModelFamily
 from diffserve.types.attestation import Attestation
 from diffserve.types.batching import batch_key, plan_of
-from diffserve.types.memory import ComponentWeights, describe_weights
+from diffserve.types.memory import ComponentWeights
 from diffserve.types.request import GenerationRequest
 from diffserve.types.results import BatchResult, RequestResult, StepEvent
 
@@ -217,97 +204,21 @@ class GenericPipeline(Pipeline):
         context: BuildContext,
         compute: ComputeThread,
     ) -> GenericPipeline:
-        import diffusers
-
-        class_name = read_class_name(root)
-        family = MODEL_FAMILIES[class_name]
-        device = torch.device(context.device)
-        dtype = resolve_dtype(stage.dtype, device)
-        start = time.perf_counter()
-        kernels = build_kernel_set(
-            stage.linear_backend,
-            stage.attention_backend,
-            roles=family.attention_roles,
-            device=device,
-            dtype=dtype,
-            observers=context.kernel_observers,
-            batch_invariant=stage.batch_invariant,
-        )
-        check_masked_roles(kernels, family.generic.masked_roles, stage.stage_id)
-        try:
-            pipeline_class = getattr(diffusers, class_name)
-            components = strict_model_components(root, dtype)
-            # Processors transformers cannot build here go in after the load (diffusers
-            # would check their class against one that does not exist without
-            # torchvision).
-            processors = processor_components(root)
-            pipe = pipeline_class.from_pretrained(
-                str(root),
-                torch_dtype=dtype,
-                use_safetensors=True,
-                local_files_only=True,
-                **components,
-                **dict.fromkeys(processors),
-            )
-            pipe.register_modules(**processors)
-        except (OSError, ValueError, AttributeError, json.JSONDecodeError) as exc:
-            raise ModelLoadError(
-                f"cannot load {class_name} from {root} with diffusers: {exc}"
-            ) from exc
-        pipe.set_progress_bar_config(disable=True)
-        denoiser = getattr(pipe, family.denoiser)
-        ensure_dtype(denoiser, dtype)
-        linears = swap_linears(denoiser, kernels)
-        roles = route_attention(denoiser, kernels, family.generic.role_patterns)
-        pipe.to(device)
-        weights = quantized_weights(pipe, family.denoiser, stage)
-        offload_diffusers(stage.offload, pipe, device)
-        # LoRA finds its layers by their diffusers names: before the step cache wraps
-        # the blocks.
-        loras = (
-            generic_lora_adapters(denoiser, stage)
-            if family.features.lora_check is not None
-            else None
-        )
-        step_cache = None
-        if (
-            stage.cache.backend == "fbcache"
-            and family.generic.first_block_cache is not None
-        ):  # config refuses the rest
-            step_cache = GenericStepCache(denoiser, family.generic.first_block_cache)
-        count_forwards(
-            denoiser,
-            kernels.counters,
-            step_cache.forward_computed if step_cache else lambda: True,
-        )
-        if not stage.enforce_eager:
-            compile_denoiser(denoiser, kernels.counters)
-        logger.info(
-            "loaded %s on the generic path (%s on %s, %d Linear "
-            "and %d attention modules on %s) in %.1fs",
-            class_name,
-            dtype,
-            device,
-            linears,
-            len(roles),
-            kernels.describe(),
-            time.perf_counter() - start,
-        )
-        logger.info("weights: %s", describe_weights(weights))
+        parts = load_generic(root, stage, context)
         pipeline = cls(
-            pipe,
-            family,
-            kernels.counters,
-            device=device,
-            dtype=dtype,
-            attention_roles=roles,
+            parts.pipe,
+            parts.family,
+            parts.counters,
+            device=parts.device,
+            dtype=parts.dtype,
+            attention_roles=parts.roles,
             compute=compute,
             vae_config=stage.vae,
             cache=stage.cache,
-            step_cache=step_cache,
-            loras=loras,
+            step_cache=parts.step_cache,
+            loras=parts.loras,
         )
-        pipeline.weights = weights
+        pipeline.weights = parts.weights
         return pipeline
 
     @property
@@ -531,44 +442,3 @@ class GenericPipeline(Pipeline):
                 )
             )
         return results
-
-
-def quantized_weights(
-    pipe: Any, denoiser: str, stage: StageConfig
-) -> dict[str, ComponentWeights]:
-    """Quantize the denoiser (``quantization``, minus ``quantization_ignored_layers``)
-    and the text encoders (``text_encoder_quantization``), then report every network
-    component's weights."""
-    weights = {}
-    for name, module in pipe.components.items():
-        if not isinstance(module, torch.nn.Module):
-            continue  # tokenizers, the scheduler
-        quantized = None
-        if name == denoiser:
-            quantized = quantize_linears(
-                module, stage.quantization, stage.quantization_ignored_layers
-            ).attested()
-        elif name.startswith("text_encoder"):
-            quantized = quantize_linears(
-                module, stage.text_encoder_quantization
-            ).attested()
-        weights[name] = component_weights(name, module, quantization=quantized)
-    return weights
-
-
-def ensure_dtype(denoiser: torch.nn.Module, dtype: torch.dtype) -> None:
-    """Cast the denoiser to ``dtype`` where diffusers left it elsewhere. Without
-    ``accelerate``, diffusers 0.42 loads a checkpoint that stores a buffer (SD3's
-    ``pos_embed.pos_embed``) in float32 whatever ``torch_dtype`` says; the deployment
-    asked for ``dtype`` and the attestation reports it. Modules a class keeps in float32
-    on purpose (``_keep_in_fp32_modules``) are left to diffusers."""
-    if getattr(denoiser, "_keep_in_fp32_modules", None):
-        return
-    if any(p.dtype != dtype for p in denoiser.parameters() if p.is_floating_point()):
-        logger.info(
-            "casting %s to %s (diffusers loaded it as %s)",
-            type(denoiser).__name__,
-            dtype,
-            next(denoiser.parameters()).dtype,
-        )
-        denoiser.to(dtype)
