@@ -50,9 +50,8 @@ DTYPE = "float32"
 MAX_TOKENS = 16
 MAX_MODEL_LEN = 128
 KV_CACHE_BYTES = 32 << 20
-E2E_CASE = Case(
-    "toy-shapes", 64, 8
-)  # the model's size and its default steps (guidance 0)
+# The model's size and its default steps (guidance 0)
+E2E_CASE = Case("toy-shapes", 64, 8)
 PAIRS_SEED = 41
 
 

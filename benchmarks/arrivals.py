@@ -55,9 +55,8 @@ STEP, REQUEST, DIFFUSERS = (
     "diffusers sequential",
 )
 LEVEL_NAMES = ("low", "high")
-WARMUP_CALLS = (
-    2  # the first calls of a fresh engine/pipeline run slower (allocator, caches)
-)
+# The first calls of a fresh engine/pipeline run slower (allocator, caches)
+WARMUP_CALLS = 2
 SERVICE_CALLS = 5  # single-request calls (after the warm-up) whose median is S
 SEED0 = SEED + 1000  # request i of a trace has seed SEED0 + i
 
@@ -90,15 +89,12 @@ class Run:
 
     arrivals: list[float]
     completions: list[float]
-    batch_sizes: list[int] = field(
-        default_factory=list
-    )  # requests per executed batch (engine stats), if any
-    running: list[int] = field(
-        default_factory=list
-    )  # sampled requests running while busy, if any
-    images: dict[int, Any] = field(
-        default_factory=dict
-    )  # kept outputs, by request index
+    # Requests per executed batch (engine stats), if any.
+    batch_sizes: list[int] = field(default_factory=list)
+    # Sampled requests running while busy, if any.
+    running: list[int] = field(default_factory=list)
+    # Kept outputs, by request index.
+    images: dict[int, Any] = field(default_factory=dict)
 
     @classmethod
     def pool(cls, runs: list[Run]) -> Run:

@@ -29,9 +29,8 @@ from benchmarks.section import Section, Unavailable
 
 DTYPE = "float32"
 BACKENDS = ("fbcache", "teacache")
-PROBE = (
-    1e-9  # cache on, but no signal falls below it: every step computes and is traced
-)
+# Cache on, but no signal falls below it: every step computes and is traced.
+PROBE = 1e-9
 TRAINED, RANDOM = "trained", "random"
 SIGNALS_SHOWN = 8
 # Files of a trained model's directory that say how it was trained: not its random
@@ -58,24 +57,19 @@ class Sweep:
     prefix: str  # metric keys: "<prefix>.<model>.<backend>.<point>.<name>"
     unit: str  # "image" | "video": what one request returns
     steps: int
-    pairs: list[
-        tuple[str, int]
-    ]  # held-out (prompt, seed), the same for every point and model
-    request: Callable[
-        [str, int, int, float], Any
-    ]  # (prompt, seed, steps, threshold) -> GenerationRequest
+    # Held-out (prompt, seed), the same for every point and model.
+    pairs: list[tuple[str, int]]
+    # (prompt, seed, steps, threshold) -> GenerationRequest.
+    request: Callable[[str, int, int, float], Any]
     output: Callable[[Any], Any]  # RequestOutput -> the image or video kept per pair
     frames: Callable[[Any], list[Any]]  # an output's frames, each a [H, W, 3] image
-    checks: Callable[
-        [str, Any], dict[str, bool]
-    ]  # (prompt, output) -> verdict per name of ``labels``
+    # (prompt, output) -> verdict per name of ``labels``.
+    checks: Callable[[str, Any], dict[str, bool]]
     labels: Mapping[str, str]  # check name -> its column title
-    defaults: Mapping[
-        str, float
-    ]  # per backend: the published default threshold (marked in the rows)
-    cache: Mapping[str, Mapping[str, Any]] = field(
-        default_factory=dict
-    )  # per backend: more cache config
+    # Per backend: the published default threshold (marked in the rows)
+    defaults: Mapping[str, float]
+    # Per backend: more cache config.
+    cache: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
     warmup: int = 1  # untimed 1-step requests per engine before the probe
 
     def columns(self) -> list[str]:
@@ -202,9 +196,8 @@ def run(
     one engine each, reported."""
     section.columns = sweep.columns()
     for model, path in paths.items():
-        for backend in (
-            b for b in BACKENDS if sweeps.get(b)
-        ):  # a backend without thresholds is not measured
+        # A backend without thresholds is not measured.
+        for backend in (b for b in BACKENDS if sweeps.get(b)):
             thresholds = tuple(sorted(set(sweeps[backend])))
             points, signals = measure_engine(path, sweep, backend, thresholds)
             report(section, sweep, model, backend, points, signals)

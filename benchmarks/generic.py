@@ -57,7 +57,7 @@ def _one_case(
     import torch
 
     from diffserve import Engine, GenerationRequest
-    from diffserve.models.generic.pipeline import ensure_dtype
+    from diffserve.models.generic.build import ensure_dtype
 
     key = f"generic.{case.model}.{case.size}.{case.steps}.{dtype}"
     start = time.perf_counter()
@@ -65,9 +65,8 @@ def _one_case(
         str(path), torch_dtype=torch_dtype(dtype)
     )
     pipe.set_progress_bar_config(disable=True)
-    ensure_dtype(
-        pipe.transformer, torch_dtype(dtype)
-    )  # as our loader does (diffusers leaves SD3 in fp32)
+    # As our loader does (diffusers leaves SD3 in fp32)
+    ensure_dtype(pipe.transformer, torch_dtype(dtype))
     load = {"diffusers": time.perf_counter() - start}
     start = time.perf_counter()
     engine = Engine(

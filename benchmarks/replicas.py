@@ -50,9 +50,8 @@ def measure(section: Section, settings: Settings, models: dict[str, Path]) -> No
     try:
         with _worker_threads(1):
             engines["2 replicas x 1 thread (mp)"] = _async_engine(path, replicas=2)
-        if (
-            not settings.smoke
-        ):  # the harness needs one mp engine; the comparison is a full run's
+        # The harness needs one mp engine; the comparison is a full run's.
+        if not settings.smoke:
             with _worker_threads(2):
                 engines["1 replica x 2 threads (mp)"] = _async_engine(path, replicas=1)
         for engine in engines.values():

@@ -71,9 +71,8 @@ def _other_kinds(path: Path, info: dict[str, Any]) -> list[str]:
         except (OSError, ValueError):
             continue
         capability = data.get("machine", {}).get("cpu_capability")
-        if (
-            capability is None
-        ):  # not a CPU run (RESULTS-GPU.md: benchmarks/gpu.py's own report)
+        # Not a CPU run (RESULTS-GPU.md: benchmarks/gpu.py's own report)
+        if capability is None:
             lines.append(
                 f"- [{other.name}]({other.name}): the GPU benchmark "
                 "(benchmarks/gpu.py)."

@@ -51,13 +51,11 @@ class Settings:
     throughput_case: Case
     clients: tuple[int, ...]
     batch_sizes: tuple[int, ...]  # max_batch_size: 1 = batching off
-    throughput_images: (
-        int  # images per (clients, batch size) point, split evenly over the clients
-    )
+    # Images per (clients, batch size) point, split evenly over the clients.
+    throughput_images: int
     throughput_eager: bool
-    throughput_rounds: (
-        int  # every point is measured this many times, interleaved; the median counts
-    )
+    # Every point is measured this many times, interleaved; the median counts.
+    throughput_rounds: int
     cold_case: Case
     cold_repeats: int
     # Also time `diffserve generate --no-enforce-eager`: its first start (empty compile
@@ -81,9 +79,8 @@ class Settings:
     arrivals_requests: int = 40
     arrivals_loads: tuple[float, ...] = (0.5, 0.9)
     arrivals_batch: int = 4
-    arrivals_rounds: int = (
-        2  # every level runs the trace this many times per contender, order reversed
-    )
+    # Every level runs the trace this many times per contender, order reversed.
+    arrivals_rounds: int = 2
     # The generic path (section j): SD3 on diffusers' own pipeline class with our
     # kernels, vs that pipeline.
     generic_cases: tuple[Case, ...] = (

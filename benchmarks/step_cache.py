@@ -62,12 +62,10 @@ class Point:
     threshold: float  # 0 = uncached
     call: Callable[[], Any]
     before: Callable[[], None] = lambda: None
-    after: Callable[[Any], int | None] = lambda result: (
-        None
-    )  # -> skipped steps (None = unknown)
-    warm: Callable[[], Any] | None = (
-        None  # untimed cheap warm-up of this point's engine/pipeline
-    )
+    # -> skipped steps (None = unknown)
+    after: Callable[[Any], int | None] = lambda result: None
+    # Untimed cheap warm-up of this point's engine/pipeline.
+    warm: Callable[[], Any] | None = None
     seconds: list[float] = field(default_factory=list)
     image: Any = None
     skipped: int | None = None
@@ -312,9 +310,8 @@ def _cache_dit_points(
 
         out.append(Point(CACHE_DIT, threshold, cached_call, before=before, after=after))
     out[0].warm = C.diffusers_call(plain, Case(case.model, WARMUP_SIZE, 1))
-    if (
-        len(out) > 1
-    ):  # the cache-dit pipeline's own first call, through its patched path
+    # The cache-dit pipeline's own first call, through its patched path.
+    if len(out) > 1:
         first, warm_cached = (
             out[1],
             C.diffusers_call(cached, Case(case.model, WARMUP_SIZE, 1)),

@@ -45,10 +45,8 @@ __all__ = [
 DEFAULTS = {"fbcache": 0.08, "teacache": 0.6}  # the published defaults (docs/cache.md)
 TWIN_DIR = "toy-shapes-random"
 TWIN_VERSION = 1  # bump when random_twin writes something else
-PAIRS_SEED, SEED_BASE = (
-    30,
-    3_000_000,
-)  # held out: training and the test suite use other seeds
+# Held out: training and the test suite use other seeds.
+PAIRS_SEED, SEED_BASE = (30, 3_000_000)
 
 
 def held_out_pairs(n: int) -> list[tuple[str, int]]:

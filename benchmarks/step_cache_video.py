@@ -25,11 +25,9 @@ from benchmarks import cache_sweep
 from benchmarks.cache_sweep import DTYPE, TRAINED, Point, Sweep, method_note
 from benchmarks.section import Section
 from benchmarks.settings import Case, Settings
-from diffserve.zoo.toy_motion.grammar import (
-    FPS,
-    FRAMES,
-    all_scenes,
-)  # FPS, FRAMES: the request defaults
+
+# FPS, FRAMES: the request defaults.
+from diffserve.zoo.toy_motion.grammar import FPS, FRAMES, all_scenes
 
 # Published defaults (docs/cache.md): fbcache's (ParaAttention), teacache's for
 # Wan2.1-T2V-1.3B (TeaCache4Wan2.1).

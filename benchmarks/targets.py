@@ -602,5 +602,5 @@ NOTES_BY_KIND: dict[str, dict[str, str]] = {
             "passes: at par with bfloat16, so the win on "
             "this machine stays memory, 0.51x the bytes)."
         ),
-    },
+    }
 }

@@ -50,9 +50,8 @@ def measure(section: Section, settings: Settings, models: dict[str, Path]) -> No
     try:
         for batch in settings.batch_sizes:
             engines[batch] = _async_engine(path, batch, settings.throughput_eager)
-            asyncio.run(
-                _run_clients(engines[batch], case, 1, 1, seed0=10_000)
-            )  # warm-up (and compile)
+            # Warm-up (and compile)
+            asyncio.run(_run_clients(engines[batch], case, 1, 1, seed0=10_000))
         one()  # warm-up
         calls: dict[str, Callable[[], Any]] = {
             BASELINE: lambda: [one() for _ in range(total)]

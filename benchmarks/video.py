@@ -41,9 +41,8 @@ def measure(section: Section, settings: Settings, models: dict[str, Path]) -> No
         for dtype in settings.dtypes:
             _versus_diffusers(section, settings, path, case, frames, dtype)
     _step_fraction(section, settings, path, case, max(settings.video_frames))
-    if (
-        not settings.smoke
-    ):  # two worker processes on a 2-core machine: a full run's measurement
+    # Two worker processes on a 2-core machine: a full run's measurement.
+    if not settings.smoke:
         _cfg_parallel(section, settings, path, case, max(settings.video_frames))
 
 

@@ -270,9 +270,8 @@ def _start_session_ray() -> None:
 
     from diffserve.executor.ray import connect
 
-    if (
-        not ray.is_initialized()
-    ):  # the executor's own local Ray (ray_address ""), with more logical CPUs
+    # The executor's own local Ray (ray_address ""), with more logical CPUs.
+    if not ray.is_initialized():
         connect("", num_cpus=max(4, os.cpu_count() or 2), log_to_driver=False)
 
 
@@ -281,9 +280,8 @@ def _session_ray_running() -> bool:
     return ray is not None and ray.is_initialized()
 
 
-_stopped_ray_group: list[
-    str
-] = []  # the test after which the session's Ray was stopped, if it was
+# The test after which the session's Ray was stopped, if it was.
+_stopped_ray_group: list[str] = []
 
 
 @pytest.hookimpl(trylast=True)

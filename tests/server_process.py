@@ -34,9 +34,8 @@ class ServerProcess:
         env: dict[str, str] | None = None,
         port: int | None = None,
     ) -> None:
-        self.port = (
-            port or free_port()
-        )  # a restarted server keeps its port (and so its instance name)
+        # A restarted server keeps its port (and so its instance name)
+        self.port = port or free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log_path = log_path
         # Offline unless the test says otherwise (``env``: the hub-download tests point

@@ -69,16 +69,14 @@ class VllmEngine:
     one thread."""
 
     stage: ArStageConfig
-    kv_connector_config: Mapping[str, Any] | None = (
-        None  # prefill/decode: the connector's extra config
-    )
+    # Prefill/decode: the connector's extra config.
+    kv_connector_config: Mapping[str, Any] | None = None
     engine: Any = None
     tokenizer: Any = None
     attestation: list[dict[str, Any]] = field(default_factory=list)
     running: dict[str, _Running] = field(default_factory=dict)
-    sampling: Any = (
-        None  # the stage's SamplingParams, built (and so checked by vLLM) at start
-    )
+    # The stage's SamplingParams, built (and so checked by vLLM) at start.
+    sampling: Any = None
 
     def start(self) -> None:
         from vllm import EngineArgs, SamplingParams
@@ -90,9 +88,8 @@ class VllmEngine:
         # combination fails the start).
         self.sampling = SamplingParams(**_thawed(self.stage.default_sampling_params))
         if self.stage.role == "prefill":
-            self.sampling.max_tokens = (
-                1  # the prefill half only computes (and hands over) the prompt's KV
-            )
+            # The prefill half only computes (and hands over) the prompt's KV.
+            self.sampling.max_tokens = 1
         args = EngineArgs(**self.engine_kwargs())
         multiprocess = self.stage.executor != "uni"
         with (
@@ -121,9 +118,8 @@ class VllmEngine:
                 raise
             if not multiprocess:
                 _IN_PROCESS.add(id(self))
-        self.tokenizer = (
-            self.engine.get_tokenizer()
-        )  # vLLM's own (the one its engine detokenizes with)
+        # VLLM's own (the one its engine detokenizes with)
+        self.tokenizer = self.engine.get_tokenizer()
         self.attestation = list(self.engine.collective_rpc("diffserve_attest"))
         logger.info(
             "%s: vLLM %s engine up (%s, worker pids %s)",

@@ -44,9 +44,8 @@ def settle_cache(
         if backend == "teacache"
         else None
     )
-    if (
-        threshold is None and polynomial is not None
-    ):  # TeaCache's thresholds are per fitted polynomial
+    # TeaCache's thresholds are per fitted polynomial.
+    if threshold is None and polynomial is not None:
         values["cache.threshold"] = threshold = polynomial.default_threshold
         sources["cache.threshold"] = Source(
             "default",

@@ -69,9 +69,8 @@ def add_config_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="NAME",
         help=f"platform overlay to apply {{{', '.join(PLATFORMS)}}}; default: detected",
     )
-    for (
-        component
-    ) in SINGLE_FILE_COMPONENTS:  # --transformer FILE, ...: one entry of `components`
+    # --transformer FILE, ...: one entry of `components`.
+    for component in SINGLE_FILE_COMPONENTS:
         group.add_argument(
             f"--{component.replace('_', '-')}",
             dest=f"{_DEST_PREFIX}{component}",
@@ -137,9 +136,8 @@ def config_kwargs_from_args(args: argparse.Namespace) -> dict[str, Any]:
         overrides[leaf.flat] = (
             _parse_attention(value) if leaf.kind == "attention" else value
         )
-    for component in (
-        SINGLE_FILE_COMPONENTS
-    ):  # --transformer FILE, --vae FILE, ... join --components
+    # --transformer FILE, --vae FILE, ... join --components.
+    for component in SINGLE_FILE_COMPONENTS:
         path = values.get(f"{_DEST_PREFIX}{component}")
         if path is not None:
             overrides["components"] = ",".join(

@@ -283,9 +283,8 @@ def stage_field(
     else:
         hint = None
         if key in FLAT_LEAVES and FLAT_LEAVES[key].section:
-            *outer, last = FLAT_LEAVES[key].key.split(
-                "."
-            )  # server.autoscaling.min_replicas: two mappings
+            # Server.autoscaling.min_replicas: two mappings.
+            *outer, last = FLAT_LEAVES[key].key.split(".")
             hint = (
                 "write it as "
                 + "".join(f"{name}: {{" for name in outer)

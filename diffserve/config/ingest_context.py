@@ -20,9 +20,8 @@ class Ctx:
     layer: str
     file: str | None = None
     detail: str | None = None
-    allow_flat: bool = (
-        False  # caller overrides also accept flat names (tensor_parallel_size=2)
-    )
+    # Caller overrides also accept flat names (tensor_parallel_size=2)
+    allow_flat: bool = False
 
     def src(self, mapping: Any, key: Any) -> Source:
         if self.file is not None:

@@ -8,11 +8,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from diffserve.config.ar_ingest import AR_KIND, ar_stage_mapping, stage_kind
-from diffserve.config.fields import (
-    FLAT_LEAVES,
-    STAGE_KEYS,
-    TOP_LEVEL_PIPELINE_LEAVES,
-)
+from diffserve.config.fields import FLAT_LEAVES, STAGE_KEYS, TOP_LEVEL_PIPELINE_LEAVES
 from diffserve.config.ingest import (
     PIPELINE_ONLY,
     is_key,

@@ -11,11 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from diffserve.config.fields import did_you_mean
-from diffserve.config.provenance import (
-    LAYER_RANK,
-    Collector,
-    Source,
-)
+from diffserve.config.provenance import LAYER_RANK, Collector, Source
 from diffserve.registry.example_prompts import (
     EXAMPLE_PROMPTS_KEY,
     parse_example_prompts,

@@ -97,9 +97,8 @@ def locate_model(model: str | os.PathLike | None, out: Collector) -> ModelSource
     path = Path(given).expanduser()
     hub_id = parse_hub_id(given)
     if path.exists() or hub_id is None:
-        return ModelSource(
-            given, origin, str(path.resolve())
-        )  # model_layer reports a missing or non-model folder
+        # Model_layer reports a missing or non-model folder.
+        return ModelSource(given, origin, str(path.resolve()))
     from_files = {
         name
         for item in out.assignments

@@ -17,9 +17,7 @@ from diffserve.config.canonical import normalize_platform
 from diffserve.config.fields import FLAT_LEAVES, did_you_mean
 from diffserve.config.ingest import Ctx, stage_mapping
 from diffserve.config.ingest_document import pipeline_doc, stage_id_of
-from diffserve.config.model_source import (
-    deploy_model,
-)
+from diffserve.config.model_source import deploy_model
 from diffserve.config.provenance import (
     LAYER_RANK,
     MAX_CHAIN,
@@ -36,9 +34,10 @@ logger = get_logger(__name__)
 
 ENV_PREFIX = "DIFFSERVE_"
 # DIFFSERVE_* variables that are read elsewhere and are not config fields.
+# Tracing/settings.py.
 NON_CONFIG_ENV: frozenset[str] = frozenset(
     {"LOG_LEVEL", "CACHE_DIR", "API_KEY", "CPU_BF16", "CPU_KIND", "TRACE_STEPS"}
-)  # tracing/settings.py
+)
 _DECK_KEYS = ("base_config", "platforms", "model")
 
 
@@ -48,9 +47,8 @@ def _load_chain(
     """The deploy file and its base_config ancestors, root ancestor first."""
     chain: list[tuple[str, Mapping]] = []
     seen: list[Path] = []
-    if isinstance(
-        deploy_config, Mapping
-    ):  # a models: entry (model_list.DeployEntry) cites its file
+    # A models: entry (model_list.DeployEntry) cites its file.
+    if isinstance(deploy_config, Mapping):
         name = getattr(deploy_config, "source_name", "<dict>")
         doc, base_dir = deploy_config, getattr(deploy_config, "base_dir", Path.cwd())
     else:
@@ -133,9 +131,8 @@ def deploy_layers(
         return []
     for position, (name, doc) in enumerate(chain):
         ctx = Ctx(out, LAYER_RANK["yaml"] + position, "yaml", name)
-        if (
-            "models" in doc
-        ):  # a server's list of models (config/model_list.py): one config each
+        # A server's list of models (config/model_list.py): one config each.
+        if "models" in doc:
             out.error(
                 "this file lists several models (models:), each its own deploy config",
                 path="models",
@@ -164,9 +161,8 @@ def deploy_layers(
         for raw_name, block in blocks.items():
             block_source = Source("platform", name, key_line(blocks, raw_name))
             try:
-                block_name = normalize_platform(
-                    raw_name
-                )  # CUDA: and hip: name the cuda / rocm blocks
+                # CUDA: and hip: name the cuda / rocm blocks.
+                block_name = normalize_platform(raw_name)
             except ConfigError:
                 out.error(
                     f"unknown platform {raw_name!r}",

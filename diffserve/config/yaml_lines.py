@@ -54,13 +54,11 @@ class _Loader(yaml.SafeLoader):
     def __init__(self, stream: str) -> None:
         super().__init__(stream)
         self._aliases = 0
-        self._nodes = (
-            0  # nodes of the fully expanded document: an alias adds its target's size
-        )
+        # Nodes of the fully expanded document: an alias adds its target's size.
+        self._nodes = 0
         self._depth = 0
-        self._sizes: dict[
-            int, int
-        ] = {}  # id(node) -> expanded size, recorded once the node is complete
+        # Id(node) -> expanded size, recorded once the node is complete.
+        self._sizes: dict[int, int] = {}
 
     def compose_node(self, parent: yaml.Node | None, index: Any) -> yaml.Node:
         if self.check_event(yaml.AliasEvent):

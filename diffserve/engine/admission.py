@@ -88,9 +88,8 @@ def fill_defaults(
     ``model``, unless the deployment set others) and the model's modality
     (``types/modality.py``: size, a video's clip, the text window). The only place an
     engine's requests get their defaults: nothing downstream fills."""
-    if (
-        capabilities is None
-    ):  # no model yet (a model-less engine): what the deployment says, nothing more
+    # No model yet (a model-less engine): what the deployment says, nothing more.
+    if capabilities is None:
         return request.with_defaults(
             defaults.num_inference_steps if defaults is not None else None,
             defaults.guidance_scale if defaults is not None else None,

@@ -48,9 +48,8 @@ class AsyncEngine(EngineBase):
                 if isinstance(item, RequestOutput):
                     return
         finally:
-            if (
-                not state.finished
-            ):  # consumer went away (disconnect, cancel): free the slot
+            # Consumer went away (disconnect, cancel): free the slot.
+            if not state.finished:
                 self._core.abort(state.request_id)
 
     async def abort(self, request_id: str) -> bool:

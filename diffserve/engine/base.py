@@ -90,9 +90,8 @@ class EngineBase:
             if self._core.encode is not None
             else []
         ) + [self._core.executor]
-        for executor in (
-            stages
-        ):  # a staged topology: the text encoders live in their own stage's workers
+        # A staged topology: the text encoders live in their own stage's workers.
+        for executor in stages:
             if executor.workers:
                 weights.update(executor.workers[0].weights)
         return weights

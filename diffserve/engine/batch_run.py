@@ -42,9 +42,8 @@ if TYPE_CHECKING:  # pragma: no cover
 
 logger = get_logger(__name__)
 
-Final = tuple[
-    "RequestState", "FinalItem"
-]  # a request and its final item: a RequestOutput or an exception
+# A request and its final item: a RequestOutput or an exception.
+Final = tuple["RequestState", "FinalItem"]
 
 
 class BatchHost(Protocol):
@@ -207,9 +206,8 @@ class BatchRun:
             )
             outcomes = []
             for state in live:
-                with current(
-                    [state.request]
-                ):  # the rerun's lines name its own request's trace
+                # The rerun's lines name its own request's trace.
+                with current([state.request]):
                     outcomes.append(BatchRun(self.core, self.replica, [state]).run())
             if any(kind is Outcome.OK for kind, _ in outcomes):
                 return Outcome.OK, None
@@ -250,9 +248,8 @@ class BatchRun:
                     )
                 continue
             queue_ms = ((state.started or self.start) - state.arrival) * 1000.0
-            if (
-                output.handoff is not None and self.core.decode is not None
-            ):  # encode_denoise_decode
+            # Encode_denoise_decode.
+            if output.handoff is not None and self.core.decode is not None:
                 self.core.decode.take(state, output, queue_ms)
                 continue
             final = build_output(state.request, output, queue_ms, self._modality())

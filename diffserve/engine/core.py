@@ -152,9 +152,8 @@ class EngineCore:
                 "and this deployment has none",
                 param="rewrite_prompt",
             )
-        if (
-            request.carried.admitted
-        ):  # a stored job, admitted when it was created: not admitted twice
+        # A stored job, admitted when it was created: not admitted twice.
+        if request.carried.admitted:
             return request
         return admit(
             request,

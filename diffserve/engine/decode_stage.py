@@ -49,9 +49,8 @@ class DecodeStage(StageLoop):
                 memory_peak_mib={**denoised.memory_peak_mib, **decoded.memory_peak_mib},
                 attestation={**denoised.attestation, **decoded.attestation},
             )
-            final = build_output(
-                state.request, merged, state.queue_ms
-            )  # a decoder makes images
+            # A decoder makes images.
+            final = build_output(state.request, merged, state.queue_ms)
             final.attestation.update(state.carried)  # type: ignore[typeddict-item]
             final.attestation["stages"] = [
                 *state.stages,

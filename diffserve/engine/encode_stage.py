@@ -43,9 +43,8 @@ class EncodeStage(StageLoop):
             state.request = state.request.carrying(stage_input=output.handoff)
             attestation = dict(output.attestation)
             state.stages.append(stage_entry(self.stage, attestation))
-            state.stage_timings_ms.update(
-                output.timings_ms
-            )  # "encode": this stage's, not the next one's
+            # "encode": this stage's, not the next one's.
+            state.stage_timings_ms.update(output.timings_ms)
             state.carried.update(
                 {k: attestation[k] for k in CARRIED if k in attestation}
             )

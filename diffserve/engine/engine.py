@@ -53,9 +53,8 @@ class Engine(EngineBase):
                     raise item
                 return item
         finally:
-            if (
-                not state.finished
-            ):  # timeout or KeyboardInterrupt: do not leave it running
+            # Timeout or KeyboardInterrupt: do not leave it running.
+            if not state.finished:
                 self._core.abort(state.request_id)
 
     def abort(self, request_id: str) -> bool:

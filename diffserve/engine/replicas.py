@@ -50,9 +50,8 @@ class Replica:
         self.index = index
         self.executor = executor
         self.heartbeat = Heartbeat()
-        self.pace = (
-            StepPace()
-        )  # how long its phases take per unit of work (the step heartbeat's measure)
+        # How long its phases take per unit of work (the step heartbeat's measure)
+        self.pace = StepPace()
         self.failures = FailureStreak(max_consecutive_failures)
         # Why it was taken out (None while it serves).
         self.out: EngineDeadError | None = None

@@ -44,9 +44,8 @@ class RequestState:
     # (engine/encode_stage.py).
     stages: list[dict[str, Any]] = field(default_factory=list)
     carried: dict[str, Any] = field(default_factory=dict)
-    stage_timings_ms: dict[str, float] = field(
-        default_factory=dict
-    )  # e.g. the text-encoder stage's "encode"
+    # E.g. the text-encoder stage's "encode".
+    stage_timings_ms: dict[str, float] = field(default_factory=dict)
     # AR stages (engine/ar_stage.py): the prompt as the client wrote it, the attestation
     # entry of each AR stage it went through, and the prompt they drew (None: no AR
     # stage rewrote it).

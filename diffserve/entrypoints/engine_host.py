@@ -163,9 +163,8 @@ class EngineHost:
         if self._load_task is not None and not self._load_task.done():
             # A thread cannot be interrupted: wait for the build to finish so its
             # workers get shut down.
-            with contextlib.suppress(
-                Exception, asyncio.CancelledError
-            ):  # already logged by _load
+            # Already logged by _load.
+            with contextlib.suppress(Exception, asyncio.CancelledError):
                 await self._load_task
         if self.engine is None:
             return

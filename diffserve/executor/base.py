@@ -94,9 +94,8 @@ class Executor(ABC):
         self.on_dead: Callable[[EngineDeadError], None] | None = None
         self._shutdown_lock = threading.Lock()
         self._is_shutdown = False
-        self._readers: list[
-            threading.Thread
-        ] = []  # one per rank: delivers its replies, notices its death
+        # One per rank: delivers its replies, notices its death.
+        self._readers: list[threading.Thread] = []
 
     @property
     def worker_pids(self) -> list[int]:

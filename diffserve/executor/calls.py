@@ -92,9 +92,8 @@ class CallTable:
         if call is None:
             return  # the caller timed out or went away; nobody waits for this reply
         if reply.kind in ("step", "partial"):
-            if (
-                reply.rank == 0
-            ):  # one reader thread: the call's context is never entered twice at once
+            # One reader thread: the call's context is never entered twice at once.
+            if reply.rank == 0:
                 call.context.run(_callback, call, reply)
             return
         call.replies[reply.rank] = reply

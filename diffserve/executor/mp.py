@@ -256,9 +256,8 @@ def worker_context(on_cuda: bool = False) -> Any:
     if on_cuda or "forkserver" not in multiprocessing.get_all_start_methods():
         return multiprocessing.get_context("spawn")
     ctx = multiprocessing.get_context("forkserver")
-    ctx.set_forkserver_preload(
-        FORKSERVER_PRELOAD
-    )  # read when the server starts (the first worker)
+    # Read when the server starts (the first worker)
+    ctx.set_forkserver_preload(FORKSERVER_PRELOAD)
     return ctx
 
 

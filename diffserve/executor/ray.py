@@ -66,14 +66,12 @@ logger = get_logger(__name__)
 
 _POLL_S = 0.5  # how long one poll blocks inside the actor
 _GET_SLICE_S = 1.0  # how often a waiting reader re-checks that the executor is stopping
-_SUBMIT_S = (
-    30.0  # a live actor accepts a command in milliseconds; past this it is unreachable
-)
+# A live actor accepts a command in milliseconds; past this it is unreachable.
+_SUBMIT_S = 30.0
 _GRACE_S = 5.0  # after the shutdown command, before ray.kill
 _EXIT_S = 5.0  # after ray.kill, for the actor processes on this node to be gone
-_MAX_CONCURRENCY = (
-    4  # poll + submit + join, and one spare so a slow call never starves the others
-)
+# Poll + submit + join, and one spare so a slow call never starves the others.
+_MAX_CONCURRENCY = 4
 
 
 _init_lock = threading.Lock()
@@ -85,9 +83,8 @@ def connect(address: str, **local_options: Any) -> None:
     ``local_options`` go to ``start_local_ray`` when ``address`` is ``""`` and Ray is
     started here (a test session asks for more logical CPUs than the machine's; the
     executor passes none)."""
-    with (
-        _init_lock
-    ):  # replicas may be built from several threads; Ray is initialized once
+    # Replicas may be built from several threads; Ray is initialized once.
+    with _init_lock:
         if ray.is_initialized():
             if address:
                 logger.info(
@@ -344,9 +341,8 @@ class RayExecutor(Executor):
     def _send(self, rank: int, command: Command) -> None:
         if self._stopping.is_set() or rank >= len(self._actors):
             raise EngineDeadError(f"ray worker {rank} is not running")
-        ref = self._actors[rank].submit.remote(
-            command
-        )  # an unpicklable command raises here, as on mp
+        # An unpicklable command raises here, as on mp.
+        ref = self._actors[rank].submit.remote(command)
         try:
             ray.get(ref, timeout=_SUBMIT_S)
         except Exception as exc:  # noqa: BLE001 - dead or wedged actor: the caller sees EngineDeadError

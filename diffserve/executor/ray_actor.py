@@ -55,9 +55,8 @@ class RankActor:
         # every core of this node, as a spawned mp worker does.
         torch.set_num_threads(torch_threads or os.cpu_count() or 1)
 
-        if (
-            log_level is not None
-        ):  # the driver logs (CLI/server): so does its worker, at the same level
+        # The driver logs (CLI/server): so does its worker, at the same level.
+        if log_level is not None:
             from diffserve.logging import configure_logging
 
             configure_logging(log_level)

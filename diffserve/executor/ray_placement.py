@@ -136,9 +136,8 @@ def groups_per_node() -> dict[str, int]:
 
 
 def _free_per_node() -> dict[str, dict[str, float]]:
-    from ray._private.state import (
-        available_resources_per_node,
-    )  # Ray's DeveloperAPI, no dashboard needed
+    # Ray's DeveloperAPI, no dashboard needed.
+    from ray._private.state import available_resources_per_node
 
     return dict(available_resources_per_node())
 

@@ -64,9 +64,8 @@ class CollectiveCounters:
 def _count(counters: Any, kind: str, tensor: Tensor) -> None:
     if counters is None:
         return
-    if (
-        getattr(counters, "active", True) is False
-    ):  # a paused KernelCounters: warmup is not reported
+    # A paused KernelCounters: warmup is not reported.
+    if getattr(counters, "active", True) is False:
         return
     target = (
         counters if isinstance(counters, CollectiveCounters) else counters.collectives

@@ -136,9 +136,8 @@ def _ulysses(
     send = q.new_empty(degree, 3, batch, hu, shard, head_dim)
     for i, x in enumerate((q, k, v)):
         send[:, i].copy_(x[:, :, txt_len:].unflatten(1, (degree, hu)).transpose(0, 1))
-    recv = _all_to_all(
-        send, group, counters
-    )  # [U(source shard), 3, B, H/U, L_img/U, D]
+    # [U(source shard), 3, B, H/U, L_img/U, D].
+    recv = _all_to_all(send, group, counters)
     qkv = q.new_empty(3, batch, hu, txt_len + shard * degree, head_dim)
     for i, x in enumerate((q, k, v)):
         qkv[i, :, :, :txt_len].copy_(x[:, mine, :txt_len])
@@ -151,9 +150,8 @@ def _ulysses(
     # Back: chunk j = [text rows, image shard j rows] of our heads (text rides along;
     # see module doc).
     width = hu * head_dim
-    img_out = (
-        out[:, txt_len:].unflatten(1, (degree, shard)).transpose(0, 1)
-    )  # [U, B, L_img/U, width]
+    # [U, B, L_img/U, width].
+    img_out = out[:, txt_len:].unflatten(1, (degree, shard)).transpose(0, 1)
     txt_out = out[:, :txt_len].unsqueeze(0).expand(degree, batch, txt_len, width)
     back = _all_to_all(torch.cat((txt_out, img_out), dim=2), group, counters)
     # back: [U(source head group), B, L_local, (H/U) * D] -> [B, L_local, H * D], head

@@ -53,9 +53,8 @@ def read_gguf(path: str | Path) -> dict[str, torch.Tensor | QuantizedWeight]:
     tensors: dict[str, torch.Tensor | QuantizedWeight] = {}
     for entry in reader.tensors:
         qtype = entry.tensor_type.name.lower()
-        shape = tuple(
-            int(d) for d in reversed(entry.shape.tolist())
-        )  # GGUF lists the innermost first
+        # GGUF lists the innermost first.
+        shape = tuple(int(d) for d in reversed(entry.shape.tolist()))
         raw = np.array(entry.data)  # out of the memory map: the file's bytes, once
         packable = (
             len(shape) == 2

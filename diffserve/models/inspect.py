@@ -70,9 +70,8 @@ class ComponentReport:
     device_bytes: int = 0
     # the method its Linear weights are quantized with (quantization settings)
     quantization: str = "none"
-    quantized_linears: int = (
-        0  # Linear weights counted at the method's bytes (data + per-row scale)
-    )
+    # Linear weights counted at the method's bytes (data + per-row scale)
+    quantized_linears: int = 0
 
 
 def parse_size(text: str) -> int:
@@ -284,8 +283,7 @@ def gguf_report(
         kind = tensor.tensor_type.name
         report.parameters += count
         report.stored_dtypes[kind] = report.stored_dtypes.get(kind, 0) + count
-        packed = (
-            len(tensor.shape) == 2 and kind != "F32"
-        )  # models/gguf_file.py keeps these as the file has them
+        # Models/gguf_file.py keeps these as the file has them.
+        packed = len(tensor.shape) == 2 and kind != "F32"
         report.device_bytes += int(tensor.n_bytes) if packed else count * cast
     return report

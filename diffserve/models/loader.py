@@ -227,9 +227,8 @@ def load_strict(
             + " "
             "(a quantized checkpoint in another format?)"
         )
-    for key in list(
-        state_dict
-    ):  # in place, so an uncast copy is freed as soon as its cast exists
+    # In place, so an uncast copy is freed as soon as its cast exists.
+    for key in list(state_dict):
         wanted = (
             torch.float32 if keep_float32 is not None and keep_float32(key) else dtype
         )
@@ -324,9 +323,8 @@ def check_loading_info(
             (name(str(key)), tuple(found), tuple(want)) for key, found, want in shaped
         ],
     )
-    if len(shaped) != len(
-        items
-    ):  # a library version that lists bare keys: named all the same
+    # A library version that lists bare keys: named all the same.
+    if len(shaped) != len(items):
         bare = {
             name(str(i))
             for i in items

@@ -72,12 +72,10 @@ class LoraAdapters:
         self.max_rank = stage.max_lora_rank
         self.capacity = stage.max_loras
         self.lora_dir = stage.lora_dir
-        self.patched: set[str] = (
-            set()
-        )  # layers that carry factors (a zero pair when a batch skips them)
-        self.resident: OrderedDict[str, LoraAdapter] = (
-            OrderedDict()
-        )  # least recently used first
+        # Layers that carry factors (a zero pair when a batch skips them)
+        self.patched: set[str] = set()
+        # Least recently used first.
+        self.resident: OrderedDict[str, LoraAdapter] = OrderedDict()
         # Registered adapters are checked now, so a bad file fails the start, not a
         # request.
         for name, path in self.registered.items():

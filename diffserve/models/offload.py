@@ -123,12 +123,10 @@ class BlockOffload:
         current = torch.cuda.current_stream(self.device)
         current.wait_event(self.ready.pop(index))
         for tensor in self._tensors(module):
-            tensor.data.record_stream(
-                current
-            )  # allocated on the copy stream, used on this one
-        self._prefetch(
-            (index + 1) % len(self.blocks)
-        )  # the next block (the first one again for the next step)
+            # Allocated on the copy stream, used on this one.
+            tensor.data.record_stream(current)
+        # The next block (the first one again for the next step)
+        self._prefetch((index + 1) % len(self.blocks))
 
     def _after(self, index: int, module: nn.Module, args: Any, output: Any) -> None:
         for tensor, host in zip(self._tensors(module), self.host[index], strict=True):

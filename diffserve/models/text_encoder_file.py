@@ -45,9 +45,8 @@ class TextEncoderFileLayout:
     what: str  # for errors: "CLIP-L", "T5-XXL"
     comfyui_prefix: str
     marker: str  # a key fragment every file of this encoder has
-    droppable: frozenset[
-        str
-    ]  # tensors such files carry that the text-only model has no use for
+    # Tensors such files carry that the text-only model has no use for.
+    droppable: frozenset[str]
     # A level released files have and transformers' model does not (it reports keys
     # without it).
     inner_prefix: str = ""
@@ -197,8 +196,7 @@ def _file_key(
     def name(key: str) -> str:
         if key in tensors or key.startswith(inner) and inner + key not in tensors:
             return prefix + key
-        return (
-            prefix + inner + key
-        )  # in the file under the level, or missing from a file that has it
+        # In the file under the level, or missing from a file that has it.
+        return prefix + inner + key
 
     return name

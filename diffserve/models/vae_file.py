@@ -81,9 +81,8 @@ def load_vae(
     dropped: list[str] = []
     if layout != "diffusers":
         names = converted_names(list(tensors), config)
-        dropped = sorted(
-            prefix + key for key in tensors.keys() - set(names.values())
-        )  # unknown to the converter
+        # Unknown to the converter.
+        dropped = sorted(prefix + key for key in tensors.keys() - set(names.values()))
         tensors = convert_ldm_vae_checkpoint(tensors, config)
     with torch.device("meta"):
         vae = AutoencoderKL.from_config(config)

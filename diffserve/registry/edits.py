@@ -28,9 +28,8 @@ DEFAULT_STRENGTH = 0.6
 class EditKind:
     name: str
     takes_mask: bool  # a mask of what to repaint may come with the image
-    strength_refused: (
-        str | None
-    )  # why a request's strength is refused (None: it sets how much noise runs)
+    # Why a request's strength is refused (None: it sets how much noise runs)
+    strength_refused: str | None
     needs_image: bool  # every request sends an image (image-to-video: the first frame)
 
 
@@ -99,9 +98,8 @@ def admit_edit(
         )
     if request.mask is not None and not takes_mask(kinds):
         raise RequestError(f"{capabilities.family} takes no mask", param="mask")
-    if (
-        len(request.images) > 1
-    ):  # one image to edit, or one reference (as diffusers runs reference edits)
+    # One image to edit, or one reference (as diffusers runs reference edits)
+    if len(request.images) > 1:
         raise RequestError(
             f"{len(request.images)} images: {capabilities.family} "
             "takes one input image",

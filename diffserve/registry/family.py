@@ -42,9 +42,8 @@ class FamilyDefaults:
 
     steps: int = 28
     guidance_scale: float = 3.5
-    max_sequence_length: int = (
-        T5_MAX_TOKENS  # the pipeline's text cap (its __call__'s limit)
-    )
+    # The pipeline's text cap (its __call__'s limit)
+    max_sequence_length: int = T5_MAX_TOKENS
     num_frames: int | None = None  # None: an image family
     fps: int | None = None
     height: int = 0
@@ -61,9 +60,8 @@ class FamilyDefaults:
 @dataclass(frozen=True)
 class Parallelism:
     max_world_size: int = 1  # ranks one replica may span (1: no parallel denoising)
-    dims: tuple[
-        str, ...
-    ] = ()  # the ``parallel.*`` degrees its pipeline implements (config/layout.py)
+    # The ``parallel.*`` degrees its pipeline implements (config/layout.py)
+    dims: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -125,9 +123,8 @@ class ModelFamily:
     class_name: str
     pipeline: str  # "module:Class" of the pipeline (a models.base.Pipeline)
     topology: str  # default stage layout (config.schema.TOPOLOGIES)
-    attention_roles: tuple[
-        str, ...
-    ]  # attention call sites that may get their own backend
+    # Attention call sites that may get their own backend.
+    attention_roles: tuple[str, ...]
     # "native" (our denoiser) or "generic" (diffusers' pipeline, our kernels)
     implementation: str = "native"
     denoiser: str = "transformer"  # component name of the denoiser in model_index.json

@@ -28,9 +28,8 @@ TEACACHE4WAN = "ali-vilab/TeaCache TeaCache4Wan2.1/teacache_generate.py"
 @dataclass(frozen=True)
 class TeaCachePolynomial:
     name: str
-    implementation: (
-        str  # the native denoiser whose probe it was fitted on: "flux" or "wan"
-    )
+    # The native denoiser whose probe it was fitted on: "flux" or "wan".
+    implementation: str
     coefficients: tuple[float, ...]
     probe: str  # what the relative L1 change is measured on
     retention_steps: int  # first steps the recipe always computes

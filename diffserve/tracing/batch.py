@@ -42,9 +42,8 @@ if TYPE_CHECKING:  # pragma: no cover
     from diffserve.types.request import GenerationRequest
     from diffserve.types.results import RequestResult
 
-Describe = Callable[
-    [], dict[str, Any]
-]  # the worker's own attributes, asked for once per traced batch
+# The worker's own attributes, asked for once per traced batch.
+Describe = Callable[[], dict[str, Any]]
 
 
 class _Traced:
@@ -53,9 +52,8 @@ class _Traced:
     def __init__(self, span: Any, start_ns: int) -> None:
         self.span = span
         self.start_ns = start_ns
-        self.steps: list[
-            tuple[int, int, int]
-        ] = []  # (step, total steps, wall ns when it was reported)
+        # (step, total steps, wall ns when it was reported)
+        self.steps: list[tuple[int, int, int]] = []
 
 
 class BatchTrace:
@@ -131,9 +129,8 @@ class BatchTrace:
             first = next(iter(self._open.values()))
             self._token = context.attach(trace.set_span_in_context(first.span))
             return self
-        for request in (
-            self._batch
-        ):  # nothing sampled: the log lines still name the first request's trace
+        # Nothing sampled: the log lines still name the first request's trace.
+        for request in self._batch:
             carrier = carried(request.carried.trace_context)
             if carrier is not None:
                 self._token = context.attach(carrier)

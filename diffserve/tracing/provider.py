@@ -127,9 +127,8 @@ def _build_provider(role: str, settings: TracingSettings) -> Any:
     from opentelemetry.sdk.trace import TracerProvider
     from opentelemetry.sdk.trace.export import BatchSpanProcessor
 
-    exporters = [
-        _exporter(name) for name in settings.exporters
-    ]  # ImportError before anything is built
+    # ImportError before anything is built.
+    exporters = [_exporter(name) for name in settings.exporters]
     # The SDK reads OTEL_SERVICE_NAME and OTEL_RESOURCE_ATTRIBUTES; only when neither
     # names the service is it diffserve (rather than the SDK's
     # "unknown_service:python").

@@ -86,9 +86,8 @@ class QuantizationReport(TypedDict):
 
 class Attestation(KernelTally, total=False):
     parallel: ParallelLayout
-    collectives: dict[
-        str, Any
-    ]  # calls and bytes per collective (layers/collectives.py)
+    # Calls and bytes per collective (layers/collectives.py)
+    collectives: dict[str, Any]
     per_rank: list[KernelTally]  # each rank's own tally, on a multi-rank layout
     executor: str
     worker_pid: int
@@ -99,9 +98,8 @@ class Attestation(KernelTally, total=False):
     dtype: str
     model_family: str
     implementation: str  # "native" | "generic"
-    batch_invariant: (
-        bool  # the image is bit-identical to its request alone (docs/engine.md)
-    )
+    # The image is bit-identical to its request alone (docs/engine.md)
+    batch_invariant: bool
     batch_size: int
     batch_ms: float
     config_fingerprint: str
@@ -110,9 +108,8 @@ class Attestation(KernelTally, total=False):
     model_source: HubModelReport
     cache: list[CacheEntry]  # one per image
     lora: LoraReport
-    quantization: dict[
-        str, QuantizationReport
-    ]  # per quantized component (transformer, text encoders)
+    # Per quantized component (transformer, text encoders)
+    quantization: dict[str, QuantizationReport]
     # The exact conditioning cache (native path): "hit" (the text encoders did not run
     # for this request), "miss" or "off"; and the cache's entries, bytes and evictions
     # so far after the request.

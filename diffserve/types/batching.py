@@ -25,9 +25,8 @@ class BatchKey(NamedTuple):
     output_type: str
     is_warmup: bool
     cache_threshold: float | None  # rows of one batch share the step cache's threshold
-    loras: tuple[
-        tuple[str, float], ...
-    ] = ()  # one adapter set per batch: every row gets the same deltas
+    # One adapter set per batch: every row gets the same deltas.
+    loras: tuple[tuple[str, float], ...] = ()
     # Edits: the input images' sizes, whether a mask is given, the strength (one edit
     # kind per batch).
     edit: tuple[tuple[tuple[int, ...], ...], bool, float | None] | None = None

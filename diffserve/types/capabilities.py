@@ -36,9 +36,8 @@ class PipelineCapabilities:
     size_multiple: int  # height and width must be multiples of this
     max_sequence_length: int  # most text tokens per prompt
     true_cfg: bool  # runs a negative-prompt forward when true_cfg_scale > 1
-    attention_roles: tuple[
-        str, ...
-    ]  # attention call sites, each with its own backend choice
+    # Attention call sites, each with its own backend choice.
+    attention_roles: tuple[str, ...]
     # Requests of one batch key can join a running batch at a step boundary
     # (``Pipeline.run(joins=)``).
     step_batching: bool = False
@@ -125,9 +124,8 @@ class PipelineCapabilities:
                 "is its scale)",
                 param="true_cfg_scale",
             )
-        if (
-            request.images and not self.edits
-        ):  # engine admission says so first (check_edit); a library call here
+        # Engine admission says so first (check_edit); a library call here.
+        if request.images and not self.edits:
             raise RequestError(
                 f"{self.family} ({self.implementation}) does not edit "
                 "images on this deployment",

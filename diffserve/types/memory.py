@@ -19,9 +19,8 @@ class ComponentWeights:
     # what its parameters and buffers hold (quantized data and scales as stored)
     bytes: int
     parameters: int
-    quantization: QuantizationReport | None = (
-        None  # the attestation's entry when quantized
-    )
+    # The attestation's entry when quantized.
+    quantization: QuantizationReport | None = None
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)

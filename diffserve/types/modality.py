@@ -216,12 +216,10 @@ class VideoModality(Modality):
     def _warmup_extra(
         self, capabilities: ModelFacts, height: int, width: int
     ) -> dict[str, Any]:
-        extra: dict[str, Any] = {
-            "num_frames": 1
-        }  # the shortest clip runs every kernel at the least cost
-        if (
-            capabilities.video is not None and capabilities.video.animates_image
-        ):  # a black first frame
+        # The shortest clip runs every kernel at the least cost.
+        extra: dict[str, Any] = {"num_frames": 1}
+        # A black first frame.
+        if capabilities.video is not None and capabilities.video.animates_image:
             import numpy as np
 
             extra["images"] = (np.zeros((height, width, 3), np.uint8),)

@@ -74,9 +74,8 @@ class GenerationRequest:
     true_cfg_scale: float = 1.0
     seed: int | None = None
     n: int = 1
-    max_sequence_length: int | None = (
-        None  # None: the model's limit (FLUX 512, SD3 256, PixArt-Sigma 300)
-    )
+    # None: the model's limit (FLUX 512, SD3 256, PixArt-Sigma 300)
+    max_sequence_length: int | None = None
     output_type: OutputType = "pil"
     # Step-cache threshold for this request (higher = more steps skipped; 0 = no
     # caching); None = the stage's ``cache.threshold``. Bounded by the stage's
@@ -300,9 +299,8 @@ class RequestOutput:
     width: int = 0
     height: int = 0
     num_inference_steps: int = 0
-    guidance_scale: float | None = (
-        None  # as run (the deployment's default when the request gave none)
-    )
+    # As run (the deployment's default when the request gave none)
+    guidance_scale: float | None = None
     prompt: str = ""
     # The prompt an AR stage drew from ``prompt`` (OpenAI's images API calls it
     # revised_prompt); None: not rewritten.

@@ -14,12 +14,10 @@ MAX_SEED = 2**63 - 1
 # (or 1e308) from reaching the sampler as an overflow.
 MAX_GUIDANCE_SCALE = 100.0
 MAX_TRUE_CFG_SCALE = 100.0
-MAX_CACHE_THRESHOLD = (
-    100.0  # the config's bound too; a deployment sets a tighter cache.max_threshold
-)
-MAX_FRAMES = (
-    10_000  # a sanity bound; a deployment's server.max_frames is the real limit
-)
+# The config's bound too; a deployment sets a tighter cache.max_threshold.
+MAX_CACHE_THRESHOLD = 100.0
+# A sanity bound; a deployment's server.max_frames is the real limit.
+MAX_FRAMES = 10_000
 MAX_FPS = 240
 MAX_INPUT_IMAGES = 4  # images per edit request (the HTTP layer may bound it lower)
 
@@ -74,9 +72,8 @@ def check_edit_inputs(
             raise RequestError("strength needs an input image", param="strength")
 
 
-MAX_LORA_SCALE = (
-    100.0  # the config's bound too; a deployment sets a tighter max_lora_scale
-)
+# The config's bound too; a deployment sets a tighter max_lora_scale.
+MAX_LORA_SCALE = 100.0
 
 
 def lora_pairs(value: Any) -> tuple[tuple[str, float], ...]:

@@ -159,10 +159,11 @@ def _reuse_vec_isa_probe(directory: Path) -> None:
         marker = directory / _VEC_ISA_FILE
         recorded = _read_json(marker)
         if recorded is None:
+            # Probes; torch caches it.
             recorded = {
                 "reported": reported,
                 "passed": [str(isa) for isa in cpu_vec_isa.valid_vec_isa_list()],
-            }  # probes; torch caches it
+            }
             _write_json(marker, recorded)
         # Set on the probing start too: the switch is part of inductor's cache keys, so
         # every start of this directory must compile under the same value or the second

@@ -231,9 +231,8 @@ def serve(
         worker = make_worker()
         info = worker.load()
     except Exception as exc:
-        if isinstance(
-            exc, DiffserveError
-        ):  # a bad file or config: its message says what to fix
+        # A bad file or config: its message says what to fix.
+        if isinstance(exc, DiffserveError):
             logger.error("worker failed to start: %s: %s", type(exc).__name__, exc)
         else:
             logger.exception("worker failed to start")

@@ -56,14 +56,12 @@ def process_main(
     """
     from diffserve.types.channel import PipeChannel
 
-    if (
-        environ is not None
-    ):  # the engine's environment now (thread counts, pins), not the fork server's
+    # The engine's environment now (thread counts, pins), not the fork server's.
+    if environ is not None:
         os.environ.clear()
         os.environ.update(environ)
-    if (
-        log_level is not None
-    ):  # the parent logs (CLI/server): so does its worker, at the same level
+    # The parent logs (CLI/server): so does its worker, at the same level.
+    if log_level is not None:
         from diffserve.logging import configure_logging
 
         configure_logging(log_level)

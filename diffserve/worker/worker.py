@@ -78,9 +78,8 @@ class Worker:
         # Batches stopped by a cancel: (request ids, steps done, total steps), most
         # recent last.
         self.cancelled: list[dict[str, Any]] = []
-        self.weights_fingerprint = (
-            ""  # models/inspect.py: names, sizes and sha256 of the weight files loaded
-        )
+        # Models/inspect.py: names, sizes and sha256 of the weight files loaded.
+        self.weights_fingerprint = ""
 
     def observe_kernels(self, observer: KernelObserver) -> None:
         """Install a kernel observer (``layers.observe``) on the kernel set the pipeline
@@ -184,9 +183,8 @@ class Worker:
                 for event in events:
                     if isinstance(event, BatchResult):
                         result = event
-                        if (
-                            on_partial is not None
-                        ):  # delivered now; the final reply then holds none
+                        # Delivered now; the final reply then holds none.
+                        if on_partial is not None:
                             on_partial(
                                 self._attest(event.outputs, counters, len(batch), start)
                             )

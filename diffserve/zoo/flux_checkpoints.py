@@ -18,7 +18,8 @@ from diffserve.logging import get_logger
 logger = get_logger(__name__)
 
 COMFYUI_PREFIX = "model.diffusion_model."
-_PLAIN = {  # diffusers module -> BFL module (weight and bias alike)
+# Diffusers module -> BFL module (weight and bias alike)
+_PLAIN = {
     "x_embedder": "img_in",
     "context_embedder": "txt_in",
     "time_text_embed.timestep_embedder.linear_1": "time_in.in_layer",
@@ -70,9 +71,8 @@ def diffusers_to_bfl(state_dict: dict) -> dict:
 
     for src, dst in _PLAIN.items():
         take(src, dst)
-    scale, shift = sd.pop("norm_out.linear.weight").chunk(
-        2, dim=0
-    )  # diffusers (scale, shift); BFL (shift, scale)
+    # Diffusers (scale, shift); BFL (shift, scale)
+    scale, shift = sd.pop("norm_out.linear.weight").chunk(2, dim=0)
     out["final_layer.adaLN_modulation.1.weight"] = torch.cat((shift, scale), dim=0)
     scale, shift = sd.pop("norm_out.linear.bias").chunk(2, dim=0)
     out["final_layer.adaLN_modulation.1.bias"] = torch.cat((shift, scale), dim=0)

@@ -114,9 +114,8 @@ class FluxSpec:
     clip: dict[str, Any] = field(default_factory=lambda: dict(_CLIP_CONFIG))
     t5: dict[str, Any] = field(default_factory=lambda: dict(T5_CONFIG))
     pipeline_class: str = "FluxPipeline"  # model_index.json's _class_name
-    always_guidance_embeds: bool = (
-        False  # dev-derived models (Kontext) embed the guidance scale
-    )
+    # Dev-derived models (Kontext) embed the guidance scale.
+    always_guidance_embeds: bool = False
 
     def transformer_config(self, *, guidance_embeds: bool) -> dict[str, Any]:
         return {

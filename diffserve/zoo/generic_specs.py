@@ -211,9 +211,8 @@ class GenericSpec:
     scheduler: dict[str, Any]
     text_encoders: tuple[TextEncoder, ...]
     vae_class: str = "AutoencoderKL"
-    index_extras: tuple[
-        tuple[str, Any], ...
-    ] = ()  # pipeline config entries of model_index.json
+    # Pipeline config entries of model_index.json.
+    index_extras: tuple[tuple[str, Any], ...] = ()
     # a Qwen2-VL processor (``processor/``): the edit pipelines' image-and-text input
     vl_processor: bool = False
 

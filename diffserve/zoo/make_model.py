@@ -24,20 +24,15 @@ GENERIC_KINDS = (
     "tiny-flux2-klein",
     "tiny-flux2",
 )
-WAN_KINDS = (
-    "tiny-wan",
-    "tiny-wan22",
-    "tiny-wan22-i2v",
-    "small-wan",
-)  # diffserve.zoo.wan_specs.WAN_SPECS
+# Diffserve.zoo.wan_specs.WAN_SPECS.
+WAN_KINDS = ("tiny-wan", "tiny-wan22", "tiny-wan22-i2v", "small-wan")
 MODEL_KINDS = FLUX_KINDS + GENERIC_KINDS + WAN_KINDS
 LORA_KINDS = ("tiny-flux-lora",)  # an adapter for a FLUX model (--base), not a model
 # Trained on CPU by diffserve.zoo.toy_shapes: copied from the package, or retrained with
 # --train.
 TRAINED_KINDS = ("toy-shapes",)  # the demo model
-TRAINED_VIDEO_KINDS = (
-    "toy-motion",
-)  # the toy video model (diffserve.zoo.toy_motion): trained with --train
+# The toy video model (diffserve.zoo.toy_motion): trained with --train.
+TRAINED_VIDEO_KINDS = ("toy-motion",)
 TRAINED_LORA_KINDS = ("toy-shapes-stars",)  # its circles-to-stars adapter
 # Causal language models (Hugging Face's layout, which vLLM loads) for the AR
 # prompt-rewrite stage: random ones (diffserve.zoo.llm.specs.LLM_SPECS, a test checks
@@ -46,9 +41,8 @@ TRAINED_LORA_KINDS = ("toy-shapes-stars",)  # its circles-to-stars adapter
 LLM_KINDS = ("tiny-qwen3", "tiny-qwen3-moe")
 TRAINED_LLM_KINDS = ("toy-prompter",)
 
-_Config = TypeVar(
-    "_Config", bound=Any
-)  # a trainer's frozen dataclass config (TrainConfig, LoraTrainConfig)
+# A trainer's frozen dataclass config (TrainConfig, LoraTrainConfig)
+_Config = TypeVar("_Config", bound=Any)
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:

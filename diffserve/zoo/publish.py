@@ -113,9 +113,8 @@ def _move_into_place(staging: Path, target: Path, *, force: bool, marker: str) -
     old: Path | None = None
     if target.is_dir():
         if any(target.iterdir()):
-            check_target(
-                target, force=force, marker=marker
-            )  # re-checked: something may have appeared meanwhile
+            # Re-checked: something may have appeared meanwhile.
+            check_target(target, force=force, marker=marker)
             old = Path(
                 tempfile.mkdtemp(prefix=f".{target.name}.old-", dir=target.parent)
             )
@@ -125,9 +124,8 @@ def _move_into_place(staging: Path, target: Path, *, force: bool, marker: str) -
     try:
         os.rename(staging, target)
     except OSError as exc:
-        if target.is_dir() and any(
-            target.iterdir()
-        ):  # another build published here meanwhile
+        # Another build published here meanwhile.
+        if target.is_dir() and any(target.iterdir()):
             raise ConfigError(
                 f"{target} is not empty", path="DIR", hint="another build wrote it"
             ) from exc

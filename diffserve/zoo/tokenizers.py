@@ -50,9 +50,8 @@ volumetric light
 
 CLIP_BOS = "<|startoftext|>"
 CLIP_EOS = "<|endoftext|>"
-CLIP_MAX_LENGTH = (
-    77  # CLIP-L's context length, which FluxPipeline reads from the tokenizer
-)
+# CLIP-L's context length, which FluxPipeline reads from the tokenizer.
+CLIP_MAX_LENGTH = 77
 T5_MAX_LENGTH = 512  # FLUX.1-dev's T5 limit
 _CLIP_MAX_MERGES = 400
 _T5_MAX_PIECES = 700
@@ -169,10 +168,8 @@ def t5_vocab(extra_corpus: str = "") -> list[tuple[str, float]]:
     )[:_T5_MAX_PIECES]
     chars = [chr(c) for c in range(ord("!"), ord("~") + 1)] + [_SPACE]
     extra_words = Counter(_SPACE + w for w in extra_corpus.replace(",", " ,").split())
-    for (
-        piece,
-        count,
-    ) in extra_words.items():  # whole words longer than _T5_MAX_PIECE_LEN
+    # Whole words longer than _T5_MAX_PIECE_LEN.
+    for piece, count in extra_words.items():
         counts[piece] = max(counts[piece], count)
     ranked += sorted(set(extra_words) - set(ranked))
     seen = set(ranked)

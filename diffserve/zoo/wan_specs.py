@@ -64,9 +64,8 @@ class WanSpec:
     description: str
     pipeline: str  # WanPipeline or WanImageToVideoPipeline
     transformer: dict[str, Any]
-    experts: int = (
-        1  # 2: Wan2.2's high-noise ``transformer`` and low-noise ``transformer_2``
-    )
+    # 2: Wan2.2's high-noise ``transformer`` and low-noise ``transformer_2``.
+    experts: int = 1
     boundary_ratio: float | None = None
     vae: dict[str, Any] = field(default_factory=lambda: dict(VAE_CONFIG))
     scheduler: dict[str, Any] = field(default_factory=lambda: dict(SCHEDULER_CONFIG))
@@ -93,9 +92,8 @@ class WanSpec:
             else [None, None],
             "vae": ["diffusers", "AutoencoderKLWan"],
         }
-        if (
-            self.pipeline == "WanImageToVideoPipeline"
-        ):  # Wan2.2's: no CLIP image encoder
+        # Wan2.2's: no CLIP image encoder.
+        if self.pipeline == "WanImageToVideoPipeline":
             index.update(image_encoder=[None, None], image_processor=[None, None])
         return index
 

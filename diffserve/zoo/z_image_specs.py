@@ -55,9 +55,8 @@ Z_IMAGE_SCHEDULER_CONFIG: dict[str, Any] = {
     "shift": 3.0,
     "use_dynamic_shifting": False,
 }
-Z_IMAGE_VAE_CONFIG: dict[str, Any] = dict(
-    VAE_CONFIG
-)  # FLUX.1's VAE layout and normalisation
+# FLUX.1's VAE layout and normalisation.
+Z_IMAGE_VAE_CONFIG: dict[str, Any] = dict(VAE_CONFIG)
 
 
 def z_image_transformer(*, layers: int, heads: int, head_dim: int) -> dict[str, Any]:

@@ -366,9 +366,8 @@ def test_accepted_json_media_types(hardened_server) -> None:
     resp = httpx.get(
         hardened_server.url + "/health", headers={"Host": "LOCALHOST:1234"}
     )
-    assert (
-        resp.status_code == 200
-    )  # an allowed host without a port matches any port, case-insensitively
+    # An allowed host without a port matches any port, case-insensitively.
+    assert resp.status_code == 200
 
 
 def test_concurrent_fuzz_is_all_documented_4xx(hardened_server) -> None:
@@ -396,9 +395,8 @@ def test_concurrent_fuzz_is_all_documented_4xx(hardened_server) -> None:
     assert len(answers) == len(requests) >= 250
     for resp in answers:
         check_answer(resp)
-    assert (
-        sum(r.status_code >= 400 for r in answers) > len(answers) // 2
-    )  # the fuzz mostly hit errors
+    # The fuzz mostly hit errors.
+    assert sum(r.status_code >= 400 for r in answers) > len(answers) // 2
     assert_clean_log(hardened_server)
     generate_ok(hardened_server)
     growth = rss_mib(hardened_server) - rss_before

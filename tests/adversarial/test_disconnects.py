@@ -114,9 +114,8 @@ def test_disconnect_storm_leaves_nothing_behind(busy_server) -> None:
     wait_for(busy_server, "diffserve_queue_depth", 0)
     after = scrape(busy_server)
     aborted = metric(after, ABORTED) - metric(before, ABORTED)
-    completed = (
-        metric(after, COMPLETED) - metric(before, COMPLETED) - 2
-    )  # less the two idle checks
+    # Less the two idle checks.
+    completed = metric(after, COMPLETED) - metric(before, COMPLETED) - 2
     assert aborted + completed == dropped, (aborted, completed, dropped)
     assert aborted >= cannot_finish
     assert metric(after, "diffserve_inflight_requests") == 0

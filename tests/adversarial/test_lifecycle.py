@@ -107,9 +107,8 @@ def test_sigterm_during_model_load(
     workers: list[int] = []
     try:
         workers = _loading_workers(server)
-        assert (
-            httpx.get(server.url + "/ready", timeout=5).status_code == 503
-        )  # still loading
+        # Still loading.
+        assert httpx.get(server.url + "/ready", timeout=5).status_code == 503
         _sigterm_and_check(server, workers)
     finally:
         kill_all([p for p in workers if pid_alive(p)])

@@ -25,9 +25,8 @@ STEPS = 10
 
 def test_overload_is_refused_fast_and_admitted_requests_complete(busy_server) -> None:
     url = busy_server.url
-    generate_ok(
-        busy_server
-    )  # the shape is warm: timings below measure queueing, not first-call setup
+    # The shape is warm: timings below measure queueing, not first-call setup.
+    generate_ok(busy_server)
     depths: list[float] = []
     stop = threading.Event()
 
@@ -67,9 +66,8 @@ def test_overload_is_refused_fast_and_admitted_requests_complete(busy_server) ->
         if status == 429
     ]
     admitted = [body for status, _, _, body in results if status == 200]
-    assert len(refused) >= BURST - 2 * (MAX_QUEUE + 1), (
-        statuses
-    )  # at most a few slip in as others finish
+    # At most a few slip in as others finish.
+    assert len(refused) >= BURST - 2 * (MAX_QUEUE + 1), statuses
     assert len(admitted) >= MAX_QUEUE + 1, statuses
     for elapsed, headers, body in refused:
         assert (

@@ -52,9 +52,8 @@ def collect(
             try:
                 sock.send(b" ")
             except OSError:
-                trickle = trickle - {
-                    sock
-                }  # the server closed it; the read below sees the EOF
+                # The server closed it; the read below sees the EOF.
+                trickle = trickle - {sock}
         readable, _, _ = select.select(
             [s for s in socks if s not in closed], [], [], 0.2
         )

@@ -15,9 +15,8 @@ pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 WARMUP = 200
 REQUESTS = 3000
-RSS_GROWTH_LIMIT_MIB = (
-    64  # after warm-up; the url store is bounded (TTL, 256 MiB) and small here
-)
+# After warm-up; the url store is bounded (TTL, 256 MiB) and small here.
+RSS_GROWTH_LIMIT_MIB = 64
 FD_GROWTH_LIMIT = 16
 THREAD_GROWTH_LIMIT = 4
 
@@ -55,9 +54,8 @@ def run(server, count: int, offset: int) -> list[int]:
 
 
 def series(server) -> int:
-    httpx.get(
-        server.url + "/metrics"
-    )  # the first scrape itself adds the /metrics endpoint's series
+    # The first scrape itself adds the /metrics endpoint's series.
+    httpx.get(server.url + "/metrics")
     text = httpx.get(server.url + "/metrics").text
     return sum(1 for line in text.splitlines() if line and not line.startswith("#"))
 

@@ -177,9 +177,8 @@ def test_mp_hung_step_kills_the_worker_and_the_engine(tiny_flux_dir: Path) -> No
         thread, box = _generate_in_thread(engine)
         assert wait_until(lambda: engine.loop_state == "running", 5.0)
         time.sleep(1.0)  # spent anyway: the deadline is 2 s
-        assert (
-            engine.heartbeat_age_s >= 0.9
-        )  # no beat while a batch runs: an operator sees it stuck
+        # No beat while a batch runs: an operator sees it stuck.
+        assert engine.heartbeat_age_s >= 0.9
         thread.join(DEADLINE_S + SLACK_S)
         assert not thread.is_alive(), "the request hangs"
         assert isinstance(box.get("error"), EngineDeadError), box
@@ -231,9 +230,8 @@ def test_uni_hung_step_marks_the_engine_dead(tiny_flux_dir: Path) -> None:
     finally:
         start = time.monotonic()
         engine.shutdown()
-        assert (
-            time.monotonic() - start < 5
-        )  # does not wait 30 s for a thread known to be hung
+        # Does not wait 30 s for a thread known to be hung.
+        assert time.monotonic() - start < 5
         faults_ext.RELEASE.set()
 
 

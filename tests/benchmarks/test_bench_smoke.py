@@ -94,9 +94,8 @@ def test_arrivals_trace_statistics_and_fifo_worker() -> None:
 
     trace = arrivals.unit_trace(2000, seed=7)
     assert trace[0] == 0.0 and np.all(np.diff(trace) > 0)
-    assert np.array_equal(
-        trace, arrivals.unit_trace(2000, seed=7)
-    )  # same seed, same trace for everyone
+    # Same seed, same trace for everyone.
+    assert np.array_equal(trace, arrivals.unit_trace(2000, seed=7))
     assert 0.9 < trace[-1] / 1999 < 1.1  # unit rate: mean gap ~1
     assert len(arrivals.unit_trace(1)) == 1
 
@@ -114,11 +113,8 @@ def test_arrivals_trace_statistics_and_fifo_worker() -> None:
     )
 
     pooled = arrivals.Run.pool([run, arrivals.Run([0.0, 0.5], [2.0, 2.5], running=[2])])
-    assert pooled.latencies == [
-        *run.latencies,
-        2.0,
-        2.0,
-    ]  # latencies kept, runs laid end to end
+    # Latencies kept, runs laid end to end.
+    assert pooled.latencies == [*run.latencies, 2.0, 2.0]
     assert (
         pooled.images_per_s == 6 / (7.0 + 2.5)
         and pooled.batch_sizes == [1, 2, 1]
@@ -134,7 +130,6 @@ def test_arrivals_trace_statistics_and_fifo_worker() -> None:
 
     fifo = arrivals._run_sequential(call, [0.0, 0.01, 0.2])
     assert starts[1] >= 0.05 - 1e-3  # arrived while the first ran: waits for it
-    assert (
-        starts[2] >= 0.2 - 1e-3 and fifo.completions[2] >= 0.25 - 1e-3
-    )  # idle worker waits for the arrival
+    # Idle worker waits for the arrival.
+    assert starts[2] >= 0.2 - 1e-3 and fifo.completions[2] >= 0.25 - 1e-3
     assert all(lat >= 0.05 - 1e-3 for lat in fifo.latencies)

@@ -54,10 +54,11 @@ def test_random_twin_is_the_toy_model_with_its_untrained_transformer(
     assert not all(torch.equal(got[k], shipped[k]) for k in got)
 
     before = (twin / weights).stat().st_mtime_ns
+    # Built once.
     assert (
         random_twin(trained, twin) == twin
         and (twin / weights).stat().st_mtime_ns == before
-    )  # built once
+    )
 
 
 def test_held_out_pairs_and_summary() -> None:

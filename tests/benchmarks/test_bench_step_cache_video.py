@@ -66,18 +66,17 @@ def check_random_twin(trained: Path, tmp_path: Path) -> None:
         start = WanTransformer3DModel(**config).state_dict()
     got, shipped = load_file(str(twin / WEIGHTS)), load_file(str(trained / WEIGHTS))
     assert got.keys() == start.keys() == shipped.keys()
-    assert {k for k in got if torch.equal(got[k], start[k])} == set(
-        start
-    )  # every tensor the start's
-    assert any(
-        not torch.equal(got[k], shipped[k]) for k in got
-    )  # and not the trained ones
+    # Every tensor the start's.
+    assert {k for k in got if torch.equal(got[k], start[k])} == set(start)
+    # And not the trained ones.
+    assert any(not torch.equal(got[k], shipped[k]) for k in got)
 
     before = (twin / WEIGHTS).stat().st_mtime_ns
+    # Built once.
     assert (
         random_twin(trained, twin) == twin
         and (twin / WEIGHTS).stat().st_mtime_ns == before
-    )  # built once
+    )
 
 
 def test_random_twin_is_the_toy_video_model_with_its_untrained_transformer(

@@ -53,11 +53,8 @@ def test_the_issues_deploy_file_resolves(
     path = deploy(tmp_path, flux_model, AR)
     config = run(deploy_config=path)
     [ar] = config.ar_stages
-    assert (ar.stage_id, ar.role, ar.model) == (
-        0,
-        "prompt_rewrite",
-        str(llm.resolve()),
-    )  # relative to the file
+    # Relative to the file.
+    assert (ar.stage_id, ar.role, ar.model) == (0, "prompt_rewrite", str(llm.resolve()))
     assert dict(ar.engine_args) == {
         "dtype": "bfloat16",
         "enforce_eager": True,
@@ -148,9 +145,8 @@ def test_explain_and_fingerprint(tmp_path: Path, flux_model: Path, llm: Path) ->
     without = run(
         deploy_config=write(tmp_path / "plain.yaml", f"model: {flux_model}\n")
     )
-    assert (
-        without.fingerprint == run(model=flux_model).fingerprint
-    )  # no AR stage: the fingerprint it had
+    # No AR stage: the fingerprint it had.
+    assert without.fingerprint == run(model=flux_model).fingerprint
 
 
 @pytest.mark.parametrize(
@@ -273,9 +269,8 @@ def test_stage_ids_and_models(tmp_path: Path, flux_model: Path, llm: Path) -> No
                 "stages:\n  - {stage_id: 0, kind: ar, model: ./nowhere}\n",
             )
         )
-    with pytest.raises(
-        ConfigError, match="not in the Hugging Face cache"
-    ):  # a hub id, offline first
+    # A hub id, offline first.
+    with pytest.raises(ConfigError, match="not in the Hugging Face cache"):
         run(
             deploy_config=deploy(
                 tmp_path,
@@ -343,9 +338,8 @@ def test_without_vllm_the_error_names_the_extra(
             cached.cache_clear()
     shown = str(caught.value)
     assert "runs on vLLM, which is not installed" in shown and "diffserve[ar]" in shown
-    assert (
-        shown.count("not installed") == 2
-    )  # once for the engine settings, once for the sampling parameters
+    # Once for the engine settings, once for the sampling parameters.
+    assert shown.count("not installed") == 2
 
 
 def test_the_json_schema_takes_ar_entries_and_still_refuses_bad_diffusion_keys() -> (

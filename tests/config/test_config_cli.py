@@ -191,9 +191,8 @@ def test_validate_and_explain_refuse_a_component_the_family_does_not_read(
 def test_schema_command(capsys) -> None:
     assert main(["config", "schema"]) == 0
     schema = json.loads(capsys.readouterr().out)
-    diffusion, ar = schema["properties"]["stages"]["items"][
-        "anyOf"
-    ]  # a stages entry: a diffusion or an AR stage
+    # A stages entry: a diffusion or an AR stage.
+    diffusion, ar = schema["properties"]["stages"]["items"]["anyOf"]
     assert (
         ar["properties"]["kind"] == {"const": "ar"}
         and ar["additionalProperties"] is True

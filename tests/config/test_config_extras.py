@@ -42,9 +42,8 @@ def test_equal_canonical_values_fold_without_warning(
         cfg = run(deploy_config=_deploy(tmp_path, typed, extras))
     assert cfg.warnings == ()
     assert not caplog.records
-    assert dict(cfg.stages[0].extras) == {
-        "model_knob": 7
-    }  # folded away; the model key stays
+    # Folded away; the model key stays.
+    assert dict(cfg.stages[0].extras) == {"model_knob": 7}
     assert "stages.0.extras.model_knob" in cfg.provenance
 
 

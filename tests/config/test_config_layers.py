@@ -99,9 +99,8 @@ def test_explicit_auto_is_a_choice_distinct_from_unset(tmp_path: Path) -> None:
     assert cfg.stages[0].linear_backend == "auto" and cfg.is_explicit(
         "stages.0.linear_backend"
     )
-    cfg = run(
-        overrides={"linear_backend": None}
-    )  # None means "not given", never "auto"
+    # None means "not given", never "auto".
+    cfg = run(overrides={"linear_backend": None})
     assert not cfg.is_explicit("stages.0.linear_backend")
 
 

@@ -92,9 +92,8 @@ def test_offload_on_cpu_says_it_needs_an_accelerator(mode: str) -> None:
 
 def test_sequential_offload_runs_eager() -> None:
     with pytest.raises(ConfigError, match="compiled graph") as info:
-        run(
-            overrides={"offload": "sequential"}, platform="cuda"
-        )  # cuda compiles unless told otherwise
+        # Cuda compiles unless told otherwise.
+        run(overrides={"offload": "sequential"}, platform="cuda")
     assert info.value.path == "stages.0.offload"
 
 

@@ -92,8 +92,5 @@ def test_every_familys_edits_are_known_edit_kinds() -> None:
         kind for family in MODEL_FAMILIES.values() for kind in family.features.edits
     }
     assert used <= set(EDIT_KINDS), used - set(EDIT_KINDS)
-    assert {
-        "img2img",
-        "inpaint",
-        "reference",
-    } <= used  # first_frame: the Wan pipeline says it (image_to_video)
+    # First_frame: the Wan pipeline says it (image_to_video)
+    assert {"img2img", "inpaint", "reference"} <= used

@@ -127,20 +127,19 @@ def test_a_cached_hub_id_serves_offline_bit_identical_to_its_folder(
 ) -> None:
     from_hub, attestation = _image(REPO)
     from_folder, folder_attestation = _image(str(tiny_flux_dir))
-    assert np.array_equal(
-        from_hub, from_folder
-    )  # the same files through the same loader and kernels
+    # The same files through the same loader and kernels.
+    assert np.array_equal(from_hub, from_folder)
     assert attestation["model_source"] == {
         "repo_id": REPO,
         "revision": "main",
         "commit": COMMIT,
     }
-    assert (
-        "model_source" not in folder_attestation
-    )  # a local folder has no snapshot to attest
+    # A local folder has no snapshot to attest.
+    assert "model_source" not in folder_attestation
+    # The same files.
     assert (
         attestation["weights_fingerprint"] == folder_attestation["weights_fingerprint"]
-    )  # the same files
+    )
 
 
 def test_a_revision_picks_its_snapshot(hub_cache: Path) -> None:
@@ -338,9 +337,8 @@ def test_gated_missing_and_unreachable_hubs(
 ) -> None:
     cache = tmp_path / "cache"
     gated = "tiny-org/gated"
-    lay_out_cache(
-        cache, gated, tiny_flux_dir, COMMIT
-    )  # cached, yet a gated answer is not a fallback
+    # Cached, yet a gated answer is not a fallback.
+    lay_out_cache(cache, gated, tiny_flux_dir, COMMIT)
     lay_out_cache(cache, REPO, tiny_flux_dir, COMMIT)
     with serve_hub(
         FakeHub(repos={REPO: (COMMIT, tiny_flux_dir)}, gated={gated})

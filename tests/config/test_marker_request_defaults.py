@@ -99,9 +99,8 @@ def test_a_declared_size_is_the_models_and_video_keys_stay_off_an_image_model(
 def test_a_declared_text_window_is_the_default_and_one_past_the_familys_is_refused(
     tmp_path: Path, flux_model: Path
 ) -> None:
-    assert (
-        run(model=flux_model).stages[0].request_defaults.max_sequence_length is None
-    )  # the family's window
+    # The family's window.
+    assert run(model=flux_model).stages[0].request_defaults.max_sequence_length is None
     marker = _marker(flux_model, {"request_defaults": {"max_sequence_length": 32}})
     cfg = run(model=flux_model)
     assert cfg.stages[0].request_defaults.max_sequence_length == 32

@@ -18,9 +18,8 @@ from diffserve.config.platform import cpu_kind, emulate, emulation_env, native_b
 from diffserve.errors import ConfigError
 from diffserve.models.dtype import resolve_dtype
 
-pytestmark = (
-    pytest.mark.numerics
-)  # make test-kinds runs it under every emulated CPU kind
+# Make test-kinds runs it under every emulated CPU kind.
+pytestmark = pytest.mark.numerics
 AVX512_BF16 = "processor : 0\nflags : fpu sse2 avx2 avx512f avx512_bf16 avx512_vnni\n"
 AMX = "processor : 0\nflags : fpu avx2 avx512f avx512_bf16 amx_bf16 amx_tile amx_int8\n"
 AVX512 = "processor : 0\nflags : fpu sse2 avx2 avx512f avx512bw\n"
@@ -93,9 +92,8 @@ def test_the_emulation_caps_every_kernel_library_and_tells_the_detection() -> No
         "MKL_ENABLE_INSTRUCTIONS": "AVX2",
         "DIFFSERVE_CPU_KIND": "AVX2",
     }
-    assert (
-        emulation_env("AVX512_BF16")["ONEDNN_MAX_CPU_ISA"] == "AVX512_CORE_BF16"
-    )  # no AMX tiles
+    # No AMX tiles.
+    assert emulation_env("AVX512_BF16")["ONEDNN_MAX_CPU_ISA"] == "AVX512_CORE_BF16"
     # A process started with it computes as that kind: torch's kernels and the detection
     # agree.
     real = cpu_kind()
@@ -117,9 +115,8 @@ def test_the_emulation_caps_every_kernel_library_and_tells_the_detection() -> No
     assert out.returncode == 0, out.stderr
     capability, name, *_ = out.stdout.split()
     assert (capability, name) == ("AVX2", "AVX2")
-    hardware = (
-        real.emulated_on or real.name
-    )  # make test-kinds runs this test under an emulated kind too
+    # Make test-kinds runs this test under an emulated kind too.
+    hardware = real.emulated_on or real.name
     assert ("emulated on" in out.stdout) == (hardware != "AVX2")
 
 
@@ -159,9 +156,8 @@ def test_anything_a_user_set_wins(monkeypatch, tmp_path: Path) -> None:
         == "float32"
     )
     assert run(overrides={"enforce_eager": False}).stages[0].enforce_eager is False
-    assert (
-        run(overrides={"dtype": "auto"}).stages[0].dtype == "auto"
-    )  # an explicit auto is a choice
+    # An explicit auto is a choice.
+    assert run(overrides={"dtype": "auto"}).stages[0].dtype == "auto"
     deploy = write(
         tmp_path / "d.yaml",
         """

@@ -62,9 +62,8 @@ def test_a_fit_is_claimed_only_for_the_shape_it_was_fitted_on() -> None:
     assert polynomial_for("WanPipeline", WAN_13B)[0] == "wan2.1-t2v-1.3b"  # type: ignore[index]
     assert polynomial_for("WanPipeline", WAN_14B)[0] == "wan2.1-t2v-14b"  # type: ignore[index]
     assert polynomial_for("FluxPipeline", {})[0] == "flux.1-dev"  # type: ignore[index]
-    assert (
-        polynomial_for("WanPipeline", WAN_14B, experts=2) is None
-    )  # Wan2.2 A14B: another checkpoint
+    # Wan2.2 A14B: another checkpoint.
+    assert polynomial_for("WanPipeline", WAN_14B, experts=2) is None
     assert (
         polynomial_for("WanImageToVideoPipeline", {**WAN_14B, "in_channels": 36})
         is None
@@ -136,6 +135,5 @@ def test_the_14b_fit_retains_five_steps_and_computes_outside_its_range() -> None
     # 0.219, 0.438 skip; 0.657 computes; 0.219 skips; out of the fit twice; the last
     # step.
     assert computed == [True] * 5 + [False, False, True, False, True, True, True]
-    assert (
-        cache.report(0)["trace"][9][1] < 0
-    )  # the rescaled value is attested as it was
+    # The rescaled value is attested as it was.
+    assert cache.report(0)["trace"][9][1] < 0

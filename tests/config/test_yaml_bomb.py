@@ -56,9 +56,8 @@ def _resolve_within(seconds: float, **kwargs) -> BaseException | None:
 
 
 def test_alias_bomb_is_rejected_quickly(bomb: Path) -> None:
-    resolve(
-        model=None, deploy_config={}, env={}
-    )  # lazy imports first: time the YAML alone
+    # Lazy imports first: time the YAML alone.
+    resolve(model=None, deploy_config={}, env={})
     error = _resolve_within(2.0, deploy_config=bomb)
     assert isinstance(error, ConfigError) and "alias" in str(error)
     assert str(bomb) in str(error)

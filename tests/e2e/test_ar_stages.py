@@ -33,12 +33,8 @@ from diffserve.zoo.llm.build import build_tiny_llm
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
 
-WORDS = (
-    "Ġred",
-    "Ġcircle",
-    "Ġsquare",
-    "Ġblue",
-)  # random weights: draw only these, so every rewrite is words
+# Random weights: draw only these, so every rewrite is words.
+WORDS = ("Ġred", "Ġcircle", "Ġsquare", "Ġblue")
 MAX_TOKENS = 5
 # vLLM's CPU experts classes for float32 activations on x86 (its AMX grouped-GEMM class
 # needs bfloat16 ones).
@@ -231,9 +227,8 @@ def test_deploy_yaml_settings_reach_the_vllm_worker(
             >= entry["first_token_ms"]
             > 0.1
         )
-        assert output.attestation[
-            "linear"
-        ]  # the diffusion stage ran on the rewritten prompt
+        # The diffusion stage ran on the rewritten prompt.
+        assert output.attestation["linear"]
         if which == "dense_uni":  # behind it: replicas and a step cache
             assert (
                 output.attestation["replica"] in (0, 1)
@@ -265,9 +260,10 @@ def test_a_prompt_over_max_model_len_is_a_400_naming_the_stage(
     ) as caught:
         dense_uni.generate(GenerationRequest(prompt="red circle " * 120, seed=1))
     assert caught.value.param == "prompt"
+    # Still serving.
     assert dense_uni.generate(
         GenerationRequest(prompt="a red circle", seed=7)
-    ).revised_prompt  # still serving
+    ).revised_prompt
 
 
 def test_negative_control_a_worker_forced_to_other_settings_fails_the_check(
@@ -324,9 +320,8 @@ def test_prefill_and_decode_hand_the_prompts_kv_over(
         }
         loaded = second["kv_transfer"]["tokens_loaded"]
         assert second["kv_transfer"]["role"] == "kv_consumer"
-        assert (
-            loaded == (second["prompt_tokens"] - 2) // 32 * 32 >= 64
-        )  # every full block but the last token's
+        # Every full block but the last token's.
+        assert loaded == (second["prompt_tokens"] - 2) // 32 * 32 >= 64
         assert first["output_tokens"] == 1 and second["output_tokens"] == MAX_TOKENS
         assert handed.revised_prompt and handed.prompt == "a red circle"
         # A user-named folder keeps the files (shared with others): corrupt them, and
@@ -407,9 +402,8 @@ def test_a_killed_vllm_worker_fails_the_stage_not_the_engine(moe_mp: Engine) -> 
     with pytest.raises(StageUnavailableError, match=r"AR stage 0 \(prompt_rewrite\)"):
         moe_mp.generate(GenerationRequest(prompt="a red circle", seed=7))
     assert time.monotonic() - started < 60
-    with pytest.raises(
-        StageUnavailableError, match="rewrite_prompt: false"
-    ):  # at once, never queued
+    # At once, never queued.
+    with pytest.raises(StageUnavailableError, match="rewrite_prompt: false"):
         moe_mp.generate(GenerationRequest(prompt="a red circle", seed=7))
     served = moe_mp.generate(
         GenerationRequest(prompt="a red circle", seed=7, rewrite_prompt=False)
@@ -489,6 +483,5 @@ def test_an_ar_stage_before_a_staged_topology_and_before_the_generic_path(
         sd3.attestation["implementation"] == "generic"
         and sd3.attestation["ar"][0]["output_tokens"] == MAX_TOKENS
     )
-    assert (
-        sd3.revised_prompt == output.revised_prompt
-    )  # one LLM, one chat, greedy: the same rewrite
+    # One LLM, one chat, greedy: the same rewrite.
+    assert sd3.revised_prompt == output.revised_prompt

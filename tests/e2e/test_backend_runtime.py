@@ -36,9 +36,8 @@ class BackendProbe(WorkerExtension):
         self.selections: list[tuple[str, str, str]] = []
         self.backends: dict[str, list[Any]] = {"linear": [], "attention": []}
         self.reset()
-        worker.observe_kernels(
-            self
-        )  # the documented hook (layers/observe.py): no patched globals
+        # The documented hook (layers/observe.py): no patched globals.
+        worker.observe_kernels(self)
 
     def on_select(self, kind: str, requested: str, backend: Any) -> Any:
         """Kernel observer: record the selection and count the kernel method at call
@@ -81,9 +80,8 @@ class BackendProbe(WorkerExtension):
                 how = "wrapped" if id(module.backend) in wrapped else "unwrapped"
                 self.modules[f"{kind}_{how}"] += 1
             elif isinstance(module, torch.nn.Linear):
-                self.modules["plain_nn_linear"] += (
-                    1  # a linear that bypasses the backend registry
-                )
+                # A linear that bypasses the backend registry.
+                self.modules["plain_nn_linear"] += 1
         self.dtype = str(next(transformers[0].parameters()).dtype)
 
         def record(_module: Any, _inputs: Any, output: Any) -> None:
@@ -195,9 +193,8 @@ def request_for(model: str) -> GenerationRequest:
 )
 def engine(request: Any, tmp_path_factory: Any) -> Any:
     model, executor = request.param
-    if (
-        executor == "ray"
-    ):  # the session's local Ray, started only when a ray test is selected
+    # The session's local Ray, started only when a ray test is selected.
+    if executor == "ray":
         request.getfixturevalue("ray_session")
     model_dir = request.getfixturevalue(MODELS[model][0])
     # env={}: no DIFFSERVE_* variable of the machine running the tests can change what

@@ -124,9 +124,8 @@ def test_eight_concurrent_requests_batch_and_keep_their_seeds(
 def test_abort_queued_and_running_others_unharmed(engine: AsyncEngine) -> None:
     async def main() -> dict[str, Any]:
         started = asyncio.Event()
-        long = request(
-            1, steps=100
-        )  # ~100 denoise steps: still running when the abort lands
+        # ~100 denoise steps: still running when the abort lands.
+        long = request(1, steps=100)
         queued = request(2, steps=3)
         other = request(3, steps=2)
         long_events: list[ProgressEvent] = []

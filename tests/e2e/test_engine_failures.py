@@ -96,15 +96,13 @@ def test_keywords_reach_resolve_and_warmup_is_excluded(engine: Engine) -> None:
         and engine.stats()["batches"] == 0
         and engine.stats()["requests_ok"] == 0
     )
-    assert (
-        engine.collective_rpc("describe")[0]["batches_run"] == 1
-    )  # the warmup did run
+    # The warmup did run.
+    assert engine.collective_rpc("describe")[0]["batches_run"] == 1
     # ... with the counters paused by the worker (the one place warmup is handled).
     assert engine.collective_rpc("kernel_counters")[0]["transformer_forwards"] == 0
     out = engine.generate(request())
-    assert (
-        out.attestation["transformer_forwards"] == 2
-    )  # warmup calls never leak into a request
+    # Warmup calls never leak into a request.
+    assert out.attestation["transformer_forwards"] == 2
     assert engine.stats()["batches"] == 1
 
 
@@ -166,9 +164,8 @@ def test_rpc_runs_between_batches_never_during_one(engine: Engine) -> None:
     returned_at = time.monotonic()
     thread.join(120)
     assert "out" in box, box
-    assert (
-        info["batches_run"] == before + 1
-    )  # it waited for the running batch to finish
+    # It waited for the running batch to finish.
+    assert info["batches_run"] == before + 1
     assert box["done_at"] <= returned_at + 1.0
 
 
@@ -218,9 +215,8 @@ def test_generate_timeout_aborts_the_request(engine: Engine) -> None:
     req = request(steps=100, seed=21)
     with pytest.raises(TimeoutError):
         engine.generate(req, timeout=0.15)
-    assert engine.generate(request()).seeds == [
-        42
-    ]  # the slot was freed: the next request runs
+    # The slot was freed: the next request runs.
+    assert engine.generate(request()).seeds == [42]
     cancelled = engine.collective_rpc("describe")[0]["cancelled"]
     assert any(
         req.request_id in c["request_ids"] and c["steps_done"] < 100 for c in cancelled

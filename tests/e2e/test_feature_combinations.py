@@ -117,12 +117,10 @@ def test_lora_cache_and_parallel_in_one_request(
     assert (
         att["cache"][0]["backend"] == "fbcache" and att["cache"][0]["threshold"] == 0.6
     )
-    assert bool(att["collectives"]) == bool(
-        layout
-    )  # ranks exchanged tensors only on a parallel layout
-    assert (
-        psnr(out.images[0], reference.images[0]) >= 40
-    )  # the same request on one rank
+    # Ranks exchanged tensors only on a parallel layout.
+    assert bool(att["collectives"]) == bool(layout)
+    # The same request on one rank.
+    assert psnr(out.images[0], reference.images[0]) >= 40
     assert psnr(out.images[0], base.images[0]) < 40  # and the adapter really applied
 
 

@@ -94,9 +94,8 @@ def test_cfg_parallel_replicas_and_step_cache_equal_one_rank(model_dir, single) 
             "cfg_parallel_size": 2,
             "ulysses_degree": 1,
         }
-        assert (
-            att["collectives"]["all_gather"]["calls"] == 2 * STEPS
-        )  # one exchange a step on each rank
+        # One exchange a step on each rank.
+        assert att["collectives"]["all_gather"]["calls"] == 2 * STEPS
         # Each branch decided on its own rank, exactly as both branches decided on one
         # rank.
         assert att["cache"] == reference.attestation["cache"]
@@ -112,9 +111,8 @@ def test_cfg_parallel_replicas_and_step_cache_equal_one_rank(model_dir, single) 
     )
     assert {out.attestation["replica"] for out in outs} == {0, 1}
     assert uncached.attestation["cache"][0]["skipped_steps"] == 0
-    assert not np.array_equal(
-        pixels(uncached), pixels(outs[0])
-    )  # the cache really skipped work
+    # The cache really skipped work.
+    assert not np.array_equal(pixels(uncached), pixels(outs[0]))
 
 
 def test_a_request_joins_a_running_batch_and_equals_its_run_alone(single) -> None:

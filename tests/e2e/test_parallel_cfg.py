@@ -97,9 +97,8 @@ def test_cfg_parallel_matches_single_rank_and_attests_the_exchange(
     # One all_gather per step on each of the two ranks; each sends its branch's
     # prediction (float32).
     assert gathered["calls"] == 2 * STEPS
-    assert (
-        gathered["bytes"] == 2 * STEPS * 2 * (64 * 64) * 4
-    )  # ranks*steps * images*tokens*channels*4
+    # Ranks*steps * images*tokens*channels*4.
+    assert gathered["bytes"] == 2 * STEPS * 2 * (64 * 64) * 4
     # Each rank ran one forward per step (the single rank ran two): the branches were
     # split.
     assert [rank["transformer_forwards"] for rank in att["per_rank"]] == [STEPS, STEPS]
@@ -172,16 +171,14 @@ def test_ulysses_and_cfg_times_ulysses_match_single_rank(
                 == 2 * att["attention"]["sdpa"]
             )
             assert att["collectives"]["all_to_all"]["calls"] > 0
-            running = (
-                world if cfg else 2
-            )  # without true CFG only the cfg_rank 0 Ulysses group runs
+            # Without true CFG only the cfg_rank 0 Ulysses group runs.
+            running = world if cfg else 2
             assert (
                 sum(rank["transformer_forwards"] > 0 for rank in att["per_rank"])
                 == running
             )
-        with pytest.raises(
-            RequestError, match="multiple of 32"
-        ):  # a side of 16*odd splits unevenly
+        # A side of 16*odd splits unevenly.
+        with pytest.raises(RequestError, match="multiple of 32"):
             engine.generate(
                 GenerationRequest(
                     prompt="x",

@@ -100,9 +100,7 @@ def deploy(
 
 
 def in_thread(
-    engine: Engine,
-    req: GenerationRequest,
-    started: threading.Event | None = None,
+    engine: Engine, req: GenerationRequest, started: threading.Event | None = None
 ) -> tuple[threading.Thread, dict[str, Any]]:
     return generate_in_background(engine, req, timeout=120, started=started)
 
@@ -164,9 +162,8 @@ def test_two_replicas_share_the_work_bit_identically(
             thread.join(120)
         assert sorted(outs) == seeds
         assert {out.attestation["replica"] for out in outs.values()} == {0, 1}
-        assert all(
-            out.attestation["batch_size"] <= 2 for out in outs.values()
-        )  # max_batch_size per batch
+        # Max_batch_size per batch.
+        assert all(out.attestation["batch_size"] <= 2 for out in outs.values())
         for seed, out in outs.items():
             assert out.seeds == [seed] and out.images[0].tobytes() == reference[seed], (
                 seed

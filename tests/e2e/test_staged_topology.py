@@ -88,9 +88,8 @@ def test_split_text_encoder_stages_attest_their_kernels_and_match_one_stage(
         "mp",
     )
     assert encode["worker_pid"] != os.getpid() and encode["dtype"] == "float32"
-    assert (
-        set(encode["linear"]) == {"torch"} and encode["linear"]["torch"] > 0
-    )  # CLIP and T5 on stage 0's kernels
+    # CLIP and T5 on stage 0's kernels.
+    assert set(encode["linear"]) == {"torch"} and encode["linear"]["torch"] > 0
     assert (denoise["stage_id"], denoise["role"], denoise["executor"]) == (
         1,
         "diffusion",
@@ -105,18 +104,16 @@ def test_split_text_encoder_stages_attest_their_kernels_and_match_one_stage(
         again.attestation["conditioning_cache"] == "hit"
         and again.attestation["stages"][0]["linear"] == {}
     )
-    assert (
-        window.attestation["conditioning_cache"] == "miss"
-    )  # another window is another T5 output
+    # Another window is another T5 output.
+    assert window.attestation["conditioning_cache"] == "miss"
     # The same kernels as the single stage: stage 0's torch backend is F.linear, what
     # the single stage's text encoders call through their own nn.Linear; stage 1 is its
     # oneDNN transformer. So bit for bit.
     assert np.array_equal(pixels(first), pixels(reference)) and np.array_equal(
         pixels(again), pixels(reference)
     )
-    assert np.array_equal(
-        pixels(edited), pixels(reference_edit)
-    )  # an edit's image crossed both stages
+    # An edit's image crossed both stages.
+    assert np.array_equal(pixels(edited), pixels(reference_edit))
     assert {"text_encoder", "text_encoder_2", "transformer", "vae"} <= set(weights)
     # encode_denoise_decode, every stage on worker processes: the VAE decodes in a stage
     # of its own.
@@ -146,15 +143,12 @@ def test_split_text_encoder_stages_attest_their_kernels_and_match_one_stage(
         (1, "diffusion", "mp"),
         (2, "decoder", "mp"),
     ]
-    assert (
-        len({s["worker_pid"] for s in stages} | {os.getpid()}) == 4
-    )  # three worker processes of their own
-    assert sorted(pids) == sorted(
-        s["worker_pid"] for s in stages
-    )  # Engine.worker_pids covers every stage
-    assert (
-        stages[2]["linear"] and out.attestation["vae_tiled"] is False
-    )  # the VAE's calls on stage 2's kernels
+    # Three worker processes of their own.
+    assert len({s["worker_pid"] for s in stages} | {os.getpid()}) == 4
+    # Engine.worker_pids covers every stage.
+    assert sorted(pids) == sorted(s["worker_pid"] for s in stages)
+    # The VAE's calls on stage 2's kernels.
+    assert stages[2]["linear"] and out.attestation["vae_tiled"] is False
     assert set(out.timings) >= {"encode", "denoise", "decode"}
     # Stages 0 and 2 put the text encoders' and the VAE's Linears on oneDNN; the single
     # stage runs them on their nn.Linear (F.linear): other GEMMs, so a PSNR, not bits.

@@ -194,6 +194,5 @@ def test_parallel_ranks_cache_like_one_rank(
         # nothing to compare).
         assert reduces - plain_reduces == 2 * 2 * (steps - 1)
     else:
-        assert (
-            reduces == plain_reduces
-        )  # CFG ranks decide per branch: nothing to agree on
+        # CFG ranks decide per branch: nothing to agree on.
+        assert reduces == plain_reduces

@@ -102,10 +102,8 @@ def test_parallel_ranks_match_one_rank(
         # bit on CPU float32.
         assert np.array_equal(out.videos[0], reference.videos[0])
         assert exchanged["all_gather"]["calls"] == 2 * 2  # one per step on each rank
-        assert [rank["transformer_forwards"] for rank in att["per_rank"]] == [
-            2,
-            2,
-        ]  # a branch each
+        # A branch each.
+        assert [rank["transformer_forwards"] for rank in att["per_rank"]] == [2, 2]
         assert [
             rank["transformer_forwards"] for rank in alone.attestation["per_rank"]
         ] == [2, 0]
@@ -145,10 +143,8 @@ def test_ray_replicas_share_the_videos(
         ) as engine,
         ThreadPoolExecutor(2) as pool,
     ):
-        assert [d["replica"] for d in engine.collective_rpc("describe")] == [
-            0,
-            1,
-        ]  # RPCs reach both, in order
+        # RPCs reach both, in order.
+        assert [d["replica"] for d in engine.collective_rpc("describe")] == [0, 1]
         outs = list(
             pool.map(lambda seed: engine.generate(request(seed=seed)), [5, 6, 7, 8])
         )

@@ -169,9 +169,8 @@ class ToyNativePipeline(NativeRunner):
         if cache is None:
             self.model.counters.count_forward()
             return self.model.patch_out(self.model.blocks(h))
-        base = self.model.block(
-            0, h
-        )  # First-Block Cache: block 0's residual is the probe
+        # First-Block Cache: block 0's residual is the probe.
+        base = self.model.block(0, h)
         compute = cache.decide(rows.steps, base - h)
         if any(compute):
             self.model.counters.count_forward()

@@ -14,9 +14,8 @@ MPIX = 1024 * 1024 / 1e6
 
 
 def state(rid: str, **kw) -> RequestState:
-    fields = dict(
-        prompt="p", height=1024, width=1024, num_inference_steps=10, seed=1
-    )  # 1.048576 megapixels
+    # 1.048576 megapixels.
+    fields = dict(prompt="p", height=1024, width=1024, num_inference_steps=10, seed=1)
     fields.update(kw)
     return RequestState(
         GenerationRequest(request_id=rid, **fields), sink=lambda item: None
@@ -64,9 +63,8 @@ def test_model_load_splits_running_work_by_replica_and_keeps_the_queue_the_model
     assert [j.request_id for j in joined] == ["c"]
     load = model_load(*s.snapshot(), {0: True, 1: True, 2: False})
     assert (load.queue_depth, load.running, load.in_flight) == (1, 3, 4)
-    assert load.outstanding_work == pytest.approx(
-        (10 + 5 + 1 + 10) * MPIX, rel=1e-5
-    )  # d waits whole; a, b, c run
+    # D waits whole; a, b, c run.
+    assert load.outstanding_work == pytest.approx((10 + 5 + 1 + 10) * MPIX, rel=1e-5)
     by_replica = {r.replica: r for r in load.replicas}
     assert (by_replica[0].running, by_replica[0].outstanding_work) == (
         1,

@@ -27,12 +27,8 @@ def test_generate_from_python_returns_and_as_the_command_exits_now(
         raise _Exited
 
     monkeypatch.setattr(cli, "_exit_now", fake_exit)
-    bad = [
-        "generate",
-        "a fox",
-        "-o",
-        str(tmp_path / "out.gif"),
-    ]  # refused before anything loads
+    # Refused before anything loads.
+    bad = ["generate", "a fox", "-o", str(tmp_path / "out.gif")]
     assert cli.main(bad) == 1 and codes == []
     monkeypatch.setattr(sys, "argv", ["diffserve", *bad])
     with pytest.raises(_Exited):

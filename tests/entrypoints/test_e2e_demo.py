@@ -300,13 +300,11 @@ def test_the_playground_default_form_draws_the_prompt(demo_server, tmp_path) -> 
             name: driver.find_element("id", name).get_attribute("value")
             for name in ("width", "height", "steps")
         }
-        assert form == {"width": "64", "height": "64", "steps": "8"}, (
-            form
-        )  # the model's, not the page's
+        # The model's, not the page's.
+        assert form == {"width": "64", "height": "64", "steps": "8"}, form
         type_into(driver, "prompt", PROMPT)
-        driver.find_element(
-            "id", "seed-random"
-        ).click()  # a fixed seed: the test reads one known image
+        # A fixed seed: the test reads one known image.
+        driver.find_element("id", "seed-random").click()
         driver.find_element("id", "seed").send_keys("42")
         driver.find_element("id", "generate").click()
         driver.wait.until(

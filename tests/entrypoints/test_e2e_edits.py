@@ -78,9 +78,8 @@ def test_edit_returns_the_input_size_with_seeds_and_attestation(client) -> None:
         prompt="a fox",
         extra_body=EDIT,
     )
-    assert (
-        decode(again.data[0].b64_json).tobytes() == image.tobytes()
-    )  # the seed reproduces it
+    # The seed reproduces it.
+    assert decode(again.data[0].b64_json).tobytes() == image.tobytes()
 
 
 def test_size_defaults_to_the_image_rounded_down_to_the_model_multiple(client) -> None:
@@ -270,9 +269,8 @@ def test_generate_cli_edits_with_a_grayscale_mask(
 ) -> None:
     (tmp_path / "in.png").write_bytes(png(photo(70, 50)))
     mask = Image.new("L", (70, 50), 0)
-    mask.paste(
-        255, (10, 10, 40, 30)
-    )  # no alpha channel: white = repaint (diffusers' convention)
+    # No alpha channel: white = repaint (diffusers' convention)
+    mask.paste(255, (10, 10, 40, 30))
     mask.save(tmp_path / "m.png")
     out = tmp_path / "out.png"
     proc = run_in_process(

@@ -78,9 +78,8 @@ def test_generate_writes_an_mp4_and_frames(tiny_wan22_dir, tmp_path, capsys) -> 
     pngs = sorted((tmp_path / "frames").glob("frame-*.png"))
     assert len(pngs) == 9 and Image.open(pngs[0]).text["seed"] == "3"
     lossless = np.stack([np.asarray(Image.open(p).convert("RGB")) for p in pngs])
-    assert (
-        np.abs(lossless.astype(int) - frames.astype(int)).mean() < 8
-    )  # crf 18 H.264 of the same frames
+    # Crf 18 H.264 of the same frames.
+    assert np.abs(lossless.astype(int) - frames.astype(int)).mean() < 8
 
 
 def test_a_video_model_refuses_image_outputs(tiny_wan_dir, tmp_path, capsys) -> None:

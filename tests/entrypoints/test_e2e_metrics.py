@@ -111,9 +111,8 @@ def test_client_disconnect_aborts_the_request(server) -> None:
 def test_conditioning_cache_hits_misses_and_bytes(server, client) -> None:
     """The same prompt twice: a miss then a hit (the same image), each counted; a
     request may opt out."""
-    prompt = (
-        f"a conditioning cache fox {time.time_ns()}"  # never seen by this server before
-    )
+    # Never seen by this server before.
+    prompt = f"a conditioning cache fox {time.time_ns()}"
     before = scrape(server)
 
     def generate(**extra):

@@ -154,9 +154,8 @@ def test_page_is_public_self_contained_and_locked_down(server) -> None:
             r"(src|href)=[\"']?(https?:)?//|@import|url\(\s*['\"]?(https?:)?//",
             resp.text,
         ), path
-    assert (
-        httpx.get(server.url + "/v1/models").status_code == 401
-    )  # the API itself still needs the key
+    # The API itself still needs the key.
+    assert httpx.get(server.url + "/v1/models").status_code == 401
     assert httpx.post(server.url + "/", json={}).status_code == 405
     assert httpx.get(server.url + "/static/../v1/config").status_code == 401
 
@@ -263,9 +262,8 @@ def test_generate_shows_progress_images_and_proof(page, server, tmp_path) -> Non
             field(card, "attention")
         )
         assert field(card, "executor") == "uni" and field(card, "replica") == "0"
-        assert (
-            field(card, "worker") == f"pid {server.proc.pid}, rank 0, cpu"
-        )  # uni: the server process itself
+        # Uni: the server process itself.
+        assert field(card, "worker") == f"pid {server.proc.pid}, rank 0, cpu"
         assert re.fullmatch(r"[0-9a-f]{16}", field(card, "fingerprint"))
         assert "denoise" in field(card, "timings") and "total" in field(card, "timings")
         # The download link holds the response's own image: its PNG chunks carry the
@@ -292,9 +290,8 @@ def test_generate_shows_progress_images_and_proof(page, server, tmp_path) -> Non
         for e in page.get_log("browser")
         if e["level"] == "SEVERE" and "401" not in e["message"]
     ]
-    assert not severe, (
-        severe
-    )  # no script error, no CSP violation (the 401s are the wrong-key probe)
+    # No script error, no CSP violation (the 401s are the wrong-key probe)
+    assert not severe, severe
 
 
 def test_api_errors_show_the_error_message(page, server) -> None:
@@ -342,9 +339,8 @@ def test_an_uploaded_image_is_edited_at_its_own_size(page, server, tmp_path) -> 
     assert page.execute_script(
         "return [arguments[0].naturalWidth, arguments[0].naturalHeight]", img
     ) == [80, 48]
-    page.execute_script(
-        "document.getElementById('edit-image').value = ''"
-    )  # back to text-to-image
+    # Back to text-to-image.
+    page.execute_script("document.getElementById('edit-image').value = ''")
     fill(page, strength="")
 
 
@@ -445,9 +441,8 @@ def test_accessibility_basics(page, server) -> None:
         "generate",
     ]
     assert [i for i in order if i in expected] == expected, order
-    by_id(page, "seed-random").send_keys(
-        " "
-    )  # the random toggle by keyboard enables the seed field
+    # The random toggle by keyboard enables the seed field.
+    by_id(page, "seed-random").send_keys(" ")
     assert by_id(page, "seed").is_enabled()
     by_id(page, "seed-random").send_keys(" ")
     low = [
@@ -530,9 +525,8 @@ def test_the_prompt_box_starts_from_the_picked_models_first_example(
                 d.execute_script("return document.body.dataset.model") == "toy-shapes"
             ),
         )
-        prompt_is(
-            "a red circle on a blue background"
-        )  # the first model's first example
+        # The first model's first example.
+        prompt_is("a red circle on a blue background")
         Select(by_id(driver, "model-picker")).select_by_value("boats")
         prompt_is(BOAT_EXAMPLES[0])
         Select(by_id(driver, "model-picker")).select_by_value("toy-shapes")

@@ -59,9 +59,8 @@ def test_a_dead_stage_answers_503_naming_itself(
             assert gauges[("diffserve_stage_replicas", stage, role)] == 1.0
             assert gauges[("diffserve_stage_queue_depth", stage, role)] == 0.0
 
-        os.kill(
-            encode_stage["worker_pid"], signal.SIGKILL
-        )  # the text-encoder stage's only worker
+        # The text-encoder stage's only worker.
+        os.kill(encode_stage["worker_pid"], signal.SIGKILL)
         deadline = time.monotonic() + 30
         while httpx.get(server.url + "/health").status_code != 503:
             assert time.monotonic() < deadline, (
@@ -78,9 +77,8 @@ def test_a_dead_stage_answers_503_naming_itself(
                 error["code"] == "engine_dead"
                 and "stage 0 (text_encoder)" in error["message"]
             ), error
-        assert (
-            server.proc.poll() is None
-        )  # the server answers; an orchestrator restarts it
+        # The server answers; an orchestrator restarts it.
+        assert server.proc.poll() is None
         assert (
             stage_gauges(server.url)[
                 ("diffserve_stage_replicas_live", "0", "text_encoder")

@@ -73,9 +73,8 @@ def test_cache_threshold_in_extra_body_is_attested_per_image(cache_client) -> No
         assert [step for step, _, _ in entry["trace"]] == list(range(1, STEPS + 1))
         assert {decision for _, _, decision in entry["trace"]} == {"compute", "skip"}
     default = generate(cache_client).model_extra["diffserve"]["attestation"]["cache"][0]
-    assert (
-        default["threshold"] == 0.08
-    )  # the deployment's (fbcache's published default)
+    # The deployment's (fbcache's published default)
+    assert default["threshold"] == 0.08
 
 
 def test_quantized_serving_is_attested_with_weight_bytes_and_phase_peaks(
@@ -91,17 +90,15 @@ def test_quantized_serving_is_attested_with_weight_bytes_and_phase_peaks(
     # Quantized layers on int8 kernels, ignored ones on the stage's backend (exact
     # counts without a cache: tests/models/test_quantization.py; here skipped steps
     # still run block 0).
-    stage_backend = select_linear_backend(
-        "auto", "cpu", torch.float32
-    ).name  # onednn with AVX512, else torch
+    # Onednn with AVX512, else torch.
+    stage_backend = select_linear_backend("auto", "cpu", torch.float32).name
     assert (
         set(att["linear"]) == {"int8_dynamic", stage_backend}
         and att["linear"]["int8_dynamic"] > 0
     )
     assert att["quantization"]["text_encoder_2"]["backend"] == "int8_weight_only"
-    assert all(
-        entry["skipped_steps"] > 0 for entry in att["cache"]
-    )  # the cache still skips on int8 weights
+    # The cache still skips on int8 weights.
+    assert all(entry["skipped_steps"] > 0 for entry in att["cache"])
     assert set(info["memory_peak_mib"]) == {"encode", "denoise", "decode"}
     config = httpx.get(cache_server.url + "/v1/config").json()
     quantization = config["stages"][0]["fields"]["quantization"]

@@ -394,9 +394,8 @@ def test_the_openai_client_edits_unmodified(served) -> None:
         4,
         (("style", 0.5),),
     )
-    assert (
-        gen.width is None and gen.height is None
-    )  # no size: admission takes the image's
+    # No size: admission takes the image's.
+    assert gen.width is None and gen.height is None
     assert np.array_equal(gen.images[0], np.asarray(source))
     assert (
         gen.mask.shape == (50, 70)

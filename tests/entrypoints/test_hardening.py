@@ -49,9 +49,8 @@ def test_500_body_is_generic_and_the_log_has_the_id(monkeypatch, caplog) -> None
     )
     assert resp.headers["x-request-id"] == "abc-123"
     assert any("abc-123" in r.getMessage() and r.exc_info for r in caplog.records)
-    assert (
-        "req-" in to_api_error(RuntimeError("x")).message
-    )  # no client id: a generated one
+    # No client id: a generated one.
+    assert "req-" in to_api_error(RuntimeError("x")).message
 
 
 def test_v1_config_redacts_paths_and_extras(tiny_flux_dir, tmp_path) -> None:
@@ -73,9 +72,8 @@ def test_v1_config_redacts_paths_and_extras(tiny_flux_dir, tmp_path) -> None:
         "server.max_queue"
     ]["location"].endswith("deploy.yaml:2")
     assert doc["stages"][0]["fields"]["extras.token"]["value"] == REDACTED
-    assert str(tmp_path) in str(
-        config_view(cfg, expose=True)
-    )  # server.expose_config: true
+    # Server.expose_config: true.
+    assert str(tmp_path) in str(config_view(cfg, expose=True))
     # A job store's password never leaves, even exposed; a bad store URL is a config
     # error naming the fix.
     stored = resolve(

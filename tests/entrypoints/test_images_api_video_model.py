@@ -30,9 +30,8 @@ def test_the_images_api_refuses_a_video_model(tiny_wan22_i2v_dir) -> None:
             assert (error["code"], error["param"]) == ("model_makes_videos", "model")
             assert "/v1/videos" in error["message"]
             assert http.get("/health").status_code == 200
-            assert (
-                engine.stats()["requests_ok"] == 0
-            )  # refused before the engine saw it (warmup is not counted)
+            # Refused before the engine saw it (warmup is not counted)
+            assert engine.stats()["requests_ok"] == 0
             assert engine.is_ready
     finally:
         engine.shutdown()

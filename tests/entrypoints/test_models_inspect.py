@@ -36,12 +36,8 @@ def test_components_files_hashes_and_bytes(
     code, doc = _inspect(capsys, str(tiny_flux_dir), "--dtype", "float32")
     assert code == 0 and doc["dtype"] == "float32"
     components = {c["name"]: c for c in doc["components"]}
-    assert set(components) == {
-        "text_encoder",
-        "text_encoder_2",
-        "transformer",
-        "vae",
-    }  # no weights: tokenizers
+    # No weights: tokenizers.
+    assert set(components) == {"text_encoder", "text_encoder_2", "transformer", "vae"}
     transformer = components["transformer"]
     weights = tiny_flux_dir / "transformer" / "diffusion_pytorch_model.safetensors"
     assert transformer["files"] == [
@@ -56,9 +52,8 @@ def test_components_files_hashes_and_bytes(
     ] == {"F32": _parameters(weights)}
     assert transformer["device_bytes"] == 4 * transformer["parameters"]
     assert doc["device_bytes"] == sum(c["device_bytes"] for c in components.values())
-    assert (
-        len(list((tmp_path / "cache" / "hashes").glob("*.sha256"))) == 4
-    )  # remembered: hashed once
+    # Remembered: hashed once.
+    assert len(list((tmp_path / "cache" / "hashes").glob("*.sha256"))) == 4
 
     _, half = _inspect(capsys, str(tiny_flux_dir), "--dtype", "bf16")
     assert half["device_bytes"] * 2 == doc["device_bytes"]
@@ -93,9 +88,8 @@ def test_a_single_file_is_reported_with_its_layout(
             and transformer["source"] == "single file"
             and transformer["layout"] == layout
         )
-        assert (
-            transformer["parameters"] == folder
-        )  # the bundled tensor is not the transformer's
+        # The bundled tensor is not the transformer's.
+        assert transformer["parameters"] == folder
 
 
 def test_broken_inputs_are_errors(
@@ -107,9 +101,8 @@ def test_broken_inputs_are_errors(
     code = main(
         ["models", "inspect", str(tiny_flux_dir), "--transformer", str(truncated)]
     )
-    assert (
-        code == 2 and "truncated" in capsys.readouterr().err
-    )  # a model file error (docs/api.md: exit status)
+    # A model file error (docs/api.md: exit status)
+    assert code == 2 and "truncated" in capsys.readouterr().err
     code = main(["models", "inspect", str(tiny_flux_dir), "--device-memory", "lots"])
     assert code == 1 and "is not a size" in capsys.readouterr().err
     assert (

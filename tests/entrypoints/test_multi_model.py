@@ -57,9 +57,8 @@ def test_every_model_is_listed_and_answers_by_name(two_models) -> None:
     assert (
         image.model_extra["diffserve"]["attestation"]["model_family"] == "FluxPipeline"
     )
-    video = client.videos.create(
-        prompt="a fox running", size="64x48"
-    )  # no model: the first video model
+    # No model: the first video model.
+    video = client.videos.create(prompt="a fox running", size="64x48")
     assert video.model == "wan"
     deadline = time.monotonic() + 60
     while video.status not in ("completed", "failed") and time.monotonic() < deadline:

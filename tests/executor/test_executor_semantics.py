@@ -205,9 +205,10 @@ def test_uni_shutdown_leaves_no_thread_of_its_own() -> None:
     # an active exception", seen at a uni Engine's exit): shutdown joins the worker and
     # its reader, so nothing of the executor is left running.
     ex = make_executor(_config("uni", extension=EXT))
+    # Ours dropped here.
     assert [type(v).__name__ for v in ex.collective_rpc("slow_to_free")] == [
         "SlowToFree"
-    ]  # ours dropped here
+    ]
     ex.shutdown()
     assert [
         t.name for t in threading.enumerate() if t.name.startswith("diffserve-uni-")
@@ -285,10 +286,7 @@ def test_mp_worker_exits_when_its_parent_is_killed(tmp_path) -> None:
 
 # (num_replicas > 1 runs now: each replica is its own executor, engine/replicas.py.)
 @pytest.mark.parametrize(
-    "field, where",
-    [
-        ({"parallel": {"tensor_parallel_size": 2}}, "stages.0.parallel"),
-    ],
+    "field, where", [({"parallel": {"tensor_parallel_size": 2}}, "stages.0.parallel")]
 )
 def test_unsupported_layouts_are_refused_not_downgraded(
     field: dict, where: str

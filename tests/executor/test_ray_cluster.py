@@ -180,9 +180,8 @@ def test_ray_replicas_spread_ranks_packed_a_lost_node_takes_out_its_replica_only
         for name in n["resources"]
         if name.startswith("test_node_")
     ) == ["test_node_0", "test_node_1", "test_node_2"]
-    assert all(
-        n["resources"]["CPU"] >= 4 for n in nodes.values()
-    )  # 2 replicas x 2 ranks x {"CPU": 1}
+    # 2 replicas x 2 ranks x {"CPU": 1}.
+    assert all(n["resources"]["CPU"] >= 4 for n in nodes.values())
     assert facts["gcs"].startswith("127.0.0.1:")
 
     # Ranks packed, replicas spread: by the node id every rank read inside its own
@@ -196,9 +195,8 @@ def test_ray_replicas_spread_ranks_packed_a_lost_node_takes_out_its_replica_only
     ]
     node_of = {}
     for replica in (0, 1):
-        (node,) = {
-            r["node"] for r in ranks if r["replica"] == replica
-        }  # both ranks on one node
+        # Both ranks on one node.
+        (node,) = {r["node"] for r in ranks if r["replica"] == replica}
         node_of[replica] = node
     assert node_of[0] != node_of[1] and set(node_of.values()) <= set(nodes)
     groups = facts["groups"]

@@ -117,9 +117,8 @@ def test_observers_see_every_selection_and_may_wrap_the_backend() -> None:
         dtype=torch.float32,
         observers=[recorder],
     )
-    auto = select_linear_backend(
-        "auto", "cpu", torch.float32
-    ).name  # onednn where it can run, else torch
+    # Onednn where it can run, else torch.
+    auto = select_linear_backend("auto", "cpu", torch.float32).name
     # One selection per distinct name (roles asking for the same name share one
     # backend).
     assert recorder.seen == [

@@ -49,9 +49,10 @@ def test_linear_matches_f_linear_and_counts() -> None:
         counters=counters,
     )
     x = torch.randn(2, 3, 8)
+    # The backend's own call.
     torch.testing.assert_close(
         layer(x), F.linear(x, layer.weight, layer.bias), rtol=0, atol=0
-    )  # the backend's own call
+    )
     layer(x)
     assert layer.backend_name == "torch"
     assert counters.snapshot()["linear"] == {"torch": 2}

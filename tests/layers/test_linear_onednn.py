@@ -135,9 +135,8 @@ def test_autograd_and_foreign_dtypes_take_the_f_linear_path() -> None:
     layer, _ = _layer(16, 8, torch.float32, activation="gelu_tanh")
     layer.requires_grad_(True)
     x = torch.randn(4, 16, requires_grad=True)
-    layer(
-        x
-    ).sum().backward()  # the oneDNN op has no backward: F.linear serves recorded calls
+    # The oneDNN op has no backward: F.linear serves recorded calls.
+    layer(x).sum().backward()
     assert x.grad is not None and layer.weight.grad is not None
     with torch.inference_mode():
         half = layer.backend.linear(

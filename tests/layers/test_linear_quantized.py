@@ -69,13 +69,10 @@ def test_each_method_is_close_to_float_counted_and_smaller(method: str) -> None:
         and block.final_layer.linear.backend_name != backend
     )
     assert type(block.proj.weight).__name__ in ("Int8Tensor", "Float8Tensor")
-    assert isinstance(
-        block.final_layer.linear.weight, nn.Parameter
-    )  # ignored: untouched
-    assert type(block.embed.weight).__name__ in (
-        "Int8Tensor",
-        "Float8Tensor",
-    )  # a plain nn.Linear too
+    # Ignored: untouched.
+    assert isinstance(block.final_layer.linear.weight, nn.Parameter)
+    # A plain nn.Linear too.
+    assert type(block.embed.weight).__name__ in ("Int8Tensor", "Float8Tensor")
     counters.reset()
     with torch.inference_mode():
         out = block.proj(x)

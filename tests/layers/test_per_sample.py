@@ -63,9 +63,8 @@ def test_per_sample_linear_rows_equal_each_sample_alone(
         x = x.to(dtype)
         with torch.inference_mode():
             batched = layer(x)
-            assert counters.snapshot()["linear"] == {
-                backend: 1
-            }  # still one counted call
+            # Still one counted call.
+            assert counters.snapshot()["linear"] == {backend: 1}
             for i in range(3):
                 assert torch.equal(batched[i : i + 1], layer(x[i : i + 1])), (
                     backend,

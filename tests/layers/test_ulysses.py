@@ -45,9 +45,8 @@ def _full_qkv(
     shape: tuple[int, int, int, int, int], world: int, seed: int
 ) -> tuple[torch.Tensor, ...]:
     batch, heads, txt_len, shard, head_dim = shape
-    g = torch.Generator().manual_seed(
-        seed
-    )  # same seed on every rank: identical full tensors
+    # Same seed on every rank: identical full tensors.
+    g = torch.Generator().manual_seed(seed)
     return tuple(
         torch.randn(batch, heads, txt_len + shard * world, head_dim, generator=g)
         for _ in range(3)
@@ -224,12 +223,10 @@ def test_collectives_and_attention_are_counted(
 ) -> None:
     reports = request.getfixturevalue(world)
     batch, heads, txt_len, shard, head_dim = SHAPES[0]
-    forward = (
-        3 * batch * heads * shard * head_dim * 4
-    )  # stacked image Q/K/V shards, float32
-    back = (
-        batch * (txt_len + shard) * heads * head_dim * 4
-    )  # text rows ride along for every head group
+    # Stacked image Q/K/V shards, float32.
+    forward = 3 * batch * heads * shard * head_dim * 4
+    # Text rows ride along for every head group.
+    back = batch * (txt_len + shard) * heads * head_dim * 4
     for report in reports.values():
         count = report["count"]
         assert count["rel"] <= 1e-6

@@ -35,12 +35,10 @@ def test_lru_bounds_by_entries_and_bytes() -> None:
     small = ConditioningCache(max_bytes=400, max_entries=100, identity="x")
     for text in "abc":
         small.put(small.key(text, 8), row)
-    assert (
-        small.state().entries == 2 and small.state().bytes == 320
-    )  # the third would exceed 400 bytes
-    small.put(
-        small.key("big", 8), (torch.zeros(1, 100, 8),)
-    )  # larger than the whole cache: not kept
+    # The third would exceed 400 bytes.
+    assert small.state().entries == 2 and small.state().bytes == 320
+    # Larger than the whole cache: not kept.
+    small.put(small.key("big", 8), (torch.zeros(1, 100, 8),))
     assert small.get(small.key("big", 8)) is None
     assert not ConditioningCache(max_bytes=400, max_entries=0, identity="x").enabled
 
@@ -78,15 +76,13 @@ def test_a_repeated_prompt_hits_skips_the_encoders_and_gives_the_same_image(
 
     first, first_calls = run()
     second, second_calls = run()
-    assert (
-        first.attestation["conditioning_cache"] == "miss" and first_calls == 2
-    )  # CLIP and T5
+    # CLIP and T5.
+    assert first.attestation["conditioning_cache"] == "miss" and first_calls == 2
     assert second.attestation["conditioning_cache"] == "hit" and second_calls == 0
     assert torch.equal(first.images, second.images)
     assert second.attestation["conditioning_cache_state"]["entries"] == 1
-    window, window_calls = run(
-        max_sequence_length=64
-    )  # another window: another T5 output
+    # Another window: another T5 output.
+    window, window_calls = run(max_sequence_length=64)
     assert window.attestation["conditioning_cache"] == "miss" and window_calls == 2
     fresh, fresh_calls = run(conditioning_cache=False)
     assert fresh.attestation["conditioning_cache"] == "off" and fresh_calls == 2

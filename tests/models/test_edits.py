@@ -85,9 +85,8 @@ def test_img2img_matches_diffusers_and_starts_part_way(
 ) -> None:
     out = engine.generate(GenerationRequest(**COMMON, images=(picture,), strength=0.6))
     assert out.images[0].size == (80, 64)  # the input's size (a multiple of 16 already)
-    assert (
-        out.attestation["transformer_forwards"] == 3
-    )  # skips int(4 - 4 * 0.6) = 1 step, as diffusers
+    # Skips int(4 - 4 * 0.6) = 1 step, as diffusers.
+    assert out.attestation["transformer_forwards"] == 3
     theirs = diffusers_edit(
         tiny_flux_dir,
         "FluxImg2ImgPipeline",
@@ -136,9 +135,8 @@ def test_kontext_matches_diffusers(
     ) as kontext:
         assert kontext.config.model_family == "FluxKontextPipeline"
         out = kontext.generate(GenerationRequest(**COMMON, images=(picture,)))
-        assert (
-            out.attestation["transformer_forwards"] == 4
-        )  # a reference edit runs the whole schedule
+        # A reference edit runs the whole schedule.
+        assert out.attestation["transformer_forwards"] == 4
         with pytest.raises(RequestError) as info:
             kontext.generate(
                 GenerationRequest(

@@ -23,9 +23,8 @@ from diffserve.models.flux.sampling import image_ids, text_ids
 from diffserve.models.flux.transformer import FluxTransformer
 from diffserve.registry.models import MODEL_FAMILIES
 
-pytestmark = (
-    pytest.mark.numerics
-)  # make test-kinds runs it under every emulated CPU kind
+# Make test-kinds runs it under every emulated CPU kind.
+pytestmark = pytest.mark.numerics
 ROLES = MODEL_FAMILIES["FluxPipeline"].attention_roles
 # small-flux's block geometry (hidden 768 = 12 x 64, MLP 3072), one block of each kind.
 PARAMS = FluxParams(

@@ -30,10 +30,8 @@ def test_compiled_blocks_match_eager_and_still_count(tiny_flux_dir) -> None:
     g = torch.Generator().manual_seed(0)
     graphs_before = counters["stats"]["unique_graphs"]
     with torch.inference_mode():
-        for tokens in (
-            16,
-            24,
-        ):  # a second image size runs on the graphs the first one compiled
+        # A second image size runs on the graphs the first one compiled.
+        for tokens in (16, 24):
             img = torch.randn(1, tokens, 64, generator=g)
             txt = torch.randn(1, 8, 64, generator=g)
             img_ids = torch.stack(

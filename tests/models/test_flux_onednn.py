@@ -47,9 +47,8 @@ def pair(request, tmp_path_factory):
     torch.manual_seed(0)
     model = FluxTransformer2DModel(**SMALL, guidance_embeds=request.param).eval()
     with torch.no_grad():
-        for p in (
-            model.parameters()
-        ):  # non-trivial norms and biases, so every mapping is exercised
+        # Non-trivial norms and biases, so every mapping is exercised.
+        for p in model.parameters():
             p.add_(torch.randn_like(p) * 0.05)
     path = tmp_path_factory.mktemp("flux") / "transformer"
     model.save_pretrained(path)

@@ -59,13 +59,11 @@ def test_norm_rope_into_a_strided_slice_matches_norm_then_rope() -> None:
     torch.testing.assert_close(
         joint[:, 6:, :2].double(), expected, rtol=1e-5, atol=1e-6
     )
-    assert torch.equal(
-        joint[:, :6], torch.zeros_like(joint[:, :6])
-    )  # other rows and v untouched
+    # Other rows and v untouched.
+    assert torch.equal(joint[:, :6], torch.zeros_like(joint[:, :6]))
     assert torch.equal(joint[:, 6:, 2], torch.zeros(2, 24, 3, 16))
-    assert torch.equal(
-        qkv, before
-    )  # float32 input is only read (the chain copies before scaling in place)
+    # Float32 input is only read (the chain copies before scaling in place)
+    assert torch.equal(qkv, before)
 
 
 def test_bfloat16_rounds_once() -> None:
@@ -109,9 +107,8 @@ def test_rotation_is_converted_once_per_table() -> None:
     assert rope_rotation(pe) is not first
     with torch.inference_mode():
         table = _table()
-        assert rope_rotation(table) is rope_rotation(
-            table
-        )  # inference tensors have no version counter
+        # Inference tensors have no version counter.
+        assert rope_rotation(table) is rope_rotation(table)
 
 
 def test_the_compiled_form_is_the_same_rotation(monkeypatch) -> None:

@@ -31,9 +31,8 @@ def _make_diffusers(tmp: Path, guidance_embeds: bool, seed: int = 0, **save_kwar
     torch.manual_seed(seed)
     model = FluxTransformer2DModel(**SMALL, guidance_embeds=guidance_embeds).eval()
     with torch.no_grad():
-        for p in (
-            model.parameters()
-        ):  # non-trivial norms and biases, so every mapping is exercised
+        # Non-trivial norms and biases, so every mapping is exercised.
+        for p in model.parameters():
             p.add_(torch.randn_like(p) * 0.05)
     out = tmp / "transformer"
     model.save_pretrained(out, **save_kwargs)

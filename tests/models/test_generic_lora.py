@@ -115,9 +115,8 @@ def test_through_the_engine_a_file_that_does_not_fit_is_refused_and_a_good_one_a
 ) -> None:
     from safetensors.torch import save_file
 
-    (
-        tmp_path / "other"
-    ).mkdir()  # an adapter for a deeper model: block 7 does not exist here
+    # An adapter for a deeper model: block 7 does not exist here.
+    (tmp_path / "other").mkdir()
     save_file(
         {
             "transformer.transformer_blocks.7.attn.to_q.lora_A.weight": torch.zeros(

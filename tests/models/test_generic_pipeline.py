@@ -60,26 +60,23 @@ def diffusers_image(
 ) -> np.ndarray:
     import diffusers
 
-    from diffserve.models.generic.pipeline import ensure_dtype
+    from diffserve.models.generic.build import ensure_dtype
     from diffserve.models.generic.vl_processor import processor_components
 
-    processors = processor_components(
-        model_dir
-    )  # what transformers cannot build here (no torchvision)
+    # What transformers cannot build here (no torchvision)
+    processors = processor_components(model_dir)
     pipe = getattr(diffusers, class_name).from_pretrained(
         str(model_dir), torch_dtype=dtype, **dict.fromkeys(processors)
     )
     pipe.register_modules(**processors)
     pipe.set_progress_bar_config(disable=True)
-    ensure_dtype(
-        pipe.transformer, dtype
-    )  # diffusers' own loader leaves SD3 in float32 without accelerate
+    # Diffusers' own loader leaves SD3 in float32 without accelerate.
+    ensure_dtype(pipe.transformer, dtype)
     if class_name == "PixArtSigmaPipeline":
         kwargs.update(use_resolution_binning=False, clean_caption=False)
     if class_name == "QwenImagePipeline":
-        kwargs.setdefault(
-            "negative_prompt", " "
-        )  # its model card's: without one the pipeline skips CFG
+        # Its model card's: without one the pipeline skips CFG.
+        kwargs.setdefault("negative_prompt", " ")
     image = pipe(
         prompt=PROMPT,
         height=64,

@@ -38,9 +38,8 @@ def test_guidance_scale_is_its_true_cfg_scale(tiny_qwen_image_dir: Path) -> None
         negative_prompt="blurry",
     )
     assert psnr(ours, theirs) >= 60.0
-    assert (
-        pipe.kernel_counters.snapshot()["transformer_forwards"] == 6
-    )  # 3 steps x (prompt, negative prompt)
+    # 3 steps x (prompt, negative prompt)
+    assert pipe.kernel_counters.snapshot()["transformer_forwards"] == 6
     # A different scale is a different image (random weights: the two branches differ
     # little, so not by much).
     other = (
@@ -146,9 +145,8 @@ def test_qwen_image_edit_matches_diffusers_and_refuses_what_it_cannot_take(
             engine.capabilities.edits == ("reference",)
             and not engine.capabilities.edit_strength
         )
-        class_name = (
-            engine.capabilities.family
-        )  # QwenImageEditPipeline or QwenImageEditPlusPipeline
+        # QwenImageEditPipeline or QwenImageEditPlusPipeline.
+        class_name = engine.capabilities.family
         out = engine.generate(
             GenerationRequest(
                 prompt="make it red", images=[source], num_inference_steps=2, seed=5

@@ -55,9 +55,8 @@ def test_threshold_zero_is_the_uncached_image_bit_for_bit(
         entry["computed_steps"],
         entry["skipped_steps"],
     ) == ("fbcache", 0.0, 5, 0)
-    assert (
-        entry["negative"]["skipped_steps"] == 0
-    )  # CFG ran: the negative branch is reported too
+    # CFG ran: the negative branch is reported too.
+    assert entry["negative"]["skipped_steps"] == 0
 
 
 @pytest.mark.parametrize("family", list(FIXTURES))
@@ -81,9 +80,8 @@ def test_a_high_threshold_skips_with_a_per_image_entry(
         assert [t[2] for t in branch["trace"]][0] == "compute" and branch["trace"][-1][
             2
         ] == "compute"
-        assert all(
-            t[1] is not None for t in branch["trace"][1:]
-        )  # the signal compared with the threshold
+        # The signal compared with the threshold.
+        assert all(t[1] is not None for t in branch["trace"][1:])
     # A skipped forward runs the embeddings, block 0 and the head only: fewer Linear
     # calls, and it does not count as a transformer forward (as on the native path).
     computed = entry["computed_steps"] + entry["negative"]["computed_steps"]

@@ -43,9 +43,8 @@ def test_dequantization_is_ggmls(qtype: str) -> None:
     values = np.random.default_rng(0).standard_normal((24, 96)).astype(np.float32) * 3
     packed = gguf.quants.quantize(values, kind)
     reference = gguf.quants.dequantize(packed, kind)
-    raw = torch.from_numpy(
-        np.ascontiguousarray(packed).view(np.uint8).reshape(24, -1)
-    )  # as the file holds it
+    # As the file holds it.
+    raw = torch.from_numpy(np.ascontiguousarray(packed).view(np.uint8).reshape(24, -1))
     ours = QuantizedWeight(qtype, raw, 24, 96).dequantize(torch.float32)
     # Exact although gguf's is numpy: float16 -> float32 is exact and d * q (+ m) are
     # the same correctly rounded elementwise ops in gguf's order, on any CPU (no
@@ -67,9 +66,8 @@ def test_k_quants_stay_packed_and_dequantize_as_gguf_does() -> None:
     raw = np.random.default_rng(1).integers(
         0, 255, size=(6, 2 * block_bytes), dtype=np.uint8
     )
-    for block in range(
-        2
-    ):  # each block opens with two float16 scales: keep them small and finite
+    # Each block opens with two float16 scales: keep them small and finite.
+    for block in range(2):
         raw[:, block * block_bytes : block * block_bytes + 4] = np.frombuffer(
             np.array([0.01, 0.01], dtype=np.float16).tobytes(), dtype=np.uint8
         )
@@ -103,9 +101,8 @@ def test_gguf_images_pass_their_floors_and_are_attested(
         image, attestation = _run(model, components={"transformer": str(path)})
         measured[qtype] = round(psnr(image, reference), 1)
         assert measured[qtype] >= floor, measured
-        assert set(attestation["linear"]) == {f"gguf_{qtype}"}, attestation[
-            "linear"
-        ]  # every Linear packed
+        # Every Linear packed.
+        assert set(attestation["linear"]) == {f"gguf_{qtype}"}, attestation["linear"]
     print(f"\n[gguf] {model_name}: PSNR dB vs float32 {measured}")
 
 

@@ -115,10 +115,8 @@ def test_two_adapters_compose_as_diffusers_does(
 ) -> None:
     out = generate(engine, [("b", 0.5), ("a", 0.8)])
     assert psnr(out.images[0], reference(diffusers_pipe, ["a", "b"], [0.8, 0.5])) >= 40
-    assert [a["name"] for a in out.attestation["lora"]["adapters"]] == [
-        "a",
-        "b",
-    ]  # canonical order
+    # Canonical order.
+    assert [a["name"] for a in out.attestation["lora"]["adapters"]] == ["a", "b"]
 
 
 def test_base_requests_are_unchanged_after_lora_requests(
@@ -266,9 +264,10 @@ def test_file_checks_keys_ranks_and_kohya_names(
     )
     a, b = read(fused).layers["double_blocks.0.img_attn.qkv"]
     assert a.shape == (6, hidden) and b.shape == (3 * hidden, 6)
+    # Block-placed parts.
     assert (
         b[:hidden, 2:].abs().sum() == 0 and b[hidden : 2 * hidden, 2:4].abs().sum() > 0
-    )  # block-placed parts
+    )
     with pytest.raises(LoraError, match="max_lora_rank"):
         read(fused, max_rank=4)
     kohya = write(
@@ -315,9 +314,8 @@ def test_compiled_engine_does_not_recompile_per_adapter(
         before = counters["stats"]["unique_graphs"]
         out = one_step([("b", 0.5)])
         one_step([("a", -0.4)])
-        assert (
-            counters["stats"]["unique_graphs"] == before
-        )  # other adapters and scales: the same graphs
+        # Other adapters and scales: the same graphs.
+        assert counters["stats"]["unique_graphs"] == before
         assert out.attestation["lora_linear_calls"] > 0
 
 
@@ -357,6 +355,5 @@ def test_lru_slots_and_batching_keep_each_image_its_own(
         with pytest.raises(RequestError, match="max_loras"):
             generate(tight, [("a", 1.0), ("b", 1.0)])
         sizes = tight.stats().get("batch_sizes", [])
-        assert (
-            max(sizes) <= 2
-        )  # at most the two requests of one adapter set share a batch
+        # At most the two requests of one adapter set share a batch.
+        assert max(sizes) <= 2

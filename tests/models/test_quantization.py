@@ -56,15 +56,12 @@ def test_int8_engine_attests_counts_ignores_bytes_and_phases(
     assert (transformer["quantized_linears"], transformer["ignored_linears"]) == (28, 8)
     assert "final_layer" in transformer["ignored_patterns"]
     forwards = att["transformer_forwards"]
-    assert (
-        att["linear"]["int8_dynamic"] == 28 * forwards
-    )  # every quantized layer, every forward
-    stage_backend = select_linear_backend(
-        "auto", "cpu", torch.float32
-    ).name  # onednn with AVX512, else torch
-    assert (
-        att["linear"][stage_backend] == 8 * forwards
-    )  # the ignored ones on the stage's backend
+    # Every quantized layer, every forward.
+    assert att["linear"]["int8_dynamic"] == 28 * forwards
+    # Onednn with AVX512, else torch.
+    stage_backend = select_linear_backend("auto", "cpu", torch.float32).name
+    # The ignored ones on the stage's backend.
+    assert att["linear"][stage_backend] == 8 * forwards
     for encoder in ("text_encoder", "text_encoder_2"):
         assert att["quantization"][encoder]["method"] == "int8_weight_only"
         assert att["quantization"][encoder]["quantized_linears"] > 0
@@ -99,9 +96,8 @@ def test_the_generic_path_quantizes_its_denoiser(tiny_sd3_dir: Path) -> None:
         att["linear"]["int8_weight_only"]
         == entry["quantized_linears"] * att["transformer_forwards"]
     )
-    assert (
-        "text_encoder" not in att["quantization"]
-    )  # text_encoder_quantization stays none
+    # Text_encoder_quantization stays none.
+    assert "text_encoder" not in att["quantization"]
     assert set(weights) >= {"transformer", "vae", "text_encoder"} and set(
         out.memory_peak_mib
     ) == {"encode", "denoise", "decode"}
@@ -130,6 +126,5 @@ def test_small_flux_quality_gate(small_flux_dir: Path) -> None:
     }
     assert psnr(images["int8"], images["none"]) >= 30
     assert psnr(images["int8_weight_only"], images["none"]) >= 40
-    assert not np.array_equal(
-        images["int8"], images["none"]
-    )  # the quantized GEMMs did run
+    # The quantized GEMMs did run.
+    assert not np.array_equal(images["int8"], images["none"])

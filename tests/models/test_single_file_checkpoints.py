@@ -151,9 +151,8 @@ def test_broken_and_foreign_files_are_errors_naming_the_file(
         tiny_flux_dir, truncated
     )
 
-    bigger = write_single_file(
-        small_flux_dir, tmp_path / "small.safetensors"
-    )  # another model size
+    # Another model size.
+    bigger = write_single_file(small_flux_dir, tmp_path / "small.safetensors")
     text = _error(tiny_flux_dir, bigger)
     assert str(bigger) in text and ("wrong shape" in text or "do not match" in text), (
         text

@@ -63,9 +63,8 @@ def test_a_request_joins_at_a_step_boundary_and_leaves_when_done(pipe) -> None:
         [joiners[1].request_id],
     ]
     assert len(steps) == 4 + STEPS
-    progress = dict(
-        steps[3].progress
-    )  # after the 4th forward: first at 4, joiner 0 at 2
+    # After the 4th forward: first at 4, joiner 0 at 2.
+    progress = dict(steps[3].progress)
     assert progress == {first.request_id: 4, joiners[0].request_id: 2}
     for request, result in zip([first, *joiners], results, strict=True):
         alone = pipe(request)

@@ -117,9 +117,8 @@ TOY_GATES = {
         (0.8, TOY_STEPS // 2, 29.0, 0.975),
     ),
 }
-TOY_AGREEMENT_ALLOWANCE = (
-    1  # cached images may read as their prompt for one pair fewer than uncached ones
-)
+# Cached images may read as their prompt for one pair fewer than uncached ones.
+TOY_AGREEMENT_ALLOWANCE = 1
 
 
 def toy_pairs() -> list[tuple[str, int]]:

@@ -133,9 +133,8 @@ def test_a_tensor_in_two_shards_and_an_integer_weight_are_refused(
     )
     names = sorted(tensors)
     half = len(names) // 2
-    save_file(
-        {k: tensors[k] for k in names[: half + 1]}, str(folder / "a.safetensors")
-    )  # one key in both
+    # One key in both.
+    save_file({k: tensors[k] for k in names[: half + 1]}, str(folder / "a.safetensors"))
     save_file({k: tensors[k] for k in names[half:]}, str(folder / "b.safetensors"))
     weight_map = {
         k: ("a.safetensors" if i <= half else "b.safetensors")

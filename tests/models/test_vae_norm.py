@@ -68,9 +68,8 @@ def test_the_decoder_gets_it_and_decodes_within_rounding_of_diffusers(
     with torch.inference_mode():
         frames, reference = ours.decode(latents).sample, theirs.decode(latents).sample
     assert not torch.equal(frames, reference)  # another rounding, so the swap is in use
-    psnr = (
-        10 * torch.log10(4.0 / F.mse_loss(frames, reference)).item()
-    )  # frames in [-1, 1]
+    # Frames in [-1, 1].
+    psnr = 10 * torch.log10(4.0 / F.mse_loss(frames, reference)).item()
     assert psnr > 100, psnr
 
 
@@ -102,10 +101,8 @@ def test_the_generic_path_gives_qwen_image_vae_the_norm_on_cpu(
             theirs.encode(image).latent_dist.mode(),
         )
         decoded, expected = ours.decode(latents).sample, theirs.decode(reference).sample
-    assert not torch.equal(
-        latents, reference
-    )  # another rounding, so the swap is in use
-    psnr = (
-        10 * torch.log10(4.0 / F.mse_loss(decoded, expected)).item()
-    )  # images in [-1, 1]
+    # Another rounding, so the swap is in use.
+    assert not torch.equal(latents, reference)
+    # Images in [-1, 1].
+    psnr = 10 * torch.log10(4.0 / F.mse_loss(decoded, expected)).item()
     assert psnr > 100, psnr

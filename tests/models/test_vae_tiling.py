@@ -25,9 +25,8 @@ def test_which_sizes_are_tiled() -> None:
     auto = VaeConfig()
     assert not wants_tiling(auto, 1024, 1000)  # below a megapixel
     assert wants_tiling(auto, 1024, 1024) and wants_tiling(auto, 768, 1536)
-    assert not wants_tiling(
-        VaeConfig(tiling="on"), 512, 512
-    )  # one tile: nothing to tile
+    # One tile: nothing to tile.
+    assert not wants_tiling(VaeConfig(tiling="on"), 512, 512)
     assert wants_tiling(VaeConfig(tiling="on"), 512, 576)
     assert not wants_tiling(VaeConfig(tiling="off"), 4096, 4096)
     assert wants_tiling(VaeConfig(tiling_min_pixels=600 * 600), 640, 640)
@@ -80,9 +79,8 @@ def test_tiles_are_attested_and_blend_close_to_the_whole_image(
     request: pytest.FixtureRequest, fixture: str
 ) -> None:
     model = request.getfixturevalue(fixture)
-    steps = (
-        2 if fixture == "tiny_qwen_image_dir" else 1
-    )  # its scheduler's terminal shift needs two
+    # Its scheduler's terminal shift needs two.
+    steps = 2 if fixture == "tiny_qwen_image_dir" else 1
     whole, plain = _image(model, steps, vae_tiling="off")
     tiled, attested = _image(model, steps, vae_tiling="on", vae_tile_size=64)
     assert plain["vae_tiled"] is False and attested["vae_tiled"] is True

@@ -95,9 +95,8 @@ def diffusers_video(
     ran: list[str] = []
     for name in ("transformer", "transformer_2"):
         module = getattr(pipe, name, None)
-        if (
-            module is not None
-        ):  # once per step: the conditional forward (the unconditional one follows)
+        # Once per step: the conditional forward (the unconditional one follows)
+        if module is not None:
             module.register_forward_pre_hook(lambda _m, _a, name=name: ran.append(name))
     kwargs = {
         k: REQUEST[k]
@@ -161,9 +160,8 @@ def test_matches_diffusers_in_float32_and_bfloat16(
         assert set(experts["forwards"]) == (
             {"transformer", "transformer_2"} if two else {"transformer"}
         )
-        assert (
-            sum(experts["forwards"].values()) == 2 * REQUEST["num_inference_steps"]
-        )  # CFG: two per step
+        # CFG: two per step.
+        assert sum(experts["forwards"].values()) == 2 * REQUEST["num_inference_steps"]
         # boundary 0.875 / 0.9 of 1000; the two steps' timesteps are 999 and 750: both
         # experts run
         if two:
@@ -193,9 +191,8 @@ def test_requests_are_checked_against_the_model(
         library_admit(t2v, GenerationRequest(**{**REQUEST, "height": 72}))
     with pytest.raises(RequestError, match="does not edit"):
         library_admit(t2v, GenerationRequest(**REQUEST, images=(FIRST_FRAME,)))
-    admitted = library_admit(
-        t2v, GenerationRequest(prompt="a ball")
-    )  # the family's defaults
+    # The family's defaults.
+    admitted = library_admit(t2v, GenerationRequest(prompt="a ball"))
     assert (admitted.num_frames, admitted.fps, admitted.height, admitted.width) == (
         81,
         16,
@@ -218,10 +215,8 @@ def test_requests_are_checked_against_the_model(
         i2v,
         GenerationRequest(prompt="a ball", images=(np.zeros((70, 100, 3), np.uint8),)),
     )
-    assert (sized.height, sized.width) == (
-        64,
-        96,
-    )  # the image's size, rounded down to the model's multiple
+    # The image's size, rounded down to the model's multiple.
+    assert (sized.height, sized.width) == (64, 96)
 
 
 def test_image_models_refuse_video_fields_and_wan_what_it_does_not_run(
@@ -292,12 +287,10 @@ def test_first_block_cache_skips_per_video_and_computes_at_the_expert_switch(
     assert len(entries) == 2 and all(
         e["backend"] == "fbcache" and e["skipped_steps"] > 0 for e in entries
     )
-    assert all(
-        e["negative"]["skipped_steps"] > 0 for e in entries
-    )  # the CFG branch decides alone
-    switch = cached.attestation["experts"]["steps"].index(
-        "transformer_2"
-    )  # 0-based step of the switch
+    # The CFG branch decides alone.
+    assert all(e["negative"]["skipped_steps"] > 0 for e in entries)
+    # 0-based step of the switch.
+    switch = cached.attestation["experts"]["steps"].index("transformer_2")
     for entry in entries:
         for branch in (entry, entry["negative"]):
             assert branch["trace"][switch][2] == "compute", branch["trace"]

@@ -31,9 +31,8 @@ STARTUP_S = 90.0
 RAMP_S = 60.0
 IDLE_S = 30.0
 STOP_S = 60.0  # for the replica a downscale removed to drain and stop
-CONCURRENCY = (
-    4  # with target_ongoing_requests 1, asks for 4 replicas: capped at max_replicas 2
-)
+# With target_ongoing_requests 1, asks for 4 replicas: capped at max_replicas 2.
+CONCURRENCY = 4
 AUTOSCALING = [
     "--autoscaling-min-replicas",
     "1",
@@ -241,9 +240,8 @@ def test_ray_serve_scales_up_under_load_and_back_down_idle_losing_no_request(
             survivor.model_extra["diffserve"]["attestation"]["worker_pid"] in load.pids
         )
         tree |= _descendants(proc.pid)
-        assert (
-            len(tree) > 3
-        )  # Ray's own processes (GCS, raylet, ...) and the replicas: the test sees them
+        # Ray's own processes (GCS, raylet, ...) and the replicas: the test sees them.
+        assert len(tree) > 3
 
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=60) == 0, log_path.read_text()[-4000:]

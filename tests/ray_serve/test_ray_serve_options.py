@@ -56,9 +56,8 @@ def test_autoscaling_maps_key_for_key_and_ray_serve_accepts_it() -> None:
         "metrics_interval_s": 0.5,
         "look_back_period_s": 4.0,
     }
-    parsed = AutoscalingConfig(
-        **scaling
-    )  # Ray Serve's own validation (min <= initial <= max, positive values)
+    # Ray Serve's own validation (min <= initial <= max, positive values)
+    parsed = AutoscalingConfig(**scaling)
     assert (parsed.min_replicas, parsed.max_replicas, parsed.look_back_period_s) == (
         2,
         6,

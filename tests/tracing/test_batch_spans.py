@@ -94,9 +94,8 @@ def test_a_batch_of_two_requests_makes_a_span_tree_in_each_trace(
         first = traced("a", steps=3)
     with span("client b"):
         second = traced("b", steps=3)
-    untraced = GenerationRequest(
-        prompt="p", seed=1, request_id="c"
-    )  # e.g. warmup: no carrier, no spans
+    # E.g. warmup: no carrier, no spans.
+    untraced = GenerationRequest(prompt="p", seed=1, request_id="c")
     run_batch([first, second, untraced], steps=3)
     stop_tracing()
     spans = receiver.spans()
@@ -106,9 +105,8 @@ def test_a_batch_of_two_requests_makes_a_span_tree_in_each_trace(
     execute = next(s for s in executes if s.attributes["diffserve.request_id"] == "a")
     assert execute.trace_id == f"{a.get_span_context().trace_id:032x}"
     assert execute.parent_span_id == f"{a.get_span_context().span_id:016x}"
-    assert execute.attributes["diffserve.kernel.linear"] == [
-        "torch"
-    ]  # backends that ran, not zero counts
+    # Backends that ran, not zero counts.
+    assert execute.attributes["diffserve.kernel.linear"] == ["torch"]
     assert execute.attributes["diffserve.kernel.attention"] == ["sdpa"]
     assert execute.attributes["diffserve.cache.computed_steps"] == 2
     assert execute.attributes["diffserve.cache.skipped_steps"] == 1
@@ -143,9 +141,8 @@ def test_step_spans_cancel_and_error(
             traced("failed"),
         )
     run_batch([done], steps=2)
-    run_batch(
-        [cancelled], steps=1, finish=False
-    )  # the batch stopped after one step: no results
+    # The batch stopped after one step: no results.
+    run_batch([cancelled], steps=1, finish=False)
     with pytest.raises(RuntimeError):
         trace = batch_trace([failed], lambda: dict(WORKER))
         with trace:
@@ -266,6 +263,5 @@ def test_lines_logged_off_the_request_task_carry_its_trace(
     engine, step, worker = stream.getvalue().splitlines()
     assert engine.endswith(f"engine {ours}") and step.endswith(f"step 1 {ours}")
     assert worker.endswith(f"worker trace_id={parent[3:35]} span_id={parent[36:52]}")
-    assert (
-        named(receiver.spans(), "diffserve.execute") == []
-    )  # dropped: ids in lines, but no spans
+    # Dropped: ids in lines, but no spans.
+    assert named(receiver.spans(), "diffserve.execute") == []

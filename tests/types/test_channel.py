@@ -30,9 +30,8 @@ def test_result_tensors_travel_as_frames_and_arrive_intact() -> None:
         assert received.images.dtype == sent.images.dtype and torch.equal(
             received.images, sent.images
         )
-        assert (
-            received.images.data_ptr() != sent.images.data_ptr()
-        )  # the receiver owns its copy
+        # The receiver owns its copy.
+        assert received.images.data_ptr() != sent.images.data_ptr()
     # Other messages are ordinary pickles, and the channel keeps working after frames.
     parent.send(Command("rpc", call_id=8, method="ping"))
     assert worker.poll(5) and worker.recv().method == "ping"

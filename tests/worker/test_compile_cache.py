@@ -62,9 +62,8 @@ def test_key_changes_with_every_part() -> None:
     ]
     names = {base.dirname(), *(key.dirname() for key in changed)}
     assert len(names) == 1 + len(changed)
-    assert (
-        CompileCacheKey(**base.__dict__).dirname() == base.dirname()
-    )  # stable across processes
+    # Stable across processes.
+    assert CompileCacheKey(**base.__dict__).dirname() == base.dirname()
     assert base.dirname().startswith("flux-")
 
 
@@ -84,9 +83,8 @@ def test_key_follows_config_fingerprint_torch_and_cpu(
     assert key.model == str(model.resolve()) and key.fingerprint == compiled.fingerprint
     assert key.torch_version == torch.__version__
     assert key.cpu_capability == torch.backends.cpu.get_cpu_capability()
-    assert (
-        key.cpu_kind == cpu_kind().name
-    )  # AMX and AVX512-BF16 machines keep apart caches
+    # AMX and AVX512-BF16 machines keep apart caches.
+    assert key.cpu_kind == cpu_kind().name
     assert key_for(other, "cpu").dirname() != key.dirname()
     monkeypatch.setattr(torch, "__version__", "0.0.0-other")
     assert key_for(compiled, "cpu").dirname() != key.dirname()
@@ -161,9 +159,8 @@ def test_second_process_reuses_the_compiled_graphs(tmp_path: Path) -> None:
         and second["fx"].get("fxgraph_cache_miss", 0) == 0
     )
     isa = expected / "vec_isa.json"
-    if (
-        isa.exists()
-    ):  # x86: the first process probed; the second reuses a probe that fully passed
+    # X86: the first process probed; the second reuses a probe that fully passed.
+    if isa.exists():
         recorded = json.loads(isa.read_text())
         # the same value in both processes: inductor's cache keys include it
         assert (

@@ -10,10 +10,9 @@ import sys
 from pathlib import Path
 
 import pytest
-from test_flux_builder import (
-    _cli,
-    _files,
-)  # the FLUX builder tests' CLI runner and file snapshot
+
+# The FLUX builder tests' CLI runner and file snapshot.
+from test_flux_builder import _cli, _files
 
 from diffserve.errors import ConfigError
 
@@ -158,9 +157,8 @@ def test_tiny_pixart_sigma_loads_and_generates_with_diffusers(pixart_dir: Path) 
         sched.prediction_type,
     ) == ("dpmsolver++", 2, "linear", "epsilon")
     tr, vae = pipe.transformer.config, pipe.vae.config
-    assert (
-        tr.out_channels == 2 * tr.in_channels == 2 * vae.latent_channels == 8
-    )  # learned sigma
+    # Learned sigma.
+    assert tr.out_channels == 2 * tr.in_channels == 2 * vae.latent_channels == 8
     assert (
         tr.caption_channels
         == pipe.text_encoder.config.d_model
@@ -259,9 +257,8 @@ def test_bad_arguments_raise_config_error(tmp_path: Path, pixart_dir: Path) -> N
     with pytest.raises(ConfigError, match="unknown model 'huge-sd3'.*tiny-sd3"):
         build_generic_model("huge-sd3", tmp_path / "a")
     with pytest.raises(ConfigError, match="unknown model 'tiny-flux'"):
-        build_generic_model(
-            "tiny-flux", tmp_path / "a"
-        )  # a FLUX kind has its own builder
+        # A FLUX kind has its own builder.
+        build_generic_model("tiny-flux", tmp_path / "a")
     for seed in (-1, 1.5, True):
         with pytest.raises(ConfigError, match="seed"):
             build_generic_model("tiny-sd3", tmp_path / "a", seed=seed)  # type: ignore[arg-type]

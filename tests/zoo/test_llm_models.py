@@ -236,9 +236,8 @@ def test_the_expansion_rule_writes_the_toy_grammars() -> None:
         colour != background for colour, background in DEFAULT_BACKGROUND.items()
     )
     for scene in [*shapes.all_scenes(), *motion.all_scenes()]:
-        assert (
-            expand(scene.prompt) == scene.prompt
-        )  # a full grammar prompt is its own expansion
+        # A full grammar prompt is its own expansion.
+        assert expand(scene.prompt) == scene.prompt
     for short in short_prompts():
         full, asked = expand(short), parse_short(short)
         if asked.direction is None:
@@ -320,9 +319,8 @@ def test_the_shipped_toy_prompter_expands_held_out_prompts(one_thread: None) -> 
     assert log["held_out_exact_match"] == 1.0 and log["held_out_pairs"] == len(
         held_out_pairs()
     )
-    assert log["config"] == asdict(
-        PrompterTrainConfig()
-    )  # make-model toy-prompter --train retrains it
+    # Make-model toy-prompter --train retrains it.
+    assert log["config"] == asdict(PrompterTrainConfig())
     model, tokenizer = load_llm(shipped)
     pairs = held_out_pairs()  # all 1602: ~1 s on one thread
     replies = greedy_expand(model, tokenizer, [short for short, _ in pairs])

@@ -149,9 +149,8 @@ def test_flux2_klein_stacks_three_hidden_states_of_a_deep_enough_encoder(
     text = pipe.text_encoder.config
     assert text.num_hidden_layers >= 27
     assert pipe.transformer.config.joint_attention_dim == 3 * text.hidden_size
-    assert (
-        pipe.transformer.config.in_channels == 4 * pipe.vae.config.latent_channels
-    )  # 2x2 latent patches
+    # 2x2 latent patches.
+    assert pipe.transformer.config.in_channels == 4 * pipe.vae.config.latent_channels
     out = pipe(
         prompt="a red fox",
         height=64,
@@ -176,9 +175,8 @@ def test_flux2_dev_reads_mistral3_through_its_processors_chat_template(
     index = json.loads((tiny_flux2_dir / "model_index.json").read_text())
     assert index["text_encoder"] == ["transformers", "Mistral3ForConditionalGeneration"]
     assert index["tokenizer"] == ["transformers", "PixtralProcessor"]
-    processors = processor_components(
-        tiny_flux2_dir
-    )  # the processor, or its tokenizer without torchvision
+    # The processor, or its tokenizer without torchvision.
+    processors = processor_components(tiny_flux2_dir)
     pipe = Flux2Pipeline.from_pretrained(tiny_flux2_dir, **dict.fromkeys(processors))
     pipe.register_modules(**processors)
     pipe.set_progress_bar_config(disable=True)

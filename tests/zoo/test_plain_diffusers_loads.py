@@ -51,10 +51,8 @@ FIXTURES = {
     "tiny-wan22": "tiny_wan22_dir",
     "tiny-wan22-i2v": "tiny_wan22_i2v_dir",
 }
-BUILT_HERE = (
-    "small-sd3",
-    "small-wan",
-)  # no test else builds them: this module does, once each
+# No test else builds them: this module does, once each.
+BUILT_HERE = ("small-sd3", "small-wan")
 # make-model copies the shipped trained models byte for byte (test_toy_shapes.py /
 # test_toy_motion.py check the copy), so the shipped directories are what it writes.
 SHIPPED = ("toy-shapes", "toy-motion")
@@ -64,11 +62,8 @@ ADAPTERS = ("tiny-flux-lora", "toy-shapes-stars")  # LoRAs: loaded onto their ba
 LANGUAGE_MODELS = ("tiny-qwen3", "tiny-qwen3-moe", "toy-prompter")
 MODELS = (*FIXTURES, *BUILT_HERE, *SHIPPED)
 
-SMALL = {
-    "small-flux",
-    "small-sd3",
-    "small-wan",
-}  # ~100M parameters: one step is enough to run every module
+# ~100M parameters: one step is enough to run every module.
+SMALL = {"small-flux", "small-sd3", "small-wan"}
 IMAGE_KINDS = {
     "tiny-flux-kontext",
     "tiny-qwen-image-edit",
@@ -76,9 +71,8 @@ IMAGE_KINDS = {
     "tiny-wan22-i2v",
 }
 VIDEO_KINDS = {"tiny-wan", "tiny-wan22", "tiny-wan22-i2v", "small-wan", "toy-motion"}
-FRAMES = (
-    5  # video kinds: the Wan VAE's 4x temporal compression makes that two latent frames
-)
+# Video kinds: the Wan VAE's 4x temporal compression makes that two latent frames.
+FRAMES = 5
 # A 128-token text window where the pipeline takes one: most pad the prompt to 512
 # tokens, which is most of a tiny model's time (FLUX.2-klein: two passes of a 27-layer
 # encoder), and the check is that every module runs. Not for the Qwen-Image-Edit kinds:
@@ -182,13 +176,11 @@ def _run(kind: str, pipe: Any) -> np.ndarray:
         kwargs["image"] = Image.fromarray(
             (np.random.default_rng(0).random((SIZE, SIZE, 3)) * 255).astype(np.uint8)
         )
-    if (
-        kind == "tiny-flux-kontext"
-    ):  # else Kontext picks its preferred ~1 MP size from the image's aspect ratio
+    # Else Kontext picks its preferred ~1 MP size from the image's aspect ratio.
+    if kind == "tiny-flux-kontext":
         kwargs.update(max_area=SIZE * SIZE, _auto_resize=False)
-    if (
-        kind == "tiny-pixart-sigma"
-    ):  # else it runs at its nearest 256 px bin; clean_caption needs bs4 and ftfy
+    # Else it runs at its nearest 256 px bin; clean_caption needs bs4 and ftfy.
+    if kind == "tiny-pixart-sigma":
         kwargs.update(use_resolution_binning=False, clean_caption=False)
     if kind in VIDEO_KINDS:
         kwargs["num_frames"] = FRAMES
@@ -207,9 +199,8 @@ def _run(kind: str, pipe: Any) -> np.ndarray:
 def _check(array: np.ndarray, *, video: bool) -> None:
     assert array.shape == ((1, FRAMES, SIZE, SIZE, 3) if video else (1, SIZE, SIZE, 3))
     assert np.isfinite(array).all() and array.min() >= 0.0 and array.max() <= 1.0
-    assert (
-        array.std() > 0
-    )  # a picture, not a constant (a NaN-guarded or all-black decode would be)
+    # A picture, not a constant (a NaN-guarded or all-black decode would be)
+    assert array.std() > 0
 
 
 @pytest.mark.parametrize("kind", MODELS)
@@ -237,17 +228,14 @@ def test_plain_diffusers_applies_the_adapter(
         from diffserve.zoo.lora import build_flux_lora
 
         base = Path(request.getfixturevalue("tiny_flux_dir"))
-        adapter = build_flux_lora(
-            base, tmp_path / kind, seed=0
-        ).parent  # make-model's defaults: seed 0, rank 4
+        # Make-model's defaults: seed 0, rank 4.
+        adapter = build_flux_lora(base, tmp_path / kind, seed=0).parent
     else:
         from diffserve.zoo.demo import toy_model_dir
         from diffserve.zoo.toy_shapes.lora import shipped_stars_lora
 
-        base, adapter = (
-            toy_model_dir(),
-            shipped_stars_lora().parent,
-        )  # what make-model copies
+        # What make-model copies.
+        base, adapter = (toy_model_dir(), shipped_stars_lora().parent)
     pipe = _plain_pipeline(base)
     before = _run(kind, pipe)
     pipe.load_lora_weights(str(adapter))

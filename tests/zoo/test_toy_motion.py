@@ -87,9 +87,8 @@ def test_every_grammar_word_is_one_token(tmp_path: Path) -> None:
     write_t5_tokenizer(tmp_path, grammar_corpus())
     tokenizer = AutoTokenizer.from_pretrained(str(tmp_path))
     for scene in all_scenes()[::37]:
-        assert (
-            len(tokenizer(scene.prompt).input_ids) == len(scene.prompt.split()) + 1
-        )  # + </s>
+        # + </s>.
+        assert len(tokenizer(scene.prompt).input_ids) == len(scene.prompt.split()) + 1
 
 
 def test_the_compressed_prompt_attends_exactly_like_the_padded_one() -> None:
@@ -157,9 +156,8 @@ def test_the_text_encoder_tells_the_objects_colour_from_the_backgrounds(
     )
 
     def similarities() -> tuple[float, float]:
-        embeds = encode_prompts(
-            tmp_path, encoder, prompts
-        ).embeds  # words 1 and 7: the two colours
+        # Words 1 and 7: the two colours.
+        embeds = encode_prompts(tmp_path, encoder, prompts).embeds
 
         def cosine(a: torch.Tensor, b: torch.Tensor) -> float:
             return float(torch.nn.functional.cosine_similarity(a, b, dim=0))
@@ -171,9 +169,8 @@ def test_the_text_encoder_tells_the_objects_colour_from_the_backgrounds(
         across_roles,
         same_role,
     )
-    with (
-        torch.no_grad()
-    ):  # the same encoder without the neighbour heads: a bag of words
+    # The same encoder without the neighbour heads: a bag of words.
+    with torch.no_grad():
         for block in encoder.encoder.block:
             block.layer[0].SelfAttention.relative_attention_bias.weight.zero_()
     assert similarities()[0] > 0.95
@@ -246,10 +243,8 @@ def test_training_runs_end_to_end_on_a_tiny_budget(tmp_path: Path) -> None:
         == summary["default_guidance"]
         == best_guidance(summary["checker"])
     )
-    rates = [
-        *summary["checker"].values(),
-        summary["vae_checker"],
-    ]  # the generated videos and the VAE's ceiling
+    # The generated videos and the VAE's ceiling.
+    rates = [*summary["checker"].values(), summary["vae_checker"]]
     assert all(
         set(r) == {"background", "colour", "direction", "shape"}
         and all(0 <= v <= 1 for v in r.values())
@@ -295,9 +290,8 @@ def test_the_per_frame_vae_encodes_each_frame_alone_and_its_twin_agrees() -> Non
             twin = vae.encode(
                 clip.transpose(1, 2).reshape(9, 3, 1, 32, 32)
             ).latent_dist.mean
-            for (
-                parameter
-            ) in vae.parameters():  # what training inside the twin would change
+            # What training inside the twin would change.
+            for parameter in vae.parameters():
                 parameter.add_(0.01)
         assert torch.allclose(
             twin.reshape(1, 9, *twin.shape[1:2], *twin.shape[3:]).transpose(1, 2),
@@ -310,9 +304,8 @@ def test_the_per_frame_vae_encodes_each_frame_alone_and_its_twin_agrees() -> Non
             if type(m).__name__ == "WanCausalConv3d" and m.weight.shape[2] > 1
         ]
         assert taps and all(w.shape[2] == 3 and not w[:, :, :-1].any() for w in taps)
-        assert not torch.allclose(
-            vae.encode(clip).latent_dist.mean, whole
-        )  # the change came back with the taps
+        # The change came back with the taps.
+        assert not torch.allclose(vae.encode(clip).latent_dist.mean, whole)
 
 
 def test_the_inflated_vae_starts_as_the_per_frame_one_on_a_still_clip() -> None:

@@ -59,10 +59,8 @@ from diffserve.zoo.toy_shapes.grammar import (
 
 N = 16  # inputs per check
 SEED_BASE = 3_000_000  # generation seeds far from anything training used
-LOW, HIGH = (
-    0.1,
-    1.0,
-)  # img2img strengths: the last of 8 steps only; the whole schedule from pure noise
+# Img2img strengths: the last of 8 steps only; the whole schedule from pure noise.
+LOW, HIGH = (0.1, 1.0)
 NAMES = list(COLOURS)
 
 

@@ -154,9 +154,8 @@ def test_make_model_copies_the_shipped_adapter(
 
     assert main(["make-model", "toy-shapes-stars", str(tmp_path / "a")]) == 0
     assert (tmp_path / "a" / stars_lora.name).read_bytes() == stars_lora.read_bytes()
-    assert (
-        main(["make-model", "toy-shapes-stars", str(tmp_path / "a")]) == 1
-    )  # not empty, no --force: a ConfigError
+    # Not empty, no --force: a ConfigError.
+    assert main(["make-model", "toy-shapes-stars", str(tmp_path / "a")]) == 1
     assert main(["make-model", "toy-shapes-stars", str(tmp_path / "a"), "--force"]) == 0
 
 

@@ -18,11 +18,8 @@ from diffserve.logging import get_logger
 logger = get_logger(__name__)
 
 JOB_ID = re.compile(r"video_[0-9a-f]{32}")
-VARIANTS = {
-    "video": ".mp4",
-    "thumbnail": ".webp",
-    "spritesheet": ".jpg",
-}  # what GET .../content serves
+# What GET .../content serves.
+VARIANTS = {"video": ".mp4", "thumbnail": ".webp", "spritesheet": ".jpg"}
 # a job's input_reference image (PNG, decoded and re-encoded), kept until the job is
 # gone
 INPUT = "input"

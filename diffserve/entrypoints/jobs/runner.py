@@ -59,9 +59,8 @@ class ArtifactWriteError(Exception):
 
 @dataclass(frozen=True)
 class RunnerSettings:
-    owner: (
-        str  # this instance's name in the store's leases (stable across its restarts)
-    )
+    # This instance's name in the store's leases (stable across its restarts)
+    owner: str
     lease_s: float
     deadline_s: float
     ttl_s: float  # 0: finished jobs are kept
@@ -227,9 +226,8 @@ class JobRunner:
             await asyncio.to_thread(self.artifacts.remove, job_id)
         on_disk = await asyncio.to_thread(self.artifacts.outputs)
         known = await asyncio.to_thread(self.store.existing, on_disk)
-        for job_id in (
-            set(on_disk) - known
-        ):  # a delete or an expiry interrupted between row and files
+        # A delete or an expiry interrupted between row and files.
+        for job_id in set(on_disk) - known:
             await asyncio.to_thread(self.artifacts.remove, job_id)
 
     # -- running one job

@@ -289,9 +289,8 @@ class JobStore:
         with self.engine.connect() as connection:
             ids = [row.id for row in connection.execute(select(jobs.c.id).where(where))]
         done = []
-        for (
-            job_id
-        ) in ids:  # one conditional update each: a job another survivor took is skipped
+        # One conditional update each: a job another survivor took is skipped.
+        for job_id in ids:
             still = and_(jobs.c.id == job_id, where)
             if requeue:
                 changed = self._update(

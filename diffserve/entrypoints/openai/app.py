@@ -204,15 +204,13 @@ def create_app(
     app.add_middleware(RouteGuardMiddleware, routes=app.router.routes)
     if api_key:
         app.add_middleware(APIKeyMiddleware, api_key=api_key)
-    app.add_middleware(
-        PlaygroundMiddleware
-    )  # GET / and its files: before the key (the page asks for it)
+    # GET / and its files: before the key (the page asks for it)
+    app.add_middleware(PlaygroundMiddleware)
     if server.allowed_hosts:
         app.add_middleware(HostMiddleware, allowed=server.allowed_hosts)
     app.add_middleware(MetricsMiddleware, metrics=metrics)
-    app.add_middleware(
-        TracingMiddleware, route_of=endpoint_label
-    )  # outermost: every response has its span
+    # Outermost: every response has its span.
+    app.add_middleware(TracingMiddleware, route_of=endpoint_label)
     return app
 
 

@@ -28,17 +28,15 @@ def config_view(cfg: Any, *, expose: bool = False) -> dict[str, Any]:
 
     doc = explain_dict(cfg)
     store = doc.get("pipeline", {}).get("server.job_store")
-    if store and isinstance(
-        store.get("value"), str
-    ):  # a database password never leaves, exposed or not
+    # A database password never leaves, exposed or not.
+    if store and isinstance(store.get("value"), str):
         store["value"] = _URL_PASSWORD.sub(r"\1" + REDACTED + "@", store["value"])
     if expose:
         return doc
     doc["model"] = _basename(doc.get("model"))
     source = doc.get("model_source")
-    if (
-        source
-    ):  # a hub id's repository, revision and commit are public; local paths are not
+    # A hub id's repository, revision and commit are public; local paths are not.
+    if source:
         for key in ("given", "path", "location"):
             if isinstance(source.get(key), str):
                 source[key] = redact_paths(source[key])

@@ -63,9 +63,8 @@ def typed_field(name: str, text: str, types: FieldTypes) -> Any:
 def form_number(text: str, name: str, param: str) -> float:
     if not _FLOAT.fullmatch(text):
         raise RequestError(f"{name}={text[:50]!r} must be a number", param=param)
-    return float(
-        text
-    )  # 1e400 is inf here: refused by the model (allow_inf_nan=False), as in JSON
+    # 1e400 is inf here: refused by the model (allow_inf_nan=False), as in JSON.
+    return float(text)
 
 
 def form_loras(text: str) -> Any:

@@ -110,9 +110,8 @@ class ImagesHandler:
         ``body.stream``; a client that goes away aborts it. Shared by generations and
         edits (``received``: when the body arrived, for ``total``)."""
         engine = served.host.require()
-        annotate(
-            {MODEL: served.name, REQUEST_ID: gen.request_id}
-        )  # on the HTTP span, when tracing is on
+        # On the HTTP span, when tracing is on.
+        annotate({MODEL: served.name, REQUEST_ID: gen.request_id})
         if body.user:
             logger.debug("request %s from user %r", gen.request_id, body.user)
         events = aiter_events(engine, gen)

@@ -322,9 +322,8 @@ class BodyLimitMiddleware:
             if too_large:
                 await send_error(send, self._too_large(limit))
                 return
-            if (
-                not accepted
-            ):  # known size: refuse before reading; chunked: after (413 wins there)
+            # Known size: refuse before reading; chunked: after (413 wins there)
+            if not accepted:
                 await send_error(send, self._wrong_type(upload, either))
                 return
         try:
@@ -351,9 +350,8 @@ class BodyLimitMiddleware:
         if not accepted:
             await send_error(send, self._wrong_type(upload, either))
             return
-        pending = list(
-            reversed(chunks)
-        )  # replayed as received: an upload is not copied into one buffer
+        # Replayed as received: an upload is not copied into one buffer.
+        pending = list(reversed(chunks))
 
         async def replay() -> Message:
             if pending:

@@ -117,9 +117,8 @@ def add_model_routes(
         if cfg is None:
             raise not_ready()
         view = config_view(cfg, expose=expose_config)
-        if (
-            engine is not None
-        ):  # what the loaded weights take, per component (docs/quantization.md)
+        # What the loaded weights take, per component (docs/quantization.md)
+        if engine is not None:
             view["weights"] = {name: w.as_dict() for name, w in engine.weights.items()}
         return view
 
@@ -189,10 +188,8 @@ def request_defaults(engine: AsyncEngineClient) -> dict[str, Any] | None:
         filled = engine.admit(GenerationRequest(prompt="defaults", seed=0))
     except Exception:  # noqa: BLE001 - no defaults to show; requests still get the engine's own answer
         return None
-    width, height = (
-        filled.width,
-        filled.height,
-    )  # admission filled the model's size (types/modality.py)
+    # Admission filled the model's size (types/modality.py)
+    width, height = (filled.width, filled.height)
     defaults: dict[str, Any] = {
         "size": f"{width}x{height}" if width and height else None,
         "num_inference_steps": filled.num_inference_steps,

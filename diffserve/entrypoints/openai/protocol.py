@@ -154,9 +154,8 @@ def nesting_exceeds(raw: bytes, limit: int) -> bool:
     before the parser ever recurses. Malformed input is left to ``json.loads`` to
     report."""
     if raw.count(b"[") + raw.count(b"{") <= limit:
-        return (
-            False  # not enough brackets to exceed the limit (the common case, no scan)
-        )
+        # Not enough brackets to exceed the limit (the common case, no scan)
+        return False
     depth = 0
     in_string = escaped = False
     for byte in raw:

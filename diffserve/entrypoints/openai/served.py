@@ -31,9 +31,8 @@ class ServedModel:
     """One model of a running server."""
 
     name: str
-    names: frozenset[
-        str
-    ]  # the name and its aliases: what a request's ``model`` may say
+    # The name and its aliases: what a request's ``model`` may say.
+    names: frozenset[str]
     host: EngineHost
     config: ResolvedConfig | None
     makes: str  # "images" or "videos": which API serves it

@@ -81,9 +81,8 @@ def open_image(
             code=INVALID_IMAGE,
         ) from None
     fmt = _FORMAT_ALIASES.get(image.format or "", image.format)
-    if (
-        fmt not in ACCEPTED_FORMATS
-    ):  # the formats filter already ensures this; kept as a guard
+    # The formats filter already ensures this; kept as a guard.
+    if fmt not in ACCEPTED_FORMATS:
         image.close()
         raise RequestError(
             f"{label} is {image.format}; send PNG, JPEG or WEBP",

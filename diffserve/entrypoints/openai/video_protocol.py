@@ -58,13 +58,11 @@ class VideoCreateRequest(BaseModel):
 
     prompt: str = Field(min_length=1)
     model: str | None = None
-    seconds: str | None = (
-        None  # OpenAI's: a string ("4"); any positive number of seconds here
-    )
+    # OpenAI's: a string ("4"); any positive number of seconds here.
+    seconds: str | None = None
     size: str | None = None
-    input_reference: InputReference | None = (
-        None  # JSON only; multipart sends a file part
-    )
+    # JSON only; multipart sends a file part.
+    input_reference: InputReference | None = None
     # diffserve extensions
     negative_prompt: str | None = None
     seed: int | None = Field(default=None, ge=0, le=MAX_SEED)

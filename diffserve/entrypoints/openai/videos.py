@@ -126,13 +126,11 @@ class VideosHandler:
                     self.artifacts.publish, job.id, INPUT, lambda p: _save_png(p, image)
                 )
             except OSError:
-                await asyncio.to_thread(
-                    self.store.delete, job.id
-                )  # no job without its input
+                # No job without its input.
+                await asyncio.to_thread(self.store.delete, job.id)
                 raise
-        annotate(
-            {MODEL: served.name, VIDEO_JOB: job.id}
-        )  # on the HTTP span; the job runs in a trace of its own
+        # On the HTTP span; the job runs in a trace of its own.
+        annotate({MODEL: served.name, VIDEO_JOB: job.id})
         if created:
             self.runner.notify()
         return JSONResponse(video_object(job), headers={"X-Request-Id": job.id})
@@ -267,9 +265,8 @@ class VideosHandler:
 
     async def delete(self, video_id: str) -> Response:
         await self._job(video_id)
-        await self.runner.cancel(
-            video_id
-        )  # running here: aborted at its next step, its slot freed
+        # Running here: aborted at its next step, its slot freed.
+        await self.runner.cancel(video_id)
         deleted = await asyncio.to_thread(self.store.delete, video_id)
         # Row first, files second: the job is gone for every instance before its files
         # go (a crash between them leaves files without a row, which the runner's sweep

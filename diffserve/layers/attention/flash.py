@@ -11,9 +11,8 @@ from diffserve.layers.attention.base import AttentionBackend
 
 class FlashAttentionBackend(AttentionBackend):
     name = "flash_attn"
-    supports_mask = (
-        False  # flash_attn_func has no mask argument (varlen packing would be needed)
-    )
+    # Flash_attn_func has no mask argument (varlen packing would be needed)
+    supports_mask = False
 
     @classmethod
     def unavailable_reason(cls, device: torch.device, dtype: torch.dtype) -> str | None:

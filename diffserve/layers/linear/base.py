@@ -13,7 +13,7 @@ from diffserve.layers.backend import KernelBackend
 # activation=name)``); a backend may fuse one into its GEMM, or apply it afterwards with
 # ``activate``.
 ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
-    "gelu_tanh": lambda y: F.gelu(y, approximate="tanh"),
+    "gelu_tanh": lambda y: F.gelu(y, approximate="tanh")
 }
 
 

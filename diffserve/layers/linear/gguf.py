@@ -100,9 +100,8 @@ class QuantizedWeight:
     data: torch.Tensor
     out_features: int
     in_features: int
-    dtype: torch.dtype = (
-        torch.float32
-    )  # what ``dequantize`` returns by default (the stage's dtype)
+    # What ``dequantize`` returns by default (the stage's dtype)
+    dtype: torch.dtype = torch.float32
 
     @property
     def shape(self) -> torch.Size:
@@ -139,9 +138,8 @@ class QuantizedWeight:
         )
 
     def dequantize(self, dtype: torch.dtype | None = None) -> torch.Tensor:
-        if (
-            self.qtype not in BLOCK_FORMATS
-        ):  # K-quants and others: the gguf package's numpy, on the CPU
+        # K-quants and others: the gguf package's numpy, on the CPU.
+        if self.qtype not in BLOCK_FORMATS:
             import gguf
 
             kind = gguf.GGMLQuantizationType[self.qtype.upper()]

@@ -30,9 +30,8 @@ class LoraState:
     and which."""
 
     active: bool = False
-    adapters: tuple[tuple[str, float], ...] = field(
-        default_factory=tuple
-    )  # for the attestation
+    # For the attestation.
+    adapters: tuple[tuple[str, float], ...] = field(default_factory=tuple)
 
 
 def delta(x: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:

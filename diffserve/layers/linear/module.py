@@ -122,9 +122,8 @@ class Linear(nn.Module):
     def _run_lora(self, x: torch.Tensor) -> torch.Tensor:
         # The delta goes in before the activation, so the backend's fused activation is
         # applied after it.
-        assert (
-            self.lora_a is not None and self.lora_b is not None
-        )  # active implies installed (set_lora)
+        # Active implies installed (set_lora)
+        assert self.lora_a is not None and self.lora_b is not None
         y = self.backend.linear(x, self.weight, self.bias)
         y = y + lora.delta(x, self.lora_a, self.lora_b)
         return activate(y, self.activation)

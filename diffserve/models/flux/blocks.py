@@ -53,9 +53,8 @@ def norm_rope_into(
     a half-precision ``qk`` is neither rounded between the norm and the rotation nor
     copied by a separate ``cat``.
     """
-    xf = (
-        qk.float()
-    )  # a float32 copy of half-precision input; float32 input itself (then only read)
+    # A float32 copy of half-precision input; float32 input itself (then only read)
+    xf = qk.float()
     inv_rms = (
         torch.linalg.vector_norm(xf, dim=-1, keepdim=True)
         .square_()

@@ -76,9 +76,8 @@ class FluxComponents:
     says."""
 
     transformer: FluxTransformer
-    encoders: (
-        TextEncoders | None
-    )  # None: another stage encodes (the text comes as payloads)
+    # None: another stage encodes (the text comes as payloads)
+    encoders: TextEncoders | None
     text: CachedTextEncoders | PayloadText
     vae: Any
     scheduler_config: dict[str, Any]
@@ -99,9 +98,8 @@ def load_flux(root: Path, stage: StageConfig, context: BuildContext) -> FluxComp
         raise ModelLoadError(
             f"{root} is not a FLUX model directory (no transformer/ folder)"
         )
-    stage_polynomial(
-        stage.cache, "flux", stage.stage_id, FLUX_FIT
-    )  # refused before anything loads
+    # Refused before anything loads.
+    stage_polynomial(stage.cache, "flux", stage.stage_id, FLUX_FIT)
     start = time.perf_counter()
     transformer, quantized, device, dtype = build_transformer(root, stage, context)
     encoders = (

@@ -37,9 +37,8 @@ class CachedTextEncoders:
     ) -> None:
         self.encoders = encoders
         self.cache = ConditioningCache(config.max_bytes, config.max_entries, identity)
-        self._results: dict[
-            str, str
-        ] = {}  # request id -> hit | miss | off, until its result is built
+        # Request id -> hit | miss | off, until its result is built.
+        self._results: dict[str, str] = {}
 
     @classmethod
     def for_model(
@@ -144,7 +143,6 @@ class CachedTextEncoders:
         self._results[request.request_id] = (
             outcome if before in (None, "hit") else before
         )
-        while (
-            len(self._results) > MAX_PENDING_RESULTS
-        ):  # a cancelled batch's requests never ask for theirs
+        # A cancelled batch's requests never ask for theirs.
+        while len(self._results) > MAX_PENDING_RESULTS:
             self._results.pop(next(iter(self._results)))

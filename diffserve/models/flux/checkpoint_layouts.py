@@ -154,9 +154,8 @@ def native_state_dict(
     # Checked in the file's own names: after the conversion a missing linear1 would be
     # two native keys.
     prefix = COMFYUI_PREFIX if layout == "comfyui" else ""
-    found = {
-        key for key in state_dict if key.startswith(prefix)
-    }  # a ComfyUI file's other components aside
+    # A ComfyUI file's other components aside.
+    found = {key for key in state_dict if key.startswith(prefix)}
     expected = {prefix + _bfl_name(key) for key in conversion_rules(params)}
     check_key_match(
         source,

@@ -15,12 +15,10 @@ from diffserve.types.request import GenerationRequest
 class FluxRows:
     """One row per image: joined and sliced by the runner as rows join and leave."""
 
-    guidance: Tensor | None = (
-        None  # FLUX.1-dev: the distilled guidance scale of every row
-    )
-    edit: EditLatents | None = (
-        None  # edits (models/flux/edits.py): clean latents, noise and mask per row
-    )
+    # FLUX.1-dev: the distilled guidance scale of every row.
+    guidance: Tensor | None = None
+    # Edits (models/flux/edits.py): clean latents, noise and mask per row.
+    edit: EditLatents | None = None
     ref: Tensor | None = (
         # Kontext: the reference image's packed latents, appended to every row's tokens
         None

@@ -34,9 +34,8 @@ class ConditioningPayload:
     max_sequence_length: int
     prompt_embeds: Any  # tensor [1, max_sequence_length, text width] (T5)
     pooled_embeds: Any  # tensor [1, pooled width] (CLIP)
-    negative_prompt_embeds: Any = (
-        None  # under true CFG, the negative prompt's, shaped alike
-    )
+    # Under true CFG, the negative prompt's, shaped alike.
+    negative_prompt_embeds: Any = None
     negative_pooled_embeds: Any = None
     version: int = VERSION
 

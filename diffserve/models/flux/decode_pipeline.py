@@ -110,9 +110,8 @@ class FluxDecodePipeline(Pipeline):
     ) -> Generator[StepEvent | BatchResult, None, None]:
         peaks = PhasePeaks(self.device)
         results = []
-        for (
-            request
-        ) in batch:  # one request at a time: each carries its own latents and size
+        # One request at a time: each carries its own latents and size.
+        for request in batch:
             payload = request.carried.stage_input
             if not isinstance(payload, LatentsPayload):
                 raise WorkerError(

@@ -159,9 +159,8 @@ class FluxEncodePipeline(Pipeline):
             windows[r.request_id] = r.max_sequence_length
         outputs = []
         with torch.inference_mode():
-            for length in sorted(
-                set(windows.values())
-            ):  # the batch key shares one window; a library call might not
+            # The batch key shares one window; a library call might not.
+            for length in sorted(set(windows.values())):
                 group = [r for r in batch if windows[r.request_id] == length]
                 txt, vec = self.text.positive(group, length)
                 cfg = [r for r in group if true_cfg(r)]

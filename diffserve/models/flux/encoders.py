@@ -83,9 +83,8 @@ class TextEncoders:
         self.clip_max_length = int(
             getattr(self.clip_tokenizer, "model_max_length", 77) or 77
         )
-        if (
-            self.clip_max_length > 10_000
-        ):  # tokenizers without a limit report a huge sentinel
+        # Tokenizers without a limit report a huge sentinel.
+        if self.clip_max_length > 10_000:
             self.clip_max_length = 77
         self._warned: set[str] = set()
 

@@ -77,9 +77,8 @@ def read_flux_lora(
     tensors, metadata = read_lora_tensors(Path(path))
     parts = _diffusers_parts(params)
     kohya_names = {native.replace(".", "_"): native for native in shapes}
-    found: dict[
-        str, dict[int, dict[str, Tensor]]
-    ] = {}  # native -> part index -> {"A", "B", "alpha"}
+    # Native -> part index -> {"A", "B", "alpha"}.
+    found: dict[str, dict[int, dict[str, Tensor]]] = {}
     unmatched = []
     for key, tensor in tensors.items():
         if match := _PEFT.match(key):
@@ -199,7 +198,6 @@ def _fuse(
         b_full[rows, col : col + b.shape[1]] = b
         col += b.shape[1]
     if native == "final_layer.adaLN_modulation.1":
-        b_full = _swap_halves(
-            [b_full]
-        )  # diffusers' (scale, shift) rows -> the native (shift, scale)
+        # Diffusers' (scale, shift) rows -> the native (shift, scale)
+        b_full = _swap_halves([b_full])
     return torch.cat(a_rows).to(dtype), b_full.to(dtype)

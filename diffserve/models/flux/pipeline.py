@@ -195,16 +195,14 @@ class FluxPipeline(NativeRunner):
             )
         )
         start = 0
-        if first.images and isinstance(
-            self.editor, edits.ReferencePreparer
-        ):  # Kontext: ids' first axis is 1
+        # Kontext: ids' first axis is 1.
+        if first.images and isinstance(self.editor, edits.ReferencePreparer):
             rows.ref, ref_h, ref_w = self.editor.reference(requests)
             ref_ids = image_ids(ref_h, ref_w, device=self.device, dtype=self.dtype)
             ref_ids[:, 0] = 1
             img_ids = torch.cat([img_ids, ref_ids])
-        elif (
-            first.images
-        ):  # an edit: start from the input image noised to its first step's sigma
+        # An edit: start from the input image noised to its first step's sigma.
+        elif first.images:
             start = edits.start_step(plan.steps, first.strength)
             latents, rows.edit = self.editor.prepare(
                 requests, plan.height, plan.width, self.sampler(plan).sigmas[start]
@@ -212,9 +210,8 @@ class FluxPipeline(NativeRunner):
         pe = self.transformer.rope(
             text_ids(length, device=self.device, dtype=self.dtype), img_ids
         )
-        if (
-            self.parallel.ulysses_size > 1
-        ):  # the rotary rows of this rank's image tokens (the runner shards them)
+        # The rotary rows of this rank's image tokens (the runner shards them)
+        if self.parallel.ulysses_size > 1:
             pe = image_shard(
                 pe,
                 length,
@@ -234,9 +231,8 @@ class FluxPipeline(NativeRunner):
     ) -> Tensor:
         (txt, vec), extras = text, rows.extras
         t, tokens = sampler.model_timesteps(rows.steps, latents.dtype), latents.shape[1]
-        x = (
-            latents if extras.ref is None else torch.cat([latents, extras.ref], dim=1)
-        )  # Kontext rides along
+        # Kontext rides along.
+        x = latents if extras.ref is None else torch.cat([latents, extras.ref], dim=1)
         if cache is None:
             return self.transformer(
                 x, None, txt, None, t, vec, extras.guidance, pe=rows.shared

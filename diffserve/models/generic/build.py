@@ -109,10 +109,11 @@ def load_generic(root: Path, stage: StageConfig, context: BuildContext) -> Gener
         else None
     )
     step_cache = None
+    # Config refuses the rest.
     if (
         stage.cache.backend == "fbcache"
         and family.generic.first_block_cache is not None
-    ):  # config refuses the rest
+    ):
         step_cache = GenericStepCache(denoiser, family.generic.first_block_cache)
     count_forwards(
         denoiser,

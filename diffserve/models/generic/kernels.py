@@ -73,9 +73,8 @@ class SdpaRedirect(TorchFunctionMode):
             )
         batch, heads, length, dim = query.shape
         out = self.attention(query, key, value, attn_mask)  # [B, L, H * D]
-        return out.view(batch, length, heads, dim).transpose(
-            1, 2
-        )  # what the processor expects
+        # What the processor expects.
+        return out.view(batch, length, heads, dim).transpose(1, 2)
 
 
 def swap_linears(module: nn.Module, kernels: KernelSet) -> int:
@@ -117,9 +116,8 @@ def route_attention(
                 path="registry.models.role_patterns",
                 hint="add a pattern for it to the family's role_patterns",
             )
-        child.diffserve_attention = kernels.make_attention(
-            role
-        )  # a submodule: tallies and repr see it
+        # A submodule: tallies and repr see it.
+        child.diffserve_attention = kernels.make_attention(role)
         child.__class__ = _routed_class(type(child))
         roles[path] = role
     if not roles:

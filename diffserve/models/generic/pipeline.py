@@ -84,10 +84,8 @@ class GenericPipeline(Pipeline):
     ) -> None:
         self.pipe = pipe
         self.vae_config = vae_config
-        self.cache, self.step_cache = (
-            cache,
-            step_cache,
-        )  # First-Block Cache where the stage asks and the family has one
+        # First-Block Cache where the stage asks and the family has one.
+        self.cache, self.step_cache = (cache, step_cache)
         self.loras = loras  # per-request adapters where the family takes them
         configure_tiling(pipe.vae, vae_config)
         if device.type == "cpu":
@@ -103,12 +101,10 @@ class GenericPipeline(Pipeline):
         self.counters = counters
         self.device = device
         self.dtype = dtype
-        self.attention_roles = (
-            attention_roles  # module path -> role (what config explain cannot see)
-        )
-        self.weights: dict[
-            str, ComponentWeights
-        ] = {}  # set by from_stage (models/memory.py)
+        # Module path -> role (what config explain cannot see)
+        self.attention_roles = attention_roles
+        # Set by from_stage (models/memory.py)
+        self.weights: dict[str, ComponentWeights] = {}
         self._encode_ms = 0.0
         # The running batch's peak memory per phase (models/memory.py): diffusers' call
         # runs them all, so the phase changes at its encode_prompt and at every step
@@ -243,9 +239,8 @@ class GenericPipeline(Pipeline):
         """Yield a ``StepEvent`` per denoise step, then one ``BatchResult``. Close the
         generator to cancel (the pipeline stops at its next step callback). ``joins`` is
         unused: no step-level batching here."""
-        batch = list(
-            batch
-        )  # admitted requests: defaults filled (engine/admission.py or run_one)
+        # Admitted requests: defaults filled (engine/admission.py or run_one)
+        batch = list(batch)
         if not batch:
             raise ValueError("run() needs at least one request")
         if len({batch_key(r) for r in batch}) != 1:
@@ -324,9 +319,8 @@ class GenericPipeline(Pipeline):
         first, plan = batch[0], plan_of(batch[0])
         self._encode_ms = 0.0
         self._peaks = PhasePeaks(self.device)
-        self._peaks.start(
-            "denoise"
-        )  # the pipeline's own preparation counts as denoise, as in the timings
+        # The pipeline's own preparation counts as denoise, as in the timings.
+        self._peaks.start("denoise")
         start = time.perf_counter()
         prompts = [r.prompt for r in batch for _ in range(r.n)]
         seeds = [s for r in batch for s in r.seeds]
@@ -353,9 +347,8 @@ class GenericPipeline(Pipeline):
                 callback_steps=1,
             )
         if "clean_caption" in self._call_params:
-            kwargs["clean_caption"] = (
-                False  # needs bs4/ftfy; the text goes to the encoder as given
-            )
+            # Needs bs4/ftfy; the text goes to the encoder as given.
+            kwargs["clean_caption"] = False
         kwargs[self.family.generic.cfg_argument] = first.guidance_scale
         if first.negative_prompt is not None:  # the batch key makes it all-or-none
             kwargs["negative_prompt"] = [
@@ -378,15 +371,13 @@ class GenericPipeline(Pipeline):
             # dB apart, measured).
             kwargs["image"] = images[0] if len(images) == 1 else images
         if self.family.class_name == "PixArtSigmaPipeline":
-            kwargs["use_resolution_binning"] = (
-                False  # the size asked for, not the nearest trained bucket
-            )
+            # The size asked for, not the nearest trained bucket.
+            kwargs["use_resolution_binning"] = False
         if self.step_cache is not None:
             settings = CacheSettings.for_batch(self.cache, plan.cache_threshold)
             self.step_cache.start(settings, plan.steps, len(prompts))
-        if (
-            self.loras is not None
-        ):  # the batch key gives every request of the batch the same adapters
+        # The batch key gives every request of the batch the same adapters.
+        if self.loras is not None:
             self.loras.activate(first.loras)
         try:
             with tiling(

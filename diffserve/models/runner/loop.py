@@ -141,13 +141,11 @@ class NativeRunner(Pipeline):
         plan = self.plan(first)
         guidance = Guidance.of(self.cfg_scale(first), self.parallel)
         if self.parallel.cfg_rank != 0 and guidance.scale is None:
-            yield from idle(
-                requests, plan.steps
-            )  # one branch: the cfg_rank 0 ranks run it
+            # One branch: the cfg_rank 0 ranks run it.
+            yield from idle(requests, plan.steps)
             return
-        if (
-            self.loras is not None
-        ):  # the batch key gives every request of the batch the same adapters
+        # The batch key gives every request of the batch the same adapters.
+        if self.loras is not None:
             self.loras.activate(first.loras)
         try:
             yield from self._denoise(requests, joins, key, plan, guidance)
@@ -173,9 +171,8 @@ class NativeRunner(Pipeline):
         guidance: Guidance,
     ) -> Generator[StepEvent | BatchResult, None, None]:
         live = LiveRows()
-        peaks = PhasePeaks(
-            self.device
-        )  # the device's peak memory per phase (models/memory.py)
+        # The device's peak memory per phase (models/memory.py)
+        peaks = PhasePeaks(self.device)
         settings = CacheSettings.for_batch(
             self.cache, plan.cache_threshold, self.teacache
         )
@@ -225,9 +222,8 @@ class NativeRunner(Pipeline):
         self, requests: list[GenerationRequest], plan: BatchPlan, guidance: Guidance
     ) -> list[Any]:
         """The text conditioning of each branch this rank runs, in branch order."""
-        if (
-            guidance.split
-        ):  # this rank's branch only: cfg_rank 1 runs the negative prompts
+        # This rank's branch only: cfg_rank 1 runs the negative prompts.
+        if guidance.split:
             return [self.encode(requests, plan, negative=self.parallel.cfg_rank == 1)]
         texts = [self.encode(requests, plan, negative=False)]
         if guidance.scale is not None:

@@ -86,12 +86,10 @@ class _Row:
     """One image row's cache state: what its signal compares with, its cached residual,
     its history."""
 
-    reference: Tensor | None = (
-        None  # fbcache: block-0 residual; teacache: the modulated input
-    )
-    residual: Tensor | None = (
-        None  # cached output - input of the blocks the cache skips
-    )
+    # Fbcache: block-0 residual; teacache: the modulated input.
+    reference: Tensor | None = None
+    # Cached output - input of the blocks the cache skips.
+    residual: Tensor | None = None
     accumulated: float = 0.0
     run_of_skips: int = 0
     trace: list[list[Any]] = field(default_factory=list)
@@ -241,9 +239,8 @@ class BranchCache:
         out = torch.empty_like(base)
         for i, computed in enumerate(compute):
             cached = self.rows[i].residual
-            if (
-                not computed and cached is not None
-            ):  # a skipping row has one (_forced computes otherwise)
+            # A skipping row has one (_forced computes otherwise)
+            if not computed and cached is not None:
                 out[i] = base[i] + cached
         if rows:
             computed_rows = run_blocks(torch.tensor(rows, device=base.device))

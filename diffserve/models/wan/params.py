@@ -11,9 +11,8 @@ from diffserve.errors import ModelLoadError
 
 @dataclass(frozen=True)
 class WanParams:
-    patch_size: tuple[
-        int, int, int
-    ]  # (frames, height, width) of one token, in latent pixels
+    # (frames, height, width) of one token, in latent pixels.
+    patch_size: tuple[int, int, int]
     num_heads: int
     head_dim: int
     # 16 latent channels; 36 for Wan2.2 image-to-video (noise + frame mask + first

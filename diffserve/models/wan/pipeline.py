@@ -51,9 +51,8 @@ class WanVideoPipeline(NativeRunner):
             parts.parallel,
             parts.weights,
         )
-        self.image_to_video = needs_image(
-            MODEL_FAMILIES[parts.family].features.edits
-        )  # registry data: Wan2.2 I2V
+        # Registry data: Wan2.2 I2V.
+        self.image_to_video = needs_image(MODEL_FAMILIES[parts.family].features.edits)
         self.cache, self.teacache = parts.stage.cache, parts.teacache
         params, spec, vae = self.experts.params, MODEL_FAMILIES[parts.family], self.vae
         self.capabilities = PipelineCapabilities(

@@ -29,9 +29,8 @@ class WanSampler:
         scheduler_class = getattr(
             diffusers, str(config.get("_class_name", "UniPCMultistepScheduler"))
         )
-        self.scheduler = scheduler_class.from_config(
-            config
-        )  # fresh: multistep schedulers keep per-run state
+        # Fresh: multistep schedulers keep per-run state.
+        self.scheduler = scheduler_class.from_config(config)
         self.scheduler.set_timesteps(steps, device=device)
         self.scheduler.set_begin_index(0)
         self.experts = experts
@@ -40,9 +39,8 @@ class WanSampler:
         self.expert: WanTransformer = experts.transformers["transformer"]
 
     def timestep(self, steps: list[int]) -> Tensor:
-        return self.scheduler.timesteps[
-            steps[0]
-        ]  # every row of a Wan batch is at the same step
+        # Every row of a Wan batch is at the same step.
+        return self.scheduler.timesteps[steps[0]]
 
     def begin(self, steps: list[int]) -> bool:
         """Pick this step's expert; True at Wan2.2's boundary."""

@@ -109,9 +109,8 @@ class WanTransformer(nn.Module):
         )
         self.scale_shift_table = nn.Parameter(torch.randn(1, 2, dim) / dim**0.5)
         self.rotary = RotaryTable(params.head_dim, params.rope_max_seq_len)
-        self.ulysses: tuple[Any, int, int] | None = (
-            None  # (group, rank, degree): set by shard_sequence
-        )
+        # (group, rank, degree): set by shard_sequence.
+        self.ulysses: tuple[Any, int, int] | None = None
 
     def token_grid(self, latents: Tensor) -> tuple[int, int, int]:
         p_t, p_h, p_w = self.params.patch_size
@@ -228,9 +227,8 @@ def load_wan_transformer(
     source = str(transformer_dir)
     params = WanParams.from_diffusers_config(read_config(transformer_dir), source)
     state_dict = read_safetensors(transformer_dir)
-    state_dict = {
-        k: v for k, v in state_dict.items() if ".norm_added_q." not in k
-    }  # diffusers ignores it too
+    # Diffusers ignores it too.
+    state_dict = {k: v for k, v in state_dict.items() if ".norm_added_q." not in k}
     with torch.device("meta"):
         model = WanTransformer(params, kernels)
     load_strict(

@@ -24,12 +24,10 @@ class WanVae:
         weight = next(vae.parameters())
         if weight.device.type == "cpu" and weight.dtype != torch.float32:
             channels_last_convs(vae)  # ~5x faster in bfloat16 (models/conv_layout.py)
-        if (
-            weight.device.type == "cpu"
-        ):  # about half a CPU decode (models/vae_norm.py); the encoder keeps
-            running_sum_rms_norms(
-                vae.decoder
-            )  # diffusers' norm: an image-to-video condition is theirs bit for bit
+        # About half a CPU decode (models/vae_norm.py); the encoder keeps.
+        if weight.device.type == "cpu":
+            # Diffusers' norm: an image-to-video condition is theirs bit for bit.
+            running_sum_rms_norms(vae.decoder)
         self.vae = vae
         config = vae.config
         self.temporal = int(getattr(config, "scale_factor_temporal", 4) or 4)

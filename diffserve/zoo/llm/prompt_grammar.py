@@ -82,9 +82,8 @@ class ShortPrompt:
     direction: str | None
     background: str | None
     article: bool = False  # a leading "a"
-    long_background: bool = (
-        False  # "on a {colour} background" rather than "on {colour}"
-    )
+    # "on a {colour} background" rather than "on {colour}".
+    long_background: bool = False
 
     @property
     def text(self) -> str:

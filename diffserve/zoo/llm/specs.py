@@ -32,9 +32,8 @@ CHAT_TEMPLATE = (
     "'<|im_end|>\\n' }}{%- endfor %}{%- if add_generation_prompt "
     "%}{{ '<|im_start|>assistant\\n' }}{%- endif %}"
 )
-END_OF_TURN = (
-    "<|im_end|>"  # the models' eos: a reply ends where the chat template closes a turn
-)
+# The models' eos: a reply ends where the chat template closes a turn.
+END_OF_TURN = "<|im_end|>"
 
 _QWEN3: dict[str, Any] = {
     "hidden_size": 64,

@@ -229,9 +229,8 @@ def _fit(
     min_margin = float("-inf")
     step = 0
     while step < config.max_steps:
-        if cursor + config.batch > len(
-            order
-        ):  # a new epoch: a fresh shuffle from the same generator
+        # A new epoch: a fresh shuffle from the same generator.
+        if cursor + config.batch > len(order):
             order, cursor = torch.randperm(len(ids), generator=generator), 0
         rows = order[cursor : cursor + config.batch]
         cursor += config.batch

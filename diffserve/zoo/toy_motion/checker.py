@@ -32,9 +32,8 @@ class ClipReading:
     """What the checker read from a clip."""
 
     scene: MotionScene
-    track: tuple[
-        tuple[float, float] | None, ...
-    ]  # the object's centre (x, y) per frame; None where none is found
+    # The object's centre (x, y) per frame; None where none is found.
+    track: tuple[tuple[float, float] | None, ...]
 
 
 def read_clip(frames: Sequence[Any]) -> ClipReading:

@@ -23,15 +23,10 @@ from diffserve.zoo.components import component_seed
 from diffserve.zoo.toy_motion.grammar import grammar_corpus
 from diffserve.zoo.toy_motion.wan_flow import TEXT_LENGTH, TextBatch, compress_prompts
 
-NEIGHBOUR_OFFSETS = (
-    -1,
-    1,
-    -2,
-    2,
-)  # head h of every layer attends to the token at this offset
-NEIGHBOUR_BIAS = (
-    8.0  # its logit bias there (0 elsewhere): e^8 ~ 3000 against the other tokens
-)
+# Head h of every layer attends to the token at this offset.
+NEIGHBOUR_OFFSETS = (-1, 1, -2, 2)
+# Its logit bias there (0 elsewhere): e^8 ~ 3000 against the other tokens.
+NEIGHBOUR_BIAS = 8.0
 
 
 def build_text_encoder(out: Path, encoder_config: dict[str, Any], seed: int) -> Any:

@@ -60,10 +60,8 @@ logger = get_logger(__name__)
 TOY_KIND = "toy-motion"
 TOY_VERSION = 1
 DEFAULT_STEPS = 12  # the model's own request default (marker file)
-GUIDANCE_CHOICES = (
-    1.0,
-    3.0,
-)  # scored at the end; the better one becomes the request default
+# Scored at the end; the better one becomes the request default.
+GUIDANCE_CHOICES = (1.0, 3.0)
 # The marker's example_prompts (the playground's first prompt): grammar prompts the
 # shipped weights animate right on every seed tried (3 of 3, read back by the checker;
 # its squares often come out round), then the demo's.
@@ -88,15 +86,13 @@ class TrainConfig:
     vae_full_steps: int = 300  # then on whole 64x64 frames (half the batch)
     vae_batch: int = 16
     vae_lr: float = 1e-3
-    temporal_vae_steps: int = (
-        700  # the inflated (4x temporal) VAE: whole clips, 32x32 crops
-    )
+    # The inflated (4x temporal) VAE: whole clips, 32x32 crops.
+    temporal_vae_steps: int = 700
     temporal_vae_batch: int = 4
     temporal_vae_lr: float = 3e-4
     kl_weight: float = 1e-6
-    transformer_steps: int = (
-        4200  # each a step on whole clips, then (frame_batch) one on first frames
-    )
+    # Each a step on whole clips, then (frame_batch) one on first frames.
+    transformer_steps: int = 4200
     transformer_batch: int = 16  # whole clips a step
     frame_batch: int = 64  # first latent frames (images) a step: 0 trains on clips only
     transformer_lr: float = 1e-3
@@ -105,9 +101,8 @@ class TrainConfig:
     threads: int = 2
     # held-out prompt/seed pairs the checker scores at the end (training.json); 0: none
     eval_pairs: int = 32
-    vae_check_clips: int = (
-        16  # held-out clips through the VAE alone: its MSE and the checker's ceiling
-    )
+    # Held-out clips through the VAE alone: its MSE and the checker's ceiling.
+    vae_check_clips: int = 16
     # bfloat16 autocast for the transformer: off, float32 is faster at this width (0.92
     # s a step of 32 clips against 1.46 s on a 2-core Intel AMX CPU: the matrices are
     # too small for the casts to pay)
@@ -212,9 +207,8 @@ def _train_into(out: Path, config: TrainConfig) -> None:
         {**spec.model_index(), "_diffusers_version": diffusers.__version__},
     )
     _write_marker(out, config.seed, guidance=1.0)
-    if (
-        config.eval_pairs
-    ):  # the figures beside the weights: what a user of these weights gets
+    # The figures beside the weights: what a user of these weights gets.
+    if config.eval_pairs:
         from diffserve.zoo.toy_motion.evaluate import evaluate, held_out_pairs
 
         pairs = held_out_pairs(config.eval_pairs)
@@ -304,9 +298,8 @@ def _train_transformer(
     optimizer = torch.optim.AdamW(
         model.parameters(), lr=config.transformer_lr, weight_decay=0.0
     )
-    steps = config.transformer_steps * (
-        2 if config.frame_batch else 1
-    )  # optimizer steps
+    # Optimizer steps.
+    steps = config.transformer_steps * (2 if config.frame_batch else 1)
     schedule = torch.optim.lr_scheduler.OneCycleLR(
         optimizer, config.transformer_lr, total_steps=steps, pct_start=0.05
     )

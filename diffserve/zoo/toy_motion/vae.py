@@ -119,13 +119,11 @@ def inflate_to_temporal(per_frame: Any) -> Any:
             conv.weight.zero_()
             conv.bias.zero_()
             channels = conv.weight.shape[1]
-            for c in range(
-                channels
-            ):  # kernel (3, 1, 1): the current frame is the last tap
+            # Kernel (3, 1, 1): the current frame is the last tap.
+            for c in range(channels):
                 conv.weight[c, c, -1] = 1.0
-                if (
-                    conv.weight.shape[0] == 2 * channels
-                ):  # upsampling: both output frames copy it
+                # Upsampling: both output frames copy it.
+                if conv.weight.shape[0] == 2 * channels:
                     conv.weight[channels + c, c, -1] = 1.0
     return vae
 

@@ -39,9 +39,8 @@ from diffserve.zoo.toy_shapes.train import (
 
 logger = get_logger(__name__)
 
-STARS_ASSET = (
-    "toy-shapes-stars"  # diffserve/assets/toy-shapes-stars: the shipped adapter
-)
+# Diffserve/assets/toy-shapes-stars: the shipped adapter.
+STARS_ASSET = "toy-shapes-stars"
 WEIGHT_NAME = "pytorch_lora_weights.safetensors"  # diffusers' default adapter file name
 # diffusers module names of the adapted layers, per block kind (image and text streams
 # of the double blocks).

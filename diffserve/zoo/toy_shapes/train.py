@@ -38,9 +38,8 @@ logger = get_logger(__name__)
 
 TOY_KIND = "toy-shapes"
 TOY_VERSION = 2  # 2: trained on a 32-token text window (1: FLUX.1's 512)
-DEFAULT_STEPS = (
-    8  # the model's own request default (marker file), enough for flat shapes
-)
+# The model's own request default (marker file), enough for flat shapes.
+DEFAULT_STEPS = 8
 # The T5 window prompts are padded to, declared in the marker as
 # request_defaults.max_sequence_length (so diffserve encodes requests to it; diffusers'
 # FluxPipeline takes it as max_sequence_length). A grammar prompt is 8 tokens: at
@@ -105,9 +104,8 @@ class TrainConfig:
     transformer_lr: float = 1e-3
     ema_decay: float = 0.995
     threads: int = 2
-    bf16: bool = (
-        True  # bfloat16 autocast for the transformer (fast on AVX512-BF16 CPUs)
-    )
+    # Bfloat16 autocast for the transformer (fast on AVX512-BF16 CPUs)
+    bf16: bool = True
 
 
 def train_toy_model(

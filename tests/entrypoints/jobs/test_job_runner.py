@@ -65,24 +65,21 @@ def test_a_job_deleted_before_its_task_ran_frees_the_slot(tmp_path: Path) -> Non
 
     async def scenario() -> None:
         first = create(time.time())
-        await (
-            runner._claim()
-        )  # claims the first job: its task exists, it has not run a line yet
+        # Claims the first job: its task exists, it has not run a line yet.
+        await runner._claim()
         assert list(runner._running) == [first]
         assert await runner.cancel(first)  # DELETE's call, before the task's first step
         store.delete(first)
         second = create(time.time() + 1)
         await runner._claim()
-        assert list(runner._running) == [second], (
-            runner._running
-        )  # the slot was free again
+        # The slot was free again.
+        assert list(runner._running) == [second], runner._running
         await asyncio.sleep(0.05)
         assert [request_id.rsplit("-", 1)[0] for request_id in engine.started] == [
             second
         ]
-        await (
-            runner.stop()
-        )  # aborts the second and hands it back (failed, as at a restart)
+        # Aborts the second and hands it back (failed, as at a restart)
+        await runner.stop()
 
     try:
         asyncio.run(scenario())

@@ -48,9 +48,8 @@ def url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
     with psycopg.connect(
         base.replace("postgresql+psycopg", "postgresql") + "/postgres", autocommit=True
     ) as admin:
-        admin.execute(
-            f'CREATE DATABASE "{name}"'
-        )  # a name this test made: no request data
+        # A name this test made: no request data.
+        admin.execute(f'CREATE DATABASE "{name}"')
     return f"{base}/{name}"
 
 
@@ -126,9 +125,8 @@ def test_jobs_page_in_creation_order_and_text_is_stored_as_given(
     assert [j.id for j in page] == ids[1:3] and more
     with pytest.raises(KeyError):
         store.page(after="video_" + "0" * 32)
-    assert (
-        all(len(i) == len("video_") + 32 for i in ids) and len(set(ids)) == 5
-    )  # 128 random bits each
+    # 128 random bits each.
+    assert all(len(i) == len("video_") + 32 for i in ids) and len(set(ids)) == 5
 
 
 def test_idempotency_key_returns_the_same_job_or_refuses_another_body(
@@ -198,9 +196,8 @@ def test_one_instance_wins_a_lease_and_only_it_advances_the_job(
             100,
             {"seed": 3},
         )
-        assert not store.fail(
-            job_id, "late", "too late", now=6.0
-        )  # a finished job stays finished
+        # A finished job stays finished.
+        assert not store.fail(job_id, "late", "too late", now=6.0)
     finally:
         other.close()
 
@@ -217,12 +214,10 @@ def test_restart_and_expired_leases_fail_or_requeue_without_stealing_live_ones(
         dead, "gone", now=4.0, lease_s=10.0
     )
     assert store.claim(alive, "other", now=4.0, lease_s=100.0)
-    assert store.recover(now=5.0, requeue=requeue, owner="me") == [
-        mine
-    ]  # this instance restarted
-    assert store.recover(now=20.0, requeue=requeue) == [
-        dead
-    ]  # "gone"'s lease expired; "other"'s did not
+    # This instance restarted.
+    assert store.recover(now=5.0, requeue=requeue, owner="me") == [mine]
+    # "gone"'s lease expired; "other"'s did not.
+    assert store.recover(now=20.0, requeue=requeue) == [dead]
     for job_id in (mine, dead):
         job = store.get(job_id)
         assert job is not None and job.owner is None
@@ -231,9 +226,10 @@ def test_restart_and_expired_leases_fail_or_requeue_without_stealing_live_ones(
         else:
             assert (job.status, job.error_code) == (FAILED, "server_restart")
     assert store.get(alive).owner == "other"  # type: ignore[union-attr]
+    # Not alive.
     assert [j.id for j in store.claimable(now=20.0)] == (
         [mine, dead] if requeue else []
-    )  # not alive
+    )
 
 
 def test_expiry_and_delete(store: JobStore) -> None:
@@ -259,18 +255,16 @@ def test_artifacts_publish_whole_files_from_job_ids_only(tmp_path: Path) -> None
 
     with pytest.raises(OSError, match="disk full"):
         artifacts.publish(job_id, "video", broken)
-    assert (
-        list(artifacts.root.iterdir()) == []
-    )  # neither the file nor its temporary copy
+    # Neither the file nor its temporary copy.
+    assert list(artifacts.root.iterdir()) == []
     published = artifacts.publish(
         job_id, "video", lambda path: path.write_bytes(b"mp4")
     )
     assert published.read_bytes() == b"mp4" and artifacts.exists(job_id)
     (artifacts.root / f"{job_id}.webp.partial").write_bytes(b"crashed")
     (artifacts.root / "notes.txt").write_bytes(b"not ours")
-    assert artifacts.outputs() == [
-        job_id
-    ]  # what the orphan sweep compares with the store's rows
+    # What the orphan sweep compares with the store's rows.
+    assert artifacts.outputs() == [job_id]
     artifacts.remove(job_id)  # every file of the job, a crash's temporary one included
     assert not artifacts.exists(job_id) and [
         p.name for p in artifacts.root.iterdir()

@@ -139,9 +139,8 @@ def test_delete_mid_run_frees_the_engine_for_the_next_job(harness: Harness) -> N
     deleted = httpx.delete(f"{server.url}/v1/videos/{endless}", timeout=30)
     assert deleted.json() == {"id": endless, "object": "video.deleted", "deleted": True}
     assert get(server, endless).status_code == 404
-    quick = create(
-        server, SHORT
-    )  # one engine slot: it runs only because the endless one let go
+    # One engine slot: it runs only because the endless one let go.
+    quick = create(server, SHORT)
     assert (
         wait_status(server, quick, ("completed", "failed"), timeout=60)["status"]
         == "completed"
@@ -157,18 +156,16 @@ def test_ttl_expiry_takes_row_and_files_together(harness: Harness) -> None:
         done["status"] == "completed" and done["expires_at"] - done["completed_at"] == 5
     )
     assert harness.files(done["id"])
-    time.sleep(
-        max(0.0, done["expires_at"] + 1 - time.time()) + 0.5
-    )  # expires_at is whole seconds, rounded down
+    # Expires_at is whole seconds, rounded down.
+    time.sleep(max(0.0, done["expires_at"] + 1 - time.time()) + 0.5)
     assert (
         httpx.get(
             f"{server.url}/v1/videos/{done['id']}/content", timeout=30
         ).status_code
         == 404
     )
-    deadline = (
-        time.monotonic() + 15
-    )  # the sweep runs every few seconds: then the row and the files go
+    # The sweep runs every few seconds: then the row and the files go.
+    deadline = time.monotonic() + 15
     while get(server, done["id"]).status_code != 404 and time.monotonic() < deadline:
         time.sleep(0.2)
     assert get(server, done["id"]).status_code == 404 and not harness.files(done["id"])
@@ -213,9 +210,8 @@ def test_sigkill_mid_job_then_restart_fails_it_with_server_restart(
     wait_status(server, doomed, ("in_progress",))
     workers = worker_children(server.proc.pid)
     server.kill()
-    for pid in (
-        workers
-    ):  # orphaned mp workers exit with their parent anyway; none outlives the test
+    # Orphaned mp workers exit with their parent anyway; none outlives the test.
+    for pid in workers:
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
     # The same instance name: it recovers its own jobs before it answers at all (the
@@ -245,9 +241,7 @@ def test_a_sigkilled_worker_fails_its_job_and_the_server_answers(
         os.kill(pid, signal.SIGKILL)
     failed = wait_status(server, victim, ("failed",), timeout=60)
     assert failed["error"]["code"] == "engine_dead", failed
-    assert (
-        httpx.get(server.url + "/health", timeout=10).status_code == 503
-    )  # its only replica is gone
-    assert (
-        httpx.get(server.url + "/v1/videos", timeout=10).status_code == 200
-    )  # the jobs still answer
+    # Its only replica is gone.
+    assert httpx.get(server.url + "/health", timeout=10).status_code == 503
+    # The jobs still answer.
+    assert httpx.get(server.url + "/v1/videos", timeout=10).status_code == 200

@@ -142,9 +142,8 @@ def test_two_instances_share_jobs_and_take_over_a_dead_ones(
         holder.kill()
         done = wait(survivor, long["id"], ("completed", "failed"), timeout=180)
         assert done["status"] == "completed", done
-        assert done["diffserve"]["instance"].endswith(
-            f":{survivor.port}"
-        )  # ran again, by the survivor
+        # Ran again, by the survivor.
+        assert done["diffserve"]["instance"].endswith(f":{survivor.port}")
         assert (
             httpx.get(
                 f"{survivor.url}/v1/videos/{long['id']}/content", timeout=30

@@ -219,18 +219,15 @@ def test_a_json_job_runs_to_completed_and_downloads_as_mp4_thumbnail_and_sprites
         TOY,
         prompt,
     )
-    assert (
-        video["expires_at"] is None and video["diffserve"]["num_frames"] == 17
-    )  # 2 s at 8 fps: 4k+1 = 17
+    # 2 s at 8 fps: 4k+1 = 17.
+    assert video["expires_at"] is None and video["diffserve"]["num_frames"] == 17
     done, seen = wait(http, video["id"])
-    assert seen == STATUSES[STATUSES.index(seen[0]) :], (
-        seen
-    )  # in order, none skipped from the first seen
+    # In order, none skipped from the first seen.
+    assert seen == STATUSES[STATUSES.index(seen[0]) :], seen
     assert done["status"] == "completed" and "in_progress" in seen, (done, seen)
     assert done["progress"] == 100 and done["completed_at"] >= done["created_at"]
-    assert done["expires_at"] == pytest.approx(
-        done["completed_at"] + 86400, abs=2
-    )  # video_ttl_s' default
+    # Video_ttl_s' default.
+    assert done["expires_at"] == pytest.approx(done["completed_at"] + 86400, abs=2)
     run = done["diffserve"]
     assert (run["seed"], run["num_inference_steps"], run["fps"]) == (3, 24, 8)
     assert run["attestation"]["linear"] and isinstance(run["config_fingerprint"], str)
@@ -272,10 +269,8 @@ def test_a_json_job_runs_to_completed_and_downloads_as_mp4_thumbnail_and_sprites
         f'filename="{video["id"]}.jpg"'
     )
     image = Image.open(io.BytesIO(sheet.content))
-    assert image.format == "JPEG" and image.size == (
-        4 * 64,
-        4 * 64,
-    )  # 16 of the 17 frames, 4 columns
+    # 16 of the 17 frames, 4 columns.
+    assert image.format == "JPEG" and image.size == (4 * 64, 4 * 64)
     check_error(
         http.get(f"/v1/videos/{video['id']}/content", params={"variant": "poster"}),
         400,
@@ -327,11 +322,12 @@ def test_multipart_with_an_input_image_starts_an_image_to_video_job(
     # with the job.
     run = video["diffserve"]
     assert (video["model"], video["status"], video["size"]) == (I2V, "queued", "64x48")
+    # Frames / fps.
     assert (run["seed"], run["num_frames"], video["seconds"]) == (
         5,
         5,
         f"{5 / run['fps']:g}",
-    )  # frames / fps
+    )
     assert len(list(server.state_dir.glob(f"**/{video['id']}.input.png"))) == 1
     done, _ = wait(http, video["id"])
     assert done["status"] == "completed", done
@@ -406,9 +402,8 @@ def test_an_input_image_is_checked_and_a_text_to_video_model_refuses_it(http) ->
 
 def test_list_pages_newest_or_oldest_first(http) -> None:
     a, b, c = (create(http, {**CHEAP, "prompt": f"ball {i}"})["id"] for i in range(3))
-    page = http.get(
-        "/v1/videos", params={"limit": 2}
-    ).json()  # order=desc is the default
+    # Order=desc is the default.
+    page = http.get("/v1/videos", params={"limit": 2}).json()
     assert (
         set(page) == {"object", "data", "first_id", "last_id", "has_more"}
         and page["object"] == "list"
@@ -463,9 +458,8 @@ def test_bad_list_parameters_are_400_naming_them(
 
 
 def test_content_is_404_until_the_job_completes(http) -> None:
-    video = create(
-        http, {**CHEAP, "num_inference_steps": 100}
-    )  # server.max_steps: runs for a while
+    # Server.max_steps: runs for a while.
+    video = create(http, {**CHEAP, "num_inference_steps": 100})
     check_error(
         http.get(f"/v1/videos/{video['id']}/content"),
         404,
@@ -476,9 +470,8 @@ def test_content_is_404_until_the_job_completes(http) -> None:
         "queued",
         "in_progress",
     )
-    assert (
-        http.delete(f"/v1/videos/{video['id']}").json()["deleted"] is True
-    )  # aborted at its next step
+    # Aborted at its next step.
+    assert http.delete(f"/v1/videos/{video['id']}").json()["deleted"] is True
     check_error(
         http.get(f"/v1/videos/{video['id']}/content"),
         404,
@@ -490,9 +483,8 @@ def test_content_is_404_until_the_job_completes(http) -> None:
 def test_an_idempotency_key_answers_its_job_again(http) -> None:
     first = create(http, CHEAP, headers={"Idempotency-Key": "job-42"})
     again = create(http, CHEAP, headers={"Idempotency-Key": "job-42"})
-    assert (
-        again["id"] == first["id"] and newest_id(http) == first["id"]
-    )  # no second job
+    # No second job.
+    assert again["id"] == first["id"] and newest_id(http) == first["id"]
     check_error(
         http.post(
             "/v1/videos",
