@@ -46,7 +46,7 @@ from diffserve.errors import EngineDeadError
 from diffserve.executor.base import DEFAULT_READY_TIMEOUT_S, Executor
 from diffserve.executor.calls import remote_exception
 from diffserve.logging import get_logger
-from diffserve.registry.models import worker_preload_modules
+from diffserve.registry.preload import worker_preload_modules
 from diffserve.types.channel import ChannelClosed, PipeChannel
 from diffserve.types.messages import Command
 from diffserve.worker.device import device_for

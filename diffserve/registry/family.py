@@ -114,6 +114,9 @@ class GenericPath:
     # TeaCache needs a polynomial fitted per family (registry/teacache.py): none is
     # published for these.
     first_block_cache: FirstBlockCacheSpec | None = None
+    # Keywords every call of the pipeline gets (PixArt-Sigma: the size asked for, not
+    # the nearest trained bucket).
+    call_overrides: tuple[tuple[str, Any], ...] = ()
 
 
 @dataclass(frozen=True)

@@ -84,17 +84,6 @@ FLUX_MODULATION = (
 FLUX_SINGLE_FILES = ("transformer", "vae", "text_encoder", "text_encoder_2")
 
 WAN_PIPELINE = "diffserve.models.wan.pipeline:WanVideoPipeline"
-# The library modules each pipeline's load imports (diffusers and transformers import
-# their model code lazily, on first attribute access): the mp fork server imports them
-# once before it forks workers (executor/mp.py).
-PIPELINE_LIBRARIES: dict[str, tuple[str, ...]] = {
-    FLUX_PIPELINE: (
-        "transformers.models.clip.modeling_clip",
-        "transformers.models.t5.modeling_t5",
-    ),
-    GENERIC_PIPELINE: ("diffusers.models.autoencoders",),
-    WAN_PIPELINE: ("transformers.models.umt5.modeling_umt5",),
-}
 NATIVE_STEP_CACHES = ("fbcache", "teacache")
 WAN_QUANTIZATION_IGNORED = ("patch_embedding", "condition_embedder", "proj_out")
 
@@ -183,6 +172,7 @@ MODEL_FAMILIES: dict[str, ModelFamily] = {
                     (".attn2", "cross_attention"),
                 ),
                 masked_roles=("cross_attention",),
+                call_overrides=(("use_resolution_binning", False),),
             ),
             features=Features(
                 quantization_ignored_layers=(
@@ -339,16 +329,6 @@ def register_family(family: ModelFamily) -> None:
     if known is not None and known != family:
         raise ValueError(f"{family.class_name} is already a registered family")
     MODEL_FAMILIES[family.class_name] = family
-
-
-def worker_preload_modules() -> list[str]:
-    """Every family's pipeline module and the library modules its load imports, each
-    once, in family order."""
-    modules: dict[str, None] = {}
-    for family in MODEL_FAMILIES.values():
-        modules.update(dict.fromkeys(PIPELINE_LIBRARIES.get(family.pipeline, ())))
-        modules[family.pipeline.split(":", 1)[0]] = None
-    return list(modules)
 
 
 def known_attention_roles() -> tuple[str, ...]:

@@ -30,7 +30,6 @@ from collections.abc import Callable, Generator, Sequence
 from pathlib import Path
 from typing import Any
 
-import PIL.Image
 import torch
 
 from diffserve.config.schema import StageConfig
@@ -40,6 +39,7 @@ from diffserve.layers.attestation import KernelCounters
 from diffserve.logging import get_logger
 from diffserve.models.base import BuildContext, Pipeline, PipelineCapabilities, run_one
 from diffserve.models.generic.build import load_generic
+from diffserve.models.generic.call_args import call_arguments
 from diffserve.models.generic.compute_thread import ComputeThread
 from diffserve.models.generic.step_cache import GenericStepCache
 from diffserve.models.lora_adapters import LoraAdapters
@@ -322,60 +322,12 @@ class GenericPipeline(Pipeline):
         # The pipeline's own preparation counts as denoise, as in the timings.
         self._peaks.start("denoise")
         start = time.perf_counter()
-        prompts = [r.prompt for r in batch for _ in range(r.n)]
-        seeds = [s for r in batch for s in r.seeds]
-        kwargs: dict[str, Any] = dict(
-            prompt=prompts,
-            height=plan.height,
-            width=plan.width,
-            num_inference_steps=plan.steps,
-            num_images_per_prompt=1,
-            generator=[
-                torch.Generator(device=self.device).manual_seed(s) for s in seeds
-            ],
-            max_sequence_length=first.max_sequence_length,
-            output_type="latent" if first.output_type == "latent" else "pt",
-            return_dict=False,
+        kwargs = call_arguments(
+            self.pipe, self.family, self._call_params, batch, plan, self.device, on_step
         )
-        if "callback_on_step_end" in self._call_params:
-            kwargs["callback_on_step_end"] = on_step
-        else:
-            kwargs.update(
-                callback=lambda step, timestep, latents: on_step(
-                    self.pipe, step, timestep, {}
-                ),
-                callback_steps=1,
-            )
-        if "clean_caption" in self._call_params:
-            # Needs bs4/ftfy; the text goes to the encoder as given.
-            kwargs["clean_caption"] = False
-        kwargs[self.family.generic.cfg_argument] = first.guidance_scale
-        if first.negative_prompt is not None:  # the batch key makes it all-or-none
-            kwargs["negative_prompt"] = [
-                r.negative_prompt or "" for r in batch for _ in range(r.n)
-            ]
-        elif (
-            self.family.generic.cfg_negative_prompt is not None
-            and (first.guidance_scale or 0.0) > 1.0
-        ):
-            kwargs["negative_prompt"] = [self.family.generic.cfg_negative_prompt] * len(
-                prompts
-            )
-        # a reference edit (Qwen-Image-Edit): each image's input, its size from
-        # admission
-        if first.images:
-            images = [
-                PIL.Image.fromarray(r.images[0]) for r in batch for _ in range(r.n)
-            ]
-            # One image as itself: diffusers' edit pipeline resizes a list otherwise (56
-            # dB apart, measured).
-            kwargs["image"] = images[0] if len(images) == 1 else images
-        if self.family.class_name == "PixArtSigmaPipeline":
-            # The size asked for, not the nearest trained bucket.
-            kwargs["use_resolution_binning"] = False
         if self.step_cache is not None:
             settings = CacheSettings.for_batch(self.cache, plan.cache_threshold)
-            self.step_cache.start(settings, plan.steps, len(prompts))
+            self.step_cache.start(settings, plan.steps, sum(r.n for r in batch))
         # The batch key gives every request of the batch the same adapters.
         if self.loras is not None:
             self.loras.activate(first.loras)
