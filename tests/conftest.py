@@ -268,7 +268,7 @@ def ray_session():
 def _start_session_ray() -> None:
     import ray
 
-    from diffserve.executor.ray import connect
+    from diffserve.executor.ray_connect import connect
 
     # The executor's own local Ray (ray_address ""), with more logical CPUs.
     if not ray.is_initialized():

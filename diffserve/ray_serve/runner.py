@@ -93,7 +93,7 @@ def _connect(spec: ReplicaSpec, local: bool) -> None:
     process already runs is used."""
     import ray
 
-    from diffserve.executor.ray import connect, start_local_ray
+    from diffserve.executor.ray_connect import connect, start_local_ray
 
     config = spec.models[0].config
     if not local:

@@ -384,7 +384,9 @@ def test_which_cluster_addresses_are_joined_on_loopback(
 ) -> None:
     # ``auto`` reads RAY_ADDRESS first (as ray.init does), without looking for a local
     # cluster then.
-    from diffserve.executor.ray import _bootstrap_is_loopback
+    from diffserve.executor.ray_connect import (
+        bootstrap_is_loopback as _bootstrap_is_loopback,
+    )
 
     if env is not None:
         monkeypatch.setenv("RAY_ADDRESS", env)

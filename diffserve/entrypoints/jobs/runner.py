@@ -32,9 +32,9 @@ from typing import Any
 
 from diffserve.entrypoints.api_errors import to_api_error
 from diffserve.entrypoints.engine_host import EngineHost
-from diffserve.entrypoints.jobs import media
-from diffserve.entrypoints.jobs.artifacts import INPUT, ArtifactDir
+from diffserve.entrypoints.jobs.artifacts import ArtifactDir
 from diffserve.entrypoints.jobs.job_request import from_row
+from diffserve.entrypoints.jobs.outputs import ArtifactWriteError, publish, read_input
 from diffserve.entrypoints.jobs.store import Job, JobStore
 from diffserve.logging import get_logger
 from diffserve.tracing.attributes import MODEL, REQUEST_ID, VIDEO_JOB
@@ -50,11 +50,6 @@ SWEEP_EVERY_S = 5.0
 
 class LeaseLost(Exception):
     """The job's row is gone or another instance holds it: stop, publish nothing."""
-
-
-class ArtifactWriteError(Exception):
-    """A file of the job could not be written (disk full, directory gone): the job
-    fails, the server serves on."""
 
 
 @dataclass(frozen=True)
@@ -249,7 +244,9 @@ class JobRunner:
                 async with asyncio.timeout(self.settings.deadline_s):
                     output = await self._generate(job, request_id, progress)
                     progress[0] = DENOISE_SHARE + 5
-                    result = await asyncio.to_thread(self._publish, job, output)
+                    result = await asyncio.to_thread(
+                        publish, self.artifacts, job, output, self.settings.owner
+                    )
             heartbeat.cancel()
             done = await asyncio.to_thread(
                 self.store.complete,
@@ -295,7 +292,7 @@ class JobRunner:
         engine = self.hosts[job.model].require()
         image = None
         if job.request.get("has_input"):
-            image = await asyncio.to_thread(_read_input, self.artifacts, job.id)
+            image = await asyncio.to_thread(read_input, self.artifacts, job.id)
         started = False
         async for event in engine.generate(from_row(job.request, request_id, image)):
             if isinstance(event, ProgressEvent):
@@ -344,49 +341,6 @@ class JobRunner:
                     work.cancel()
                 return
 
-    def _publish(self, job: Job, output: RequestOutput) -> dict[str, Any]:
-        """Write the three files (blocking; a worker thread), then the result the row
-        keeps."""
-        frames = output.videos[0]
-        tags = {
-            "prompt": job.prompt,
-            "model": job.model,
-            "seed": str(output.seeds[0]),
-            "num_frames": str(output.num_frames),
-            "fps": str(output.fps),
-            "config_fingerprint": output.config_fingerprint,
-        }
-        try:
-            with span("diffserve.video_encode", {VIDEO_JOB: job.id}):
-                self.artifacts.publish(
-                    job.id,
-                    "video",
-                    lambda path: media.write_mp4(path, frames, output.fps, tags),
-                )
-            self.artifacts.publish(
-                job.id, "thumbnail", lambda path: media.write_thumbnail(path, frames)
-            )
-            self.artifacts.publish(
-                job.id,
-                "spritesheet",
-                lambda path: media.write_spritesheet(path, frames),
-            )
-        except OSError as exc:
-            raise ArtifactWriteError(
-                f"writing the video's files failed: {type(exc).__name__}: "
-                f"{exc.strerror or exc}"
-            ) from exc
-        # What the video object shows of the run (video_protocol.py:video_object); the
-        # seed, size, steps, frames and fps are the admitted request's, stored with the
-        # job.
-        return {
-            "config_fingerprint": output.config_fingerprint,
-            "timings_ms": {k: float(v) for k, v in output.timings.items()},
-            "instance": self.settings.owner,
-            "revised_prompt": output.revised_prompt,
-            "attestation": _jsonable(output.attestation),
-        }
-
     async def _end(self, job: Job, request_id: str, code: str, message: str) -> None:
         logger.warning("video job %s failed (%s): %s", job.id, code, message)
         await self._abort(job, request_id)
@@ -419,17 +373,3 @@ class JobRunner:
 
     def _expiry(self) -> float | None:
         return time.time() + self.settings.ttl_s if self.settings.ttl_s > 0 else None
-
-
-def _read_input(artifacts: ArtifactDir, job_id: str) -> Any:
-    import numpy as np
-    from PIL import Image
-
-    with Image.open(artifacts.path(job_id, INPUT)) as image:
-        return np.asarray(image.convert("RGB"))
-
-
-def _jsonable(value: Any) -> Any:
-    import json
-
-    return json.loads(json.dumps(value, default=str))
