@@ -13,12 +13,12 @@ import base64
 import json
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from typing import Any
 
 import anyio
 from fastapi import Request
-from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.responses import JSONResponse, Response
 
 from diffserve import __version__
 from diffserve.engine.client import AsyncEngineClient
@@ -35,6 +35,12 @@ from diffserve.entrypoints.openai.protocol import (
     to_generation_request,
 )
 from diffserve.entrypoints.openai.served import ServedModel, ServedModels
+from diffserve.entrypoints.openai.streaming import (
+    Events,
+    GuardedStream,
+    aiter_events,
+    sse,
+)
 from diffserve.errors import RequestAbortedError
 from diffserve.logging import get_logger
 from diffserve.tracing.attributes import IMAGES, MODEL, OUTPUT_FORMAT, REQUEST_ID
@@ -44,7 +50,6 @@ from diffserve.types.request import GenerationRequest, ProgressEvent, RequestOut
 logger = get_logger(__name__)
 
 # What the engine yields for one request: progress events, then the output.
-Events = AsyncIterator[ProgressEvent | RequestOutput]
 
 
 class ImagesHandler:
@@ -337,38 +342,6 @@ class ImagesHandler:
                     await abort_quietly(engine, gen.request_id)
 
 
-class GuardedStream(StreamingResponse):
-    """A stream that still aborts its request when the body generator never ran.
-
-    A client that disconnects before the response starts cancels the stream before the
-    generator's first step, so the generator's own cleanup (the abort) never runs, and a
-    queued request would then run to completion for nobody. ``started[0]`` is set by the
-    generator's first line."""
-
-    def __init__(
-        self,
-        content: AsyncIterator[str],
-        started: list[bool],
-        on_never_started: Callable[[], Awaitable[None]],
-        **kwargs: Any,
-    ) -> None:
-        super().__init__(content, **kwargs)
-        self.started = started
-        self.on_never_started = on_never_started
-
-    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
-        try:
-            await super().__call__(scope, receive, send)
-        finally:
-            if not self.started[0]:
-                with anyio.CancelScope(shield=True):
-                    await self.on_never_started()
-
-
-def aiter_events(engine: AsyncEngineClient, gen: GenerationRequest) -> Events:
-    return engine.generate(gen).__aiter__()
-
-
 async def admit(
     engine: AsyncEngineClient, request_id: str, events: Events
 ) -> asyncio.Future[ProgressEvent | RequestOutput]:
@@ -402,10 +375,6 @@ async def abort_quietly(engine: AsyncEngineClient, request_id: str) -> None:
         await engine.abort(request_id)
     except Exception as exc:  # noqa: BLE001 - a failed abort must not mask the original outcome
         logger.warning("abort of %s failed: %s", request_id, exc)
-
-
-def sse(obj: dict[str, Any]) -> str:
-    return f"data: {json.dumps(obj, separators=(',', ':'))}\n\n"
 
 
 def jsonable(value: Any) -> Any:
