@@ -22,7 +22,19 @@ from diffserve.zoo.flux2_specs import (
     klein_transformer,
     mistral3_config,
 )
-from diffserve.zoo.flux_specs import T5_CONFIG, VAE_CONFIG
+from diffserve.zoo.flux_specs import VAE_CONFIG
+from diffserve.zoo.generic_configs import (
+    PIXART_SCHEDULER_CONFIG,
+    PIXART_T5_HIDDEN,
+    PIXARTVAE_CONFIG,
+    SD3_CLIP_G_HIDDEN,
+    SD3_CLIP_L_HIDDEN,
+    SD3_T5_HIDDEN,
+    clip,
+    pixart_transformer,
+    sd3_transformer,
+    t5,
+)
 from diffserve.zoo.qwen_image_specs import (
     QWEN_IMAGE_SCHEDULER_CONFIG,
     QWEN_IMAGE_VAE_CONFIG,
@@ -38,13 +50,6 @@ from diffserve.zoo.z_image_specs import (
 
 # --- SD3
 # --------------------------------------------------------------------------------------
-# Three deliberately different text widths, so that mix-ups fail loudly instead of
-# happening to fit: the pipeline concatenates the two CLIP hidden states (32 + 48 = 80,
-# zero-padded up to the T5 width) and the two CLIP projections (pooled_projection_dim =
-# 80); joint_attention_dim is the T5 width (96).
-SD3_CLIP_L_HIDDEN = 32
-SD3_CLIP_G_HIDDEN = 48
-SD3_T5_HIDDEN = 96
 
 # SD3's scheduler_config.json: a fixed shift of 3.0, no resolution-dependent shifting.
 SD3_SCHEDULER_CONFIG: dict[str, Any] = {
@@ -62,113 +67,8 @@ SD3VAE_CONFIG: dict[str, Any] = {
 }
 
 
-def _clip(hidden: int, *, act: str) -> dict[str, Any]:
-    return {
-        "hidden_size": hidden,
-        "intermediate_size": 2 * hidden,
-        "num_hidden_layers": 2,
-        "num_attention_heads": 4,
-        "max_position_embeddings": 77,
-        # SD3's CLIP-L and CLIP-G project to their own width (768, 1280)
-        "projection_dim": hidden,
-        "hidden_act": act,
-    }
-
-
-def _t5(hidden: int) -> dict[str, Any]:
-    """T5 v1.1 (gated GELU) like FLUX's tiny T5, at another width."""
-    return {**T5_CONFIG, "d_model": hidden, "d_ff": 2 * hidden}
-
-
-def _sd3_transformer(
-    *, sample_size: int, layers: int, heads: int, head_dim: int
-) -> dict[str, Any]:
-    return {
-        "sample_size": sample_size,  # the pipeline's default latent size (image = 8x)
-        "patch_size": 2,
-        "in_channels": 16,
-        "out_channels": 16,
-        "num_layers": layers,
-        "attention_head_dim": head_dim,
-        "num_attention_heads": heads,
-        "joint_attention_dim": SD3_T5_HIDDEN,
-        # The context stream runs at the transformer width, so the caption projection
-        # must match it.
-        "caption_projection_dim": heads * head_dim,
-        "pooled_projection_dim": SD3_CLIP_L_HIDDEN + SD3_CLIP_G_HIDDEN,
-        # The sin-cos table is cropped to the image: latent side / patch <= 96, i.e.
-        # images up to 1536 px.
-        "pos_embed_max_size": 96,
-        # SD3.0 style (SD3.5-medium lists MMDiT-X layers here)
-        "dual_attention_layers": [],
-        "qk_norm": None,
-    }
-
-
 # --- PixArt-Sigma
 # -----------------------------------------------------------------------------
-PIXART_T5_HIDDEN = 64
-
-# PixArt-Sigma's scheduler_config.json (DPM-Solver++ 2M over PixArt's linear-beta
-# epsilon schedule).
-PIXART_SCHEDULER_CONFIG: dict[str, Any] = {
-    "num_train_timesteps": 1000,
-    "beta_start": 0.0001,
-    "beta_end": 0.02,
-    "beta_schedule": "linear",
-    "prediction_type": "epsilon",
-    "algorithm_type": "dpmsolver++",
-    "solver_order": 2,
-    "solver_type": "midpoint",
-    "lower_order_final": True,
-    "thresholding": False,
-    "timestep_spacing": "linspace",
-    "steps_offset": 0,
-    "use_karras_sigmas": False,
-    "euler_at_final": False,
-}
-
-# PixArt-Sigma ships SDXL's VAE: 4 latent channels, quant convs, scaling 0.13025, no
-# shift.
-PIXARTVAE_CONFIG: dict[str, Any] = {
-    **VAE_CONFIG,
-    "latent_channels": 4,
-    "scaling_factor": 0.13025,
-    "shift_factor": None,
-    "use_quant_conv": True,
-    "use_post_quant_conv": True,
-    "force_upcast": True,
-}
-
-
-def _pixart_transformer(*, layers: int, heads: int, head_dim: int) -> dict[str, Any]:
-    return {
-        # sample_size 32 is PixArt-Sigma-256's: the pipeline's resolution binning
-        # supports 32/64/128/256 only, and PixArt scales the sin-cos grid by image size
-        # / 512 (interpolation_scale 0.5).
-        "sample_size": 32,
-        "interpolation_scale": 0.5,
-        "patch_size": 2,
-        "in_channels": 4,
-        "out_channels": 8,  # learned sigma: the pipeline keeps the first half (epsilon)
-        "num_layers": layers,
-        "num_attention_heads": heads,
-        "attention_head_dim": head_dim,
-        "cross_attention_dim": heads
-        * head_dim,  # text is projected to the transformer width first
-        "caption_channels": PIXART_T5_HIDDEN,
-        "norm_type": "ada_norm_single",
-        "num_embeds_ada_norm": 1000,
-        "norm_elementwise_affine": False,
-        "norm_eps": 1e-6,
-        "activation_fn": "gelu-approximate",
-        "attention_bias": True,
-        "attention_type": "default",
-        "dropout": 0.0,
-        "upcast_attention": False,
-        # Sigma never uses PixArt-alpha's size/aspect conditions
-        "use_additional_conditions": False,
-    }
 
 
 # --- specs
@@ -240,15 +140,12 @@ def _sd3_encoders() -> tuple[TextEncoder, ...]:
             "text_encoder",
             "tokenizer",
             "clip",
-            _clip(SD3_CLIP_L_HIDDEN, act="quick_gelu"),
+            clip(SD3_CLIP_L_HIDDEN, act="quick_gelu"),
         ),
         TextEncoder(
-            "text_encoder_2",
-            "tokenizer_2",
-            "clip",
-            _clip(SD3_CLIP_G_HIDDEN, act="gelu"),
+            "text_encoder_2", "tokenizer_2", "clip", clip(SD3_CLIP_G_HIDDEN, act="gelu")
         ),
-        TextEncoder("text_encoder_3", "tokenizer_3", "t5", _t5(SD3_T5_HIDDEN)),
+        TextEncoder("text_encoder_3", "tokenizer_3", "t5", t5(SD3_T5_HIDDEN)),
     )
 
 
@@ -290,14 +187,14 @@ GENERIC_SPECS: dict[str, GenericSpec] = {
     "tiny-sd3": _sd3(
         "tiny-sd3",
         "~1M-parameter SD3-shaped model for tests and demos (seconds to build)",
-        _sd3_transformer(sample_size=32, layers=2, heads=4, head_dim=32),
+        sd3_transformer(sample_size=32, layers=2, heads=4, head_dim=32),
     ),
     # Hidden 768 (12 heads x 64), 6 joint blocks: ~123M transformer parameters; default
     # size 1024 px.
     "small-sd3": _sd3(
         "small-sd3",
         "~123M-parameter SD3-shaped transformer for benchmarks",
-        _sd3_transformer(sample_size=128, layers=6, heads=12, head_dim=64),
+        sd3_transformer(sample_size=128, layers=6, heads=12, head_dim=64),
     ),
     "tiny-pixart-sigma": GenericSpec(
         name="tiny-pixart-sigma",
@@ -305,12 +202,12 @@ GENERIC_SPECS: dict[str, GenericSpec] = {
         "and demos (seconds to build)",
         pipeline="PixArtSigmaPipeline",
         transformer_class="PixArtTransformer2DModel",
-        transformer=_pixart_transformer(layers=2, heads=4, head_dim=32),
+        transformer=pixart_transformer(layers=2, heads=4, head_dim=32),
         vae=dict(PIXARTVAE_CONFIG),
         scheduler_class="DPMSolverMultistepScheduler",
         scheduler=dict(PIXART_SCHEDULER_CONFIG),
         text_encoders=(
-            TextEncoder("text_encoder", "tokenizer", "t5", _t5(PIXART_T5_HIDDEN)),
+            TextEncoder("text_encoder", "tokenizer", "t5", t5(PIXART_T5_HIDDEN)),
         ),
     ),
     "tiny-qwen-image": _qwen_image(
