@@ -91,6 +91,7 @@ def warm_up(executor: Executor, stage: StageConfig) -> None:
         )
     )
     request = fill_defaults(request, stage.request_defaults, executor.capabilities)
+    request = request.with_defaults(cache_threshold=stage.cache.request_threshold)
     start = time.monotonic()
     # Checked against the model (not the request limits: the operator chose it), then
     # straight to the executor: warmup never enters the queue, the counters or the stats
