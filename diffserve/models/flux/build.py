@@ -17,7 +17,8 @@ from diffserve.config.schema import StageConfig
 from diffserve.errors import ModelLoadError
 from diffserve.layers.linear.quantized import QuantizationResult, quantize_linears
 from diffserve.logging import get_logger
-from diffserve.models.base import BuildContext, ParallelContext
+from diffserve.models.base import BuildContext, ParallelContext, PipelineCapabilities
+from diffserve.models.flux import edits
 from diffserve.models.flux.cached_encoding import CachedTextEncoders
 from diffserve.models.flux.encoders import TextEncoders
 from diffserve.models.flux.lora import flux_lora_adapters
@@ -89,6 +90,13 @@ class FluxComponents:
     decoded_elsewhere: bool
     loras: LoraAdapters | None
     weights: dict[str, ComponentWeights]
+    # What the family edits (registry): FLUX.1 from the image itself, FLUX.1 Kontext
+    # from a reference image whose latents ride along as extra tokens.
+    editor: edits.EditPreparer | edits.ReferencePreparer
+
+    @property
+    def vae_scale_factor(self) -> int:
+        return int(2 ** (len(self.vae.config.block_out_channels) - 1))
 
 
 def load_flux(root: Path, stage: StageConfig, context: BuildContext) -> FluxComponents:
@@ -183,6 +191,15 @@ def load_flux(root: Path, stage: StageConfig, context: BuildContext) -> FluxComp
         "vae": component_weights("vae", vae),
     }
     logger.info("weights: %s", describe_weights(weights))
+    family = MODEL_FAMILIES[read_class_name(root)]
+    preparer = (
+        edits.ReferencePreparer
+        if "reference" in family.features.edits
+        else edits.EditPreparer
+    )
+    editor = preparer(
+        vae, transformer.params.in_channels // 4, dtype=dtype, device=device
+    )
     return FluxComponents(
         transformer,
         encoders,
@@ -191,10 +208,37 @@ def load_flux(root: Path, stage: StageConfig, context: BuildContext) -> FluxComp
         scheduler_config,
         device,
         dtype,
-        MODEL_FAMILIES[read_class_name(root)],
+        family,
         stage,
         context.parallel,
         context.decoded_elsewhere,
         loras,
         weights,
+        editor,
+    )
+
+
+def flux_capabilities(parts: FluxComponents) -> PipelineCapabilities:
+    """What the loaded FLUX stage serves (admission checks every request against it)."""
+    family, parallel = parts.family, parts.parallel
+    return PipelineCapabilities(
+        family=family.class_name,
+        default_size=int(parts.vae.config.sample_size),
+        # Ulysses shards the image tokens ((H/16) * (W/16)) evenly: a side that is a
+        # multiple of 16 * degree guarantees it, and admission then refuses any other
+        # size before a rank sees it.
+        size_multiple=2 * parts.vae_scale_factor * parallel.ulysses_size,
+        max_sequence_length=family.defaults.max_sequence_length,
+        true_cfg=True,
+        attention_roles=family.attention_roles,
+        # Joins need every rank to agree on the step a request joins at: one rank
+        # only, for now.
+        step_batching=parallel.world_size == 1,
+        lora=family.features.lora_check is not None,
+        edits=family.features.edits if parallel.world_size == 1 else (),
+        # Per-sample transformer calls and per-prompt encoding; the VAE decodes one
+        # image at a time.
+        batch_invariant=parts.transformer.kernels.batch_invariant
+        and (parts.encoders is None or parts.encoders.per_prompt),
+        default_cache_threshold=parts.stage.cache.request_threshold,
     )

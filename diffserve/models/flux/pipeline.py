@@ -17,20 +17,19 @@ from torch import Tensor
 
 from diffserve.config.schema import StageConfig
 from diffserve.layers.attestation import KernelCounters
-from diffserve.layers.ulysses import image_shard
-from diffserve.models.base import BuildContext, PipelineCapabilities
+from diffserve.models.base import BuildContext
 from diffserve.models.flux import edits
-from diffserve.models.flux.build import FLUX_FIT, FluxComponents, load_flux
-from diffserve.models.flux.conditioning import FluxRows, true_cfg
+from diffserve.models.flux.build import (
+    FLUX_FIT,
+    FluxComponents,
+    flux_capabilities,
+    load_flux,
+)
+from diffserve.models.flux.conditioning import true_cfg
 from diffserve.models.flux.connector_payloads import LatentsPayload
 from diffserve.models.flux.decode import decode_latents
-from diffserve.models.flux.sampling import (
-    EulerSampler,
-    get_noise,
-    image_ids,
-    pack,
-    text_ids,
-)
+from diffserve.models.flux.prepare import prepare_rows
+from diffserve.models.flux.sampling import EulerSampler, image_ids
 from diffserve.models.flux.step_cache import cached_velocity
 from diffserve.models.runner import Decoded, LiveRows, NativeRunner, Prepared
 from diffserve.models.stepcache.policy import BranchCache
@@ -49,59 +48,25 @@ class FluxPipeline(NativeRunner):
     shards_tokens = True
 
     def __init__(self, parts: FluxComponents) -> None:
-        self.transformer, self.encoders, self.text, self.vae = (
-            parts.transformer,
-            parts.encoders,
-            parts.text,
-            parts.vae,
-        )
+        self.transformer, self.encoders = parts.transformer, parts.encoders
+        self.text, self.vae, self.editor = parts.text, parts.vae, parts.editor
         self.scheduler_config, self.vae_config = parts.scheduler_config, parts.stage.vae
-        self.device, self.dtype, self.parallel, self.cache = (
+        self.device, self.dtype, self.parallel = (
             parts.device,
             parts.dtype,
             parts.parallel,
+        )
+        self.cache, self.loras, self.weights = (
             parts.stage.cache,
+            parts.loras,
+            parts.weights,
         )
-        self.loras, self.weights = parts.loras, parts.weights
-        self.stage_id, self.decoded_elsewhere = (
-            parts.stage.stage_id,
-            parts.decoded_elsewhere,
-        )
+        self.stage_id = parts.stage.stage_id
+        self.decoded_elsewhere = parts.decoded_elsewhere
         self.teacache = stage_polynomial(self.cache, "flux", self.stage_id, FLUX_FIT)
-        self.vae_scale_factor = 2 ** (len(self.vae.config.block_out_channels) - 1)
+        self.vae_scale_factor = parts.vae_scale_factor
         self.latent_channels = self.transformer.params.in_channels // 4
-        family, parallel = parts.family, parts.parallel
-        # What the family edits (registry): FLUX.1 from the image itself, FLUX.1 Kontext
-        # from a reference image whose latents ride along as extra tokens.
-        preparer = (
-            edits.ReferencePreparer
-            if "reference" in family.features.edits
-            else edits.EditPreparer
-        )
-        self.editor = preparer(
-            self.vae, self.latent_channels, dtype=self.dtype, device=self.device
-        )
-        self.capabilities = PipelineCapabilities(
-            family=family.class_name,
-            default_size=int(self.vae.config.sample_size),
-            # Ulysses shards the image tokens ((H/16) * (W/16)) evenly: a side that is a
-            # multiple of 16 * degree guarantees it, and admission then refuses any
-            # other size before a rank sees it.
-            size_multiple=2 * self.vae_scale_factor * parallel.ulysses_size,
-            max_sequence_length=family.defaults.max_sequence_length,
-            true_cfg=True,
-            attention_roles=family.attention_roles,
-            # Joins need every rank to agree on the step a request joins at: one rank
-            # only, for now.
-            step_batching=parallel.world_size == 1,
-            lora=family.features.lora_check is not None,
-            edits=family.features.edits if parallel.world_size == 1 else (),
-            # Per-sample transformer calls and per-prompt encoding; the VAE decodes one
-            # image at a time.
-            batch_invariant=self.transformer.kernels.batch_invariant
-            and (self.encoders is None or self.encoders.per_prompt),
-            default_cache_threshold=self.cache.request_threshold,
-        )
+        self.capabilities = flux_capabilities(parts)
 
     @classmethod
     def from_stage(
@@ -114,32 +79,6 @@ class FluxPipeline(NativeRunner):
         file when ``stage.components`` names it); the transformer's kernels are chosen
         here, once."""
         return cls(load_flux(Path(model_dir), stage, context))
-
-    @classmethod
-    def from_pretrained(
-        cls,
-        model_dir: str | Path,
-        *,
-        device: str = "cpu",
-        compile: bool = False,
-        **stage_fields: Any,
-    ) -> FluxPipeline:
-        """Library convenience: resolve ``stage_fields`` (``dtype``, ``linear_backend``,
-        ``attention_backend``... as in a deploy file, no environment) and build with
-        ``from_stage``."""
-        from diffserve.config.resolve import resolve
-
-        stage_fields.setdefault("dtype", "float32")
-        config = resolve(
-            model=model_dir,
-            overrides={**stage_fields, "enforce_eager": not compile},
-            env={},
-        )
-        return cls.from_stage(
-            model_dir,
-            config.stage_for_role("diffusion"),
-            BuildContext(device=str(device)),
-        )
 
     @property
     def kernel_counters(self) -> KernelCounters:
@@ -172,54 +111,7 @@ class FluxPipeline(NativeRunner):
 
     @torch.inference_mode()
     def prepare(self, requests: list[GenerationRequest], plan: BatchPlan) -> Prepared:
-        length, first = plan.text_length, requests[0]
-        img_ids = image_ids(
-            plan.height, plan.width, device=self.device, dtype=self.dtype
-        )
-        rows = FluxRows()
-        if self.transformer.params.guidance_embed:
-            rows.guidance = torch.full(
-                (sum(r.n for r in requests),),
-                plan.guidance_scale,
-                device=self.device,
-                dtype=torch.float32,
-            )
-        latents = pack(
-            get_noise(
-                [s for r in requests for s in r.seeds],
-                self.latent_channels,
-                plan.height,
-                plan.width,
-                dtype=self.dtype,
-                device=self.device,
-            )
-        )
-        start = 0
-        # Kontext: ids' first axis is 1.
-        if first.images and isinstance(self.editor, edits.ReferencePreparer):
-            rows.ref, ref_h, ref_w = self.editor.reference(requests)
-            ref_ids = image_ids(ref_h, ref_w, device=self.device, dtype=self.dtype)
-            ref_ids[:, 0] = 1
-            img_ids = torch.cat([img_ids, ref_ids])
-        # An edit: start from the input image noised to its first step's sigma.
-        elif first.images:
-            start = edits.start_step(plan.steps, first.strength)
-            latents, rows.edit = self.editor.prepare(
-                requests, plan.height, plan.width, self.sampler(plan).sigmas[start]
-            )
-        pe = self.transformer.rope(
-            text_ids(length, device=self.device, dtype=self.dtype), img_ids
-        )
-        # The rotary rows of this rank's image tokens (the runner shards them)
-        if self.parallel.ulysses_size > 1:
-            pe = image_shard(
-                pe,
-                length,
-                self.parallel.ulysses_rank,
-                self.parallel.ulysses_size,
-                dim=1,
-            )
-        return Prepared(latents, rows, pe, start)
+        return prepare_rows(self, requests, plan)
 
     def velocity(
         self,

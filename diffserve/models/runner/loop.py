@@ -15,14 +15,15 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Generator, Hashable, Sequence
-from typing import Any
+from pathlib import Path
+from typing import Any, TypeVar
 
 import torch
 from torch import Tensor
 
 from diffserve.config.stage_sections import CacheConfig
 from diffserve.layers.attestation import KernelCounters
-from diffserve.models.base import ParallelContext, Pipeline, run_one
+from diffserve.models.base import BuildContext, ParallelContext, Pipeline, run_one
 from diffserve.models.lora_adapters import LoraAdapters
 from diffserve.models.memory import PhasePeaks
 from diffserve.models.runner.branches import BranchCaches, Guidance, idle
@@ -39,6 +40,8 @@ from diffserve.types.request import GenerationRequest
 from diffserve.types.results import BatchResult, RequestResult, StepEvent
 
 __all__ = ["NativeRunner"]
+
+_R = TypeVar("_R", bound="NativeRunner")
 
 
 class NativeRunner(Pipeline):
@@ -117,6 +120,34 @@ class NativeRunner(Pipeline):
         """The family's own attestation entries of one finished request (text cache,
         experts, ...)."""
         return {}
+
+    @classmethod
+    def from_pretrained(
+        cls: type[_R],
+        model_dir: str | Path,
+        *,
+        device: str = "cpu",
+        compile: bool = False,
+        **stage_fields: Any,
+    ) -> _R:
+        """Library convenience for every native family: resolve ``stage_fields``
+        (``dtype``, ``linear_backend``, ``attention_backend``... as in a deploy file, no
+        environment) and build with ``from_stage``."""
+        from diffserve.config.resolve import resolve
+
+        stage_fields.setdefault("dtype", "float32")
+        config = resolve(
+            model=model_dir,
+            overrides={**stage_fields, "enforce_eager": not compile},
+            env={},
+        )
+        built = cls.from_stage(
+            model_dir,
+            config.stage_for_role("diffusion"),
+            BuildContext(device=str(device)),
+        )
+        assert isinstance(built, cls)
+        return built
 
     # -- the loop
     # ----------------------------------------------------------------------------------
