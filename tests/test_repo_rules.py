@@ -78,3 +78,20 @@ def test_tests_taking_the_session_cluster_are_named_for_it() -> None:
     assert not unnamed, (
         f"name these test_ray_... (or parametrize them [ray]): {unnamed}"
     )
+
+
+def test_a_native_family_pipeline_is_hooks_only() -> None:
+    """A native family's ``pipeline.py`` holds its hooks of the shared runner
+    (``models/runner``), not a serving loop of its own: under 200 lines each."""
+    pipelines = {
+        str(p.relative_to(PACKAGE.parent)): len(
+            p.read_text(encoding="utf-8").splitlines()
+        )
+        for p in (PACKAGE / "models").glob("*/pipeline.py")
+        if p.parent.name != "generic"  # diffusers' own pipeline class, driven
+    }
+    assert {
+        "diffserve/models/flux/pipeline.py",
+        "diffserve/models/wan/pipeline.py",
+    } <= set(pipelines)
+    assert {path: n for path, n in pipelines.items() if n >= 200} == {}
