@@ -101,12 +101,7 @@ def model_layer(
         Source("model", str(index), None, f"{class_name}: layers kept unquantized"),
     )
     _model_teacache_polynomial(path, class_name, out)
-    defaults: dict[str, Any] = {
-        "num_inference_steps": family.defaults.steps,
-        "guidance_scale": family.defaults.guidance_scale,
-    }
-    if family.defaults.modality == "video":
-        defaults.update(num_frames=family.defaults.num_frames, fps=family.defaults.fps)
+    defaults = family.defaults.request_defaults()
     marker_defaults, marker_source = _marker_request_defaults(path, out)
     for key, value in defaults.items():
         if key not in marker_defaults:

@@ -126,12 +126,7 @@ def library_admit(pipeline: Pipeline, request: GenerationRequest) -> GenerationR
 
     capabilities = pipeline.capabilities
     family = MODEL_FAMILIES[capabilities.family]
-    defaults = RequestDefaultsConfig(
-        num_inference_steps=family.defaults.steps,
-        guidance_scale=family.defaults.guidance_scale,
-        num_frames=family.defaults.num_frames,
-        fps=family.defaults.fps,
-    )
+    defaults = RequestDefaultsConfig(**family.defaults.request_defaults())
     request = admit_edit(
         capabilities.modality.fill(request, defaults, capabilities), capabilities
     )

@@ -56,6 +56,17 @@ class FamilyDefaults:
         ``PipelineCapabilities.modality`` says the same)."""
         return "video" if self.num_frames is not None else "image"
 
+    def request_defaults(self) -> dict[str, Any]:
+        """These defaults as ``request_defaults`` keys (the config's model layer, and a
+        library call's admission): steps and guidance, and a video family's clip."""
+        keys: dict[str, Any] = {
+            "num_inference_steps": self.steps,
+            "guidance_scale": self.guidance_scale,
+        }
+        if self.modality == "video":
+            keys.update(num_frames=self.num_frames, fps=self.fps)
+        return keys
+
 
 @dataclass(frozen=True)
 class Parallelism:
