@@ -47,6 +47,7 @@ class KernelSet:
         bias: bool = True,
         *,
         activation: str | None = None,
+        activation_from: int = 0,
         device: torch.device | str | None = None,
         dtype: torch.dtype | None = None,
     ) -> Linear:
@@ -58,6 +59,7 @@ class KernelSet:
             counters=self.counters,
             per_sample=self.batch_invariant,
             activation=activation,
+            activation_from=activation_from,
             device=device,
             dtype=dtype,
         )

@@ -17,9 +17,19 @@ ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
 }
 
 
-def activate(y: torch.Tensor, activation: str | None) -> torch.Tensor:
-    """``y`` through ``activation`` (``None``: unchanged), unfused."""
-    return y if activation is None else ACTIVATIONS[activation](y)
+def activate(
+    y: torch.Tensor, activation: str | None, activation_from: int = 0
+) -> torch.Tensor:
+    """``y`` through ``activation`` (``None``: unchanged), unfused; with
+    ``activation_from`` only output columns ``activation_from:`` (a merged projection
+    whose head stays linear), overwritten in place in ``y``, a fresh GEMM output."""
+    if activation is None:
+        return y
+    if activation_from == 0:
+        return ACTIVATIONS[activation](y)
+    tail = y.narrow(-1, activation_from, y.shape[-1] - activation_from)
+    tail.copy_(ACTIVATIONS[activation](tail))
+    return y
 
 
 class LinearBackend(KernelBackend):
@@ -29,7 +39,9 @@ class LinearBackend(KernelBackend):
     ``Linear`` calls ``linear(x, weight, bias)`` for a plain layer and ``linear(x,
     weight, bias, activation)`` for one with an activation (a name in ``ACTIVATIONS``),
     so every call goes through this one method (a wrapper or a patched method sees all
-    of them).
+    of them). A layer whose activation covers only its output columns
+    ``activation_from:`` (FLUX's merged single-block projection) also passes
+    ``activation_from``.
     """
 
     def linear(
@@ -38,5 +50,6 @@ class LinearBackend(KernelBackend):
         weight: torch.Tensor,
         bias: torch.Tensor | None,
         activation: str | None = None,
+        activation_from: int = 0,
     ) -> torch.Tensor:
         raise NotImplementedError

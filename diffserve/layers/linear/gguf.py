@@ -173,12 +173,15 @@ class GGUFLinearBackend(LinearBackend):
         weight: torch.Tensor,
         bias: torch.Tensor | None,
         activation: str | None = None,
+        activation_from: int = 0,
     ) -> torch.Tensor:
         dense = (
             weight.dequantize(x.dtype)
             if isinstance(weight, QuantizedWeight)
             else weight
         )
+        if activation_from:
+            return self.inner.linear(x, dense, bias, activation, activation_from)
         return self.inner.linear(x, dense, bias, activation)
 
 

@@ -29,7 +29,9 @@ class Linear(nn.Module):
 
     ``activation`` (a name in ``linear.base.ACTIVATIONS``, e.g. ``"gelu_tanh"``) is
     applied to the output by the backend (``backend.linear(x, weight, bias,
-    activation)``), which may fuse it into its GEMM.
+    activation)``), which may fuse it into its GEMM; with ``activation_from`` > 0 only
+    to output columns ``activation_from:`` (a merged projection whose head stays
+    linear: ``backend.linear(..., activation, activation_from)``).
     """
 
     def __init__(
@@ -42,6 +44,7 @@ class Linear(nn.Module):
         counters: KernelCounters,
         per_sample: bool = False,
         activation: str | None = None,
+        activation_from: int = 0,
         device: torch.device | str | None = None,
         dtype: torch.dtype | None = None,
     ) -> None:
@@ -50,8 +53,16 @@ class Linear(nn.Module):
             raise ValueError(
                 f"unknown activation {activation!r}; known: {', '.join(ACTIVATIONS)}"
             )
+        if not 0 <= activation_from < out_features or (
+            activation_from and activation is None
+        ):
+            raise ValueError(
+                f"activation_from={activation_from} needs an activation and must be "
+                f"below out_features={out_features}"
+            )
         self.per_sample = per_sample
         self.activation = activation
+        self.activation_from = activation_from
         self.in_features = in_features
         self.out_features = out_features
         self.backend = backend
@@ -101,6 +112,10 @@ class Linear(nn.Module):
     def _run(self, x: torch.Tensor) -> torch.Tensor:
         if self.activation is None:
             return self.backend.linear(x, self.weight, self.bias)
+        if self.activation_from:
+            return self.backend.linear(
+                x, self.weight, self.bias, self.activation, self.activation_from
+            )
         return self.backend.linear(x, self.weight, self.bias, self.activation)
 
     def set_lora(
@@ -126,7 +141,7 @@ class Linear(nn.Module):
         assert self.lora_a is not None and self.lora_b is not None
         y = self.backend.linear(x, self.weight, self.bias)
         y = y + lora.delta(x, self.lora_a, self.lora_b)
-        return activate(y, self.activation)
+        return activate(y, self.activation, self.activation_from)
 
     def extra_repr(self) -> str:
         return (
@@ -134,4 +149,5 @@ class Linear(nn.Module):
             f"bias={self.bias is not None}, backend={self.backend_name}"
             + (", per_sample" if self.per_sample else "")
             + (f", activation={self.activation}" if self.activation else "")
+            + (f" from column {self.activation_from}" if self.activation_from else "")
         )

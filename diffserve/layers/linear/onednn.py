@@ -129,10 +129,13 @@ class OneDnnLinearBackend(LinearBackend):
         weight: torch.Tensor,
         bias: torch.Tensor | None,
         activation: str | None = None,
+        activation_from: int = 0,
     ) -> torch.Tensor:
         if self._fused(x, weight):
-            attr, algorithm = _POST_OPS[activation]
-            return torch.ops.mkldnn._linear_pointwise(
+            # A post-op covers every column: a tail activation runs after the GEMM.
+            attr, algorithm = _POST_OPS[None if activation_from else activation]
+            y = torch.ops.mkldnn._linear_pointwise(
                 x, self.packed(weight), bias, attr, [], algorithm
             )
-        return activate(F.linear(x, weight, bias), activation)
+            return activate(y, activation, activation_from) if activation_from else y
+        return activate(F.linear(x, weight, bias), activation, activation_from)

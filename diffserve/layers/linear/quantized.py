@@ -28,9 +28,12 @@ from torch import nn
 
 from diffserve.layers.linear.base import LinearBackend, activate
 from diffserve.layers.linear.module import Linear
+from diffserve.logging import get_logger
 from diffserve.registry.quantization import QUANTIZATION_METHODS, QuantizationMethod
 from diffserve.registry.targets import load_target
 from diffserve.types.attestation import QuantizationReport
+
+logger = get_logger(__name__)
 
 
 class QuantizedLinearBackend(LinearBackend):
@@ -49,8 +52,29 @@ class QuantizedLinearBackend(LinearBackend):
         weight: torch.Tensor,
         bias: torch.Tensor | None,
         activation: str | None = None,
+        activation_from: int = 0,
     ) -> torch.Tensor:
-        return activate(F.linear(x, weight, bias), activation)
+        return activate(F.linear(x, weight, bias), activation, activation_from)
+
+
+class Int8DynamicLinearBackend(QuantizedLinearBackend):
+    """``int8``: on a GPU our own per-token int8 GEMM (``int8_mm.py``), which never
+    probes a tensor's ``repr`` as torchao's eager path does; elsewhere torchao's."""
+
+    def linear(
+        self,
+        x: torch.Tensor,
+        weight: torch.Tensor,
+        bias: torch.Tensor | None,
+        activation: str | None = None,
+        activation_from: int = 0,
+    ) -> torch.Tensor:
+        if x.device.type != "cuda":
+            return super().linear(x, weight, bias, activation, activation_from)
+        from diffserve.layers.linear.int8_mm import int8_dynamic_linear
+
+        y = int8_dynamic_linear(x, weight, bias)
+        return activate(y, activation, activation_from)
 
 
 _BACKENDS: dict[str, type[QuantizedLinearBackend]] = {}
@@ -64,9 +88,12 @@ def backend_class(method: QuantizationMethod) -> type[QuantizedLinearBackend]:
             "".join(part.capitalize() for part in method.backend.split("_"))
             + "LinearBackend"
         )
-        _BACKENDS[method.backend] = type(
-            class_name, (QuantizedLinearBackend,), {"name": method.backend}
+        base = (
+            Int8DynamicLinearBackend
+            if method.name == "int8"
+            else QuantizedLinearBackend
         )
+        _BACKENDS[method.backend] = type(class_name, (base,), {"name": method.backend})
     return _BACKENDS[method.backend]
 
 
@@ -108,6 +135,15 @@ def ignored(name: str, patterns: Iterable[str]) -> bool:
     )
 
 
+def fp8_rowwise_config() -> object:
+    """torchao's float8 dynamic W8A8 with per-row scales (weights per output channel,
+    activations per token), the ``fp8`` method: row-wise scaled ``_scaled_mm`` GEMMs
+    that inductor fuses the activation's quantization into."""
+    from torchao.quantization import Float8DynamicActivationFloat8WeightConfig, PerRow
+
+    return Float8DynamicActivationFloat8WeightConfig(granularity=PerRow())
+
+
 def torchao_config(method: QuantizationMethod) -> object:
     """The method's torchao config object (torchao is imported here, on first use
     only)."""
@@ -115,6 +151,17 @@ def torchao_config(method: QuantizationMethod) -> object:
     # build of torch: noise here.
     logging.getLogger("torchao").setLevel(logging.ERROR)
     return load_target(method.torchao_config)()
+
+
+def warn_if_eager(method_name: str, enforce_eager: bool, device: torch.device) -> None:
+    """fp8 on a GPU belongs compiled: eager, its activation scaling runs as separate
+    kernels around every GEMM (measured 1.49x bfloat16's time on an H200)."""
+    if method_name == "fp8" and enforce_eager and device.type == "cuda":
+        logger.warning(
+            "quantization fp8 with enforce_eager: true runs its per-token scaling as "
+            "separate eager kernels, slower than bfloat16; set enforce_eager: false "
+            "to compile it (or quantization: fp8_weight_only)"
+        )
 
 
 def quantize_linears(

@@ -1,5 +1,6 @@
 """The reference linear backend: ``torch.nn.functional.linear`` (any device, any
-dtype)."""
+dtype). A tanh-GELU over a layer's tail columns is ``diffserve::gemm_gelu_tail``
+(``layers/ops.py``): one GEMM and one graph node, the GELU written in place after it."""
 
 from __future__ import annotations
 
@@ -18,5 +19,10 @@ class TorchLinearBackend(LinearBackend):
         weight: torch.Tensor,
         bias: torch.Tensor | None,
         activation: str | None = None,
+        activation_from: int = 0,
     ) -> torch.Tensor:
-        return activate(F.linear(x, weight, bias), activation)
+        if activation == "gelu_tanh" and activation_from > 0:
+            from diffserve.layers import ops  # noqa: F401  (registers the operator)
+
+            return torch.ops.diffserve.gemm_gelu_tail(x, weight, bias, activation_from)
+        return activate(F.linear(x, weight, bias), activation, activation_from)

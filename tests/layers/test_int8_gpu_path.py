@@ -1,0 +1,95 @@
+"""The GPU paths of the quantized methods, checked where they can run here: the int8
+GEMM a GPU runs (``layers/linear/int8_mm.py``) never probes a tensor's ``repr`` (torchao's
+eager ``safe_int_mm`` does, a device sync per GEMM) and computes torchao's method; fp8 is
+built with per-row scales."""
+
+from __future__ import annotations
+
+from unittest import mock
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from diffserve.layers.linear.quantized import (
+    Int8DynamicLinearBackend,
+    backend_class,
+    torchao_config,
+)
+from diffserve.registry.quantization import QUANTIZATION_METHODS
+
+pytest.importorskip("torchao")
+
+
+def int8_layer(seed: int = 0) -> tuple[nn.Linear, nn.Linear]:
+    """(the float layer, the same layer quantized by torchao's int8 W8A8)."""
+    from torchao.quantization import Int8DynamicActivationInt8WeightConfig, quantize_
+
+    torch.manual_seed(seed)
+    dense = nn.Linear(256, 384).eval()
+    quantized = nn.Linear(256, 384).eval()
+    quantized.load_state_dict(dense.state_dict())
+    quantize_(quantized, Int8DynamicActivationInt8WeightConfig())
+    return dense, quantized
+
+
+def snr_db(out: torch.Tensor, ref: torch.Tensor) -> float:
+    return float(10 * torch.log10(ref.pow(2).mean() / (out - ref).pow(2).mean()))
+
+
+@pytest.mark.numerics
+def test_int8_gemm_never_probes_repr_nor_torchaos_dispatch() -> None:
+    from torchao.quantization.quantize_.workflows.int8 import int8_tensor
+
+    from diffserve.layers.linear.int8_mm import int8_dynamic_linear
+
+    dense, quantized = int8_layer()
+    x = torch.randn(2, 40, 256, generator=torch.Generator().manual_seed(1))
+    with torch.inference_mode():
+        reference = dense(x)
+        torchaos = F.linear(x, quantized.weight, quantized.bias)
+        # The path torchao takes (and whose CUDA branch calls repr()) is never entered,
+        # and no tensor is formatted.
+        with (
+            mock.patch.object(
+                int8_tensor,
+                "int_scaled_matmul",
+                side_effect=AssertionError("torchao's int8 dispatch ran"),
+            ),
+            mock.patch.object(
+                torch.Tensor,
+                "__repr__",
+                side_effect=AssertionError("Tensor.__repr__ on the hot path"),
+            ),
+        ):
+            ours = int8_dynamic_linear(x, quantized.weight, quantized.bias)
+            # The same patches do catch torchao's own path: the test can fail.
+            with pytest.raises(AssertionError, match="dispatch ran"):
+                F.linear(x, quantized.weight, quantized.bias)
+    assert ours.shape == reference.shape and ours.dtype == reference.dtype
+    # The same method: as close to the float layer as torchao's own GEMM is
+    assert snr_db(ours, reference) > 35.0
+    assert snr_db(ours, reference) > snr_db(torchaos, reference) - 1.0
+
+
+def test_int8_backend_takes_the_repr_free_path_on_gpus_only() -> None:
+    backend = backend_class(QUANTIZATION_METHODS["int8"])
+    assert issubclass(backend, Int8DynamicLinearBackend)
+    assert backend.name == "int8_dynamic"
+    # Elsewhere it is torchao's kernel (faster on CPUs, no repr probe there)
+    _, quantized = int8_layer()
+    x = torch.randn(3, 256)
+    inner = mock.Mock()
+    with torch.inference_mode():
+        out = backend(inner).linear(x, quantized.weight, quantized.bias)
+        expected = F.linear(x, quantized.weight, quantized.bias)
+    assert torch.equal(out, expected)
+
+
+def test_fp8_scales_per_row() -> None:
+    from torchao.quantization import PerRow
+
+    config = torchao_config(QUANTIZATION_METHODS["fp8"])
+    assert type(config).__name__ == "Float8DynamicActivationFloat8WeightConfig"
+    assert list(config.granularity) == [PerRow(), PerRow()]
