@@ -51,12 +51,21 @@ ATTENTION_BACKENDS = BackendTable(
         "sdpa": "diffserve.layers.attention.sdpa:SdpaAttentionBackend",
         "math": "diffserve.layers.attention.math:MathAttentionBackend",
         "flash_attn": "diffserve.layers.attention.flash:FlashAttentionBackend",
+        "sdpa_cudnn": "diffserve.layers.attention.sdpa_cudnn:SdpaCudnnAttentionBackend",
+        "fa3": "diffserve.layers.attention.fa3:FA3AttentionBackend",
     },
-    # flash_attn when it can run (CUDA, half precision, package installed), else sdpa.
-    auto_preference=("flash_attn", "sdpa"),
+    # On Hopper: FlashAttention-3 when installed, else cuDNN's attention (both measured
+    # faster than the FlashAttention-2-class kernels at head_dim 128); flash_attn when
+    # it can run (CUDA, half precision, package installed); else sdpa.
+    auto_preference=("fa3", "sdpa_cudnn", "flash_attn", "sdpa"),
     aliases={
         "torch_sdpa": "sdpa",
         "flash_attention": "flash_attn",
         "flash": "flash_attn",
+        "cudnn": "sdpa_cudnn",
+        "cudnn_attention": "sdpa_cudnn",
+        "flash_attn_3": "fa3",
+        "flash_attention_3": "fa3",
+        "fa_3": "fa3",
     },
 )
