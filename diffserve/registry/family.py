@@ -102,6 +102,10 @@ class Features:
     # name (the native and the diffusers names where a family has both): the embedders,
     # the adaLN modulation and the final layer (docs/quantization.md).
     quantization_ignored_layers: tuple[str, ...] = ()
+    # The per-block modulation projections (one row per image: GEMVs, where quantizing
+    # the activation costs more than the narrower weight saves): kept in the stage's
+    # dtype on GPUs too (models/flux/build.py; attested in ``ignored_patterns``).
+    gpu_quantization_ignored_layers: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)

@@ -99,6 +99,7 @@ FLUX_FEATURES = Features(
     lora_check=FLUX_LORA_CHECK,
     step_caches=NATIVE_STEP_CACHES,
     quantization_ignored_layers=FLUX_QUANTIZATION_IGNORED,
+    gpu_quantization_ignored_layers=("*_mod.lin", "*.modulation.lin"),
     stage_pipelines=FLUX_STAGES,
     single_file_components=FLUX_SINGLE_FILES,
 )

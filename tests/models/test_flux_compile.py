@@ -1,5 +1,7 @@
-"""compile=True: blocks go through torch.compile (dynamic shapes), results and
-attestation unchanged."""
+"""compile=True: blocks go through torch.compile (inductor, dynamic shapes as on a CPU)
+as one graph each (a graph break fails), results unchanged, and the counts read from
+the traced graphs (``layers/traced_tally.py``) equal to the eager ones. The single blocks
+are the fused ones a GPU runs (merged GEMM with a GELU tail, no concatenation)."""
 
 from __future__ import annotations
 
@@ -24,6 +26,7 @@ pytestmark = [
 def test_compiled_blocks_match_eager_and_still_count(tiny_flux_dir) -> None:
     eager = flux_transformer(tiny_flux_dir / "transformer", attention="sdpa")
     compiled = flux_transformer(tiny_flux_dir / "transformer", attention="sdpa")
+    compiled.fuse_single_blocks()
     compiled.compile_blocks()
     n_linear = sum(isinstance(m, Linear) for m in compiled.modules())
     n_blocks = len(compiled.double_blocks) + len(compiled.single_blocks)
@@ -60,8 +63,16 @@ def test_compiled_blocks_match_eager_and_still_count(tiny_flux_dir) -> None:
         {type(b) for b in compiled.double_blocks}
         | {type(b) for b in compiled.single_blocks}
     )
-    assert compiled.counters.snapshot() == {
+    expected = {
         "linear": {"torch": 2 * n_linear},
         "attention": {"sdpa": 2 * n_blocks},
         "transformer_forwards": 2,
+    }
+    assert compiled.counters.snapshot() == eager.counters.snapshot() == expected
+    # What the two graphs captured: a double block's 10 projections and a single
+    # block's 4 (linear1 as diffserve's GEMM-with-GELU-tail op), one attention each
+    assert compiled.traced_ops() == {
+        "linear": 10 + 3,
+        "diffserve.gemm_gelu_tail": 1,
+        "scaled_dot_product_attention": 2,
     }

@@ -4,12 +4,14 @@ single-stream blocks."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
 from diffserve.layers.kernels import KernelSet
+from diffserve.layers.linear.module import Linear
 from diffserve.layers.ulysses import UlyssesAttention
 from diffserve.models.flux.embeddings import rotate_
 
@@ -203,9 +205,15 @@ class DoubleStreamBlock(nn.Module):
 class SingleStreamBlock(nn.Module):
     """Parallel attention and MLP over the joint sequence.
 
-    The reference's first projection (Q/K/V and MLP-in as one GEMM) is two here, ``qkv``
-    and ``mlp_in``, so the MLP's tanh-GELU is ``mlp_in``'s own activation (fusable into
-    its GEMM) and neither output is a strided slice of the other.
+    As loaded, the reference's first projection (Q/K/V and MLP-in as one GEMM) is two,
+    ``qkv`` and ``mlp_in``, so the MLP's tanh-GELU is ``mlp_in``'s own activation
+    (fused into its GEMM by a backend that can, e.g. oneDNN's post-op on a CPU), and the
+    output projection ``linear2`` takes their concatenation. ``fuse_projections`` (a
+    GPU deployment's choice, ``models/flux/build.py``) turns that into one merged
+    ``linear1`` GEMM whose GELU covers only the MLP's columns
+    (``diffserve::gemm_gelu_tail``) and ``linear2`` split by its input into
+    ``linear2_attn`` and ``linear2_mlp``, so nothing is concatenated: the same math,
+    one GEMM fewer, one copy of the joint sequence fewer per block.
     """
 
     def __init__(
@@ -225,13 +233,60 @@ class SingleStreamBlock(nn.Module):
         self.norm = QKNorm(hidden_size // num_heads)
         self.modulation = Modulation(hidden_size, double=False, kernels=kernels)
         self.attn = kernels.make_attention("single_block")
+        self.fused = False
+
+    def fuse_projections(self) -> None:
+        """Replace ``qkv`` + ``mlp_in`` by ``linear1`` and ``linear2`` by its two input
+        halves (before any quantization: every layer keeps a dense weight)."""
+        if self.fused:
+            return
+        qkv, mlp_in, linear2 = self.qkv, self.mlp_in, self.linear2
+        h = self.hidden_size
+
+        def like(src: Linear, weight: Tensor, bias: Tensor | None, **kw: Any) -> Linear:
+            layer = Linear(
+                weight.shape[1],
+                weight.shape[0],
+                bias is not None,
+                backend=src.backend,
+                counters=src.counters,
+                per_sample=src.per_sample,
+                device="meta",
+                dtype=weight.dtype,
+                **kw,
+            )
+            layer.weight = nn.Parameter(weight.contiguous(), requires_grad=False)
+            if bias is not None:
+                layer.bias = nn.Parameter(bias.contiguous(), requires_grad=False)
+            return layer
+
+        assert qkv.bias is not None and mlp_in.bias is not None
+        self.linear1 = like(
+            qkv,
+            torch.cat((qkv.weight, mlp_in.weight)),
+            torch.cat((qkv.bias, mlp_in.bias)),
+            activation="gelu_tanh",
+            activation_from=3 * h,
+        )
+        self.linear2_attn = like(linear2, linear2.weight[:, :h], None)
+        self.linear2_mlp = like(linear2, linear2.weight[:, h:], linear2.bias)
+        del self.qkv, self.mlp_in, self.linear2
+        self.fused = True
 
     def forward(self, x: Tensor, vec: Tensor, pe: Tensor, txt_len: int = 0) -> Tensor:
         mod, _ = self.modulation(vec)
         x_mod = modulate(x, mod)
-        qkv = self.qkv(x_mod).unflatten(-1, (3, self.num_heads, -1))
+        if self.fused:
+            merged = self.linear1(x_mod)  # [B, L, 3 * h + mlp]: GELU on the mlp part
+            qkv, mlp_act = merged.split((3 * self.hidden_size, self.mlp_hidden_dim), -1)
+        else:
+            qkv, mlp_act = self.qkv(x_mod), self.mlp_in(x_mod)
+        qkv = qkv.unflatten(-1, (3, self.num_heads, -1))
         attn = attend(self.attn, *attention_inputs([(qkv, self.norm)], pe), txt_len)
-        output = self.linear2(torch.cat((attn, self.mlp_in(x_mod)), dim=2))
+        if self.fused:
+            output = self.linear2_mlp(mlp_act) + self.linear2_attn(attn)
+        else:
+            output = self.linear2(torch.cat((attn, mlp_act), dim=2))
         return torch.addcmul(x, mod.gate, output)
 
 

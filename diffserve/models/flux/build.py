@@ -15,9 +15,14 @@ import torch
 
 from diffserve.config.schema import StageConfig
 from diffserve.errors import ModelLoadError
-from diffserve.layers.linear.quantized import QuantizationResult, quantize_linears
+from diffserve.layers.linear.quantized import (
+    QuantizationResult,
+    quantize_linears,
+    warn_if_eager,
+)
 from diffserve.logging import get_logger
 from diffserve.models.base import BuildContext, ParallelContext, PipelineCapabilities
+from diffserve.models.compile_options import compile_options
 from diffserve.models.flux import edits
 from diffserve.models.flux.cached_encoding import CachedTextEncoders
 from diffserve.models.flux.encoders import TextEncoders
@@ -33,7 +38,12 @@ from diffserve.models.stage_kernels import stage_kernels
 from diffserve.models.stepcache.teacache import stage_polynomial
 from diffserve.models.vae_file import load_vae
 from diffserve.models.vae_tiling import configure_tiling
-from diffserve.registry.models import MODEL_FAMILIES, ModelFamily, read_class_name
+from diffserve.registry.models import (
+    FLUX_FEATURES,
+    MODEL_FAMILIES,
+    ModelFamily,
+    read_class_name,
+)
 from diffserve.types.memory import ComponentWeights, describe_weights
 
 logger = get_logger(__name__)
@@ -56,9 +66,13 @@ def build_transformer(
         device=device,
         weights_file=stage.components.get("transformer"),
     )
-    quantized = quantize_linears(
-        transformer, stage.quantization, stage.quantization_ignored_layers
-    )
+    if fuses_single_blocks(stage, device):
+        transformer.fuse_single_blocks()
+    ignored = stage.quantization_ignored_layers
+    if device.type == "cuda":
+        ignored += FLUX_FEATURES.gpu_quantization_ignored_layers
+    quantized = quantize_linears(transformer, stage.quantization, ignored)
+    warn_if_eager(stage.quantization, stage.enforce_eager, device)
     if context.parallel.ulysses_size > 1:
         check_ulysses_heads(
             transformer.params.num_heads, context.parallel, stage.stage_id
@@ -67,8 +81,23 @@ def build_transformer(
             context.parallel.ulysses_group, kernels.counters.collectives
         )
     if not stage.enforce_eager:
-        transformer.compile_blocks()
+        options = compile_options(device)
+        transformer.compile_blocks(options.mode, options.dynamic)
     return transformer, quantized, device, dtype
+
+
+def fuses_single_blocks(stage: StageConfig, device: torch.device) -> bool:
+    """Whether the single blocks run merged projections
+    (``SingleStreamBlock.fuse_projections``): on a GPU, where one wider GEMM and no
+    concatenation pay; not on a CPU, where oneDNN fuses ``mlp_in``'s GELU into its own
+    GEMM; not with LoRA adapters (their files name the unmerged layers) or a GGUF
+    transformer (its packed weights are per layer)."""
+    return (
+        device.type == "cuda"
+        and not stage.lora_modules
+        and not stage.lora_dir
+        and not stage.components.get("transformer", "").endswith(".gguf")
+    )
 
 
 @dataclass

@@ -176,16 +176,24 @@ class EulerSampler:
     def model_timesteps(self, steps: list[int], dtype: torch.dtype) -> Tensor:
         """Each row's timestep as the transformer takes it: as diffusers, sigma * 1000
         in the model dtype, then back to [0, 1]."""
-        return (
-            self.timesteps[torch.tensor(steps, device=self.timesteps.device)].to(dtype)
-            / 1000
-        )
+        return at_steps(self.timesteps, steps).to(dtype) / 1000
 
     def step(self, latents: Tensor, velocity: Tensor, steps: list[int]) -> Tensor:
-        i = torch.tensor(steps, device=latents.device)
         return euler_step(
             latents,
             velocity,
-            self.sigmas[i].view(-1, 1, 1),
-            self.sigmas[i + 1].view(-1, 1, 1),
+            at_steps(self.sigmas, steps).view(-1, 1, 1),
+            at_steps(self.sigmas, [s + 1 for s in steps]).view(-1, 1, 1),
         )
+
+
+def at_steps(table: Tensor, steps: list[int]) -> Tensor:
+    """``table[steps]`` without waiting on the device: rows at one step (a batch that
+    started together) take a view, mixed steps an index copied without blocking (a
+    plain ``torch.tensor(steps, device=cuda)`` would wait for every queued kernel)."""
+    if len(set(steps)) == 1:
+        return table[steps[0]].expand(len(steps))
+    index = torch.tensor(steps)
+    if table.device.type == "cuda":
+        index = index.pin_memory().to(table.device, non_blocking=True)
+    return table[index.to(table.device)]

@@ -10,10 +10,10 @@ import torch
 from torch import Tensor, nn
 
 from diffserve.errors import ModelLoadError
-from diffserve.layers.attention.module import Attention
 from diffserve.layers.kernels import KernelSet
 from diffserve.layers.linear.gguf import QuantizedWeight, install
 from diffserve.layers.linear.module import Linear
+from diffserve.layers.traced_tally import CountedCompiler, compile_counted
 from diffserve.layers.ulysses import UlyssesAttention
 from diffserve.logging import get_logger
 from diffserve.models.flux.blocks import (
@@ -68,9 +68,9 @@ class FluxTransformer(nn.Module):
             for _ in range(params.depth_single_blocks)
         )
         self.final_layer = LastLayer(h, params.out_channels, kernels)
-        # Set by compile_blocks(): compiled modules cannot count, so their calls are
-        # added per block.
-        self._block_tallies: dict[type, dict[str, Any]] | None = None
+        # Set by compile_blocks(): each block's compiler, which counts the block's
+        # calls from its traced graph (layers/traced_tally.py).
+        self.compilers: list[CountedCompiler] = []
         # The per-request LoRA adapters of this transformer (set by the pipeline that
         # loads them).
         self.lora_adapters: LoraAdapters | None = None
@@ -146,7 +146,7 @@ class FluxTransformer(nn.Module):
     ) -> tuple[Tensor, Tensor]:
         """Double block 0 alone (First-Block Cache's probe); ``blocks(..., start=1)``
         continues from it."""
-        self._count_compiled(self.double_blocks[0])
+        self._count_lora(self.double_blocks[0])
         return self.double_blocks[0](img, txt, vec, pe)
 
     def modulated_input(self, img: Tensor, vec: Tensor) -> Tensor:
@@ -163,12 +163,12 @@ class FluxTransformer(nn.Module):
         """Double blocks from ``start``, then every single block; returns the image
         tokens."""
         for block in self.double_blocks[start:]:
-            self._count_compiled(block)
+            self._count_lora(block)
             img, txt = block(img, txt, vec, pe)
 
         x = torch.cat((txt, img), dim=1)
         for block in self.single_blocks:
-            self._count_compiled(block)
+            self._count_lora(block)
             x = block(x, vec, pe, txt.shape[1])
         return x[:, txt.shape[1] :]
 
@@ -176,12 +176,11 @@ class FluxTransformer(nn.Module):
         """The final modulated projection to the velocity."""
         return self.final_layer(img, vec)
 
-    def _count_compiled(self, block: nn.Module) -> None:
-        if self._block_tallies is not None:
-            self.counters.add(self._block_tallies[type(block)])
-            adapters = self.lora_adapters
-            if adapters is not None and adapters.state.active:
-                self.counters.count_lora(adapters.patched_in(block))
+    def _count_lora(self, block: nn.Module) -> None:
+        """A compiled block's LoRA deltas (its modules cannot count them)."""
+        adapters = self.lora_adapters
+        if self.compilers and adapters is not None and adapters.state.active:
+            self.counters.count_lora(adapters.patched_in(block))
 
     def shard_sequence(self, group: Any, counters: Any) -> None:
         """Ulysses sequence parallelism over ``group``: from now on ``forward`` takes
@@ -191,26 +190,40 @@ class FluxTransformer(nn.Module):
         for block in (*self.double_blocks, *self.single_blocks):
             block.attn = UlyssesAttention(block.attn, group, counters)
 
-    def compile_blocks(self) -> None:
-        """``torch.compile`` every block (dynamic shapes), lazily: the first forward
-        pays the compile cost."""
-        tallies: dict[type, dict[str, Any]] = {}
-        for block in (*self.double_blocks, *self.single_blocks):
-            tallies.setdefault(type(block), _static_tally(block))
-            block.compile(dynamic=True)
-        self._block_tallies = tallies
-        logger.info("transformer blocks will be compiled on first use (dynamic shapes)")
+    def fuse_single_blocks(self) -> None:
+        """Every single block's merged first projection and split output projection
+        (``SingleStreamBlock.fuse_projections``); before quantizing or compiling."""
+        for block in self.single_blocks:
+            assert isinstance(block, SingleStreamBlock)
+            block.fuse_projections()
 
+    def compile_blocks(self, mode: str | None = None, dynamic: bool = True) -> None:
+        """``torch.compile`` every block as one graph each (a graph break fails),
+        lazily: the first forward pays the compile cost. Each block counts its calls
+        from what was traced (``layers/traced_tally.py``). ``mode``: inductor's
+        (``max-autotune-no-cudagraphs`` on GPUs); ``dynamic``: one graph for every
+        sequence length, else one per shape (what autotuning wants)."""
+        self.compilers = compile_counted(
+            [*self.double_blocks, *self.single_blocks],
+            self.counters,
+            mode=mode,
+            dynamic=dynamic,
+        )
+        logger.info(
+            "transformer blocks will be compiled on first use (mode %s, %s shapes)",
+            mode or "default",
+            "dynamic" if dynamic else "static",
+        )
 
-def _static_tally(block: nn.Module) -> dict[str, Any]:
-    """Calls per backend of one forward of ``block`` (every Linear and Attention runs
-    exactly once)."""
-    tally: dict[str, dict[str, int]] = {"linear": {}, "attention": {}}
-    for module in block.modules():
-        if isinstance(module, (Linear, Attention)):
-            calls = tally["linear" if isinstance(module, Linear) else "attention"]
-            calls[module.backend_name] = calls.get(module.backend_name, 0) + 1
-    return tally
+    def traced_ops(self) -> dict[str, int]:
+        """The kernel operators the compiled blocks captured, summed over the graphs
+        traced so far (empty: eager)."""
+        ops: dict[str, int] = {}
+        for compiler in self.compilers:
+            for tally in compiler.tallies:
+                for name, calls in tally.ops.items():
+                    ops[name] = ops.get(name, 0) + calls
+        return ops
 
 
 def load_flux_transformer(
