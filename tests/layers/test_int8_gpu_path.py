@@ -1,7 +1,7 @@
-"""The GPU paths of the quantized methods, checked where they can run here: the int8
-GEMM a GPU runs (``layers/linear/int8_mm.py``) never probes a tensor's ``repr`` (torchao's
-eager ``safe_int_mm`` does, a device sync per GEMM) and computes torchao's method; fp8 is
-built with per-row scales."""
+"""The GPU paths of the quantized methods, checked where they can run here: the
+int8 GEMM a GPU runs (``layers/linear/int8_mm.py``) never probes a tensor's ``repr``
+(torchao's eager ``safe_int_mm`` does, a device sync per GEMM) and computes torchao's
+method; fp8 is built with per-row scales."""
 
 from __future__ import annotations
 

@@ -1,8 +1,9 @@
 """Kernel counts of compiled modules read from the traced graph
 (``layers/traced_tally.py``): equal to the eager counts, one graph per shape when
-static, shared by modules of one kind, and a compilation that fails when the graph would
-run a kernel the attestation cannot see or skip one it claims. (The graphs are run by
-the ``eager`` inner backend here; ``tests/models/test_flux_compile.py`` runs inductor.)"""
+static, shared by modules of one kind, and a compilation that fails when the graph
+would run a kernel the attestation cannot see or skip one it claims. (The graphs are run
+by the ``eager`` inner backend here; ``tests/models/test_flux_compile.py`` runs
+inductor.)"""
 
 from __future__ import annotations
 
@@ -68,11 +69,15 @@ def test_traced_counts_equal_eager_counts_and_graphs_are_shared() -> None:
             for e, c in zip(eager, compiled, strict=True):
                 ye, yc = e(ye), c(yc)
             assert torch.equal(ye, yc)
-    assert ks_compiled.counters.snapshot() == ks_eager.counters.snapshot() == {
-        "linear": {"torch": 18},
-        "attention": {"sdpa": 9},
-        "transformer_forwards": 0,
-    }
+    assert (
+        ks_compiled.counters.snapshot()
+        == ks_eager.counters.snapshot()
+        == {
+            "linear": {"torch": 18},
+            "attention": {"sdpa": 9},
+            "transformer_forwards": 0,
+        }
+    )
     tallies = compilers[0].tallies
     assert len(tallies) == 2  # lengths 8 and 12; the third pass reused the first
     # Per-sample calls: each module's op traced once per sample, counted once

@@ -1,7 +1,8 @@
 """compile=True: blocks go through torch.compile (inductor, dynamic shapes as on a CPU)
 as one graph each (a graph break fails), results unchanged, and the counts read from
-the traced graphs (``layers/traced_tally.py``) equal to the eager ones. The single blocks
-are the fused ones a GPU runs (merged GEMM with a GELU tail, no concatenation)."""
+the traced graphs (``layers/traced_tally.py``) equal to the eager ones. The single
+blocks are the fused ones a GPU runs (merged GEMM with a GELU tail, no
+concatenation)."""
 
 from __future__ import annotations
 

@@ -61,7 +61,8 @@ def traced_targets(module, *args) -> list[str]:
         return gm.forward
 
     torch.compile(module, backend=capture, fullgraph=True)(*args)
-    return [str(n.target) for g in graphs for n in g.graph.nodes if n.op == "call_function"]
+    nodes = [n for g in graphs for n in g.graph.nodes]
+    return [str(n.target) for n in nodes if n.op == "call_function"]
 
 
 def test_fused_single_block_runs_one_gemm_and_no_concatenation(tiny_flux_dir) -> None:
