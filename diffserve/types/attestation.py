@@ -115,6 +115,11 @@ class Attestation(KernelTally, total=False):
     # so far after the request.
     conditioning_cache: str
     conditioning_cache_state: dict[str, int]
+    # A compiled native transformer: the kernel operators its blocks' traced graphs
+    # captured (``linear``, ``diffserve.gemm_gelu_tail``,
+    # ``aten._scaled_dot_product_cudnn_attention``, ...), summed over the graphs
+    # traced so far (layers/traced_tally.py)
+    compiled_ops: dict[str, int]
     # Staged topologies (split_text_encoder): one entry per stage the request went
     # through, in order: stage_id, role, executor, replica, worker_pid, device, dtype,
     # kernel calls (engine/encode_stage.py).

@@ -317,6 +317,11 @@ def test_compiled_engine_does_not_recompile_per_adapter(
         # Other adapters and scales: the same graphs.
         assert counters["stats"]["unique_graphs"] == before
         assert out.attestation["lora_linear_calls"] > 0
+        # What the compiled blocks traced, attested (CPU: unfused single blocks; the
+        # LoRA deltas are linear ops of their Linears)
+        ops = out.attestation["compiled_ops"]
+        assert ops["linear"] > 0 and ops["scaled_dot_product_attention"] > 0
+        assert "diffserve.gemm_gelu_tail" not in ops
 
 
 def test_lru_slots_and_batching_keep_each_image_its_own(

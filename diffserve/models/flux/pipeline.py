@@ -177,4 +177,8 @@ class FluxPipeline(NativeRunner):
         )
 
     def attest(self, request: GenerationRequest, guided: bool) -> dict[str, Any]:
-        return dict(self.text.attest(request.request_id))
+        attested = dict(self.text.attest(request.request_id))
+        ops = self.transformer.traced_ops()
+        if ops:  # compiled: the kernel operators its blocks' graphs captured
+            attested["compiled_ops"] = ops
+        return attested
