@@ -75,6 +75,14 @@ def device_errors(
                 "set offload: none (to save memory on a CPU, use quantization: "
                 "int8 or int8_weight_only)",
             )
+        if stage.cuda_graphs and (platform != "cuda" or stage.enforce_eager):
+            error(
+                "cuda_graphs",
+                "cuda_graphs replays the compiled blocks as CUDA graphs: it needs "
+                f"compiled blocks on a CUDA GPU (this stage runs on {platform}, "
+                f"enforce_eager: {str(stage.enforce_eager).lower()})",
+                "set cuda_graphs: false, or enforce_eager: false on a CUDA GPU",
+            )
         if stage.offload == "sequential" and not stage.enforce_eager:
             error(
                 "offload",

@@ -73,6 +73,13 @@ class StageConfig:
         c.normalize_bool,
         kind="bool",
     )
+    cuda_graphs: bool = opt(
+        False,
+        "compiled blocks replay CUDA graphs, one per (shape, batch): less launch "
+        "overhead, more GPU memory (needs enforce_eager: false on a CUDA GPU)",
+        c.normalize_bool,
+        kind="bool",
+    )
     distributed_executor_backend: str = opt(
         "uni",
         "uni = worker in this process, mp = worker processes (one per rank)",

@@ -54,6 +54,7 @@ OTHER = {
     "linear_backend": "torch",
     "attention_backend": "math",
     "enforce_eager": False,
+    "cuda_graphs": True,
     "distributed_executor_backend": "mp",
     "devices": "1",
     "worker_extension_cls": "pkg.mod.Ext",
@@ -97,7 +98,7 @@ CONTEXT = {
 }
 # Settings only an accelerator takes (on cpu they are an error): resolved for this
 # platform.
-PLATFORM = {"offload": "cuda"}
+PLATFORM = {"offload": "cuda", "cuda_graphs": "cuda"}
 
 
 @pytest.mark.parametrize("flat", sorted(FLAT_LEAVES))

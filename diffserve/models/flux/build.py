@@ -81,7 +81,7 @@ def build_transformer(
             context.parallel.ulysses_group, kernels.counters.collectives
         )
     if not stage.enforce_eager:
-        options = compile_options(device)
+        options = compile_options(device, stage.cuda_graphs)
         transformer.compile_blocks(options.mode, options.dynamic)
     return transformer, quantized, device, dtype
 

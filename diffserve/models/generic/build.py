@@ -20,6 +20,7 @@ from diffserve.layers.kernels import build_kernel_set
 from diffserve.layers.linear.quantized import quantize_linears
 from diffserve.logging import get_logger
 from diffserve.models.base import BuildContext
+from diffserve.models.compile_options import compile_options
 from diffserve.models.dtype import resolve_dtype
 from diffserve.models.generic.compile import compile_denoiser, count_forwards
 from diffserve.models.generic.kernels import (
@@ -121,7 +122,9 @@ def load_generic(root: Path, stage: StageConfig, context: BuildContext) -> Gener
         step_cache.forward_computed if step_cache else lambda: True,
     )
     if not stage.enforce_eager:
-        compile_denoiser(denoiser, kernels.counters)
+        compile_denoiser(
+            denoiser, kernels.counters, compile_options(device, stage.cuda_graphs)
+        )
     logger.info(
         "loaded %s on the generic path (%s on %s, %d Linear "
         "and %d attention modules on %s) in %.1fs",

@@ -18,6 +18,7 @@ from diffserve.layers.attention.module import Attention
 from diffserve.layers.attestation import KernelCounters
 from diffserve.layers.linear.module import Linear
 from diffserve.logging import get_logger
+from diffserve.models.compile_options import CompileOptions
 
 logger = get_logger(__name__)
 
@@ -35,9 +36,12 @@ def count_forwards(
     )
 
 
-def compile_denoiser(denoiser: nn.Module, counters: KernelCounters) -> int:
-    """``torch.compile`` (dynamic shapes, lazily) every block in the denoiser's block
-    lists; returns how many blocks were compiled."""
+def compile_denoiser(
+    denoiser: nn.Module, counters: KernelCounters, options: CompileOptions
+) -> int:
+    """``torch.compile`` (lazily, with the device's ``options``:
+    ``models/compile_options.py``) every block in the denoiser's block lists; returns
+    how many blocks were compiled."""
     blocks = [
         block
         for _, child in denoiser.named_children()
@@ -53,10 +57,13 @@ def compile_denoiser(denoiser: nn.Module, counters: KernelCounters) -> int:
     for block in blocks:
         for kind, name in _kernel_modules(block):
             tally[kind][name] = tally[kind].get(name, 0) + 1
-        block.compile(dynamic=True)
+        block.compile(mode=options.mode, dynamic=options.dynamic)
     denoiser.register_forward_pre_hook(lambda module, args: counters.add(tally))
     logger.info(
-        "%d denoiser blocks will be compiled on first use (dynamic shapes)", len(blocks)
+        "%d denoiser blocks will be compiled on first use (mode %s, %s shapes)",
+        len(blocks),
+        options.mode or "default",
+        "dynamic" if options.dynamic else "static",
     )
     return len(blocks)
 
