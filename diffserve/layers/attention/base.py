@@ -20,6 +20,15 @@ class AttentionBackend(KernelBackend):
 
     supports_mask: bool = True
 
+    def refuse_mask(self, mask: torch.Tensor | None) -> None:
+        """A backend without ``supports_mask`` refuses a call that passes one (config
+        refuses such a role before it runs: ``models/generic/kernels.py``)."""
+        if mask is not None:
+            raise ValueError(
+                f"{self.name} takes no attention mask; "
+                "choose sdpa or math for this role"
+            )
+
     def attention(
         self,
         q: torch.Tensor,

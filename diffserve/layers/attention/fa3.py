@@ -56,10 +56,7 @@ class FA3AttentionBackend(AttentionBackend):
         v: torch.Tensor,
         mask: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        if mask is not None:
-            raise ValueError(
-                "fa3 takes no attention mask; choose sdpa or math for this role"
-            )
+        self.refuse_mask(mask)
         # FA3 wants [B, L, H, D] with the last dim contiguous: transposed views are.
         out = torch.ops.diffserve.fa3_attention(
             q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)

@@ -47,10 +47,7 @@ class FlashAttentionBackend(AttentionBackend):
         v: torch.Tensor,
         mask: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        if mask is not None:
-            raise ValueError(
-                "flash_attn takes no attention mask; choose sdpa or math for this role"
-            )
+        self.refuse_mask(mask)
         # flash_attn wants [B, L, H, D]; a transpose view keeps the last dim contiguous,
         # which it needs.
         out = self._flash_attn_func(

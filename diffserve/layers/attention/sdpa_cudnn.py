@@ -47,10 +47,7 @@ class SdpaCudnnAttentionBackend(AttentionBackend):
         v: torch.Tensor,
         mask: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        if mask is not None:
-            raise ValueError(
-                "sdpa_cudnn takes no attention mask; choose sdpa or math for this role"
-            )
+        self.refuse_mask(mask)
         out = torch.ops.aten._scaled_dot_product_cudnn_attention(q, k, v, None, False)[
             0
         ]
