@@ -93,3 +93,21 @@ def test_fp8_scales_per_row() -> None:
     config = torchao_config(QUANTIZATION_METHODS["fp8"])
     assert type(config).__name__ == "Float8DynamicActivationFloat8WeightConfig"
     assert list(config.granularity) == [PerRow(), PerRow()]
+
+
+def test_column_major_int8_rows_change_no_result() -> None:
+    """What quantization does to a GPU's int8 weights (a layout for ``_int_mm``, no copy
+    per GEMM): the same values, torchao's own path unchanged."""
+    from diffserve.layers.linear.int8_mm import int8_dynamic_linear
+    from diffserve.layers.linear.quantized import column_major_int8
+
+    _, quantized = int8_layer()
+    x = torch.randn(5, 256, generator=torch.Generator().manual_seed(3))
+    with torch.inference_mode():
+        before = int8_dynamic_linear(x, quantized.weight, quantized.bias)
+        torchaos = F.linear(x, quantized.weight, quantized.bias)
+        column_major_int8(quantized.weight)
+        assert quantized.weight.qdata.t().is_contiguous()
+        after = int8_dynamic_linear(x, quantized.weight, quantized.bias)
+        assert torch.equal(after, before)
+        assert torch.equal(F.linear(x, quantized.weight, quantized.bias), torchaos)

@@ -33,9 +33,7 @@ def test_cuda_graphs_needs_compiled_blocks_on_cuda(tiny_flux_dir) -> None:
             env={},
         )
     graphs = resolve(
-        model=tiny_flux_dir,
-        env={"DIFFSERVE_CUDA_GRAPHS": "true"},
-        platform="cuda",
+        model=tiny_flux_dir, env={"DIFFSERVE_CUDA_GRAPHS": "true"}, platform="cuda"
     )
     plain = resolve(model=tiny_flux_dir, platform="cuda", env={})
     assert graphs.stages[0].cuda_graphs and not plain.stages[0].cuda_graphs

@@ -7,7 +7,9 @@ image (34 s an image on an H200, 7x bfloat16). ``int8_dynamic_linear`` computes 
 same method from the weight's int8 rows and scales directly: the activation quantized
 per token (symmetric, as torchao's ``Int8DynamicActivationInt8WeightConfig``), one
 ``torch._int_mm``, both scales and the bias applied to its int32 result. It never asks
-what a tensor is, so it runs the same eager and traced.
+what a tensor is, so it runs the same eager and traced. On a GPU the weight's int8
+rows are stored column-major once at quantization (``quantized.column_major_int8``), so
+the GEMM's ``[K, N]`` operand is contiguous without a copy per call.
 """
 
 from __future__ import annotations

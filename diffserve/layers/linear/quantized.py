@@ -153,6 +153,15 @@ def torchao_config(method: QuantizationMethod) -> object:
     return load_target(method.torchao_config)()
 
 
+def column_major_int8(weight: torch.Tensor) -> None:
+    """Store an ``Int8Tensor``'s ``[N, K]`` rows column-major, once, so ``qdata.t()`` is
+    the contiguous ``[K, N]`` operand ``torch._int_mm`` takes (``int8_mm.py``) with no
+    copy per call (torchao's eager path copies the transposed weight every GEMM)."""
+    qdata = getattr(weight, "qdata")  # noqa: B009
+    if not qdata.t().is_contiguous():
+        weight.qdata = qdata.t().contiguous().t()  # type: ignore[attr-defined]
+
+
 def warn_if_eager(method_name: str, enforce_eager: bool, device: torch.device) -> None:
     """fp8 on a GPU belongs compiled: eager, its activation scaling runs as separate
     kernels around every GEMM (measured 1.49x bfloat16's time on an H200)."""
@@ -195,5 +204,7 @@ def quantize_linears(
         if id(layer) in chosen and isinstance(layer, Linear):
             layer.backend = backend_class(method)(layer.backend)
             layer.backend_name = layer.backend.name
+            if method.name == "int8" and layer.weight.device.type == "cuda":
+                column_major_int8(layer.weight)
     result.quantized_linears = len(chosen)
     return result
