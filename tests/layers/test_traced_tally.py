@@ -68,7 +68,9 @@ def test_traced_counts_equal_eager_counts_and_graphs_are_shared() -> None:
             ye, yc = x, x
             for e, c in zip(eager, compiled, strict=True):
                 ye, yc = e(ye), c(yc)
-            assert torch.equal(ye, yc)
+            # the graph runs the same ops; a tolerance all the same (another kind may
+            # pick other kernels for a traced call)
+            torch.testing.assert_close(yc, ye, rtol=1e-6, atol=1e-6)
     assert (
         ks_compiled.counters.snapshot()
         == ks_eager.counters.snapshot()
