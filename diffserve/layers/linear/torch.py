@@ -7,6 +7,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+# Registers diffserve::gemm_gelu_tail (loaded once the backend is chosen)
+from diffserve.layers import ops  # noqa: F401
 from diffserve.layers.linear.base import LinearBackend, activate
 
 
@@ -22,7 +24,5 @@ class TorchLinearBackend(LinearBackend):
         activation_from: int = 0,
     ) -> torch.Tensor:
         if activation == "gelu_tanh" and activation_from > 0:
-            from diffserve.layers import ops  # noqa: F401  (registers the operator)
-
             return torch.ops.diffserve.gemm_gelu_tail(x, weight, bias, activation_from)
         return activate(F.linear(x, weight, bias), activation, activation_from)

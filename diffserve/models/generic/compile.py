@@ -10,13 +10,11 @@ outside the blocks stay eager and count themselves.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
 
 from torch import nn
 
-from diffserve.layers.attention.module import Attention
 from diffserve.layers.attestation import KernelCounters
-from diffserve.layers.linear.module import Linear
+from diffserve.layers.traced_tally import inventory
 from diffserve.logging import get_logger
 from diffserve.models.compile_options import CompileOptions
 
@@ -55,8 +53,9 @@ def compile_denoiser(
         return 0
     tally: dict[str, dict[str, int]] = {"linear": {}, "attention": {}}
     for block in blocks:
-        for kind, name in _kernel_modules(block):
-            tally[kind][name] = tally[kind].get(name, 0) + 1
+        for kind, calls in inventory(block).items():
+            for name, n in calls.items():
+                tally[kind][name] = tally[kind].get(name, 0) + n
         block.compile(mode=options.mode, dynamic=options.dynamic)
     denoiser.register_forward_pre_hook(lambda module, args: counters.add(tally))
     logger.info(
@@ -66,13 +65,3 @@ def compile_denoiser(
         "dynamic" if options.dynamic else "static",
     )
     return len(blocks)
-
-
-def _kernel_modules(block: nn.Module) -> list[tuple[str, Any]]:
-    out = []
-    for module in block.modules():
-        if isinstance(module, Linear):
-            out.append(("linear", module.backend_name))
-        elif isinstance(module, Attention):
-            out.append(("attention", module.backend_name))
-    return out
