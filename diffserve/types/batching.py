@@ -1,9 +1,17 @@
-"""The batch key: the one contract that decides which requests may share a forward.
+"""The batch keys: the contracts that decide which requests may share a forward.
 
-The scheduler batches only requests with equal keys, and a pipeline may assume (and
-checks) that every batch it runs has one key: same latent shape, schedule, guidance,
-true-CFG mode, text length and output type, step-cache threshold. Anything that makes
-two requests' forwards differ belongs in this key, nowhere else.
+- ``batch_key``: a request-level batch (``batching: request``, the generic path) runs
+  requests with equal keys only: same latent shape, schedule, guidance, true-CFG mode,
+  text length, output type, step-cache threshold and adapters.
+- ``step_key``: a step-level batch of a native runner (``batching: step``) mixes what
+  the runner carries per request: steps (each request its own schedule), step-cache
+  threshold (each its own cache slot), LoRA adapters (each row its own deltas) and the
+  shape, rows of one ``group_key`` (size, frames, edit inputs) sharing each transformer
+  call and the groups of other shapes running back to back within the step. What stays
+  in ``step_key`` is what every row of the batch must share (guidance, CFG branches,
+  text window, output type).
+
+Anything that makes two requests' forwards differ belongs in these keys, nowhere else.
 """
 
 from __future__ import annotations
@@ -31,6 +39,54 @@ class BatchKey(NamedTuple):
     # kind per batch).
     edit: tuple[tuple[tuple[int, ...], ...], bool, float | None] | None = None
     num_frames: int | None = None  # video models: one clip length per batch
+
+
+class StepKey(NamedTuple):
+    """What every request of one step-level batch shares (see the module docstring)."""
+
+    guidance_scale: float | None
+    true_cfg_scale: float
+    has_negative_prompt: bool
+    max_sequence_length: int | None
+    output_type: str
+    is_warmup: bool
+    edits: bool  # edit requests never share a batch with plain ones
+
+
+class GroupKey(NamedTuple):
+    """The rows of one transformer call inside a step-level batch: one latent shape
+    (and one edit kind, whose inputs join the rows; an edit's schedule decides where
+    it starts, so edits of one group share their steps)."""
+
+    height: int | None
+    width: int | None
+    num_frames: int | None
+    edit: tuple[tuple[tuple[int, ...], ...], bool, float | None] | None = None
+    edit_steps: int | None = None
+
+
+def step_key(request: GenerationRequest) -> StepKey:
+    guidance = None if request.guidance_scale is None else float(request.guidance_scale)
+    return StepKey(
+        guidance,
+        float(request.true_cfg_scale),
+        request.negative_prompt is not None,
+        request.max_sequence_length,
+        request.output_type,
+        request.is_warmup,
+        bool(request.images),
+    )
+
+
+def group_key(request: GenerationRequest) -> GroupKey:
+    edit = _edit_key(request)
+    return GroupKey(
+        request.height,
+        request.width,
+        request.num_frames,
+        edit,
+        request.num_inference_steps if edit is not None else None,
+    )
 
 
 def batch_key(request: GenerationRequest) -> BatchKey:

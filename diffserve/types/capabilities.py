@@ -68,12 +68,31 @@ class PipelineCapabilities:
     # stretches the sigmas: one step divides by zero in diffusers'
     # FlowMatchEulerDiscreteScheduler and every pixel comes out NaN).
     min_inference_steps: int = 1
+    # Pixels per side of one latent token of the denoiser (VAE downsampling x patch):
+    # the cost model's unit (``step_tokens``).
+    token_pixels: int = 16
 
     @property
     def modality(self) -> Modality:
         """What it makes (decided here, once: a pipeline that declares ``video`` makes
         videos)."""
         return VIDEO if self.video is not None else IMAGE
+
+    def step_tokens(self, request: GenerationRequest) -> int:
+        """The cost model: latent tokens one denoising step of ``request`` runs through
+        the transformer (its images x tokens per image x latent frames of a clip).
+        Admitted requests only (size and frames set)."""
+        side = self.token_pixels
+        height = request.height or self.default_size
+        width = request.width or self.default_size
+        tokens = -(-height // side) * -(-width // side)
+        if self.video is not None and request.num_frames:
+            tokens *= (request.num_frames - 1) // self.video.temporal_factor + 1
+        return tokens * request.n
+
+    def cost(self, request: GenerationRequest) -> int:
+        """The whole request's work in token-steps (``step_tokens`` x steps)."""
+        return self.step_tokens(request) * max(1, request.num_inference_steps or 1)
 
     def check(self, request: GenerationRequest) -> None:
         """Refuse (``RequestError``, HTTP 400) what this model cannot make: a size off

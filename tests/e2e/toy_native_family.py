@@ -153,18 +153,15 @@ class ToyNativePipeline(NativeRunner):
         ]
         return Prepared(torch.stack(noise).to(self.device, self.dtype))
 
-    def sampler(self, plan: BatchPlan) -> EulerSampler:
-        return EulerSampler(plan.steps, self.device)
+    def schedule(self, request: GenerationRequest, plan: BatchPlan) -> EulerSchedule:
+        assert request.num_inference_steps is not None  # admitted
+        return EulerSchedule(request.num_inference_steps)
 
     def velocity(
-        self,
-        latents: Tensor,
-        text: Tensor,
-        rows: LiveRows,
-        sampler: Any,
-        cache: BranchCache | None,
+        self, latents: Tensor, text: Tensor, rows: LiveRows, cache: BranchCache | None
     ) -> Tensor:
-        t = sampler.sigmas[torch.tensor(rows.steps)].to(self.device)
+        t = rows.per_row(lambda member, step: member.schedule.sigmas[step])
+        t = t.to(self.device)
         h = self.model.embed(latents, text, t)
         if cache is None:
             self.model.counters.count_forward()
@@ -198,18 +195,16 @@ class ToyNativePipeline(NativeRunner):
         )
 
 
-class EulerSampler:
-    joinable = True
-
-    def __init__(self, steps: int, device: torch.device) -> None:
+class EulerSchedule:
+    def __init__(self, steps: int) -> None:
+        self.steps = steps
         self.sigmas = torch.linspace(1.0, 0.0, steps + 1)
 
-    def begin(self, steps: list[int]) -> bool:
+    def begin(self, step: int) -> bool:
         return False
 
-    def step(self, latents: Tensor, velocity: Tensor, steps: list[int]) -> Tensor:
-        i = torch.tensor(steps)
-        delta = (self.sigmas[i + 1] - self.sigmas[i]).view(-1, 1, 1).to(latents.device)
+    def step(self, latents: Tensor, velocity: Tensor, step: int) -> Tensor:
+        delta = (self.sigmas[step + 1] - self.sigmas[step]).to(latents.device)
         return (latents.float() + delta * velocity.float()).to(latents.dtype)
 
 

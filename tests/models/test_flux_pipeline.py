@@ -208,7 +208,7 @@ def test_batch_equals_requests_alone(pipe: FluxPipeline, cfg: dict) -> None:
 def test_a_mixed_batch_is_refused(pipe: FluxPipeline, other: dict) -> None:
     # The scheduler's batch key is the contract: a batch that mixes keys is a caller
     # bug, not served.
-    with pytest.raises(ValueError, match="one batch key"):
+    with pytest.raises(ValueError, match="one step key"):
         list(pipe.run([_req(seed=1), _req(seed=2, **other)]))
 
 

@@ -263,6 +263,7 @@ def flux_capabilities(parts: FluxComponents) -> PipelineCapabilities:
         # Joins need every rank to agree on the step a request joins at: one rank
         # only, for now.
         step_batching=parallel.world_size == 1,
+        token_pixels=2 * parts.vae_scale_factor,
         lora=family.features.lora_check is not None,
         edits=family.features.edits if parallel.world_size == 1 else (),
         # Per-sample transformer calls and per-prompt encoding; the VAE decodes one

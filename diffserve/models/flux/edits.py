@@ -162,20 +162,15 @@ class ReferencePreparer(EditPreparer):
 
 
 def reimpose_known(
-    latents: Tensor,
-    edit: EditLatents,
-    sigmas: Tensor,
-    steps_done: list[int],
-    total_steps: int,
+    latents: Tensor, edit: EditLatents, sigma: Tensor, last: list[bool]
 ) -> Tensor:
     """Inpainting: after a step, every row's unmasked region becomes its image noised to
-    the next step's sigma (clean after its last step)."""
+    its next step's ``sigma`` (one per row), clean after its last step (``last``)."""
     if edit.mask is None:
         return latents
-    index = torch.tensor(steps_done, device=latents.device)
-    sigma = sigmas.to(latents.device)[index].view(-1, 1, 1).to(latents.dtype)
-    last = (index >= total_steps).view(-1, 1, 1)
+    sigma = sigma.to(latents.device).view(-1, 1, 1).to(latents.dtype)
+    last_rows = torch.tensor(last, device=latents.device).view(-1, 1, 1)
     known = torch.where(
-        last, edit.image, sigma * edit.noise + (1.0 - sigma) * edit.image
+        last_rows, edit.image, sigma * edit.noise + (1.0 - sigma) * edit.image
     )
     return (1 - edit.mask) * known + edit.mask * latents

@@ -29,7 +29,7 @@ from diffserve.models.flux.conditioning import true_cfg
 from diffserve.models.flux.connector_payloads import LatentsPayload
 from diffserve.models.flux.decode import decode_latents
 from diffserve.models.flux.prepare import prepare_rows
-from diffserve.models.flux.sampling import EulerSampler, image_ids
+from diffserve.models.flux.sampling import EulerSchedule
 from diffserve.models.flux.step_cache import cached_velocity
 from diffserve.models.runner import Decoded, LiveRows, NativeRunner, Prepared
 from diffserve.models.stepcache.policy import BranchCache
@@ -103,11 +103,11 @@ class FluxPipeline(NativeRunner):
             repeats, dim=0
         )
 
-    def sampler(self, plan: BatchPlan) -> EulerSampler:
-        tokens = image_ids(
-            plan.height, plan.width, device="cpu", dtype=torch.float32
-        ).shape[0]
-        return EulerSampler(plan.steps, tokens, self.scheduler_config, self.device)
+    def schedule(self, request: GenerationRequest, plan: BatchPlan) -> EulerSchedule:
+        tokens = (plan.height // 16) * (plan.width // 16)  # image_ids' rows
+        steps = request.num_inference_steps
+        assert steps is not None  # admitted
+        return EulerSchedule(steps, tokens, self.scheduler_config, self.device)
 
     @torch.inference_mode()
     def prepare(self, requests: list[GenerationRequest], plan: BatchPlan) -> Prepared:
@@ -118,11 +118,11 @@ class FluxPipeline(NativeRunner):
         latents: Tensor,
         text: tuple[Tensor, Tensor],
         rows: LiveRows,
-        sampler: Any,
         cache: BranchCache | None,
     ) -> Tensor:
-        (txt, vec), extras = text, rows.extras
-        t, tokens = sampler.model_timesteps(rows.steps, latents.dtype), latents.shape[1]
+        (txt, vec), extras, dtype = text, rows.extras, latents.dtype
+        t = rows.per_row(lambda member, step: member.schedule.model_timestep(step, dtype))
+        tokens = latents.shape[1]
         # Kontext rides along.
         x = latents if extras.ref is None else torch.cat([latents, extras.ref], dim=1)
         if cache is None:
@@ -141,14 +141,18 @@ class FluxPipeline(NativeRunner):
             rows.shared,
         )[:, :tokens]
 
-    def after_step(self, latents: Tensor, rows: LiveRows, sampler: Any) -> Tensor:
+    def after_step(self, latents: Tensor, rows: LiveRows) -> Tensor:
         edit = rows.extras.edit
         if edit is None or edit.mask is None:
             return latents
-        # Inpainting: the known region back in, at the next sigma.
-        return edits.reimpose_known(
-            latents, edit, sampler.sigmas, rows.steps, len(sampler.timesteps)
-        )
+        # Inpainting: the known region back in, at each row's next sigma.
+        sigma = rows.per_row(lambda member, step: member.schedule.sigmas[step])
+        last = [
+            rows.steps[row] >= member.schedule.steps
+            for member in rows.members
+            for row in member.rows
+        ]
+        return edits.reimpose_known(latents, edit, sigma, last)
 
     def decode(
         self, latents: Tensor, requests: list[GenerationRequest], plan: BatchPlan
@@ -176,7 +180,9 @@ class FluxPipeline(NativeRunner):
             images, vae_tiled=tiled if requests[0].output_type != "latent" else None
         )
 
-    def attest(self, request: GenerationRequest, guided: bool) -> dict[str, Any]:
+    def attest(
+        self, request: GenerationRequest, guided: bool, schedule: Any
+    ) -> dict[str, Any]:
         attested = dict(self.text.attest(request.request_id))
         ops = self.transformer.traced_ops()
         if ops:  # compiled: the kernel operators its blocks' graphs captured

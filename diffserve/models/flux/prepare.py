@@ -14,7 +14,7 @@ from diffserve.models.base import ParallelContext
 from diffserve.models.flux import edits
 from diffserve.models.flux.conditioning import FluxRows
 from diffserve.models.flux.sampling import (
-    EulerSampler,
+    EulerSchedule,
     get_noise,
     image_ids,
     pack,
@@ -36,7 +36,7 @@ class FluxModel(Protocol):
     device: torch.device
     dtype: torch.dtype
 
-    def sampler(self, plan: BatchPlan) -> EulerSampler: ...
+    def schedule(self, request: GenerationRequest, plan: BatchPlan) -> EulerSchedule: ...
 
 
 def prepare_rows(
@@ -73,7 +73,7 @@ def prepare_rows(
     elif first.images:
         start = edits.start_step(plan.steps, first.strength)
         latents, rows.edit = flux.editor.prepare(
-            requests, plan.height, plan.width, flux.sampler(plan).sigmas[start]
+            requests, plan.height, plan.width, flux.schedule(first, plan).sigmas[start]
         )
     pe = flux.transformer.rope(
         text_ids(length, device=flux.device, dtype=flux.dtype), img_ids

@@ -153,12 +153,10 @@ def euler_step(
     )
 
 
-class EulerSampler:
-    """One batch's flow-match Euler schedule (``models/runner``'s ``Sampler``):
-    stateless per row, so rows that joined later step at their own index of the same
-    sigmas."""
-
-    joinable = True
+class EulerSchedule:
+    """One request's flow-match Euler schedule (``models/runner``'s ``Schedule``):
+    stateless per step, so its rows step at their own index of its own sigmas, whatever
+    the other rows of the batch do."""
 
     def __init__(
         self,
@@ -168,32 +166,16 @@ class EulerSampler:
         device: torch.device,
     ) -> None:
         sigmas, timesteps = get_schedule(steps, image_tokens, config)
+        self.steps = steps
         self.sigmas, self.timesteps = sigmas.to(device), timesteps.to(device)
 
-    def begin(self, steps: list[int]) -> bool:
+    def begin(self, step: int) -> bool:
         return False  # one transformer for every step
 
-    def model_timesteps(self, steps: list[int], dtype: torch.dtype) -> Tensor:
-        """Each row's timestep as the transformer takes it: as diffusers, sigma * 1000
-        in the model dtype, then back to [0, 1]."""
-        return at_steps(self.timesteps, steps).to(dtype) / 1000
+    def model_timestep(self, step: int, dtype: torch.dtype) -> Tensor:
+        """The timestep as the transformer takes it: as diffusers, sigma * 1000 in the
+        model dtype, then back to [0, 1]."""
+        return self.timesteps[step].to(dtype) / 1000
 
-    def step(self, latents: Tensor, velocity: Tensor, steps: list[int]) -> Tensor:
-        return euler_step(
-            latents,
-            velocity,
-            at_steps(self.sigmas, steps).view(-1, 1, 1),
-            at_steps(self.sigmas, [s + 1 for s in steps]).view(-1, 1, 1),
-        )
-
-
-def at_steps(table: Tensor, steps: list[int]) -> Tensor:
-    """``table[steps]`` without waiting on the device: rows at one step (a batch that
-    started together) take a view, mixed steps an index copied without blocking (a
-    plain ``torch.tensor(steps, device=cuda)`` would wait for every queued kernel)."""
-    if len(set(steps)) == 1:
-        return table[steps[0]].expand(len(steps))
-    index = torch.tensor(steps)
-    if table.device.type == "cuda":
-        index = index.pin_memory().to(table.device, non_blocking=True)
-    return table[index.to(table.device)]
+    def step(self, latents: Tensor, velocity: Tensor, step: int) -> Tensor:
+        return euler_step(latents, velocity, self.sigmas[step], self.sigmas[step + 1])

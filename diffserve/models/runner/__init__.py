@@ -2,7 +2,7 @@
 family writes."""
 
 from diffserve.models.runner.branches import check_ulysses_heads
-from diffserve.models.runner.hooks import Decoded, Prepared, Sampler
+from diffserve.models.runner.hooks import Decoded, Prepared, Schedule
 from diffserve.models.runner.loop import NativeRunner
 from diffserve.models.runner.rows import LiveRows
 
@@ -11,6 +11,6 @@ __all__ = [
     "LiveRows",
     "NativeRunner",
     "Prepared",
-    "Sampler",
+    "Schedule",
     "check_ulysses_heads",
 ]

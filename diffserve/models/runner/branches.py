@@ -56,54 +56,54 @@ class Guidance:
 
 
 class BranchCaches:
-    """One step cache per CFG branch this rank runs, grown as rows join; none when the
-    batch runs uncached."""
+    """One step cache per CFG branch this rank runs (none when the stage has no cache
+    backend), one slot per row: each request joins with its own threshold and step
+    count. A branch whose rows all have threshold 0 runs the plain forward."""
 
     def __init__(
         self,
         settings: CacheSettings,
-        steps: int,
         branches: int,
         parallel: ParallelContext,
         counters: KernelCounters,
     ) -> None:
-        self.settings, self.steps = settings, steps
+        self.settings = settings
         self.caches: list[BranchCache | None] = [
-            BranchCache(
-                settings, steps, group=parallel.ulysses_group, counters=counters
-            )
-            if settings.enabled
+            BranchCache(settings, 0, group=parallel.ulysses_group, counters=counters)
+            if settings.backend != "none"
             else None
             for _ in range(branches)
         ]
 
     def __getitem__(self, branch: int) -> BranchCache | None:
-        return self.caches[branch]
+        """The branch's cache for this step; None when no row may skip."""
+        cache = self.caches[branch]
+        return cache if cache is not None and cache.active else None
 
-    def grow(self, rows: int) -> None:
+    def grow(self, rows: int, threshold: float, total_steps: int) -> None:
         for cache in self.caches:
             if cache is not None:
-                cache.add_rows(rows)
+                cache.add_rows(rows, threshold, total_steps)
 
-    def forget(self) -> None:
-        """Another denoiser takes over: a residual of one must not stand in for the
-        other's."""
+    def forget(self, rows: list[int] | None = None) -> None:
+        """Another denoiser takes over for ``rows`` (None: all): a residual of one must
+        not stand in for the other's."""
         for cache in self.caches:
             if cache is not None:
-                cache.forget()
+                cache.forget(rows)
 
     def keep_rows(self, keep: list[int]) -> None:
         for cache in self.caches:
             if cache is not None:
                 cache.keep_rows(keep)
 
-    def entries(self, rows: list[int]) -> list[CacheEntry]:
-        """``attestation["cache"]`` of ``rows``: the negative branch's counts when this
-        rank ran it too."""
+    def entries(self, rows: list[int], steps: list[int]) -> list[CacheEntry]:
+        """``attestation["cache"]`` of ``rows`` (``steps``: each row's step count): the
+        negative branch's counts when this rank ran it too."""
         negative = self.caches[1] if len(self.caches) > 1 else None
         return image_entries(
             self.settings,
-            self.steps,
+            steps,
             rows,
             self.caches[0],
             negative,

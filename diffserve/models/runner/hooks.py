@@ -43,21 +43,19 @@ class Decoded:
     handoffs: list[Any] = field(default_factory=list)
 
 
-class Sampler(Protocol):
-    """One batch's schedule. Each row carries its own step index (rows that joined later
-    are behind)."""
+class Schedule(Protocol):
+    """One request's schedule (each request of a step-level batch has its own: its own
+    step count, its own solver history). Its rows carry their step index; the runner
+    calls ``begin`` and ``step`` once per step with that index."""
 
-    # Stateless per row (a flow-matching Euler step): requests may join at any step
-    # boundary. A multistep solver keeps one history for the whole batch and cannot take
-    # joins.
-    joinable: bool
+    steps: int  # the request's denoising steps
 
-    def begin(self, steps: list[int]) -> bool:
-        """Before the step of ``steps``: True when another denoiser takes over from here
-        (a mixture of experts' boundary), so no step cache may reuse the last one's
-        residuals."""
+    def begin(self, step: int) -> bool:
+        """Before step ``step`` (0-based): True when another denoiser takes over from
+        here for this request (a mixture of experts' boundary), so its rows' step
+        caches must not reuse the last denoiser's residuals."""
         ...
 
-    def step(self, latents: Tensor, velocity: Tensor, steps: list[int]) -> Tensor:
-        """The latents after the step of every row (row ``r`` at ``steps[r]``)."""
+    def step(self, latents: Tensor, velocity: Tensor, step: int) -> Tensor:
+        """This request's rows after step ``step``."""
         ...

@@ -9,12 +9,17 @@ combination (local or CFG-parallel), the Ulysses shard of the latent tokens, per
 memory peaks and timings, and the results with their attestation. ``run`` yields a
 ``StepEvent`` per step and a ``BatchResult`` whenever requests finish; closing the
 generator cancels the batch.
+
+A step-level batch holds requests of one ``step_key``; each brings its own schedule
+(steps), its own cache slot (threshold) and its own adapters. Rows of one ``group_key``
+(size, frames, edit inputs) share each transformer call; groups of other shapes run
+back to back within the step (``groups.py``).
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Generator, Hashable, Sequence
+from collections.abc import Callable, Generator, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -27,13 +32,14 @@ from diffserve.models.base import BuildContext, ParallelContext, Pipeline, run_o
 from diffserve.models.lora_adapters import LoraAdapters
 from diffserve.models.memory import PhasePeaks
 from diffserve.models.runner.branches import BranchCaches, Guidance, idle
-from diffserve.models.runner.hooks import Decoded, Prepared, Sampler
+from diffserve.models.runner.groups import Group, by_group
+from diffserve.models.runner.hooks import Decoded, Prepared, Schedule
 from diffserve.models.runner.results import finished_results
 from diffserve.models.runner.rows import LiveRows
 from diffserve.models.stepcache.policy import BranchCache, CacheSettings
 from diffserve.models.stepcache.report import merge_negative_entries
 from diffserve.registry.teacache import TeaCachePolynomial
-from diffserve.types.batching import BatchPlan, batch_key
+from diffserve.types.batching import BatchPlan, StepKey, step_key
 from diffserve.types.capabilities import PipelineCapabilities
 from diffserve.types.memory import ComponentWeights
 from diffserve.types.request import GenerationRequest
@@ -68,7 +74,9 @@ class NativeRunner(Pipeline):
         raise NotImplementedError
 
     def plan(self, request: GenerationRequest) -> BatchPlan:
-        """What every request of the batch shares (admitted: nothing is left unset)."""
+        """What every request of ``request``'s group shares (admitted: nothing is left
+        unset). Its ``steps`` and ``cache_threshold`` are ``request``'s own: every
+        request has its own schedule and cache slot."""
         raise NotImplementedError
 
     def cfg_scale(self, request: GenerationRequest) -> float | None:
@@ -88,23 +96,18 @@ class NativeRunner(Pipeline):
         per-row extras."""
         raise NotImplementedError
 
-    def sampler(self, plan: BatchPlan) -> Sampler:
-        """A fresh schedule for one batch."""
+    def schedule(self, request: GenerationRequest, plan: BatchPlan) -> Schedule:
+        """A fresh schedule for one request (its own steps, its own solver state)."""
         raise NotImplementedError
 
     def velocity(
-        self,
-        latents: Tensor,
-        text: Any,
-        rows: LiveRows,
-        sampler: Sampler,
-        cache: BranchCache | None,
+        self, latents: Tensor, text: Any, rows: LiveRows, cache: BranchCache | None
     ) -> Tensor:
-        """One branch's prediction for every row (through ``cache`` when the batch runs
-        one)."""
+        """One branch's prediction for every row, each at its own step of its member's
+        schedule (through ``cache`` when some row may skip)."""
         raise NotImplementedError
 
-    def after_step(self, latents: Tensor, rows: LiveRows, sampler: Sampler) -> Tensor:
+    def after_step(self, latents: Tensor, rows: LiveRows) -> Tensor:
         """The latents after a step, once the rows' step indices moved on (inpainting
         puts the known region back here). Default: unchanged."""
         return latents
@@ -116,7 +119,9 @@ class NativeRunner(Pipeline):
         request."""
         raise NotImplementedError
 
-    def attest(self, request: GenerationRequest, guided: bool) -> dict[str, Any]:
+    def attest(
+        self, request: GenerationRequest, guided: bool, schedule: Schedule
+    ) -> dict[str, Any]:
         """The family's own attestation entries of one finished request (text cache,
         experts, ...)."""
         return {}
@@ -161,25 +166,21 @@ class NativeRunner(Pipeline):
         joins: Callable[[], list[GenerationRequest]] | None = None,
     ) -> Generator[StepEvent | BatchResult, None, None]:
         """Yield a ``StepEvent`` after every step and a ``BatchResult`` whenever
-        requests finish. ``joins`` (step-level batching, when the sampler allows it) is
-        asked at every step boundary for requests of the same batch key, which run from
-        their own first step beside the others."""
+        requests finish. ``joins`` (step-level batching) is asked at every step boundary
+        for requests of the same ``step_key``, which run from their own first step
+        beside the others."""
         requests = list(batch)
         if not requests:
             raise ValueError("run() needs at least one request")
-        key = _batch_key(requests)
+        key = _step_key(requests)
         first = requests[0]
-        plan = self.plan(first)
         guidance = Guidance.of(self.cfg_scale(first), self.parallel)
         if self.parallel.cfg_rank != 0 and guidance.scale is None:
             # One branch: the cfg_rank 0 ranks run it.
-            yield from idle(requests, plan.steps)
+            yield from idle(requests, self.plan(first).steps)
             return
-        # The batch key gives every request of the batch the same adapters.
-        if self.loras is not None:
-            self.loras.activate(first.loras)
         try:
-            yield from self._denoise(requests, joins, key, plan, guidance)
+            yield from self._denoise(requests, joins, key, guidance)
         finally:
             if self.loras is not None:
                 self.loras.deactivate()
@@ -197,57 +198,100 @@ class NativeRunner(Pipeline):
         self,
         pending: list[GenerationRequest],
         joins: Callable[[], list[GenerationRequest]] | None,
-        key: Hashable,
-        plan: BatchPlan,
+        key: StepKey,
         guidance: Guidance,
     ) -> Generator[StepEvent | BatchResult, None, None]:
-        live = LiveRows()
+        groups: dict[Any, Group] = {}
         # The device's peak memory per phase (models/memory.py)
         peaks = PhasePeaks(self.device)
+        while pending or groups:
+            for shape, joining in by_group(pending).items():
+                if shape not in groups:
+                    groups[shape] = self._group(joining[0], guidance)
+                self._join(groups[shape], joining, guidance, peaks)
+            for group in groups.values():
+                self._advance(group, guidance, peaks)
+            yield StepEvent(
+                step=max(s for g in groups.values() for s in g.live.steps),
+                total_steps=max(
+                    m.schedule.steps for g in groups.values() for m in g.live.members
+                ),
+                progress=tuple(p for g in groups.values() for p in g.live.progress()),
+            )
+            for shape, group in list(groups.items()):
+                done = group.live.finished()
+                if done:
+                    yield BatchResult(
+                        finished_results(
+                            self, group.live, done, group.caches, group.plan, peaks
+                        )
+                    )
+                    group.caches.keep_rows(group.live.drop(done))
+                if not group.live.rows:
+                    del groups[shape]
+            asked = joins() if joins is not None and groups else []
+            pending = [r for r in asked if _same_key(r, key)]
+
+    def _group(self, first: GenerationRequest, guidance: Guidance) -> Group:
+        """A new group for ``first``'s shape: its plan and its branches' caches."""
+        plan = self.plan(first)
         settings = CacheSettings.for_batch(
             self.cache, plan.cache_threshold, self.teacache
         )
         branches = 2 if guidance.scale is not None and not guidance.split else 1
-        caches = BranchCaches(
-            settings, plan.steps, branches, self.parallel, self.kernel_counters
+        caches = BranchCaches(settings, branches, self.parallel, self.kernel_counters)
+        return Group(plan, LiveRows(), caches)
+
+    def _join(
+        self,
+        group: Group,
+        requests: list[GenerationRequest],
+        guidance: Guidance,
+        peaks: PhasePeaks,
+    ) -> None:
+        """Encode and prepare ``requests``' rows and add them to ``group``, each with
+        its own schedule and cache slots."""
+        start = time.perf_counter()
+        peaks.start("encode")
+        with torch.inference_mode():
+            prepared = self._shard(self.prepare(requests, group.plan))
+            texts = self._texts(requests, group.plan, guidance)
+        schedules = [self.schedule(r, group.plan) for r in requests]
+        group.live.add(
+            requests,
+            prepared,
+            texts,
+            (time.perf_counter() - start) * 1000.0,
+            schedules,
         )
-        sampler: Sampler | None = None
-        while pending or live.rows:
-            if pending:
-                start = time.perf_counter()
-                peaks.start("encode")
-                with torch.inference_mode():
-                    prepared, texts = (
-                        self._shard(self.prepare(pending, plan)),
-                        self._texts(pending, plan, guidance),
-                    )
-                live.add(
-                    pending, prepared, texts, (time.perf_counter() - start) * 1000.0
-                )
-                peaks.stop()
-                sampler = sampler or self.sampler(plan)
-                caches.grow(sum(r.n for r in pending))
-            assert live.latents is not None and sampler is not None  # rows were added
-            if sampler.begin(live.steps):
-                caches.forget()
-            peaks.start("denoise")
-            live.latents = self._step(live, sampler, caches, guidance)
-            peaks.stop()
-            live.steps = [i + 1 for i in live.steps]
-            live.latents = self.after_step(live.latents, live, sampler)
-            yield StepEvent(
-                step=max(live.steps), total_steps=plan.steps, progress=live.progress()
+        peaks.stop()
+        for request, schedule in zip(requests, schedules, strict=True):
+            threshold = request.cache_threshold
+            group.caches.grow(
+                request.n, 0.0 if threshold is None else threshold, schedule.steps
             )
-            done = live.finished(plan.steps)
-            if done:
-                yield BatchResult(
-                    finished_results(self, live, done, caches, plan, peaks)
-                )
-                caches.keep_rows(live.drop(done))
-            asked = (
-                joins() if joins is not None and live.rows and sampler.joinable else []
+
+    def _advance(self, group: Group, guidance: Guidance, peaks: PhasePeaks) -> None:
+        """One step of every row of ``group``, each at its own step."""
+        live = group.live
+        assert live.latents is not None  # rows were added
+        switched = [
+            row
+            for m in live.members
+            if m.schedule.begin(live.step_of(m))
+            for row in m.rows
+        ]
+        if switched:
+            group.caches.forget(switched)
+        if self.loras is not None:
+            self.loras.activate_rows(
+                [m.request.loras for m in live.members for _ in m.rows]
             )
-            pending = [r for r in asked if _same_key(r, key)]
+        peaks.start("denoise")
+        live.latents = self._step(live, group.caches, guidance)
+        peaks.stop()
+        live.steps = [i + 1 for i in live.steps]
+        live.latents = self.after_step(live.latents, live)
 
     def _texts(
         self, requests: list[GenerationRequest], plan: BatchPlan, guidance: Guidance
@@ -262,18 +306,21 @@ class NativeRunner(Pipeline):
         return texts
 
     @torch.inference_mode()
-    def _step(
-        self, live: LiveRows, sampler: Sampler, caches: BranchCaches, guidance: Guidance
-    ) -> Tensor:
-        assert live.latents is not None
-        pred = self.velocity(live.latents, live.texts[0], live, sampler, caches[0])
+    def _step(self, live: LiveRows, caches: BranchCaches, guidance: Guidance) -> Tensor:
+        latents = live.latents
+        assert latents is not None
+        pred = self.velocity(latents, live.texts[0], live, caches[0])
         negative = (
-            self.velocity(live.latents, live.texts[1], live, sampler, caches[1])
+            self.velocity(latents, live.texts[1], live, caches[1])
             if len(live.texts) > 1
             else None
         )
         pred = guidance.combine(pred, negative, self.parallel, self.kernel_counters)
-        return sampler.step(live.latents, pred, live.steps)
+        return live.per_member(
+            lambda member, rows, step: member.schedule.step(
+                latents[rows], pred[rows], step
+            )
+        )
 
     def _shard(self, prepared: Prepared) -> Prepared:
         """Every rank drew the full noise (same seeds); it keeps its token shard for the
@@ -298,21 +345,20 @@ class NativeRunner(Pipeline):
         return torch.cat(shards.unbind(0), dim=1)
 
 
-def _batch_key(batch: list[GenerationRequest]) -> Hashable:
-    keys = {batch_key(r) for r in batch}
+def _step_key(batch: list[GenerationRequest]) -> StepKey:
+    keys = {step_key(r) for r in batch}
     if len(keys) != 1:
         # The scheduler batches by this key only; anything else is a caller bug.
         raise ValueError(
-            "a batch must share height, width, steps and guidance_scale, "
-            "true CFG, text length and "
-            f"output type (one batch key); got {sorted(keys)}"
+            "a step-level batch must share guidance, true CFG, text length, output "
+            f"type and edit mode (one step key); got {sorted(keys)}"
         )
-    return batch_key(batch[0])
+    return step_key(batch[0])
 
 
-def _same_key(request: GenerationRequest, key: Hashable) -> bool:
-    if batch_key(request) != key:
+def _same_key(request: GenerationRequest, key: StepKey) -> bool:
+    if step_key(request) != key:
         raise ValueError(
-            f"request {request.request_id} joined a batch of another batch key"
+            f"request {request.request_id} joined a batch of another step key"
         )
     return True

@@ -32,7 +32,9 @@ class Finishing(Protocol):
         self, latents: Tensor, requests: list[GenerationRequest], plan: BatchPlan
     ) -> Decoded: ...
     def cfg_scale(self, request: GenerationRequest) -> float | None: ...
-    def attest(self, request: GenerationRequest, guided: bool) -> dict[str, Any]: ...
+    def attest(
+        self, request: GenerationRequest, guided: bool, schedule: Any
+    ) -> dict[str, Any]: ...
 
 
 def finished_results(
@@ -62,13 +64,15 @@ def finished_results(
     )
     decode_ms = (time.perf_counter() - start) * 1000.0
     peaks.stop()
-    entries = caches.entries(rows)
+    entries = caches.entries(
+        rows, [member.schedule.steps for member in done for _ in member.rows]
+    )
     guided = runner.cfg_scale(requests[0]) is not None
     results, offset = [], 0
     for index, (member, output) in enumerate(zip(done, decoded.outputs, strict=True)):
         request = member.request
         attestation = Attestation(cache=entries[offset : offset + request.n])
-        attestation.update(runner.attest(request, guided))  # type: ignore[typeddict-item]
+        attestation.update(runner.attest(request, guided, member.schedule))  # type: ignore[typeddict-item]
         if decoded.vae_tiled is not None:
             attestation["vae_tiled"] = decoded.vae_tiled
         if runner.loras is not None and request.loras:

@@ -1,9 +1,9 @@
-"""The rows of a running (step-level) batch: who is in it, at which step, and their
-tensors.
+"""The rows of one group of a running (step-level) batch: who is in it, at which step,
+and their tensors.
 
-Requests of one batch key join at a step boundary and leave when their last step is
-done, so the rows of one forward may sit at different steps of the same schedule: every
-row carries its own step index. Tensors are kept batched and rebuilt only when rows join
+Requests join at a step boundary and leave when their last step is done, so the rows of
+one forward may sit at different steps, each of its own request's schedule: every row
+carries its own step index, every member its own ``Schedule``. Tensors are kept batched and rebuilt only when rows join
 or leave; a family's per-row values (text states per CFG branch, an edit's inputs) may
 be tensors, tuples or dataclasses of tensors, joined and sliced alike.
 """
@@ -13,27 +13,34 @@ from __future__ import annotations
 import dataclasses
 import time
 from dataclasses import dataclass, field
+from collections.abc import Callable
 from typing import Any
 
 import torch
 from torch import Tensor
 
-from diffserve.models.runner.hooks import Prepared
+from diffserve.models.runner.hooks import Prepared, Schedule
 from diffserve.types.request import GenerationRequest
 
 
 @dataclass
 class Member:
-    """One request of the batch: its first row, its image count and when it joined."""
+    """One request of the batch: its first row, its image count, its schedule and when
+    it joined."""
 
     request: GenerationRequest
     first_row: int
+    schedule: Any  # the family's Schedule for this request
     joined: float = field(default_factory=time.perf_counter)
     encode_ms: float = 0.0
 
     @property
     def rows(self) -> range:
         return range(self.first_row, self.first_row + self.request.n)
+
+    @property
+    def span(self) -> slice:
+        return slice(self.first_row, self.first_row + self.request.n)
 
 
 @dataclass
@@ -57,9 +64,12 @@ class LiveRows:
         prepared: Prepared,
         texts: list[Any],
         encode_ms: float,
+        schedules: list[Schedule],
     ) -> None:
-        for request in requests:
-            self.members.append(Member(request, self.rows, encode_ms=encode_ms))
+        for request, schedule in zip(requests, schedules, strict=True):
+            self.members.append(
+                Member(request, self.rows, schedule, encode_ms=encode_ms)
+            )
             self.steps += [prepared.start_step] * request.n
         if self.latents is None:
             self.latents, self.texts, self.extras = (
@@ -75,8 +85,29 @@ class LiveRows:
         ]
         self.extras = _join(self.extras, prepared.extras)
 
-    def finished(self, total_steps: int) -> list[Member]:
-        return [m for m in self.members if self.steps[m.first_row] >= total_steps]
+    def finished(self) -> list[Member]:
+        """Members whose last step is done."""
+        return [
+            m for m in self.members if self.steps[m.first_row] >= m.schedule.steps
+        ]
+
+    def step_of(self, member: Member) -> int:
+        return self.steps[member.first_row]
+
+    def per_row(self, value: Callable[[Member, int], Tensor]) -> Tensor:
+        """One value per row: ``value(member, its step)`` (a 0-d tensor) repeated over
+        the member's images, concatenated in row order (every row at its own step of
+        its own schedule)."""
+        parts = [
+            value(m, self.steps[m.first_row]).expand(m.request.n) for m in self.members
+        ]
+        return parts[0] if len(parts) == 1 else torch.cat(parts)
+
+    def per_member(self, run: Callable[[Member, slice, int], Tensor]) -> Tensor:
+        """``run(member, its rows, its step)`` for every member, the results joined
+        back in row order (a schedule steps its own request's rows)."""
+        parts = [run(m, m.span, self.steps[m.first_row]) for m in self.members]
+        return parts[0] if len(parts) == 1 else torch.cat(parts)
 
     def drop(self, leaving: list[Member]) -> list[int]:
         """Remove ``leaving`` members; returns the rows that stay (old indices, in

@@ -86,6 +86,10 @@ class _Row:
     """One image row's cache state: what its signal compares with, its cached residual,
     its history."""
 
+    # The row's own request: its cache slot's threshold (0: the row always computes and
+    # reports as uncached) and its step count.
+    threshold: float
+    total_steps: int
     # Fbcache: block-0 residual; teacache: the modulated input.
     reference: Tensor | None = None
     # Cached output - input of the blocks the cache skips.
@@ -96,11 +100,12 @@ class _Row:
 
 
 class BranchCache:
-    """One CFG branch's cache over the image rows of a running batch, ``total_steps``
-    steps each.
+    """One CFG branch's cache over the image rows of a running batch: one cache slot per
+    row (its own threshold, step count, reference and residual).
 
     Rows join (``add_rows``) and leave (``keep_rows``) at step boundaries (step-level
-    batching) and may sit at different steps. ``group`` is the Ulysses group when the
+    batching) and may sit at different steps, so one batched call mixes rows that
+    compute and rows that reuse. ``group`` is the Ulysses group when the
     rows' tokens are sharded over ranks: the signal's sums are then all-reduced so every
     rank of the group takes the same decisions (one tiny collective per step).
     """
@@ -119,19 +124,46 @@ class BranchCache:
         self.counters = counters
         self.rows: list[_Row] = []
 
-    def add_rows(self, count: int) -> None:
-        self.rows += [_Row() for _ in range(count)]
+    def add_rows(
+        self,
+        count: int,
+        threshold: float | None = None,
+        total_steps: int | None = None,
+    ) -> None:
+        """Slots for ``count`` joining rows of one request (default: the settings'
+        threshold and this cache's step count)."""
+        threshold = self.settings.threshold if threshold is None else threshold
+        total = self.total_steps if total_steps is None else total_steps
+        self.rows += [_Row(threshold, total) for _ in range(count)]
+
+    def threshold(self, row: int) -> float:
+        return self.rows[row].threshold
+
+    @property
+    def active(self) -> bool:
+        """Some row may skip (else the batch runs the plain, uncached forward)."""
+        return any(state.threshold > 0 for state in self.rows)
+
+    def view(self, rows: list[int]) -> BranchCache:
+        """A cache over some of the rows (their slots shared, not copied): one
+        transformer of a mixture of experts runs through it for its rows only."""
+        part = BranchCache(
+            self.settings, self.total_steps, group=self.group, counters=self.counters
+        )
+        part.rows = [self.rows[i] for i in rows]
+        return part
 
     def keep_rows(self, keep: list[int]) -> None:
         """Keep these rows (old indices, in order): the others' requests left the
         batch."""
         self.rows = [self.rows[i] for i in keep]
 
-    def forget(self) -> None:
-        """Drop every row's reference and cached residual (their history stays): the
-        next step computes. For a switch of denoiser mid-schedule (Wan2.2's experts),
-        whose residuals must not cross it."""
-        for state in self.rows:
+    def forget(self, rows: list[int] | None = None) -> None:
+        """Drop the reference and cached residual of ``rows`` (None: every row; their
+        history stays): their next step computes. For a switch of denoiser
+        mid-schedule (Wan2.2's experts), whose residuals must not cross it."""
+        for i in range(len(self.rows)) if rows is None else rows:
+            state = self.rows[i]
             state.reference, state.residual, state.accumulated = None, None, 0.0
 
     # -- decisions
@@ -154,7 +186,7 @@ class BranchCache:
                 not self._forced(step, state, signal)
                 and not outside_fit
                 and value is not None
-                and value < self.settings.threshold
+                and value < state.threshold
             )
             if self.settings.backend == "teacache":
                 state.accumulated = value if skip and value is not None else 0.0
@@ -183,7 +215,7 @@ class BranchCache:
             signal is None
             or state.residual is None
             or step < self.settings.warmup_steps
-            or step == self.total_steps - 1
+            or step == state.total_steps - 1
             or (cap > 0 and state.run_of_skips >= cap)
         )
 
@@ -255,8 +287,16 @@ class BranchCache:
     def report(self, row: int) -> BranchCacheReport:
         """``{computed_steps, skipped_steps, trace}`` of one row: ``trace`` is ``[step,
         signal, decision]`` per step (1-based), ``signal`` the value compared with the
-        threshold (``None`` without one)."""
-        trace = self.rows[row].trace
+        threshold (``None`` without one). A row of threshold 0 reports as it would
+        alone, uncached: every step computed, no signal."""
+        state = self.rows[row]
+        if state.threshold <= 0:
+            return BranchCacheReport(
+                computed_steps=state.total_steps,
+                skipped_steps=0,
+                trace=[[step + 1, None, COMPUTE] for step in range(state.total_steps)],
+            )
+        trace = state.trace
         skipped = sum(1 for _, _, decision in trace if decision == SKIP)
         return BranchCacheReport(
             computed_steps=len(trace) - skipped,

@@ -19,28 +19,30 @@ from diffserve.types.attestation import BranchCacheReport, CacheEntry
 
 def image_entries(
     settings: CacheSettings,
-    steps: int,
+    steps: int | list[int],
     rows: list[int],
     positive: BranchCache | None,
     negative: BranchCache | None = None,
     *,
     cfg: bool = False,
 ) -> list[CacheEntry]:
-    """The entries of a batch's image ``rows``. A branch of ``None`` ran uncached (every
-    step computed: backend none, or threshold 0 for this batch); ``cfg`` adds the
-    negative branch's counts."""
+    """The entries of a batch's image ``rows`` (``steps``: their step count, one for
+    all or one per row of ``rows``). A branch of ``None`` ran uncached (every step
+    computed: backend none, or threshold 0 for every row); ``cfg`` adds the negative
+    branch's counts."""
     entries = []
-    for row in rows:
-        threshold = settings.threshold if positive is not None else 0.0
+    for index, row in enumerate(rows):
+        total = steps if isinstance(steps, int) else steps[index]
+        threshold = positive.threshold(row) if positive is not None else 0.0
         entry = CacheEntry(
             backend=settings.backend,
             threshold=threshold,
-            **_branch(positive, row, steps),
+            **_branch(positive, row, total),
         )
         if settings.backend == "teacache":
             entry["coefficients"] = settings.polynomial
         if cfg:
-            entry["negative"] = _branch(negative, row, steps)
+            entry["negative"] = _branch(negative, row, total)
         entries.append(entry)
     return entries
 
