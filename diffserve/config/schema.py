@@ -98,6 +98,15 @@ class StageConfig:
     max_batch_size: int = opt(
         1, "most requests batched into one forward", c.int_normalizer(1), kind="int"
     )
+    max_step_tokens: int = opt(
+        0,
+        "most latent tokens one batch runs per denoising step (images x tokens per "
+        "image x latent frames, summed over its requests); the scheduler fills a "
+        "batch and its step-level joins up to it, and a request above it runs alone; "
+        "0 = auto: max_batch_size x the tokens of one default request of the model",
+        c.int_normalizer(0),
+        kind="int",
+    )
     implementation: str = opt(
         "native",
         "native = diffserve's own denoiser; generic = diffusers' pipeline class "
@@ -109,8 +118,9 @@ class StageConfig:
     )
     batching: str = opt(
         "step",
-        "step = requests of one batch key join a running batch at a step boundary and "
-        "leave when done; request = a batch runs start to end as formed",
+        "step = requests of one step key join a running batch at a step boundary and "
+        "leave when done; request = a batch of one batch key runs start to end as "
+        "formed",
         c.normalize_batching,
         choices=c.canonical_values(c.BATCHING_ALIASES),
     )

@@ -166,12 +166,13 @@ class EngineBase:
         (``engine/load.py``), in total and per replica: what a router or an autoscaler
         weighs (the other stages' queues are in ``stage_health``)."""
         core = self._core
-        waiting, running = core.scheduler.snapshot()
+        waiting, running, schedule = core.scheduler.load_snapshot()
         dead = self.is_dead
         return model_load(
             waiting,
             running,
             {r.index: r.live and not dead for r in core.replicas.replicas},
+            schedule,
         )
 
     @property

@@ -97,22 +97,13 @@ class BatchRun:
         core, live = self.core, self.live
         requests = [s.request for s in live]
         executor = self.replica.executor
-        capabilities = executor.capabilities
         deadline = batch_deadline_s(requests, core.config.server)
-        step_level = (
-            core.stage.batching == "step"
-            and core.stage.max_batch_size > 1
-            and capabilities is not None
-            and capabilities.step_batching
-        )
+        # Decided once for the stage (``policy.joins_steps``: batching, max_batch_size,
+        # the replicas' capabilities), so joins and the scheduler's lanes agree.
+        step_level = core.scheduler.step_level
         joins = (
             StepJoins(
-                self.replica,
-                core.replicas,
-                core.scheduler,
-                core.stage,
-                core.config.server,
-                live,
+                self.replica, core.replicas, core.scheduler, core.config.server, live
             )
             if step_level
             else None

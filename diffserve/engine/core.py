@@ -31,6 +31,7 @@ from diffserve.engine.decode_stage import DecodeStage
 from diffserve.engine.encode_stage import EncodeStage
 from diffserve.engine.health import EngineHealth
 from diffserve.engine.outcome import Outcome
+from diffserve.engine.policy import schedule_policy
 from diffserve.engine.replicas import Replica, ReplicaSet
 from diffserve.engine.scheduler import RequestState, Scheduler, Sink
 from diffserve.engine.stage_loop import StageLoop
@@ -91,6 +92,11 @@ class EngineCore(EngineHealth):
             # Builds and warms every replica; a replica dying from here on is taken out
             # (``_take_out``).
             self.replicas.start(on_dead=self._take_out)
+            # The cost model and the step-token budget are the model's: known from the
+            # replicas' ready handshake, before any request is queued.
+            self.scheduler.configure(
+                schedule_policy(self.stage, self.replicas.capabilities)
+            )
         except BaseException:
             for extra in self.side_stages:
                 extra.shutdown("the engine failed to start")

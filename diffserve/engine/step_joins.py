@@ -3,10 +3,14 @@ and which joins the worker never saw (they reached it after the batch's last ste
 must run in a later batch.
 
 The worker adds joiners at its next step boundary (``Pipeline.run(batch, joins=)``); the
-executor polls ``joiner()`` while it waits for the batch. A joiner takes the head of the
-queue only when it has the batch's key and there is room (``max_batch_size`` running
-requests), and never while another replica is idle: an idle replica starts the newcomer
-at once, on its own cores, which is better than joining here.
+executor polls ``joiner()`` while it waits for the batch. At each poll the room is what
+the batch's unfinished requests leave of ``max_batch_size`` and of the step-token budget
+(``Scheduler.join_room``), and the scheduler fills it by deficit round robin over the
+lanes of the batch's ``step_key`` (``queues.py``: sizes, steps, cache thresholds and
+adapters may differ; a large request that does not fit reserves the room until it does;
+an oldest waiting request of another ``step_key`` stops joins). Nothing joins while
+another replica is idle: an idle replica starts the newcomer at once, on its own cores,
+which is better than joining here.
 """
 
 from __future__ import annotations
@@ -14,10 +18,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from diffserve.engine.watchdog import batch_deadline_s
-from diffserve.types.batching import batch_key
 
 if TYPE_CHECKING:  # pragma: no cover
-    from diffserve.config.schema import StageConfig
     from diffserve.config.server_schema import ServerConfig
     from diffserve.engine.replicas import Replica, ReplicaSet
     from diffserve.engine.scheduler import RequestState, Scheduler
@@ -33,27 +35,30 @@ class StepJoins:
         replica: Replica,
         replicas: ReplicaSet,
         scheduler: Scheduler,
-        stage: StageConfig,
         server: ServerConfig,
         live: list[RequestState],
     ) -> None:
         self.replica, self.replicas, self.scheduler = replica, replicas, scheduler
-        self.stage, self.server = stage, server
+        self.server = server
         self.live = live
-        self.key = batch_key(live[0].request)
+        self.key = scheduler.join_key(live[0].request)
         self.joined: list[RequestState] = []
 
     def __call__(self) -> tuple[list[GenerationRequest], float]:
         """The requests to add at the worker's next step boundary, and the seconds they
         add to its deadline."""
-        room = self.stage.max_batch_size - sum(1 for s in self.live if not s.finished)
+        room, tokens = self.scheduler.join_room(
+            s.request for s in self.live if not s.finished
+        )
         if any(
             r is not self.replica and r.heartbeat.state == "idle"
             for r in self.replicas.live()
         ):
             room = 0
         states = (
-            self.scheduler.take_joinable(self.key, room, self.replica.index)
+            self.scheduler.take_joinable(
+                self.key, room, self.replica.index, tokens=tokens
+            )
             if room > 0
             else []
         )

@@ -79,6 +79,7 @@ OTHER = {
     "lora_modules": "style=/loras/style.safetensors",
     "lora_dir": "/loras",
     "batch_invariant": False,
+    "max_step_tokens": 4096,  # default 0 (auto): doubling it changes nothing
     "components": f"transformer={__file__}",
     "vae_tiling": "off",  # resolve checks that the file exists
     "quantization": "int8",
