@@ -55,8 +55,8 @@ class StepKey(NamedTuple):
 
 class GroupKey(NamedTuple):
     """The rows of one transformer call inside a step-level batch: one latent shape
-    (and one edit kind, whose inputs join the rows; an edit's schedule decides where
-    it starts, so edits of one group share their steps)."""
+    (and one edit kind, whose inputs join the rows; an edit with a strength starts
+    part-way through its schedule, so those of one group share their steps)."""
 
     height: int | None
     width: int | None
@@ -85,7 +85,9 @@ def group_key(request: GenerationRequest) -> GroupKey:
         request.width,
         request.num_frames,
         edit,
-        request.num_inference_steps if edit is not None else None,
+        # Where the schedule starts depends on the strength and the steps: rows of one
+        # group start at one step.
+        request.num_inference_steps if request.strength is not None else None,
     )
 
 

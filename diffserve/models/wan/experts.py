@@ -2,7 +2,9 @@
 whose timestep is at or above ``boundary_ratio * num_train_timesteps`` and the low-noise
 ``transformer_2`` the rest (diffusers' rule, exactly); Wan2.1 has one expert. Each
 expert is its own component (its own weights, later its own dtype or quantization);
-which expert ran at each step is attested."""
+which expert ran at each step is attested. Nothing here belongs to a batch: each
+request's schedule (``schedule.py``) picks and records its own experts, and the rows of
+one step that belong to different experts run apart (``routing.py``)."""
 
 from __future__ import annotations
 
@@ -38,9 +40,6 @@ class Experts:
         self.boundary_ratio = (
             None if len(transformers) == 1 else float(boundary_ratio or 0.0)
         )
-        self.steps: list[str] = []
-        self.boundary_timestep: float | None = None
-        self.switched = False  # the last pick changed expert (Wan2.2's boundary)
 
     @property
     def params(self) -> WanParams:
@@ -53,33 +52,36 @@ class Experts:
     def rope(self, latents: Tensor) -> tuple[Tensor, Tensor]:
         return self.transformers["transformer"].rope(latents)
 
-    def start(self, timesteps: Tensor, num_train_timesteps: int) -> None:
-        """A new batch: forget the last one's steps; the boundary of this schedule."""
-        self.steps = []
-        self.boundary_timestep = (
-            None
-            if self.boundary_ratio is None
-            else self.boundary_ratio * num_train_timesteps
-        )
+    def boundary_timestep(self, num_train_timesteps: int) -> float | None:
+        """The timestep at and above which the high-noise expert runs (None: one
+        expert)."""
+        if self.boundary_ratio is None:
+            return None
+        return self.boundary_ratio * num_train_timesteps
 
-    def pick(self, t: Tensor, num_train_timesteps: int) -> WanTransformer:
-        """The expert of timestep ``t`` (recorded for the attestation)."""
-        boundary = self.boundary_timestep
-        name = "transformer" if boundary is None or t >= boundary else "transformer_2"
-        self.switched = bool(self.steps) and self.steps[-1] != name
-        self.steps.append(name)
-        return self.transformers[name]
+    def names(self, timesteps: Tensor, boundary_timestep: float | None) -> list[str]:
+        """The expert of every timestep of a schedule. The comparison is diffusers'
+        own (``t >= boundary_timestep`` on the timesteps tensor), so the switch falls on
+        the same step."""
+        if boundary_timestep is None:
+            return ["transformer"] * len(timesteps)
+        return [
+            "transformer" if high else "transformer_2"
+            for high in (timesteps.cpu() >= boundary_timestep).tolist()
+        ]
 
-    def report(self, cfg: bool) -> dict[str, Any]:
-        """The last batch's ``boundary_ratio`` and ``boundary_timestep``, the expert of
-        every step and each expert's forward calls per video (``cfg``: a guided step
-        runs its expert twice)."""
+    def report(
+        self, steps: list[str], boundary_timestep: float | None, cfg: bool
+    ) -> dict[str, Any]:
+        """One request's ``boundary_ratio`` and ``boundary_timestep``, the expert of
+        every step it ran and each expert's forward calls per video (``cfg``: a guided
+        step runs its expert twice)."""
         per_step = 2 if cfg else 1
         return {
             "boundary_ratio": self.boundary_ratio,
-            "boundary_timestep": self.boundary_timestep,
-            "steps": list(self.steps),
+            "boundary_timestep": boundary_timestep,
+            "steps": list(steps),
             "forwards": {
-                name: per_step * self.steps.count(name) for name in self.transformers
+                name: per_step * steps.count(name) for name in self.transformers
             },
         }

@@ -6,7 +6,9 @@ of its videos: UMT5 prompt states, seeded float32 noise per video, the model's o
 scheduler (UniPC over flow sigmas), classifier-free guidance with the negative prompt
 ("" when unset) whenever ``guidance_scale > 1``, and, on Wan2.2, the high-noise expert
 ``transformer`` while ``t >= boundary_ratio * num_train_timesteps`` and the low-noise
-``transformer_2`` after (``sampler.py``).
+``transformer_2`` after. Every request has its own schedule (``schedule.py``: its own
+solver history and experts), so requests join a running batch at any step and each video
+is the one it would be alone (``routing.py`` runs each expert on its rows).
 """
 
 from __future__ import annotations
@@ -20,11 +22,11 @@ from torch import Tensor
 from diffserve.config.schema import StageConfig
 from diffserve.layers.attestation import KernelCounters
 from diffserve.models.base import BuildContext, PipelineCapabilities
-from diffserve.models.runner import Decoded, LiveRows, NativeRunner, Prepared
+from diffserve.models.runner import Decoded, LiveRows, NativeRunner, Prepared, Schedule
 from diffserve.models.stepcache.policy import BranchCache
 from diffserve.models.wan.build import WanComponents, load_wan
-from diffserve.models.wan.sampler import WanSampler
-from diffserve.models.wan.step_cache import cached_forward
+from diffserve.models.wan.routing import routed_velocity
+from diffserve.models.wan.schedule import WanSchedule
 from diffserve.registry.edits import needs_image
 from diffserve.registry.models import MODEL_FAMILIES
 from diffserve.types.batching import BatchPlan, plan_of
@@ -65,6 +67,8 @@ class WanVideoPipeline(NativeRunner):
             * self.parallel.ulysses_size,
             max_sequence_length=spec.defaults.max_sequence_length,
             true_cfg=False,
+            token_pixels=vae.spatial * params.patch_size[1],
+            step_batching=self.parallel.world_size == 1,
             attention_roles=spec.attention_roles,
             edits=spec.features.edits,
             batch_invariant=parts.stage.batch_invariant,
@@ -138,33 +142,27 @@ class WanVideoPipeline(NativeRunner):
         )
         return Prepared(latents, first_frames, self.experts.rope(latents))
 
-    def sampler(self, plan: BatchPlan) -> WanSampler:
-        return WanSampler(self.scheduler_config, plan.steps, self.experts, self.device)
+    def schedule(self, request: GenerationRequest, plan: BatchPlan) -> WanSchedule:
+        steps = request.num_inference_steps
+        assert steps is not None  # plan() checked it
+        return WanSchedule(self.scheduler_config, steps, self.experts, self.device)
 
     def velocity(
-        self,
-        latents: Tensor,
-        text: Tensor,
-        rows: LiveRows,
-        sampler: Any,
-        cache: BranchCache | None,
+        self, latents: Tensor, text: Tensor, rows: LiveRows, cache: BranchCache | None
     ) -> Tensor:
         model_input = (
             latents if rows.extras is None else torch.cat([latents, rows.extras], dim=1)
         )
-        model_input = model_input.to(self.dtype)
-        timestep = sampler.timestep(rows.steps).expand(latents.shape[0])
-        if cache is None:
-            return sampler.expert(model_input, timestep, text, rows.shared)
+        # Every row at its own step of its own request's schedule.
+        timesteps = rows.per_row(lambda member, step: member.schedule.timestep(step))
         probe = self.teacache.probe if self.teacache is not None else None
-        return cached_forward(
-            sampler.expert,
-            cache,
-            rows.steps,
-            model_input,
-            timestep,
+        return routed_velocity(
+            self.experts,
+            model_input.to(self.dtype),
+            timesteps,
             text,
-            rows.shared,
+            rows,
+            cache,
             probe,
         )
 
@@ -179,5 +177,12 @@ class WanVideoPipeline(NativeRunner):
         )
         return Decoded([part.cpu() for part in videos.split([r.n for r in requests])])
 
-    def attest(self, request: GenerationRequest, guided: bool) -> dict[str, Any]:
-        return {"experts": self.experts.report(cfg=guided)}
+    def attest(
+        self, request: GenerationRequest, guided: bool, schedule: Schedule
+    ) -> dict[str, Any]:
+        assert isinstance(schedule, WanSchedule)
+        return {
+            "experts": self.experts.report(
+                schedule.ran, schedule.boundary_timestep, cfg=guided
+            )
+        }

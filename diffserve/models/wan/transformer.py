@@ -12,6 +12,7 @@ from torch import Tensor, nn
 
 from diffserve.layers.collectives import all_gather_into
 from diffserve.layers.kernels import KernelSet
+from diffserve.layers.per_sample import each_sample
 from diffserve.layers.ulysses import UlyssesAttention
 from diffserve.logging import get_logger
 from diffserve.models.loader import load_strict, read_config, read_safetensors
@@ -171,7 +172,7 @@ class WanTransformer(nn.Module):
     ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
         """``(tokens [B, L, dim] (this rank's under Ulysses), temb, modulation [B, 6,
         dim], context)``."""
-        x = self.patch_embedding(latents).flatten(2).transpose(1, 2)
+        x = self.patchify(latents).flatten(2).transpose(1, 2)
         if self.ulysses is not None:
             _, rank, degree = self.ulysses
             if x.shape[1] % degree:
@@ -182,6 +183,16 @@ class WanTransformer(nn.Module):
             x = x.chunk(degree, dim=1)[rank]
         temb, modulation, context = self.condition_embedder(timesteps, text)
         return x.contiguous(), temb, modulation, context
+
+    def patchify(self, latents: Tensor) -> Tensor:
+        """The patch embedding ``[B, dim, F', H', W']``. Like the kernel set's Linear
+        and Attention, one convolution per video when ``batch_invariant``: oneDNN (and
+        cuDNN) pick a convolution algorithm by batch size, and another one sums in
+        another order, so a video's tokens would change in their last bits with the
+        batch it runs in."""
+        if self.kernels.batch_invariant and latents.shape[0] > 1:
+            return each_sample(self.patch_embedding, latents)
+        return self.patch_embedding(latents)
 
     def run_blocks(
         self,
