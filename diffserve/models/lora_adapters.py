@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 import os
 from collections import OrderedDict
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -48,12 +48,17 @@ class LoraAdapter:
 LoraReader = Callable[
     [str, dict[str, tuple[int, int]], str, int, torch.dtype], LoraAdapter
 ]
+# A request's adapters, ``(name, scale)`` in canonical order; ``()``: the base model.
+AdapterSet = tuple[tuple[str, float], ...]
+# Combined factors of adapter sets kept for per-row batches (each as large as its
+# adapters, on the stage's device): enough for the sets of a few batches in turn.
+SET_CACHE_SIZE = 8
 
 
 class LoraAdapters:
     """The adapters of one transformer: ``max_loras`` of them kept in memory (least
     recently used evicted), and the batch's combination installed on the layers they
-    target (``activate``)."""
+    target (``activate``), or one combination per row (``activate_rows``)."""
 
     def __init__(
         self, transformer: torch.nn.Module, stage: StageConfig, reader: LoraReader
@@ -76,6 +81,22 @@ class LoraAdapters:
         self.patched: set[str] = set()
         # Least recently used first.
         self.resident: OrderedDict[str, LoraAdapter] = OrderedDict()
+        # Per-row batches: each adapter set's combined factors as its layers run them
+        # (least recently used first).
+        self.combined: OrderedDict[AdapterSet, dict[str, lora.LoraPair]] = OrderedDict()
+        # What the layers hold now, so that the runner may ask before every step and
+        # the same rows install nothing: the set ``activate`` installed (``None``:
+        # none active), or the per-row slots (sets in slot order; they stay on the
+        # layers through ``deactivate``, until ``activate`` replaces them).
+        self.installed_set: AdapterSet | None = None
+        self.installed_slots: tuple[AdapterSet, ...] | None = None
+        # A compiled stage gets per-row batches in the stacked form, which its graphs
+        # do not specialize on (``layers/linear/lora.py``).
+        self.stacked = not stage.enforce_eager
+        # The stage's device (where the layers keep their factors).
+        self.device = next(
+            (m.backend.device for m in self.linears.values()), weight.device
+        )
         # Registered adapters are checked now, so a bad file fails the start, not a
         # request.
         for name, path in self.registered.items():
@@ -95,28 +116,101 @@ class LoraAdapters:
         if not loras:
             self.deactivate()
             return
+        self.installed_set, self.installed_slots = None, None
         adapters = [(self._adapter(name), scale) for name, scale in loras]
         targets = set().union(*(adapter.layers for adapter, _ in adapters))
         for name in sorted(targets | self.patched):
-            parts = [
-                (adapter.layers[name], scale)
-                for adapter, scale in adapters
-                if name in adapter.layers
-            ]
-            a = torch.cat([a for (a, _), _ in parts]) if parts else None
-            b = (
-                torch.cat([b * scale for (_, b), scale in parts], dim=1)
-                if parts
-                else None
-            )
-            self.linears[name].set_lora(self.state, a, b)
+            self.linears[name].set_lora(self.state, *_combine(adapters, name))
         self.patched |= targets
+        self.state.set_rows(None)
         self.state.adapters = loras
         self.state.active = True
+        self.installed_set = loras
+
+    @torch.inference_mode()
+    def activate_rows(self, row_sets: Sequence[AdapterSet]) -> None:
+        """Install one adapter set per row of the next forwards (dim 0 of every
+        Linear's input; ``()``: the base model for that row). All rows alike: exactly
+        ``activate(that set)``. Otherwise each distinct set's combined factors are
+        built as ``activate`` builds them for that set alone, so a row's delta comes
+        from the same tensors as its request's alone. Nothing is rebuilt or installed
+        again while the layers hold what is asked (equal ``row_sets``; or the same
+        sets with rows added or reordered: only the row layout changes)."""
+        key = tuple(row_sets)
+        if not key:
+            raise ValueError("activate_rows needs one adapter set per row (no rows)")
+        sets = list(dict.fromkeys(key))
+        if len(sets) == 1:
+            if sets[0] != self.installed_set or not sets[0]:
+                self.activate(sets[0])
+            return
+        # Sorted: the slots do not depend on the rows' order.
+        slots = tuple(sorted(s for s in sets if s))
+        if slots != self.installed_slots:
+            self._install_slots(slots)
+        index = {s: slot for slot, s in enumerate(slots)}
+        rows = tuple(index.get(s, lora.BASE_ROW) for s in key)
+        self.installed_set = None
+        if self.state.active and self.state.rows == rows:
+            return
+        # Stacked slot 0 is the base model's zero pair.
+        row_index = (
+            torch.tensor([r + 1 for r in rows], device=self.device)
+            if self.stacked
+            else None
+        )
+        self.state.set_rows(rows, row_index)
+        # Attested per request (``describe``), not per batch.
+        self.state.adapters = ()
+        self.state.active = True
+
+    def _install_slots(self, slots: tuple[AdapterSet, ...]) -> None:
+        """Each set's pair (a zero pair where it does not target a patched layer) on
+        every patched layer, in slot order."""
+        built = [self._combined(s) for s in slots]
+        targets = set().union(*built)
+        for name in sorted(targets | self.patched):
+            layer = self.linears[name]
+            pairs = tuple(factors.get(name) for factors in built)
+            if self.stacked:
+                layer.set_lora_stacked(self.state, pairs)
+            else:
+                layer.set_lora_rows(self.state, pairs)
+        self.patched |= targets
+        self.installed_slots = slots
 
     def deactivate(self) -> None:
         self.state.active = False
         self.state.adapters = ()
+        self.state.set_rows(None)
+        self.installed_set = None
+
+    def _combined(self, loras: AdapterSet) -> dict[str, lora.LoraPair]:
+        """``loras``' combined factors per layer it targets, converted as the layers
+        run them (cached per set)."""
+        if loras in self.combined:
+            self.combined.move_to_end(loras)
+            for name, _ in loras:  # used: as recent as when read
+                self.resident.move_to_end(name)
+            return self.combined[loras]
+        adapters = [(self._adapter(name), scale) for name, scale in loras]
+        targets = set().union(*(adapter.layers for adapter, _ in adapters))
+        factors = {
+            name: self.linears[name].lora_factors(*_combine(adapters, name))
+            for name in sorted(targets)
+        }
+        # Kept only while all its adapters are resident (their eviction drops it).
+        if all(name in self.resident for name, _ in loras):
+            self.combined[loras] = factors
+            while len(self.combined) > SET_CACHE_SIZE:
+                self.combined.popitem(last=False)
+        return factors
+
+    def _forget(self, name: str) -> None:
+        """Drop the cached combinations that use adapter ``name`` (evicted or read
+        again)."""
+        for loras in [s for s in self.combined if any(n == name for n, _ in s)]:
+            del self.combined[loras]
 
     def _adapter(self, name: str) -> LoraAdapter:
         if name in self.resident:
@@ -126,8 +220,9 @@ class LoraAdapters:
             adapter = self._read(name, self.registered.get(name, name))
         except LoraError as exc:  # changed on disk since admission
             raise RequestError(str(exc), param="loras") from None
+        self._forget(name)
         if len(self.resident) >= self.capacity:
-            self.resident.popitem(last=False)
+            self._forget(self.resident.popitem(last=False)[0])
         self.resident[name] = adapter
         return adapter
 
@@ -157,6 +252,23 @@ class LoraAdapters:
             for m in block.modules()
             if isinstance(m, Linear) and m.lora_state is not None
         )
+
+
+def _combine(
+    adapters: list[tuple[LoraAdapter, float]], name: str
+) -> tuple[Tensor | None, Tensor | None]:
+    """Layer ``name``'s pair for ``adapters`` (each ``A`` stacked, each ``B`` times its
+    scale side by side, in the set's order); ``None``s: none of them targets it."""
+    parts = [
+        (adapter.layers[name], scale)
+        for adapter, scale in adapters
+        if name in adapter.layers
+    ]
+    if not parts:
+        return None, None
+    a = torch.cat([a for (a, _), _ in parts])
+    b = torch.cat([b * scale for (_, b), scale in parts], dim=1)
+    return a, b
 
 
 def read_lora_tensors(path: Path) -> tuple[dict[str, Tensor], dict[str, str]]:

@@ -330,7 +330,8 @@ def test_lru_slots_and_batching_keep_each_image_its_own(
     """One slot for two adapters (every switch evicts), onednn (the CPU default) and
     max_batch_size 4 with concurrent requests of both adapters and the base: each image
     equals the same request run alone before (when its adapter sat in the slot by
-    itself); requests batch only with the same adapters."""
+    itself); requests of different adapters share step-level batches, each row its
+    own adapters."""
     from concurrent.futures import ThreadPoolExecutor
 
     from diffserve.errors import RequestError
@@ -360,5 +361,6 @@ def test_lru_slots_and_batching_keep_each_image_its_own(
         with pytest.raises(RequestError, match="max_loras"):
             generate(tight, [("a", 1.0), ("b", 1.0)])
         sizes = tight.stats().get("batch_sizes", [])
-        # At most the two requests of one adapter set share a batch.
-        assert max(sizes) <= 2
+        # Requests of other adapter sets joined one batch (more than the two requests
+        # of one set).
+        assert max(sizes) > 2
