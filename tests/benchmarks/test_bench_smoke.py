@@ -35,6 +35,7 @@ SECTION_KEYS = (
     "tracing",
     "cache_video",
     "ar_stage",
+    "mixed",
 )
 
 
@@ -60,9 +61,10 @@ def test_smoke_benchmark_writes_every_section(tmp_path: Path) -> None:
             f"{key}: {section['status']}: {section['reason']} {section['notes']}"
         )
         assert section["rows"], key
-    # 21 fixed targets (the default-dtype row and section o's two included) + one
-    # generic-path parity row per smoke case and dtype.
-    assert len(data["targets"]) == 22
+    # 23 fixed targets (the default-dtype row, section o's two and section s's two
+    # included) + one generic-path parity row per smoke case and dtype.
+    assert len(data["targets"]) == 24
+    _check_mixed(sections["mixed"])
     assert any(
         t["name"].startswith(
             "small-flux 256x256/4 eager in the machine's default dtype"
@@ -80,6 +82,31 @@ def test_smoke_benchmark_writes_every_section(tmp_path: Path) -> None:
         assert heading in text, heading
     for target in data["targets"]:
         assert target["name"] in text
+
+
+def _check_mixed(section: dict) -> None:
+    """Section s at toy scale: every contender of the open loop and of the closed loop
+    has a row with sane values (the figures themselves mean nothing in smoke mode)."""
+    col = {name: i for i, name in enumerate(section["columns"])}
+    rows = {
+        (r[col["run"]].split(",")[0], r[col["contender"]]): r for r in section["rows"]
+    }
+    assert {c for run, c in rows if run == "open loop"} == {
+        "diffserve batching=step",
+        "diffserve batching=request",
+        "diffusers sequential",
+    }, rows
+    closed = {c for run, c in rows if run == "closed loop"}
+    assert "diffusers sequential" in closed and any(
+        c.startswith("diffserve batching=step") for c in closed
+    ), rows
+    for row in rows.values():
+        assert row[col["requests"]] > 0 and row[col["images/s"]] > 0, row
+        assert row[col["p95 s"]] >= row[col["p50 s"]] > 0, row
+    metrics = section["metrics"]
+    assert (
+        metrics["mixed.open.p95_ratio"] > 0 and metrics["mixed.closed.vs_diffusers"] > 0
+    )
 
 
 def test_arrivals_trace_statistics_and_fifo_worker() -> None:

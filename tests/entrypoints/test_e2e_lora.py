@@ -3,9 +3,9 @@
 server keeps serving), the attestation, and ``diffserve generate --lora FILE:SCALE``.
 
 The server batches step-level (up to 4 requests and 64 latent tokens a step, First-Block
-Cache available, threshold 0 unless a request asks): requests of other sizes, step counts, cache thresholds and
-adapters join one running batch, each equal to its request alone, and a large request
-is not starved by a stream of small ones."""
+Cache available, threshold 0 unless a request asks): requests of other sizes, step
+counts, cache thresholds and adapters join one running batch, each equal to its request
+alone, and a large request is not starved by a stream of small ones."""
 
 from __future__ import annotations
 

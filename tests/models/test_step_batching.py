@@ -89,13 +89,12 @@ def test_mixed_steps_thresholds_and_sizes_share_one_batch(pipe) -> None:
     calls = iter([[joiners[0], joiners[1]], [], [joiners[2]]])
     events = list(pipe.run([first], joins=lambda: next(calls, [])))
     outputs = {
-        o.request_id: o
-        for e in events
-        if isinstance(e, BatchResult)
-        for o in e.outputs
+        o.request_id: o for e in events if isinstance(e, BatchResult) for o in e.outputs
     }
     # The 4-step joiner (joined after step 1) leaves before the first (6 steps).
-    order = [o.request_id for e in events if isinstance(e, BatchResult) for o in e.outputs]
+    order = [
+        o.request_id for e in events if isinstance(e, BatchResult) for o in e.outputs
+    ]
     assert order.index(joiners[0].request_id) < order.index(first.request_id)
     for request in [first, *joiners]:
         alone = pipe(request)

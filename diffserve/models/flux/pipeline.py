@@ -121,7 +121,9 @@ class FluxPipeline(NativeRunner):
         cache: BranchCache | None,
     ) -> Tensor:
         (txt, vec), extras, dtype = text, rows.extras, latents.dtype
-        t = rows.per_row(lambda member, step: member.schedule.model_timestep(step, dtype))
+        t = rows.per_row(
+            lambda member, step: member.schedule.model_timestep(step, dtype)
+        )
         tokens = latents.shape[1]
         # Kontext rides along.
         x = latents if extras.ref is None else torch.cat([latents, extras.ref], dim=1)

@@ -36,7 +36,9 @@ class FluxModel(Protocol):
     device: torch.device
     dtype: torch.dtype
 
-    def schedule(self, request: GenerationRequest, plan: BatchPlan) -> EulerSchedule: ...
+    def schedule(
+        self, request: GenerationRequest, plan: BatchPlan
+    ) -> EulerSchedule: ...
 
 
 def prepare_rows(

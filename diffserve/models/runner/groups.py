@@ -23,7 +23,9 @@ class Group:
     caches: BranchCaches
 
 
-def by_group(requests: list[GenerationRequest]) -> dict[GroupKey, list[GenerationRequest]]:
+def by_group(
+    requests: list[GenerationRequest],
+) -> dict[GroupKey, list[GenerationRequest]]:
     """``requests`` by group key, in arrival order within each."""
     groups: dict[GroupKey, list[GenerationRequest]] = {}
     for request in requests:

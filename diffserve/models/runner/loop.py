@@ -258,11 +258,7 @@ class NativeRunner(Pipeline):
             texts = self._texts(requests, group.plan, guidance)
         schedules = [self.schedule(r, group.plan) for r in requests]
         group.live.add(
-            requests,
-            prepared,
-            texts,
-            (time.perf_counter() - start) * 1000.0,
-            schedules,
+            requests, prepared, texts, (time.perf_counter() - start) * 1000.0, schedules
         )
         peaks.stop()
         for request, schedule in zip(requests, schedules, strict=True):

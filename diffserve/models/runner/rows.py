@@ -3,17 +3,18 @@ and their tensors.
 
 Requests join at a step boundary and leave when their last step is done, so the rows of
 one forward may sit at different steps, each of its own request's schedule: every row
-carries its own step index, every member its own ``Schedule``. Tensors are kept batched and rebuilt only when rows join
-or leave; a family's per-row values (text states per CFG branch, an edit's inputs) may
-be tensors, tuples or dataclasses of tensors, joined and sliced alike.
+carries its own step index, every member its own ``Schedule``. Tensors are kept batched
+and rebuilt only when rows join or leave; a family's per-row values (text states per
+CFG branch, an edit's inputs) may be tensors, tuples or dataclasses of tensors, joined
+and sliced alike.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import time
-from dataclasses import dataclass, field
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -87,9 +88,7 @@ class LiveRows:
 
     def finished(self) -> list[Member]:
         """Members whose last step is done."""
-        return [
-            m for m in self.members if self.steps[m.first_row] >= m.schedule.steps
-        ]
+        return [m for m in self.members if self.steps[m.first_row] >= m.schedule.steps]
 
     def step_of(self, member: Member) -> int:
         return self.steps[member.first_row]

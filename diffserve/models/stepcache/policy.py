@@ -125,10 +125,7 @@ class BranchCache:
         self.rows: list[_Row] = []
 
     def add_rows(
-        self,
-        count: int,
-        threshold: float | None = None,
-        total_steps: int | None = None,
+        self, count: int, threshold: float | None = None, total_steps: int | None = None
     ) -> None:
         """Slots for ``count`` joining rows of one request (default: the settings'
         threshold and this cache's step count)."""
