@@ -169,7 +169,11 @@ class BatchRun:
             # step.
             if not state.finished and (not steps or state.request_id in steps):
                 state.steps_done = steps.get(state.request_id, step)
-                state.sink(ProgressEvent(state.request_id, state.steps_done, total))
+                # A step-level batch mixes step counts: each request's own total.
+                own = state.request.num_inference_steps if steps else None
+                state.sink(
+                    ProgressEvent(state.request_id, state.steps_done, own or total)
+                )
 
     def _on_partial(self, outputs: list[RequestResult]) -> None:
         # Requests that finished together: their stats first, then their results (as for
