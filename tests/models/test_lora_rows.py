@@ -348,3 +348,51 @@ def test_compiled_blocks_take_every_row_layout_in_one_graph() -> None:
             assert not torch.equal(outs[0][0], outs[0][1])  # rows differ
             graphs.append(counters["stats"]["unique_graphs"])
     assert graphs[2:] == [graphs[1]] * 3, graphs
+
+
+def test_cache_skips_follow_each_rows_adapters(
+    tiny_flux_dir: Path, adapters: dict[str, Path]
+) -> None:
+    """A step-level batch of two adapter sets with the step cache on: the rows that
+    compute run the remaining blocks on a subset of the batch, and each keeps its own
+    adapters there (``LoraState.narrow``); every image equals its request alone."""
+    from diffserve.models.base import library_admit
+    from diffserve.models.flux.pipeline import FluxPipeline
+    from diffserve.types.request import GenerationRequest
+    from diffserve.types.results import BatchResult
+
+    pipe = FluxPipeline.from_pretrained(
+        tiny_flux_dir,
+        linear_backend="torch",
+        attention_backend="sdpa",
+        cache={"backend": "fbcache", "threshold": 0.5},
+        lora_modules={name: str(path) for name, path in adapters.items()},
+    )
+
+    def req(seed: int, loras: Any, threshold: float) -> GenerationRequest:
+        return library_admit(
+            pipe,
+            GenerationRequest(
+                prompt="a fox",
+                height=64,
+                width=64,
+                num_inference_steps=6,
+                seed=seed,
+                max_sequence_length=32,
+                loras=loras,
+                cache_threshold=threshold,
+            ),
+        )
+
+    # Different thresholds: at some steps one row computes and the other reuses.
+    batch = [req(1, A, 0.9), req(2, AB, 0.05), req(3, BASE, 0.9)]
+    outputs = [
+        o for e in pipe.run(batch) if isinstance(e, BatchResult) for o in e.outputs
+    ]
+    decisions = set()
+    for request, output in zip(batch, outputs, strict=True):
+        alone = pipe(request)
+        assert torch.equal(output.images, alone.images), request.loras
+        assert output.attestation["cache"] == alone.attestation["cache"]
+        decisions.add(output.attestation["cache"][0]["skipped_steps"])
+    assert len(decisions) > 1  # the rows decided differently

@@ -31,6 +31,8 @@ No bit-identity is claimed there (compiled blocks never claim it).
 
 from __future__ import annotations
 
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import torch
@@ -73,6 +75,26 @@ class LoraState:
         self.rows = rows
         self.row_index = row_index
         self._groups = {}
+
+    @contextmanager
+    def narrow(self, rows: Sequence[int]) -> Iterator[None]:
+        """Forwards on only ``rows`` of the batch (a step cache runs its blocks for
+        the rows that compute): the per-row layout follows them, and comes back after.
+        One pair for every row needs nothing."""
+        if self.rows is None:
+            yield
+            return
+        saved = (self.rows, self.row_index, self._groups)
+        index = (
+            None
+            if self.row_index is None
+            else self.row_index[torch.tensor(list(rows), device=self.row_index.device)]
+        )
+        self.set_rows(tuple(self.rows[i] for i in rows), index)
+        try:
+            yield
+        finally:
+            self.rows, self.row_index, self._groups = saved
 
     def groups(self, device: torch.device) -> tuple[tuple[int, torch.Tensor], ...]:
         """``(slot, indices of its rows)`` for every slot in use, indices on

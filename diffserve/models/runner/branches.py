@@ -5,7 +5,8 @@ yields."""
 
 from __future__ import annotations
 
-from collections.abc import Generator
+from collections.abc import Callable, Generator
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 
 import torch
@@ -66,7 +67,10 @@ class BranchCaches:
         branches: int,
         parallel: ParallelContext,
         counters: KernelCounters,
+        narrow: Callable[[list[int]], AbstractContextManager[None]] | None = None,
     ) -> None:
+        """``narrow``: what a forward on some rows only must follow (the rows'
+        adapters: ``LoraState.narrow``)."""
         self.settings = settings
         self.caches: list[BranchCache | None] = [
             BranchCache(settings, 0, group=parallel.ulysses_group, counters=counters)
@@ -74,6 +78,9 @@ class BranchCaches:
             else None
             for _ in range(branches)
         ]
+        for cache in self.caches:
+            if cache is not None:
+                cache.narrow = narrow
 
     def __getitem__(self, branch: int) -> BranchCache | None:
         """The branch's cache for this step; None when no row may skip."""

@@ -239,7 +239,13 @@ class NativeRunner(Pipeline):
             self.cache, plan.cache_threshold, self.teacache
         )
         branches = 2 if guidance.scale is not None and not guidance.split else 1
-        caches = BranchCaches(settings, branches, self.parallel, self.kernel_counters)
+        caches = BranchCaches(
+            settings,
+            branches,
+            self.parallel,
+            self.kernel_counters,
+            self.loras.state.narrow if self.loras is not None else None,
+        )
         return Group(plan, LiveRows(), caches)
 
     def _join(

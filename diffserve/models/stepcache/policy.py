@@ -22,6 +22,7 @@ more skipping):
 from __future__ import annotations
 
 from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -123,6 +124,11 @@ class BranchCache:
         self.group = group
         self.counters = counters
         self.rows: list[_Row] = []
+        # Per-row state outside the cache that must follow a forward on some rows only
+        # (the rows' LoRA adapters: ``LoraState.narrow``), and this cache's rows in the
+        # batch's numbering (a view's).
+        self.narrow: Callable[[list[int]], AbstractContextManager[None]] | None = None
+        self.batch_rows: list[int] | None = None
 
     def add_rows(
         self, count: int, threshold: float | None = None, total_steps: int | None = None
@@ -148,7 +154,12 @@ class BranchCache:
             self.settings, self.total_steps, group=self.group, counters=self.counters
         )
         part.rows = [self.rows[i] for i in rows]
+        part.narrow = self.narrow
+        part.batch_rows = [self._batch_row(i) for i in rows]
         return part
+
+    def _batch_row(self, row: int) -> int:
+        return row if self.batch_rows is None else self.batch_rows[row]
 
     def keep_rows(self, keep: list[int]) -> None:
         """Keep these rows (old indices, in order): the others' requests left the
@@ -261,7 +272,12 @@ class BranchCache:
         the residual of computed rows."""
         rows = [i for i, c in enumerate(compute) if c]
         if len(rows) == len(compute):
-            out = run_blocks(None)
+            with (
+                self.narrow(self.batch_rows)
+                if self.narrow is not None and self.batch_rows is not None
+                else nullcontext()
+            ):
+                out = run_blocks(None)
             for state, residual in zip(self.rows, (out - base).unbind(0), strict=True):
                 state.residual = residual
             return out
@@ -272,7 +288,12 @@ class BranchCache:
             if not computed and cached is not None:
                 out[i] = base[i] + cached
         if rows:
-            computed_rows = run_blocks(torch.tensor(rows, device=base.device))
+            with (
+                self.narrow([self._batch_row(i) for i in rows])
+                if self.narrow is not None
+                else nullcontext()
+            ):
+                computed_rows = run_blocks(torch.tensor(rows, device=base.device))
             for j, i in enumerate(rows):
                 self.rows[i].residual = computed_rows[j] - base[i]
                 out[i] = computed_rows[j]
