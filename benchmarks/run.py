@@ -29,6 +29,7 @@ from benchmarks import (  # noqa: E402
     e2e_latency,
     generic,
     lora,
+    mixed_traffic,
     overhead,
     parallel,
     quantization,
@@ -120,6 +121,12 @@ MEASUREMENTS = (
         "a prompt rewrite in front of toy-shapes",
         ar_stage.measure,
     ),
+    (
+        "mixed",
+        "s. Mixed traffic: step-level batching of mixed sizes, steps, cache "
+        "thresholds and adapters",
+        mixed_traffic.measure,
+    ),
 )
 
 
@@ -149,7 +156,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         default="",
         help="comma-separated measurement "
         "keys: e2e,step,overhead,throughput,cold,replicas,parallel,cache,"
-        "arrivals,generic,lora,cache_trained,quant,stages,video,tracing,cache_video,ar_stage",
+        "arrivals,generic,lora,cache_trained,quant,stages,video,tracing,cache_video,ar_stage,"
+        "mixed",
     )
     p.add_argument(
         "--merge",

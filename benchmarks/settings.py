@@ -81,6 +81,28 @@ class Settings:
     arrivals_batch: int = 4
     # Every level runs the trace this many times per contender, order reversed.
     arrivals_rounds: int = 2
+    # Mixed traffic (section s): requests drawn from mixed_sizes x mixed_steps x cache
+    # thresholds {0, mixed_threshold} (fbcache on) x adapters {none, A, B} on one model;
+    # an open loop (one Poisson trace of mixed_requests, at mixed_load x 1/S, S: the
+    # slowest contender's mean time alone over the mix's first mixed_service requests)
+    # and a closed loop of mixed_clients clients over mixed_closed_requests, each run
+    # mixed_rounds times; max_batch_size mixed_batch in every engine. The open loop's
+    # engines keep batch_invariant's default (true) in both modes; the closed loop's
+    # step-level engine (the target's contender) runs with mixed_batch_invariant, and
+    # with mixed_closed_both the open loop's step engine runs the closed loop too.
+    mixed_model: str = "tiny-flux"
+    mixed_sizes: tuple[int, ...] = (64, 128, 192, 256)
+    mixed_steps: tuple[int, ...] = (4, 8)
+    mixed_threshold: float = 0.6
+    mixed_requests: int = 48
+    mixed_load: float = 0.9
+    mixed_service: int = 12
+    mixed_clients: int = 8
+    mixed_closed_requests: int = 32
+    mixed_rounds: int = 2
+    mixed_batch: int = 8
+    mixed_batch_invariant: bool = False
+    mixed_closed_both: bool = True
     # The generic path (section j): SD3 on diffusers' own pipeline class with our
     # kernels, vs that pipeline.
     generic_cases: tuple[Case, ...] = (
@@ -198,6 +220,15 @@ SMOKE = Settings(
     arrivals_requests=4,
     arrivals_loads=(0.9,),  # one level: the harness runs, the numbers mean nothing
     arrivals_rounds=1,
+    mixed_sizes=(64, 128),
+    mixed_steps=(2, 3),
+    mixed_requests=6,
+    mixed_service=2,
+    mixed_closed_requests=8,
+    mixed_rounds=1,
+    # smoke: one closed loop, on the open loop's step engine (no third engine start)
+    mixed_batch_invariant=True,
+    mixed_closed_both=False,
     generic_cases=(Case("tiny-sd3", 64, 2),),
     lora_case=Case("tiny-flux", 64, 2),
     lora_images=8,

@@ -11,6 +11,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from benchmarks.mixed_targets import mixed_targets
 from benchmarks.section import Section
 from benchmarks.settings import Settings
 from benchmarks.video_targets import video_targets
@@ -114,6 +115,7 @@ def evaluate(
     out += _generic(m, settings)
     out += _quantization(m, settings)
     out += video_targets(m, settings)
+    out += mixed_targets(m, settings)
     notes = {**NOTES, **NOTES_BY_KIND.get(cpu_kind, {})}
     for t in out:
         if t.status == "missed" and t.name in notes:
