@@ -71,13 +71,15 @@ demo: install
 
 # On a machine with a CUDA GPU (the `device` tool's H100/H200): every `gpu`-marked test (offload, fp8, the attention
 # backends, CUDA devices per replica), then one FLUX.1-dev double and single block per contender (benchmarks/gpu_blocks.py
-# -> benchmarks/RESULTS-GPU-BLOCKS.md, ~2 minutes), then whole images (benchmarks/gpu.py -> benchmarks/RESULTS-GPU.md);
-# sized for 8 minutes on one GPU (a contender that would start past its section's budget is reported as not run).
+# -> benchmarks/RESULTS-GPU-BLOCKS.md, ~2 minutes), then whole images (benchmarks/gpu.py -> benchmarks/RESULTS-GPU.md),
+# then mixed traffic (section s, engines and diffusers both on the GPU -> benchmarks/RESULTS-GPU-MIXED.md, ~2 minutes);
+# sized for 10 minutes on one GPU (a contender that would start past its section's budget is reported as not run).
 # Without a GPU the tests skip and the benchmarks say so.
 gpu-check: install-test
 	$(PY) -m pytest -q -m gpu -p no:cacheprovider tests
 	$(PY) -m benchmarks.gpu_blocks --budget-s 120
 	$(PY) -m benchmarks.gpu --budget-s 240
+	$(PY) -m benchmarks.run --only mixed --out benchmarks/RESULTS-GPU-MIXED.md
 
 # --durations=25: every run (CI's included) says where its minutes went, against the 15-minute budget.
 # pytest writes bytecode caches whatever the caller's PYTHONDONTWRITEBYTECODE says: a run starts ~150 Python processes

@@ -24,11 +24,16 @@ def torch_dtype(name: str) -> Any:
 def load_diffusers(path: Path, dtype: str) -> Any:
     """diffusers' FluxPipeline from the very directory diffserve loads, in ``dtype``."""
     import diffusers
+    import torch
 
     pipe = diffusers.FluxPipeline.from_pretrained(
         str(path), torch_dtype=torch_dtype(dtype)
     )
     pipe.set_progress_bar_config(disable=True)
+    # Where diffserve's engines run (they pick the GPU when torch sees one): the same
+    # device for both contenders (``make gpu-check``'s mixed-traffic run).
+    if torch.cuda.is_available():
+        pipe.to("cuda")
     return pipe
 
 

@@ -311,6 +311,7 @@ def _engine(
         dtype=DTYPE,
         enforce_eager=True,
         max_batch_size=settings.mixed_batch,
+        max_step_tokens=settings.mixed_step_tokens,
         batching=batching,
         batch_invariant=invariant,
         max_queue=max(64, 2 * n),

@@ -101,6 +101,10 @@ class Settings:
     mixed_closed_requests: int = 32
     mixed_rounds: int = 2
     mixed_batch: int = 8
+    # max_step_tokens of every engine: the cost-aware budget, about where batching
+    # stops paying on a CPU (one 128x128 image's 64 tokens a step): small requests
+    # batch, larger ones run (nearly) alone instead of slowing what shares their step.
+    mixed_step_tokens: int = 64
     mixed_batch_invariant: bool = False
     mixed_closed_both: bool = True
     # The generic path (section j): SD3 on diffusers' own pipeline class with our
