@@ -85,7 +85,8 @@ def measure(section: Section, settings: Settings, models: dict[str, Path]) -> No
     )
     section.notes.append(
         f"{model}, {DTYPE}, diffserve eager uni AsyncEngine, max_batch_size "
-        f"{settings.mixed_batch}, max_step_tokens {settings.mixed_step_tokens}, fbcache (warmup_steps 1, no skip cap); requests "
+        f"{settings.mixed_batch}, max_step_tokens {settings.mixed_step_tokens}, "
+        "fbcache (warmup_steps 1, no skip cap); requests "
         "drawn independently: sizes "
         + "/".join(f"{s}x{s}" for s in settings.mixed_sizes)
         + ", steps "
