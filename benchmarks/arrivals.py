@@ -29,7 +29,7 @@ import asyncio
 import statistics
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -391,27 +391,18 @@ class _Recorder:
         return sizes
 
 
-async def _run_engine(
-    engine: Any, recorder: _Recorder, case: Case, arrivals: list[float], keep: set[int]
-) -> Run:
-    """Open loop on an AsyncEngine: request i is submitted at t0 + arrivals[i] (its own
-    task), whatever the others are doing. Completion = when its RequestOutput reaches
-    this loop."""
-    from diffserve.types.request import RequestOutput
-
+async def drive_open_loop(
+    engine: Any,
+    arrivals: Sequence[float],
+    t0: float,
+    one: Callable[[int], Coroutine[Any, Any, None]],
+) -> list[int]:
+    """Submit request i (``one(i)``, its own task) at ``t0 + arrivals[i]`` whatever the
+    others are doing, and wait for all; returns the engine's running requests sampled
+    every 10 ms while busy (the batch occupancy)."""
     loop = asyncio.get_running_loop()
-    completions: list[float | None] = [None] * len(arrivals)
-    images: dict[int, Any] = {}
     running: list[int] = []
     done = asyncio.Event()
-    t0 = loop.time()
-
-    async def one(i: int) -> None:
-        async for event in engine.generate(C.request(case, seed=SEED0 + i)):
-            if isinstance(event, RequestOutput):
-                completions[i] = loop.time() - t0
-                if i in keep:
-                    images[i] = event.images[0]
 
     async def sample() -> None:
         while not done.is_set():
@@ -420,7 +411,6 @@ async def _run_engine(
                 running.append(int(busy))
             await asyncio.sleep(0.01)
 
-    recorder.start()
     sampler = asyncio.create_task(sample())
     tasks = []
     try:
@@ -433,6 +423,33 @@ async def _run_engine(
     finally:
         done.set()
         await sampler
+    return running
+
+
+async def _run_engine(
+    engine: Any, recorder: _Recorder, case: Case, arrivals: list[float], keep: set[int]
+) -> Run:
+    """Open loop on an AsyncEngine: request i is submitted at t0 + arrivals[i] (its own
+    task), whatever the others are doing. Completion = when its RequestOutput reaches
+    this loop."""
+    from diffserve.types.request import RequestOutput
+
+    loop = asyncio.get_running_loop()
+    completions: list[float | None] = [None] * len(arrivals)
+    images: dict[int, Any] = {}
+    t0 = loop.time()
+
+    async def one(i: int) -> None:
+        async for event in engine.generate(C.request(case, seed=SEED0 + i)):
+            if isinstance(event, RequestOutput):
+                completions[i] = loop.time() - t0
+                if i in keep:
+                    images[i] = event.images[0]
+
+    recorder.start()
+    try:
+        running = await drive_open_loop(engine, arrivals, t0, one)
+    finally:
         sizes = recorder.stop()
     missing = [i for i, c in enumerate(completions) if c is None]
     if missing:

@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 
 from benchmarks import contenders as C
-from benchmarks.arrivals import Run, percentile
+from benchmarks.arrivals import Run, drive_open_loop, percentile
 from benchmarks.settings import GUIDANCE_SCALE, MAX_SEQUENCE_LENGTH, PROMPT, SEED, Case
 
 SEED0 = SEED + 2000  # request i of a mix has seed SEED0 + i
@@ -222,8 +222,6 @@ async def run_open(
     loop = asyncio.get_running_loop()
     completions: list[float | None] = [None] * len(mix)
     skipped: list[int] = []
-    running: list[int] = []
-    done = asyncio.Event()
     t0 = loop.time()
 
     async def one(i: int) -> None:
@@ -231,25 +229,7 @@ async def run_open(
         completions[i] = loop.time() - t0
         skipped.append(skipped_steps(out))
 
-    async def sample() -> None:
-        while not done.is_set():
-            busy = getattr(engine, "num_running", 0)
-            if busy:
-                running.append(int(busy))
-            await asyncio.sleep(0.01)
-
-    sampler = asyncio.create_task(sample())
-    tasks = []
-    try:
-        for i, at in enumerate(arrivals):
-            delay = t0 + at - loop.time()
-            if delay > 0:
-                await asyncio.sleep(delay)
-            tasks.append(asyncio.create_task(one(i)))
-        await asyncio.gather(*tasks)
-    finally:
-        done.set()
-        await sampler
+    running = await drive_open_loop(engine, arrivals, t0, one)
     return _finished(arrivals, completions, running, skipped)
 
 
