@@ -260,8 +260,9 @@ class EngineCore(EngineHealth):
         )
         replica.heartbeat.beat("running")
         outcome: tuple[Outcome, BaseException | None]
+        run = BatchRun(self, replica, batch)
         try:
-            outcome = BatchRun(self, replica, batch).run()
+            outcome = run.run()
         except (
             Exception
         ) as exc:  # a bug here must fail these requests, not stop the loop
@@ -270,7 +271,9 @@ class EngineCore(EngineHealth):
                 state.finish(WorkerError(f"engine error: {exc}"))
             outcome = (Outcome.ERROR, exc)
         finally:
-            self.scheduler.done(batch)
+            # The requests that joined at a step boundary leave the running set too
+            # (one aborted before the worker took it is answered by the abort alone).
+            self.scheduler.done(batch + run.live)
             replica.heartbeat.beat("idle")
         logger.debug(
             "replica %d: batch %s ended %s after %.0f ms",

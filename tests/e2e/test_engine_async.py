@@ -16,7 +16,7 @@ pytestmark = pytest.mark.e2e
 
 
 def request(seed: int, steps: int = 2, **kw: Any) -> GenerationRequest:
-    return GenerationRequest(
+    fields: dict[str, Any] = dict(
         prompt=f"a fox {seed}",
         height=128,
         width=128,
@@ -24,8 +24,8 @@ def request(seed: int, steps: int = 2, **kw: Any) -> GenerationRequest:
         guidance_scale=0.0,
         seed=seed,
         max_sequence_length=64,
-        **kw,
     )
+    return GenerationRequest(**{**fields, **kw})
 
 
 async def collect(
@@ -126,7 +126,9 @@ def test_abort_queued_and_running_others_unharmed(engine: AsyncEngine) -> None:
         started = asyncio.Event()
         # ~100 denoise steps: still running when the abort lands.
         long = request(1, steps=100)
-        queued = request(2, steps=3)
+        # Another text window (another step key): it cannot join the long batch, so
+        # it waits in the queue.
+        queued = request(2, steps=3, max_sequence_length=32)
         other = request(3, steps=2)
         long_events: list[ProgressEvent] = []
         tasks = {

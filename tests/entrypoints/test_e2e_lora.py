@@ -46,6 +46,8 @@ def lora_client(server_launcher, tiny_flux_dir, lora_file):
         "2",
         "--served-model-name",
         "tiny-flux",
+        "--max-steps",
+        "300",
         "--max-batch-size",
         "4",
         # One 128x128 request's tokens a step (16x16-pixel tokens): four 32x32 ones
@@ -70,14 +72,19 @@ def generate(client, size="64x64", **extra):
     )
 
 
-def joins(client) -> float:
+def metric(client, name: str) -> float:
     text = httpx.get(client.server_url + "/metrics", timeout=10).text
-    line = next(
-        x
-        for x in text.splitlines()
-        if x.startswith('diffserve_model_step_joins_total{model="tiny-flux"}')
-    )
+    prefix = name + '{model="tiny-flux"}'
+    line = next(x for x in text.splitlines() if x.startswith(prefix))
     return float(line.split()[-1])
+
+
+def joins(client) -> float:
+    return metric(client, "diffserve_model_step_joins_total")
+
+
+def running_tokens(client) -> float:
+    return metric(client, "diffserve_model_step_tokens_running")
 
 
 # Each joiner differs from the running request in one thing the runner carries per
@@ -101,11 +108,14 @@ MIXED = [
 def test_mixed_requests_join_one_batch_each_equal_to_alone(lora_client) -> None:
     before = joins(lora_client)
     with ThreadPoolExecutor(len(MIXED) + 1) as pool:
-        first = pool.submit(generate, lora_client, num_inference_steps=40, seed=1)
-        time.sleep(0.5)  # the first request runs
+        # Long enough (300 steps) that every joiner (5 steps at most) runs beside it.
+        first = pool.submit(generate, lora_client, num_inference_steps=300, seed=1)
+        deadline = time.monotonic() + 60
+        while running_tokens(lora_client) == 0:  # the first request runs
+            assert time.monotonic() < deadline and not first.done()
+            time.sleep(0.02)
         mixed = [pool.submit(generate, lora_client, **extra) for extra in MIXED]
         together = [f.result() for f in mixed]
-        assert not first.done() or len(together) == len(MIXED)
         first.result()
     # They joined the running batch (at most 4 requests at once: the rest joined as
     # rows left).

@@ -244,11 +244,15 @@ def test_input_checks_name_value_and_fix(
     assert info.value.param == param and text in str(info.value)
 
 
-def test_batch_must_share_geometry(pipe: FluxPipeline) -> None:
-    with pytest.raises(
-        ValueError, match="must share height, width, steps and guidance_scale"
-    ):
-        list(pipe.run([_req(), _req(width=32)]))
+def test_a_batch_of_two_geometries_runs_each_in_its_group(pipe: FluxPipeline) -> None:
+    # Shapes are groups of one step-level batch (back to back within each step).
+    batch = [library_admit(pipe, _req()), library_admit(pipe, _req(width=32))]
+    events = list(pipe.run(batch))
+    outputs = [o for e in events if isinstance(e, BatchResult) for o in e.outputs]
+    assert sorted(tuple(o.images.shape) for o in outputs) == [
+        (1, 64, 32, 3),
+        (1, 64, 64, 3),
+    ]
 
 
 def test_long_prompt_warns_once_without_echo(
