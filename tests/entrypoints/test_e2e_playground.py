@@ -218,10 +218,14 @@ def test_generate_shows_progress_images_and_proof(page, server, tmp_path) -> Non
         by_id(page, "seed-random").is_selected()
         and not by_id(page, "seed").is_enabled()
     )
+    # Every text the element shows, from each mutation record (events that reach the
+    # page in one chunk are shown in one task: one observer call, several records).
     page.execute_script("""window.seenSteps = [];
         const text = document.getElementById('progress-text');
-        new MutationObserver(() => window.seenSteps.push(text.textContent)).observe(
-            text, {childList: true, characterData: true, subtree: true});""")
+        new MutationObserver(records => { for (const r of records) {
+            for (const node of r.addedNodes) window.seenSteps.push(node.textContent);
+            if (r.type === 'characterData') window.seenSteps.push(r.target.data);
+        } }).observe(text, {childList: true, characterData: true, subtree: true});""")
     by_id(page, "generate").click()
     wait(
         page,
