@@ -39,14 +39,7 @@ import numpy as np
 from benchmarks import contenders as C
 from benchmarks.common import median, psnr
 from benchmarks.section import Section
-from benchmarks.settings import (
-    GUIDANCE_SCALE,
-    MAX_SEQUENCE_LENGTH,
-    PROMPT,
-    SEED,
-    Case,
-    Settings,
-)
+from benchmarks.settings import SEED, Case, Settings
 
 DTYPE = "float32"
 STEP, REQUEST, DIFFUSERS = (
@@ -332,21 +325,9 @@ def _alone(engine: Any, case: Case, seed: int) -> Any:
 def _diffusers_call(pipe: Any, case: Case) -> Callable[[int], Any]:
     """One diffusers image with ``seed`` (the same request as diffserve's: prompt, size,
     steps, text length)."""
-    import torch
 
     def call(seed: int) -> Any:
-        generator = torch.Generator("cpu").manual_seed(seed)
-        with torch.inference_mode():
-            out = pipe(
-                prompt=PROMPT,
-                height=case.size,
-                width=case.size,
-                num_inference_steps=case.steps,
-                guidance_scale=GUIDANCE_SCALE,
-                generator=generator,
-                max_sequence_length=MAX_SEQUENCE_LENGTH,
-            )
-        return out.images[0]
+        return C.diffusers_image(pipe, case.size, case.steps, seed)
 
     return call
 

@@ -59,6 +59,25 @@ def diffusers_call(pipe: Any, case: Case, *, batch: int = 1) -> Callable[[], lis
     return call
 
 
+def diffusers_image(pipe: Any, size: int, steps: int, seed: int) -> Any:
+    """One diffusers image of ``size`` x ``size`` with ``seed`` (the same request as
+    diffserve's: prompt, guidance, text length)."""
+    import torch
+
+    generator = torch.Generator("cpu").manual_seed(seed)
+    with torch.inference_mode():
+        out = pipe(
+            prompt=PROMPT,
+            height=size,
+            width=size,
+            num_inference_steps=steps,
+            guidance_scale=GUIDANCE_SCALE,
+            generator=generator,
+            max_sequence_length=MAX_SEQUENCE_LENGTH,
+        )
+    return out.images[0]
+
+
 def request(
     case: Case,
     *,

@@ -24,7 +24,7 @@ import numpy as np
 
 from benchmarks import contenders as C
 from benchmarks.arrivals import Run, drive_open_loop, percentile
-from benchmarks.settings import GUIDANCE_SCALE, MAX_SEQUENCE_LENGTH, PROMPT, SEED, Case
+from benchmarks.settings import SEED, Case
 
 SEED0 = SEED + 2000  # request i of a mix has seed SEED0 + i
 ADAPTERS = ("A", "B")
@@ -117,21 +117,8 @@ class DiffusersMixed:
         self._active = adapter
 
     def __call__(self, item: Mixed, seed: int) -> Any:
-        import torch
-
         self._select(item.adapter)
-        generator = torch.Generator("cpu").manual_seed(seed)
-        with torch.inference_mode():
-            out = self.pipe(
-                prompt=PROMPT,
-                height=item.size,
-                width=item.size,
-                num_inference_steps=item.steps,
-                guidance_scale=GUIDANCE_SCALE,
-                generator=generator,
-                max_sequence_length=MAX_SEQUENCE_LENGTH,
-            )
-        return out.images[0]
+        return C.diffusers_image(self.pipe, item.size, item.steps, seed)
 
 
 Call = Callable[[Mixed, int], Any]
