@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -17,10 +18,24 @@ import programs
 STARTUP_TIMEOUT_S = 180.0
 
 
+# Below the kernel's ephemeral range (32768+ by default) and above Ray's worker ports
+# (10002-19999): a port the kernel hands to another process's bind(0) or connect() - Ray
+# opens many while a test server starts - can never be this one.
+_PORTS = range(20000, 32768)
+
+
 def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+    """A port on 127.0.0.1 that is free now, drawn from ``_PORTS``."""
+    rng = random.SystemRandom()
+    for _ in range(200):
+        port = rng.choice(_PORTS)
+        with socket.socket() as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError(f"no free port in {_PORTS} on 127.0.0.1")
 
 
 class ServerProcess:
