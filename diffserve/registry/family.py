@@ -173,3 +173,20 @@ class ModelFamily:
         family's own)."""
         generic = (implementation or self.implementation) == "generic"
         return load_target(GENERIC_PIPELINE if generic else self.pipeline)
+
+
+# --- Vocabulary the registry's entries share
+
+# The step caches the native denoisers run (models/stepcache).
+NATIVE_STEP_CACHES = ("fbcache", "teacache")
+# The generic path's LoRA check: diffusers/PEFT files keyed by the denoiser's own module
+# names.
+GENERIC_LORA_CHECK = "diffserve.models.generic.lora:check_lora_request"
+# CFG-parallel (the two CFG branches on two ranks) times Ulysses (the image or video
+# tokens; the degree must divide the heads, checked at load: models/runner/branches.py).
+CFG_TIMES_ULYSSES = Parallelism(
+    max_world_size=16, dims=("cfg_parallel_size", "ulysses_degree")
+)
+MMDIT_ROLES = GenericPath(
+    role_patterns=(("", "joint_block"),), first_block_cache=MMDIT_FIRST_BLOCK_CACHE
+)

@@ -22,20 +22,21 @@ from pathlib import Path
 from typing import Any
 
 from diffserve.registry.family import (
+    CFG_TIMES_ULYSSES,
     GENERIC_PIPELINE,
-    MMDIT_FIRST_BLOCK_CACHE,
+    MMDIT_ROLES,
+    NATIVE_STEP_CACHES,
     FamilyDefaults,
     Features,
     GenericPath,
     ModelFamily,
-    Parallelism,
 )
+from diffserve.registry.qwen_families import QWEN_IMAGE_FAMILIES
+from diffserve.registry.video_families import VIDEO_FAMILIES
 
 # Admission's check of a request's LoRA adapters on the native FLUX pipeline (files,
 # shapes, scales).
 FLUX_LORA_CHECK = "diffserve.models.flux.lora:check_lora_request"
-# The generic path's: diffusers/PEFT files keyed by the denoiser's own module names.
-GENERIC_LORA_CHECK = "diffserve.models.generic.lora:check_lora_request"
 
 # A model directory's own diffserve marker (written by the zoo's builders and trainers):
 # what the directory is and, optionally, its ``request_defaults`` (read by
@@ -83,9 +84,6 @@ FLUX_MODULATION = (
 # models/text_encoder_file.py (CLIP-L, T5-XXL).
 FLUX_SINGLE_FILES = ("transformer", "vae", "text_encoder", "text_encoder_2")
 
-WAN_PIPELINE = "diffserve.models.wan.pipeline:WanVideoPipeline"
-NATIVE_STEP_CACHES = ("fbcache", "teacache")
-WAN_QUANTIZATION_IGNORED = ("patch_embedding", "condition_embedder", "proj_out")
 
 FLUX_ROLES = ("double_block", "single_block")
 # implementation: generic runs diffusers' FluxPipeline with these roles.
@@ -103,15 +101,6 @@ FLUX_FEATURES = Features(
     stage_pipelines=FLUX_STAGES,
     single_file_components=FLUX_SINGLE_FILES,
 )
-# CFG-parallel (the two CFG branches on two ranks) times Ulysses (the image or video
-# tokens; the degree must divide the heads, checked at load: models/runner/branches.py).
-CFG_TIMES_ULYSSES = Parallelism(
-    max_world_size=16, dims=("cfg_parallel_size", "ulysses_degree")
-)
-MMDIT_ROLES = GenericPath(
-    role_patterns=(("", "joint_block"),), first_block_cache=MMDIT_FIRST_BLOCK_CACHE
-)
-
 MODEL_FAMILIES: dict[str, ModelFamily] = {
     family.class_name: family
     for family in (
@@ -184,48 +173,7 @@ MODEL_FAMILIES: dict[str, ModelFamily] = {
                 )
             ),
         ),
-        # Qwen-Image (MMDiT, a Qwen2.5-VL text encoder): every block's joint text-image
-        # attention, masked where a batch's prompts differ in length; true CFG (two
-        # forwards a step) at 4.0 over 50 steps, 1024 px, text up to 1024 tokens, as its
-        # __call__ (negative prompt " " when a request names none, as the model card).
-        # Qwen-Image-Edit and -Edit-Plus (2509: several reference images, one through
-        # the edits API) have the same entry plus their edits: the same transformer; the
-        # input image is read by the Qwen2.5-VL encoder and its latents join the image
-        # tokens (a reference edit, as FLUX.1 Kontext's).
-        *(
-            ModelFamily(
-                name,
-                GENERIC_PIPELINE,
-                "single",
-                ("joint_block",),
-                implementation="generic",
-                defaults=FamilyDefaults(50, 4.0, max_sequence_length=1024),
-                generic=replace(
-                    MMDIT_ROLES,
-                    masked_roles=("joint_block",),
-                    cfg_argument="true_cfg_scale",
-                    cfg_negative_prompt=" ",
-                ),
-                features=Features(
-                    edits=edits,
-                    lora_check=GENERIC_LORA_CHECK,
-                    quantization_ignored_layers=(
-                        "img_in",
-                        "txt_in",
-                        "time_text_embed",
-                        "*.img_mod",
-                        "*.txt_mod",
-                        "norm_out",
-                        "proj_out",
-                    ),
-                ),
-            )
-            for name, edits in (
-                ("QwenImagePipeline", ()),
-                ("QwenImageEditPipeline", ("reference",)),
-                ("QwenImageEditPlusPipeline", ("reference",)),
-            )
-        ),
+        *QWEN_IMAGE_FAMILIES,
         # Z-Image (a single-stream DiT, a Qwen3 text encoder): refiner blocks over the
         # image and the text tokens alone, then joint blocks over both, every call
         # masked (a batch pads its sequences); CFG at 5.0 over 50 steps as its __call__
@@ -283,38 +231,7 @@ MODEL_FAMILIES: dict[str, ModelFamily] = {
             )
             for name in ("Flux2KleinPipeline", "Flux2Pipeline")
         ),
-        # Wan2.1 / Wan2.2 text-to-video (Wan2.2's two experts: transformer +
-        # transformer_2 by boundary_ratio) and Wan2.2 image-to-video: self-attention
-        # over the video tokens, cross-attention to UMT5's; real CFG at 5.0 over 50
-        # steps, 81 frames of 480x832 at 16 fps, as diffusers' __call__ and the Wan
-        # repos.
-        *(
-            ModelFamily(
-                name,
-                WAN_PIPELINE,
-                "single",
-                ("self_attention", "cross_attention"),
-                defaults=FamilyDefaults(
-                    50,
-                    5.0,
-                    max_sequence_length=512,
-                    num_frames=81,
-                    fps=16,
-                    height=480,
-                    width=832,
-                ),
-                parallel=CFG_TIMES_ULYSSES,
-                features=Features(
-                    edits=edits,
-                    step_caches=NATIVE_STEP_CACHES,
-                    quantization_ignored_layers=WAN_QUANTIZATION_IGNORED,
-                ),
-            )
-            for name, edits in (
-                ("WanPipeline", ()),
-                ("WanImageToVideoPipeline", ("first_frame",)),
-            )
-        ),
+        *VIDEO_FAMILIES,
     )
 }
 

@@ -5,7 +5,8 @@ transformers import their model code lazily, on first attribute access)."""
 from __future__ import annotations
 
 from diffserve.registry.family import GENERIC_PIPELINE
-from diffserve.registry.models import FLUX_PIPELINE, MODEL_FAMILIES, WAN_PIPELINE
+from diffserve.registry.models import FLUX_PIPELINE, MODEL_FAMILIES
+from diffserve.registry.video_families import WAN_PIPELINE
 
 # The library modules each pipeline's load imports (diffusers and transformers import
 # their model code lazily, on first attribute access): the mp fork server imports them
