@@ -158,6 +158,33 @@ def tiny_qwen_image_dir() -> Path:
     )
 
 
+def _own_builder_model(kind: str) -> Path:
+    """A kind whose family has a builder module of its own (``zoo/kinds.py``), seed
+    0."""
+    from diffserve.zoo.kinds import own_builder
+
+    return _shared_model(kind, lambda target: own_builder(kind)(kind, target, seed=0))
+
+
+@pytest.fixture(scope="session")
+def tiny_qwen_image21_dir() -> Path:
+    """A random-weight tiny QwenImage21Pipeline dir (Qwen3-VL encoder, prefix KV cache,
+    RGBA VAE), seed 0."""
+    return _own_builder_model("tiny-qwen-image-21")
+
+
+@pytest.fixture(scope="session")
+def tiny_hunyuan_video15_dir() -> Path:
+    """A random-weight tiny HunyuanVideo15Pipeline dir, seed 0."""
+    return _own_builder_model("tiny-hunyuan-video-15")
+
+
+@pytest.fixture(scope="session")
+def tiny_ltx2_dir() -> Path:
+    """A random-weight tiny LTX2Pipeline dir (a video and its audio), seed 0."""
+    return _own_builder_model("tiny-ltx2")
+
+
 @pytest.fixture(scope="session")
 def tiny_qwen_image_edit_dir() -> Path:
     """A random-weight tiny QwenImageEditPipeline dir (Qwen-Image with a Qwen2-VL

@@ -14,6 +14,7 @@ from typing import Any
 
 VL_PROCESSOR_CLASS = "Qwen2VLProcessor"
 PIXTRAL_PROCESSOR_CLASS = "PixtralProcessor"
+QWEN3_VL_PROCESSOR_CLASS = "Qwen3VLProcessor"
 
 # class name -> why transformers needs torchvision to build it.
 TORCHVISION_PROCESSORS: dict[str, str] = {
@@ -21,6 +22,8 @@ TORCHVISION_PROCESSORS: dict[str, str] = {
     "Qwen2VLProcessor with "
     "a Qwen2VLVideoProcessor, "
     "which needs torchvision",
+    QWEN3_VL_PROCESSOR_CLASS: "transformers builds Qwen3VLProcessor with a "
+    "Qwen3VLVideoProcessor, which needs torchvision",
     PIXTRAL_PROCESSOR_CLASS: "transformers' PixtralProcessor needs torchvision (its "
     "module imports the torchvision "
     "PixtralImageProcessor)",

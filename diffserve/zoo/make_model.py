@@ -9,37 +9,21 @@ import dataclasses
 from pathlib import Path
 from typing import Any, TypeVar
 
-# Kept in sync with diffserve.zoo.flux_specs.SPECS and
-# tiny_generic_configs.GENERIC_SPECS (a test checks it); listed here so that building
-# the parser stays import-light.
-FLUX_KINDS = ("tiny-flux", "tiny-flux-kontext", "small-flux")
-GENERIC_KINDS = (
-    "tiny-sd3",
-    "small-sd3",
-    "tiny-pixart-sigma",
-    "tiny-qwen-image",
-    "tiny-qwen-image-edit",
-    "tiny-qwen-image-edit-plus",
-    "tiny-z-image",
-    "tiny-flux2-klein",
-    "tiny-flux2",
+from diffserve.zoo.kinds import (
+    DESCRIPTION,
+    FLUX_KINDS,
+    GENERIC_KINDS,
+    LLM_KINDS,
+    LORA_KINDS,
+    MODEL_KINDS,
+    OWN_BUILDER_KINDS,
+    TRAINED_KINDS,
+    TRAINED_LLM_KINDS,
+    TRAINED_LORA_KINDS,
+    TRAINED_VIDEO_KINDS,
+    WAN_KINDS,
+    own_builder,
 )
-# Diffserve.zoo.wan_specs.WAN_SPECS.
-WAN_KINDS = ("tiny-wan", "tiny-wan22", "tiny-wan22-i2v", "small-wan")
-MODEL_KINDS = FLUX_KINDS + GENERIC_KINDS + WAN_KINDS
-LORA_KINDS = ("tiny-flux-lora",)  # an adapter for a FLUX model (--base), not a model
-# Trained on CPU by diffserve.zoo.toy_shapes: copied from the package, or retrained with
-# --train.
-TRAINED_KINDS = ("toy-shapes",)  # the demo model
-# The toy video model (diffserve.zoo.toy_motion): trained with --train.
-TRAINED_VIDEO_KINDS = ("toy-motion",)
-TRAINED_LORA_KINDS = ("toy-shapes-stars",)  # its circles-to-stars adapter
-# Causal language models (Hugging Face's layout, which vLLM loads) for the AR
-# prompt-rewrite stage: random ones (diffserve.zoo.llm.specs.LLM_SPECS, a test checks
-# it), and the toy prompter (diffserve.zoo.llm.train), copied from the package or
-# retrained with --train.
-LLM_KINDS = ("tiny-qwen3", "tiny-qwen3-moe")
-TRAINED_LLM_KINDS = ("toy-prompter",)
 
 # A trainer's frozen dataclass config (TrainConfig, LoraTrainConfig)
 _Config = TypeVar("_Config", bound=Any)
@@ -52,52 +36,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
         help="write a random-weight FLUX.1, FLUX.2-klein, SD3, PixArt-Sigma, "
         "Qwen-Image, Z-Image or Wan pipeline directory, "
         "or a small Qwen3 language model (no download)",
-        description=(
-            "Write a pipeline directory in diffusers layout (a "
-            "language model: Hugging Face's causal-LM layout) with "
-            "random weights from a seeded generator. "
-            "FLUX.1 kinds (FluxPipeline): tiny-flux for tests and "
-            "demos, small-flux (~150M parameters) for "
-            "benchmarks; tiny-flux-kontext is FLUX.1 Kontext (FluxKontextPipeline, "
-            "edits from a reference image). Generic diffusers DiT "
-            "pipelines: tiny-sd3 and small-sd3 (~123M-parameter "
-            "transformer) are StableDiffusion3Pipeline, tiny-pixart-sigma "
-            "is PixArtSigmaPipeline, tiny-qwen-image is "
-            "QwenImagePipeline (a Qwen2.5-VL text encoder and a "
-            "Qwen2 tokenizer made locally), tiny-qwen-image-edit "
-            "its QwenImageEditPipeline twin (edits), tiny-qwen-image-edit-plus "
-            "its QwenImageEditPlusPipeline one, "
-            "tiny-z-image is "
-            "ZImagePipeline and tiny-flux2-klein is Flux2KleinPipeline "
-            "(Qwen3 text encoders), tiny-flux2 is "
-            "Flux2Pipeline (a Mistral3 text encoder and a Pixtral "
-            "processor). Video (Wan): tiny-wan "
-            "(Wan2.1 text-to-video, WanPipeline), tiny-wan22 (Wan2.2's "
-            "two experts), tiny-wan22-i2v (Wan2.2 "
-            "image-to-video, WanImageToVideoPipeline), small-wan "
-            "(~90M parameters, benchmarks). "
-            "The same seed gives byte-identical files. toy-shapes "
-            "is the trained demo model (draws 'a red circle "
-            "on a blue background'), and toy-motion, the trained "
-            "toy video model ('a yellow square moving right on "
-            "a "
-            "black background'): copied from the package, or trained "
-            "from scratch on this CPU with --train; "
-            "toy-shapes-stars is toy-shapes' circles-to-stars LoRA "
-            "(draws a star where the prompt says circle), copied "
-            "or trained (--train, about a minute) for the toy model "
-            "at --base (default: the shipped one). "
-            "Language models (Hugging Face causal-LM layout, which "
-            "transformers and vLLM load; a Qwen tokenizer made "
-            "locally, with a Qwen chat template): tiny-qwen3 (Qwen3ForCausalLM) "
-            "and tiny-qwen3-moe "
-            "(Qwen3MoeForCausalLM, 4 experts, 2 per token) have "
-            "random weights; toy-prompter is trained to expand "
-            "short prompts into the toy models' grammars ('red "
-            "circle' -> 'a red circle on a blue background'), "
-            "copied from the package or trained here with --train "
-            "(one to three minutes)."
-        ),
+        description=DESCRIPTION,
     )
     parser.add_argument(
         "kind",
@@ -112,6 +51,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
         help=f"FLUX: {', '.join(FLUX_KINDS)}; generic diffusers DiT: "
         f"{', '.join(GENERIC_KINDS)}; "
         f"Wan video: {', '.join(WAN_KINDS)}; "
+        f"families with their own builder: {', '.join(OWN_BUILDER_KINDS)}; "
         "tiny-flux-lora: a random LoRA (diffusers/PEFT layout) "
         "for the FLUX model at --base; "
         "toy-shapes: the trained demo model; toy-shapes-stars: "
@@ -220,6 +160,10 @@ def make(args: argparse.Namespace) -> Path:
         from diffserve.zoo.generic import build_generic_model
 
         out = build_generic_model(
+            args.kind, args.dir, seed=_seed(args), force=args.force
+        )
+    elif args.kind in OWN_BUILDER_KINDS:
+        out = own_builder(args.kind)(
             args.kind, args.dir, seed=_seed(args), force=args.force
         )
     elif args.kind in WAN_KINDS:

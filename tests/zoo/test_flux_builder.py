@@ -260,11 +260,17 @@ def test_cli_choices_match_specs() -> None:
         FLUX_KINDS,
         GENERIC_KINDS,
         MODEL_KINDS,
+        OWN_BUILDER_KINDS,
         WAN_KINDS,
+        own_builder,
     )
     from diffserve.zoo.wan_specs import WAN_SPECS
 
     assert tuple(SPECS) == FLUX_KINDS
     assert tuple(GENERIC_SPECS) == GENERIC_KINDS
     assert tuple(WAN_SPECS) == WAN_KINDS
-    assert MODEL_KINDS == FLUX_KINDS + GENERIC_KINDS + WAN_KINDS
+    own = tuple(OWN_BUILDER_KINDS)
+    assert (*FLUX_KINDS, *GENERIC_KINDS, *WAN_KINDS, *own) == MODEL_KINDS
+    # Each family's own builder resolves to a callable.
+    for kind in OWN_BUILDER_KINDS:
+        assert callable(own_builder(kind)), kind

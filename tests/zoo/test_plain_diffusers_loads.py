@@ -60,6 +60,14 @@ ADAPTERS = ("tiny-flux-lora", "toy-shapes-stars")  # LoRAs: loaded onto their ba
 # Causal LMs for AR stages, not diffusers pipelines: transformers and vLLM load them
 # (tests/zoo/test_llm_models.py).
 LANGUAGE_MODELS = ("tiny-qwen3", "tiny-qwen3-moe", "toy-prompter")
+# Families whose tiny builder has a test of its own that loads and runs it in plain
+# diffusers, with the calls their pipelines need (RGBA images, a video's audio track,
+# LTX-2's 8k+1 frames): not run twice.
+TESTED_BY_THEIR_BUILDER = {
+    "tiny-qwen-image-21": "test_qwen_image21_builder.py",
+    "tiny-ltx2": "test_ltx2_builder.py",
+    "tiny-hunyuan-video-15": "test_hunyuan_video15_builder.py",
+}
 MODELS = (*FIXTURES, *BUILT_HERE, *SHIPPED)
 
 # ~100M parameters: one step is enough to run every module.
@@ -93,7 +101,12 @@ def test_the_kinds_here_are_make_models_kinds() -> None:
         for action in subparsers.choices["make-model"]._actions
         if action.dest == "kind"
     )
-    assert sorted(kinds) == sorted((*MODELS, *ADAPTERS, *LANGUAGE_MODELS))
+    assert sorted(kinds) == sorted(
+        (*MODELS, *TESTED_BY_THEIR_BUILDER, *ADAPTERS, *LANGUAGE_MODELS)
+    )
+    for test_file in TESTED_BY_THEIR_BUILDER.values():
+        source = (Path(__file__).parent / test_file).read_text(encoding="utf-8")
+        assert ".from_pretrained(" in source and "def test_" in source, test_file
     assert len(set(MODELS) | set(ADAPTERS)) == len(MODELS) + len(ADAPTERS)
 
 

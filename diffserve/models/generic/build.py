@@ -30,7 +30,7 @@ from diffserve.models.generic.kernels import (
 )
 from diffserve.models.generic.lora import generic_lora_adapters
 from diffserve.models.generic.step_cache import GenericStepCache
-from diffserve.models.generic.vl_processor import processor_components
+from diffserve.models.generic.vl_processor import init_components, processor_components
 from diffserve.models.loader import strict_model_components
 from diffserve.models.memory import component_weights
 from diffserve.models.offload import offload_diffusers
@@ -87,6 +87,7 @@ def load_generic(root: Path, stage: StageConfig, context: BuildContext) -> Gener
             use_safetensors=True,
             local_files_only=True,
             **components,
+            **init_components(root),
             **dict.fromkeys(processors),
         )
         pipe.register_modules(**processors)

@@ -1,6 +1,6 @@
 """The processors of the language-model families, with or without torchvision:
-Qwen2-VL's for the image-editing pipeline (Qwen-Image-Edit) and Pixtral's for
-FLUX.2-dev's prompts.
+Qwen2-VL's for the image-editing pipeline (Qwen-Image-Edit), Qwen3-VL's for
+Qwen-Image-2.1 and Pixtral's for FLUX.2-dev's prompts.
 
 ``QwenImageEditPipeline`` hands its prompt and input image to a ``Qwen2VLProcessor``:
 the image processor turns the image into patches and the tokenizer repeats
@@ -19,7 +19,11 @@ from pathlib import Path
 from typing import Any
 
 from diffserve.logging import get_logger
-from diffserve.registry.processors import PIXTRAL_PROCESSOR_CLASS, VL_PROCESSOR_CLASS
+from diffserve.registry.processors import (
+    PIXTRAL_PROCESSOR_CLASS,
+    QWEN3_VL_PROCESSOR_CLASS,
+    VL_PROCESSOR_CLASS,
+)
 
 logger = get_logger(__name__)
 
@@ -65,6 +69,18 @@ def image_only_processor(directory: Path) -> Any:
     return ImageOnlyQwen2VLProcessor(image_processor, tokenizer)
 
 
+def init_components(root: Path) -> dict[str, Any]:
+    """The processors ``model_index.json`` names that the pipeline's ``__init__`` itself
+    reads (Qwen-Image-2.1 renders its prompt templates with the Qwen3-VL processor's
+    chat template there), so they go in with the load: ``{"processor": ...}``."""
+    import json
+
+    index = json.loads((root / "model_index.json").read_text(encoding="utf-8"))
+    if _names(index.get("processor"), QWEN3_VL_PROCESSOR_CLASS):
+        return {"processor": load_qwen3_vl_processor(root / "processor")}
+    return {}
+
+
 def processor_components(root: Path) -> dict[str, Any]:
     """The processors ``model_index.json`` names that transformers may not build here:
     ``{"processor": ...}`` for a Qwen2-VL processor, ``{"tokenizer": ...}`` for
@@ -101,3 +117,48 @@ def load_pixtral_processor(directory: Path) -> Any:
             exc,
         )
         return AutoTokenizer.from_pretrained(str(directory), local_files_only=True)
+
+
+def load_qwen3_vl_processor(directory: Path | str) -> Any:
+    """The directory's ``Qwen3VLProcessor``, or its image-only twin where transformers
+    cannot build it (no torchvision)."""
+    from transformers import Qwen3VLProcessor
+
+    try:
+        return Qwen3VLProcessor.from_pretrained(str(directory), local_files_only=True)
+    except (AttributeError, ImportError, ValueError) as exc:
+        logger.info(
+            "Qwen3VLProcessor needs torchvision here (%s); using its image-only twin",
+            exc,
+        )
+        return image_only_qwen3_vl_processor(directory)
+
+
+def image_only_qwen3_vl_processor(directory: Path | str) -> Any:
+    """A ``Qwen3VLProcessor`` without its video processor, from the directory's image
+    processor (its PIL backend), tokenizer and chat template: the same text and image
+    outputs (prompt tokens, ``pixel_values``, ``image_grid_thw``,
+    ``mm_token_type_ids``), no video."""
+    from transformers import AutoTokenizer, Qwen2VLImageProcessorPil, Qwen3VLProcessor
+
+    class ImageOnlyQwen3VLProcessor(Qwen3VLProcessor):
+        # ProcessorMixin reads its sub-processors off __init__'s parameters: no
+        # video_processor here, and __call__ skips videos without one.
+        def __init__(
+            self,
+            image_processor: Any = None,
+            tokenizer: Any = None,
+            chat_template: str | None = None,
+            **kwargs: Any,
+        ) -> None:
+            super().__init__(
+                image_processor, tokenizer, None, chat_template=chat_template, **kwargs
+            )
+
+    image_processor = Qwen2VLImageProcessorPil.from_pretrained(
+        str(directory), local_files_only=True
+    )
+    tokenizer = AutoTokenizer.from_pretrained(str(directory), local_files_only=True)
+    return ImageOnlyQwen3VLProcessor(
+        image_processor, tokenizer, chat_template=tokenizer.chat_template
+    )
