@@ -81,6 +81,8 @@ def _video_output(
         prompt=request.prompt,
         num_frames=int(request.num_frames or 0),
         fps=int(request.fps or 0),
+        audios=list(output.audio) if output.audio is not None else [],
+        audio_sample_rate=output.audio_sample_rate,
     )
 
 

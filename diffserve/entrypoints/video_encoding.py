@@ -1,6 +1,7 @@
 """Videos as files: H.264 MP4 through PyAV (the ``video`` extra) with the request's
-metadata in the container's tags, or one PNG per frame. One module for the CLI and the
-server, so a video's metadata reads the same wherever it was made."""
+metadata in the container's tags and, for a model that makes sound, its audio as
+an AAC track; or one PNG per frame. One module for the CLI and the server, so a video's
+metadata reads the same wherever it was made."""
 
 from __future__ import annotations
 
@@ -24,11 +25,18 @@ def _av() -> Any:
 
 
 def encode_mp4(
-    frames: Any, fps: int, metadata: dict[str, str] | None = None, *, crf: int = 18
+    frames: Any,
+    fps: int,
+    metadata: dict[str, str] | None = None,
+    *,
+    crf: int = 18,
+    audio: Any = None,
+    sample_rate: int = 0,
 ) -> bytes:
     """``frames`` uint8 ``(F, H, W, 3)`` -> an H.264 (yuv420p) MP4 at ``fps``,
     ``metadata`` as container tags (``use_metadata_tags``: any key survives, read back
-    with any FFmpeg or PyAV)."""
+    with any FFmpeg or PyAV). ``audio`` float ``(channels, samples)`` in [-1, 1] at
+    ``sample_rate`` becomes an AAC track beside the video."""
     import numpy as np
 
     av = _av()
@@ -63,7 +71,39 @@ def encode_mp4(
                 container.mux(packet)
         for packet in stream.encode():
             container.mux(packet)
+        if audio is not None:
+            _mux_audio(av, container, audio, sample_rate)
     return buffer.getvalue()
+
+
+# PyAV's AAC encoder takes one or two channels (the layouts by count).
+_LAYOUTS = {1: "mono", 2: "stereo"}
+
+
+def _mux_audio(av: Any, container: Any, audio: Any, sample_rate: int) -> None:
+    """One AAC stream of ``audio`` (float ``(channels, samples)``, clipped to [-1, 1]:
+    a vocoder's overshoot must not wrap)."""
+    import numpy as np
+
+    samples = np.asarray(audio, dtype=np.float32)
+    if samples.ndim == 1:
+        samples = samples[None]
+    if samples.ndim != 2 or samples.shape[0] not in _LAYOUTS or sample_rate <= 0:
+        raise ValueError(
+            "audio must be float (channels, samples) with 1 or 2 channels and a "
+            f"sample rate, got {samples.shape} at {sample_rate} Hz"
+        )
+    layout = _LAYOUTS[samples.shape[0]]
+    stream = container.add_stream("aac", rate=int(sample_rate))
+    stream.layout = layout
+    frame = av.AudioFrame.from_ndarray(
+        np.ascontiguousarray(np.clip(samples, -1.0, 1.0)), format="fltp", layout=layout
+    )
+    frame.sample_rate, frame.pts = int(sample_rate), 0
+    for packet in stream.encode(frame):
+        container.mux(packet)
+    for packet in stream.encode():
+        container.mux(packet)
 
 
 def read_mp4(data: bytes) -> tuple[Any, dict[str, str], float]:
@@ -83,6 +123,21 @@ def read_mp4(data: bytes) -> tuple[Any, dict[str, str], float]:
         )
 
 
+def read_audio(data: bytes) -> tuple[Any, int]:
+    """``(samples float32 (channels, n), sample_rate)`` of an MP4's first audio track
+    (AAC's encoder delay included: a few hundred samples more than were written).
+    Raises ``ValueError`` when the file has none."""
+    import numpy as np
+
+    av = _av()
+    with av.open(io.BytesIO(data)) as container:
+        if not container.streams.audio:
+            raise ValueError("the MP4 has no audio track")
+        rate = int(container.streams.audio[0].rate)
+        chunks = [frame.to_ndarray() for frame in container.decode(audio=0)]
+    return np.concatenate(chunks, axis=1).astype(np.float32), rate
+
+
 def write_frames(directory: Path, frames: Any, metadata: dict[str, str]) -> list[Path]:
     """One PNG per frame (``frame-0000.png``, ...) in ``directory``, each carrying
     ``metadata``."""
@@ -99,3 +154,21 @@ def write_frames(directory: Path, frames: Any, metadata: dict[str, str]) -> list
         Image.fromarray(frame).save(path, pnginfo=info)
         paths.append(path)
     return paths
+
+
+def write_wav(path: Path, audio: Any, sample_rate: int) -> Path:
+    """``audio`` float ``(channels, samples)`` in [-1, 1] as a 16-bit PCM WAV (the sound
+    of a video written as frames)."""
+    import wave
+
+    import numpy as np
+
+    samples = np.asarray(audio, dtype=np.float32)
+    samples = samples[None] if samples.ndim == 1 else samples
+    pcm = (np.clip(samples, -1.0, 1.0).T * 32767.0).round().astype("<i2")
+    with wave.open(str(path), "wb") as out:
+        out.setnchannels(samples.shape[0])
+        out.setsampwidth(2)
+        out.setframerate(int(sample_rate))
+        out.writeframes(pcm.tobytes())
+    return path

@@ -132,6 +132,31 @@ class GenericPath:
     # Keywords every call of the pipeline gets (PixArt-Sigma: the size asked for, not
     # the nearest trained bucket).
     call_overrides: tuple[tuple[str, Any], ...] = ()
+    # The guidance scale lives in the pipeline's ``guider`` component, not in a
+    # ``__call__`` keyword (HunyuanVideo-1.5): each batch gets a guider of its scale.
+    guider: bool = False
+    # The VAE decodes a batch one sample at a time (HunyuanVideo-1.5's decoder breaks
+    # on batches of several).
+    vae_slicing: bool = False
+    # The text window must be a multiple of this (LTX-2's connectors append 128
+    # registers): a request's ``max_sequence_length`` is rounded up to it.
+    text_window_multiple: int = 1
+    # The pipeline attribute that holds its text window where ``__call__`` takes none
+    # (HunyuanVideo-1.5's ``tokenizer_max_length``: prompts padded to 1000 tokens): set
+    # to each batch's ``max_sequence_length``.
+    text_window_attribute: str | None = None
+    # A request's height and width must be multiples of this where the pipeline packs
+    # latent patches its VAE and image processor do not say (Qwen-Image-2.1: 2x2 over
+    # a 16x VAE); 0: read off the pipeline (models/generic/capabilities.py).
+    size_multiple: int = 0
+    # The denoiser's keyword that says whether a forward fills the prefix KV cache or
+    # reads it (Qwen-Image-2.1: ``kv_cache_mode`` "extract" / "cached"), counted and
+    # attested per request (``prefix_kv_cache``); None: no prefix cache.
+    prefix_kv_cache: str | None = None
+    # The pipeline method that encodes a batch of prompts into padded tensors (each
+    # ``[B, L, ...]``, zero-padded on the right), run through the exact conditioning
+    # cache one prompt at a time (``models/generic/text_cache.py``); None: not cached.
+    prompt_encoder: str | None = None
 
 
 @dataclass(frozen=True)

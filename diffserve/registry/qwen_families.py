@@ -12,6 +12,7 @@ from diffserve.registry.family import (
     MMDIT_ROLES,
     FamilyDefaults,
     Features,
+    GenericPath,
     ModelFamily,
 )
 
@@ -57,5 +58,39 @@ QWEN_IMAGE_FAMILIES: tuple[ModelFamily, ...] = (
             ("QwenImageEditPipeline", ("reference",)),
             ("QwenImageEditPlusPipeline", ("reference",)),
         )
+    ),
+    # Qwen-Image-2.1: one block-causal single-stream DiT over [text, image] (a Qwen3-VL
+    # encoder; every call masked where a batch's prompts differ in length) with a prefix
+    # KV cache: step 1 fills each block's text keys and values, every later step reads
+    # them (counted per request: ``prefix_kv_cache``). Its VAE draws an alpha channel:
+    # RGBA images. Sampled without guidance at 40 steps as its __call__ (true CFG when a
+    # request asks for a scale above 1: negative prompt " " then); its text encodings
+    # go through the conditioning cache.
+    ModelFamily(
+        "QwenImage21Pipeline",
+        GENERIC_PIPELINE,
+        "single",
+        ("joint_block",),
+        implementation="generic",
+        defaults=FamilyDefaults(40, 1.0, max_sequence_length=1024, height=1024),
+        generic=GenericPath(
+            size_multiple=32,
+            role_patterns=(("transformer_blocks.", "joint_block"),),
+            masked_roles=("joint_block",),
+            cfg_argument="true_cfg_scale",
+            cfg_negative_prompt=" ",
+            prefix_kv_cache="kv_cache_mode",
+            prompt_encoder="_get_qwen_prompt_embeds",
+        ),
+        features=Features(
+            quantization_ignored_layers=(
+                "img_in",
+                "txt_in.*",
+                "time_text_embed.*",
+                "modulation.*",
+                "norm_out.*",
+                "proj_out",
+            )
+        ),
     ),
 )

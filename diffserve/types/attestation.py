@@ -110,11 +110,15 @@ class Attestation(KernelTally, total=False):
     lora: LoraReport
     # Per quantized component (transformer, text encoders)
     quantization: dict[str, QuantizationReport]
-    # The exact conditioning cache (native path): "hit" (the text encoders did not run
-    # for this request), "miss" or "off"; and the cache's entries, bytes and evictions
-    # so far after the request.
+    # The exact conditioning cache (native FLUX; generic families with a
+    # ``prompt_encoder``): "hit" (the text encoders did not run for this request),
+    # "miss" or "off"; and the cache's entries, bytes and evictions so far after the
+    # request.
     conditioning_cache: str
     conditioning_cache_state: dict[str, int]
+    # A denoiser with a prefix KV cache (Qwen-Image-2.1): the batch's forwards that
+    # filled it (``prefills``), read it (``hits``) and ran without it (``uncached``).
+    prefix_kv_cache: dict[str, int]
     # A compiled native transformer: the kernel operators its blocks' traced graphs
     # captured (``linear``, ``diffserve.gemm_gelu_tail``,
     # ``aten._scaled_dot_product_cudnn_attention``, ...), summed over the graphs

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from diffserve.errors import RequestError
-from diffserve.types.modality import IMAGE, VIDEO, Modality
+from diffserve.types.modality import IMAGE, SOUNDING_VIDEO, VIDEO, Modality
 
 if TYPE_CHECKING:  # pragma: no cover
     from diffserve.types.request import GenerationRequest
@@ -24,6 +24,9 @@ class VideoCapabilities:
     default_height: int
     default_width: int
     animates_image: bool = False  # every request sends its first frame (image-to-video)
+    # A model that makes sound with its frames (LTX-2): its waveform's sample rate in Hz
+    # (0: silent video).
+    audio_sample_rate: int = 0
 
 
 @dataclass(frozen=True)
@@ -76,7 +79,9 @@ class PipelineCapabilities:
     def modality(self) -> Modality:
         """What it makes (decided here, once: a pipeline that declares ``video`` makes
         videos)."""
-        return VIDEO if self.video is not None else IMAGE
+        if self.video is None:
+            return IMAGE
+        return SOUNDING_VIDEO if self.video.audio_sample_rate else VIDEO
 
     def step_tokens(self, request: GenerationRequest) -> int:
         """The cost model: latent tokens one denoising step of ``request`` runs through

@@ -1,5 +1,5 @@
-"""What a model makes, and what that decides, in one place: ``Modality`` (image, video;
-audio next).
+"""What a model makes, and what that decides, in one place: ``Modality`` (image, video,
+video with its sound).
 
 A modality owns the defaults a request of its kind gets (size, and a video's clip), its
 size and clip rules, the output field that carries it and the warmup request a replica
@@ -226,6 +226,16 @@ class VideoModality(Modality):
         return extra
 
 
+@dataclass(frozen=True)
+class SoundingVideoModality(VideoModality):
+    """A video model that makes its sound too (LTX-2): a clip as any video's, plus one
+    waveform per video (``RequestOutput.audios`` at ``audio_sample_rate``), which every
+    MP4 it is written to carries as its audio track."""
+
+    name: str = "video+audio"
+    audio_output: str = "audios"  # the ``RequestOutput`` field of the waveforms
+
+
 def frames_for(seconds: float, fps: int, temporal_factor: int) -> int:
     """The clip length nearest ``seconds`` at ``fps`` the model can make: ``k *
     temporal_factor + 1``."""
@@ -234,3 +244,4 @@ def frames_for(seconds: float, fps: int, temporal_factor: int) -> int:
 
 IMAGE = Modality()
 VIDEO = VideoModality()
+SOUNDING_VIDEO = SoundingVideoModality()

@@ -312,6 +312,10 @@ class RequestOutput:
     videos: list[Any] = field(default_factory=list)
     num_frames: int = 0
     fps: int = 0
+    # A model that makes sound: one float32 ``(channels, samples)`` waveform per video
+    # at ``audio_sample_rate`` Hz (the MP4's audio track); empty otherwise.
+    audios: list[Any] = field(default_factory=list)
+    audio_sample_rate: int = 0
 
 
 @dataclass(frozen=True)

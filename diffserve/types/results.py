@@ -52,6 +52,10 @@ class RequestResult:
     # What the next stage of a staged topology takes from this one (the family's own
     # connector payload, carried opaque); None from the last stage.
     handoff: Any = None
+    # A model that makes sound (LTX-2): each video's waveform, float32 numpy ``[n,
+    # channels, samples]`` in [-1, 1] at ``audio_sample_rate`` Hz; None otherwise.
+    audio: Any = None
+    audio_sample_rate: int = 0
 
 
 @dataclass
@@ -69,9 +73,13 @@ def to_pil(images: torch.Tensor) -> list[Image.Image]:
     import torch
     from PIL import Image
 
-    if images.dtype != torch.uint8 or images.ndim != 4 or images.shape[-1] != 3:
+    if (
+        images.dtype != torch.uint8
+        or images.ndim != 4
+        or images.shape[-1] not in (3, 4)
+    ):
         raise ValueError(
-            f"to_pil expects uint8 [n, H, W, 3], got {images.dtype} "
+            f"to_pil expects uint8 [n, H, W, 3] (or 4: RGBA), got {images.dtype} "
             f"{tuple(images.shape)}"
         )
     # numpy makes any copy (single-threaded): a torch copy on the engine's thread would

@@ -266,11 +266,13 @@ def _write_videos(
     """Each video as an MP4 (``out.mp4``; ``out-0.mp4``... for several) or its frames as
     PNGs (``DIR/``; ``DIR/0/``... for several), with the seed, frames and fps beside the
     request's metadata."""
-    from diffserve.entrypoints.video_encoding import encode_mp4, write_frames
+    from diffserve.entrypoints.video_encoding import encode_mp4, write_frames, write_wav
 
     n = len(output_obj.videos)
-    for index, (video, seed) in enumerate(
-        zip(output_obj.videos, output_obj.seeds, strict=True)
+    audios = output_obj.audios or [None] * n
+    rate = output_obj.audio_sample_rate
+    for index, (video, audio, seed) in enumerate(
+        zip(output_obj.videos, audios, output_obj.seeds, strict=True)
     ):
         tags = {
             **metadata,
@@ -281,12 +283,17 @@ def _write_videos(
         if fmt == "frames":
             target = output / str(index) if n > 1 else output
             write_frames(target, video, tags)
+            if audio is not None:  # the sound beside the frames
+                write_wav(target / "audio.wav", audio, rate)
         else:
             target = output_paths(output, n)[index]
             target.parent.mkdir(parents=True, exist_ok=True)
-            target.write_bytes(encode_mp4(video, output_obj.fps, tags))
+            target.write_bytes(
+                encode_mp4(video, output_obj.fps, tags, audio=audio, sample_rate=rate)
+            )
+        sound = f", audio at {rate} Hz" if audio is not None else ""
         print(
             f"wrote {target} ({output_obj.num_frames} frames of "
             f"{output_obj.width}x{output_obj.height} at "
-            f"{output_obj.fps} fps, seed {seed})"
+            f"{output_obj.fps} fps{sound}, seed {seed})"
         )

@@ -14,8 +14,18 @@ SPRITE_TILES = 16  # frames in a sprite sheet, at most
 SPRITE_COLUMNS = 4
 
 
-def write_mp4(path: Path, frames: Any, fps: int, metadata: dict[str, str]) -> None:
-    path.write_bytes(encode_mp4(frames, fps, metadata))
+def write_mp4(
+    path: Path,
+    frames: Any,
+    fps: int,
+    metadata: dict[str, str],
+    audio: Any = None,
+    sample_rate: int = 0,
+) -> None:
+    """The MP4, with ``audio`` as its AAC track when the model made sound."""
+    path.write_bytes(
+        encode_mp4(frames, fps, metadata, audio=audio, sample_rate=sample_rate)
+    )
 
 
 def write_thumbnail(path: Path, frames: Any) -> None:

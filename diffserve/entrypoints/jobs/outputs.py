@@ -25,6 +25,7 @@ def publish(
     """Write the three files (blocking; a worker thread), then the result the row
     keeps."""
     frames = output.videos[0]
+    audio = output.audios[0] if output.audios else None
     tags = {
         "prompt": job.prompt,
         "model": job.model,
@@ -38,7 +39,9 @@ def publish(
             artifacts.publish(
                 job.id,
                 "video",
-                lambda path: media.write_mp4(path, frames, output.fps, tags),
+                lambda path: media.write_mp4(
+                    path, frames, output.fps, tags, audio, output.audio_sample_rate
+                ),
             )
         artifacts.publish(
             job.id, "thumbnail", lambda path: media.write_thumbnail(path, frames)

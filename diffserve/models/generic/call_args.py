@@ -1,6 +1,7 @@
-"""The keyword arguments of one batch's call of diffusers' pipeline: prompts, size,
-steps, one seeded generator per image, the step hook (``callback_on_step_end`` or the
-older ``callback``), the guidance scale where the family's pipeline takes it, the
+"""The keyword arguments of one batch's call of diffusers' pipeline: prompts, size (and
+a video's frames and frame rate), steps, one seeded generator per image, the step hook
+(``callback_on_step_end`` or the older ``callback``), the guidance scale where the
+family's pipeline takes it, the
 negative prompts its CFG needs, a reference edit's images and the family's own
 overrides."""
 
@@ -36,7 +37,7 @@ def call_arguments(
         num_inference_steps=plan.steps,
         num_images_per_prompt=1,
         generator=[torch.Generator(device=device).manual_seed(s) for s in seeds],
-        max_sequence_length=first.max_sequence_length,
+        max_sequence_length=_text_window(first.max_sequence_length, family),
         output_type="latent" if first.output_type == "latent" else "pt",
         return_dict=False,
     )
@@ -67,5 +68,20 @@ def call_arguments(
         # One image as itself: diffusers' edit pipeline resizes a list otherwise (56
         # dB apart, measured).
         kwargs["image"] = images[0] if len(images) == 1 else images
+    if first.num_frames is not None:  # a video family's clip
+        kwargs["num_frames"] = first.num_frames
+        # LTX-2 conditions on the frame rate (and times its audio by it).
+        if "frame_rate" in call_params and first.fps:
+            kwargs["frame_rate"] = float(first.fps)
     kwargs.update(family.generic.call_overrides)
-    return kwargs
+    # Keywords this pipeline's __call__ does not take (HunyuanVideo 1.5 has no
+    # max_sequence_length) are left out rather than refused by diffusers.
+    return {k: v for k, v in kwargs.items() if k in call_params}
+
+
+def _text_window(length: int | None, family: ModelFamily) -> int | None:
+    """The request's text window, rounded up to the family's multiple (LTX-2: 128)."""
+    multiple = family.generic.text_window_multiple
+    if length is None or multiple <= 1:
+        return length
+    return -(-length // multiple) * multiple

@@ -34,21 +34,24 @@ import torch
 
 from diffserve.config.schema import StageConfig
 from diffserve.config.stage_sections import CacheConfig, VaeConfig
-from diffserve.errors import ConfigError, ModelLoadError
+from diffserve.errors import ConfigError
 from diffserve.layers.attestation import KernelCounters
 from diffserve.logging import get_logger
-from diffserve.models.base import BuildContext, Pipeline, PipelineCapabilities, run_one
+from diffserve.models.base import BuildContext, Pipeline, run_one
 from diffserve.models.generic.build import load_generic
 from diffserve.models.generic.call_args import call_arguments
+from diffserve.models.generic.capabilities import generic_capabilities
 from diffserve.models.generic.compute_thread import ComputeThread
+from diffserve.models.generic.extras import PipelineExtras
+from diffserve.models.generic.results import BatchRun, batch_results
 from diffserve.models.generic.step_cache import GenericStepCache
+from diffserve.models.generic.text_cache import CachedPromptEncoder
 from diffserve.models.lora_adapters import LoraAdapters
 from diffserve.models.memory import PhasePeaks
 from diffserve.models.stepcache.policy import CacheSettings
 from diffserve.models.vae_norm import running_sum_rms_norms
 from diffserve.models.vae_tiling import configure_tiling, tiling
 from diffserve.registry.models import ModelFamily
-from diffserve.types.attestation import Attestation
 from diffserve.types.batching import batch_key, plan_of
 from diffserve.types.memory import ComponentWeights
 from diffserve.types.request import GenerationRequest
@@ -81,6 +84,7 @@ class GenericPipeline(Pipeline):
         cache: CacheConfig = CacheConfig(),
         step_cache: GenericStepCache | None = None,
         loras: LoraAdapters | None = None,
+        text_cache: CachedPromptEncoder | None = None,
     ) -> None:
         self.pipe = pipe
         self.vae_config = vae_config
@@ -125,45 +129,17 @@ class GenericPipeline(Pipeline):
 
         pipe.encode_prompt = timed_encode  # the "encode" phase of the timings
         # The step hook: ``callback_on_step_end`` where the pipeline has it, the older
-        # per-step ``callback(step, timestep, latents)`` elsewhere (PixArt-Sigma).
+        # per-step ``callback(step, timestep, latents)`` elsewhere (PixArt-Sigma), its
+        # scheduler's step where it has neither (extras.py).
         self._call_params = frozenset(inspect.signature(type(pipe).__call__).parameters)
-        if not {"callback_on_step_end", "callback"} & self._call_params:
-            raise ModelLoadError(
-                f"{family.class_name} has no per-step callback: the "
-                "engine could not report "
-                "progress or stop it at a step boundary"
-            )
-        denoiser = getattr(pipe, family.denoiser)
-        vae_factor = int(getattr(pipe, "vae_scale_factor", 8))
-        patch = int(getattr(denoiser.config, "patch_size", 1) or 1)
-        # Pipelines that pack 2x2 latent patches outside the denoiser (FLUX, Qwen-Image,
-        # Z-Image: patch_size 1 or absent in its config) say so in their image
-        # processor's factor.
-        processor = getattr(getattr(pipe, "image_processor", None), "config", None)
-        multiple = max(
-            vae_factor * patch, int(getattr(processor, "vae_scale_factor", vae_factor))
-        )
-        sample = getattr(denoiser.config, "sample_size", None) or 128
-        default = int(getattr(pipe, "default_sample_size", sample)) * vae_factor
-        self.capabilities = PipelineCapabilities(
-            family=family.class_name,
-            default_size=default,
-            size_multiple=multiple,
-            max_sequence_length=family.defaults.max_sequence_length,
-            true_cfg=False,
-            attention_roles=family.attention_roles,
-            step_batching=False,
-            implementation="generic",
+        self.extras = PipelineExtras(pipe, family, self._call_params, text_cache)
+        self.capabilities = generic_capabilities(
+            pipe,
+            family,
+            self._call_params,
             lora=loras is not None,
-            edits=family.features.edits,
-            edit_strength="strength" in self._call_params,
-            min_inference_steps=2
-            if getattr(pipe.scheduler.config, "shift_terminal", None)
-            else 1,
-            default_cache_threshold=cache.request_threshold
-            if step_cache is not None
-            else 0.0,
-            negative_prompt="negative_prompt" in self._call_params,
+            cache=cache,
+            step_cache=step_cache is not None,
         )
 
     @classmethod
@@ -213,6 +189,7 @@ class GenericPipeline(Pipeline):
             cache=stage.cache,
             step_cache=parts.step_cache,
             loras=parts.loras,
+            text_cache=_text_cache(parts, root, stage),
         )
         pipeline.weights = parts.weights
         return pipeline
@@ -271,14 +248,8 @@ class GenericPipeline(Pipeline):
             try:
                 # The images are converted here too: no parallel torch op on the
                 # caller's thread.
-                events.put(
-                    (
-                        "done",
-                        self._results(
-                            batch, *self._call(batch, on_step, timings), timings
-                        ),
-                    )
-                )
+                run = self._call(batch, on_step, timings)
+                events.put(("done", self._results(batch, run)))
             except BaseException as exc:  # noqa: BLE001 - handed to the generator, which re-raises it
                 if self.step_cache is not None:
                     self.step_cache.abandon()
@@ -313,9 +284,10 @@ class GenericPipeline(Pipeline):
         batch: list[GenerationRequest],
         on_step: Callable[..., dict[str, Any]],
         timings: dict[str, float],
-    ) -> tuple[Any, bool, list[Any] | None]:
-        """The batch's images (or latents), whether the VAE decoded them in tiles, and
-        the step cache's entries (one per image; None without a step cache)."""
+    ) -> BatchRun:
+        """The batch's images or videos (or latents), its audio, whether the VAE decoded
+        in tiles, and the step cache's entries (one per image; None without a step
+        cache)."""
         first, plan = batch[0], plan_of(batch[0])
         self._encode_ms = 0.0
         self._peaks = PhasePeaks(self.device)
@@ -335,7 +307,7 @@ class GenericPipeline(Pipeline):
             with tiling(
                 self.pipe.vae, self.vae_config, kwargs["height"], kwargs["width"]
             ) as tiled:
-                images = self.pipe(**kwargs)[0]
+                outputs = self.extras.call(batch, kwargs, on_step)
         finally:
             if self.loras is not None:
                 self.loras.deactivate()
@@ -350,38 +322,43 @@ class GenericPipeline(Pipeline):
             denoise=(last_step - start) * 1000.0 - self._encode_ms,
             decode=(end - last_step) * 1000.0,
         )
-        return images, tiled, entries
+        return BatchRun(
+            images=outputs[0],
+            # A model that makes sound returns (video, audio).
+            audio=outputs[1] if len(outputs) > 1 else None,
+            tiled=tiled,
+            entries=entries,
+            timings=dict(timings),
+            peaks=dict(self._peaks.peaks),
+        )
 
     def _results(
-        self,
-        batch: list[GenerationRequest],
-        images: torch.Tensor,
-        tiled: bool,
-        entries: list[Any] | None,
-        timings: dict[str, float],
+        self, batch: list[GenerationRequest], run: BatchRun
     ) -> list[RequestResult]:
-        if batch[0].output_type == "pil":
-            images = (images.permute(0, 2, 3, 1).float() * 255).round().to(torch.uint8)
-        elif batch[0].output_type == "pt":
-            images = images.float()
-        per_request = images.cpu().contiguous().split([r.n for r in batch])
-        decoded = batch[0].output_type != "latent"
-        results, row = [], 0
-        for request, imgs in zip(batch, per_request, strict=True):
-            attestation = Attestation(vae_tiled=tiled) if decoded else Attestation()
-            if entries is not None:
-                attestation["cache"] = entries[row : row + request.n]
-            if self.loras is not None and request.loras:
-                attestation["lora"] = self.loras.describe(request.loras)
-            row += request.n
-            results.append(
-                RequestResult(
-                    request_id=request.request_id,
-                    images=imgs,
-                    seeds=request.seeds,
-                    timings_ms=dict(timings),
-                    memory_peak_mib=dict(self._peaks.peaks),
-                    attestation=attestation,
-                )
-            )
+        video = self.capabilities.video
+        results = batch_results(
+            batch,
+            run,
+            loras=self.loras,
+            sample_rate=video.audio_sample_rate if video is not None else 0,
+        )
+        for request, result in zip(batch, results, strict=True):
+            result.attestation.update(self.extras.attest(request))
         return results
+
+
+def _text_cache(
+    parts: Any, root: Path, stage: StageConfig
+) -> CachedPromptEncoder | None:
+    """The conditioning cache over the family's prompt encoder, where it names one."""
+    method = parts.family.generic.prompt_encoder
+    if method is None:
+        return None
+    return CachedPromptEncoder(
+        parts.pipe,
+        method,
+        stage.conditioning_cache,
+        root,
+        str(parts.dtype),
+        stage.text_encoder_quantization,
+    )
