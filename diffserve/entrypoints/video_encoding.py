@@ -58,6 +58,8 @@ def encode_mp4(
         stream.width, stream.height = width + width % 2, height + height % 2
         stream.pix_fmt = "yuv420p"
         stream.options = {"crf": str(crf)}
+        # Every stream exists before the first packet: the first mux writes the header.
+        sound = _audio_track(av, container, audio, sample_rate)
         for frame in array:
             if frame.shape[0] != stream.height or frame.shape[1] != stream.width:
                 frame = np.pad(
@@ -71,8 +73,10 @@ def encode_mp4(
                 container.mux(packet)
         for packet in stream.encode():
             container.mux(packet)
-        if audio is not None:
-            _mux_audio(av, container, audio, sample_rate)
+        if sound is not None:
+            track, frame = sound
+            for packet in [*track.encode(frame), *track.encode()]:
+                container.mux(packet)
     return buffer.getvalue()
 
 
@@ -80,10 +84,15 @@ def encode_mp4(
 _LAYOUTS = {1: "mono", 2: "stereo"}
 
 
-def _mux_audio(av: Any, container: Any, audio: Any, sample_rate: int) -> None:
-    """One AAC stream of ``audio`` (float ``(channels, samples)``, clipped to [-1, 1]:
-    a vocoder's overshoot must not wrap)."""
+def _audio_track(
+    av: Any, container: Any, audio: Any, sample_rate: int
+) -> tuple[Any, Any] | None:
+    """The AAC stream for ``audio`` (float ``(channels, samples)``, clipped to [-1, 1]:
+    a vocoder's overshoot must not wrap) and its one frame; None without audio."""
     import numpy as np
+
+    if audio is None:
+        return None
 
     samples = np.asarray(audio, dtype=np.float32)
     if samples.ndim == 1:
@@ -100,10 +109,7 @@ def _mux_audio(av: Any, container: Any, audio: Any, sample_rate: int) -> None:
         np.ascontiguousarray(np.clip(samples, -1.0, 1.0)), format="fltp", layout=layout
     )
     frame.sample_rate, frame.pts = int(sample_rate), 0
-    for packet in stream.encode(frame):
-        container.mux(packet)
-    for packet in stream.encode():
-        container.mux(packet)
+    return stream, frame
 
 
 def read_mp4(data: bytes) -> tuple[Any, dict[str, str], float]:

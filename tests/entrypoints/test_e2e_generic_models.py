@@ -9,6 +9,7 @@ from __future__ import annotations
 import base64
 import io
 
+import numpy as np
 import openai
 import pytest
 from PIL import Image
@@ -27,6 +28,7 @@ GENERIC_MODELS = {
     "tiny-flux2-klein": "tiny_flux2_klein_dir",
     "tiny-flux2": "tiny_flux2_dir",
     "tiny-qwen-image-edit": "tiny_qwen_image_edit_dir",
+    "tiny-qwen-image-21": "tiny_qwen_image21_dir",
 }
 
 
@@ -320,3 +322,78 @@ def test_openai_client_edits_on_qwen_image_edit(
     )
     assert done.returncode == 0, done.stderr
     assert Image.open(out).size == (48, 32)
+
+
+def test_openai_client_generates_rgba_on_qwen_image_21(client) -> None:
+    # A prompt no other test sends: its first encoding is the conditioning cache's miss.
+    prompt = "a glass teapot on a transparent background"
+    steps = 3
+
+    def generate(size: str = "64x32", **kwargs):
+        kwargs.setdefault("extra_body", {"num_inference_steps": steps, "seed": 5})
+        return client.images.generate(
+            model="tiny-qwen-image-21", prompt=prompt, size=size, **kwargs
+        )
+
+    first = generate()
+    image = Image.open(io.BytesIO(base64.b64decode(first.data[0].b64_json)))
+    # Its VAE draws an alpha channel, kept by the PNG.
+    assert image.format == "PNG" and image.mode == "RGBA" and image.size == (64, 32)
+    # Not an opaque channel added on the way: the model's own (partly transparent).
+    assert image.getchannel("A").getextrema()[0] < 255
+    attestation = first.model_extra["diffserve"]["attestation"]
+    assert (
+        attestation["model_family"] == "QwenImage21Pipeline"
+        and attestation["implementation"] == "generic"
+    )
+    # Its default guidance 1.0 (no CFG): the prompt's prefix is prefilled once and
+    # read back at every later step.
+    assert attestation["prefix_kv_cache"] == {
+        "prefills": 1,
+        "hits": steps - 1,
+        "uncached": 0,
+    }
+    assert attestation["conditioning_cache"] == "miss"
+    # The same request again: its text encodings come from the conditioning cache, and
+    # the image is the same bytes.
+    again = generate()
+    repeat = again.model_extra["diffserve"]["attestation"]
+    assert repeat["conditioning_cache"] == "hit", repeat
+    state = repeat["conditioning_cache_state"]
+    assert state["entries"] >= 1 and state["bytes"] > 0, state
+    assert again.data[0].b64_json == first.data[0].b64_json
+    # A request may skip the cache: encoded again, the same image.
+    off = generate(
+        extra_body={
+            "num_inference_steps": steps,
+            "seed": 5,
+            "conditioning_cache": False,
+        }
+    )
+    assert off.model_extra["diffserve"]["attestation"]["conditioning_cache"] == "off"
+    assert off.data[0].b64_json == first.data[0].b64_json
+    # JPEG has no alpha: an RGB image, the PNG composited over white (not its alpha
+    # dropped, which shows the colour the transparent pixels hold).
+    jpeg = Image.open(
+        io.BytesIO(base64.b64decode(generate(output_format="jpeg").data[0].b64_json))
+    )
+    assert jpeg.format == "JPEG" and jpeg.mode == "RGB" and jpeg.size == (64, 32)
+    pixels = np.asarray(image, dtype=np.float64)
+    alpha = pixels[..., 3:] / 255
+    over_white = pixels[..., :3] * alpha + 255 * (1 - alpha)
+    dropped = pixels[..., :3]
+    decoded = np.asarray(jpeg, dtype=np.float64)
+    assert np.abs(decoded - over_white).mean() < 8
+    assert np.abs(decoded - dropped).mean() > 4 * np.abs(decoded - over_white).mean()
+    # Sizes are multiples of 32: 48x48 is a 400, and serving goes on.
+    with pytest.raises(openai.BadRequestError) as refused:
+        generate("48x48")
+    assert refused.value.body["param"] in ("size", "width", "height"), (
+        refused.value.body
+    )
+    assert "32" in refused.value.body["message"], refused.value.body
+    after = generate("32x32")
+    assert Image.open(io.BytesIO(base64.b64decode(after.data[0].b64_json))).size == (
+        32,
+        32,
+    )

@@ -47,12 +47,25 @@ def encode_image(
         level = 6 if compression is None else round(compression * 9 / 100)
         image.save(buf, format="PNG", pnginfo=info, compress_level=level)
     elif output_format == "jpeg":
-        image.convert("RGB").save(buf, format="JPEG", quality=_quality(compression))
+        opaque(image).save(buf, format="JPEG", quality=_quality(compression))
     elif output_format == "webp":
         image.save(buf, format="WEBP", quality=_quality(compression))
     else:  # protocol.py only admits the three formats above
         raise ValueError(f"unsupported output_format {output_format!r}")
     return buf.getvalue()
+
+
+def opaque(image: Any) -> Any:
+    """``image`` without an alpha channel, for formats that have none (JPEG): an RGBA
+    image (a model that draws transparency) composited over white, not its alpha
+    dropped (which shows whatever color the transparent pixels hold)."""
+    from PIL import Image
+
+    if image.mode != "RGBA":
+        return image.convert("RGB")
+    white = Image.new("RGB", image.size, (255, 255, 255))
+    white.paste(image, mask=image.getchannel("A"))
+    return white
 
 
 def _quality(compression: int | None) -> int:
