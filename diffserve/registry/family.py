@@ -93,6 +93,9 @@ class Features:
     # FILE}``) instead of the model's folder; any other is refused at resolve
     # (config/resolve.py), as is any on the generic path.
     single_file_components: tuple[str, ...] = ()
+    # What its outputs carry beyond RGB pixels: "alpha" (RGBA images, Qwen-Image-2.1),
+    # "audio" (a video's sound, LTX-2); shown in the support matrix.
+    output_extras: tuple[str, ...] = ()
     # The pipelines of the stages other than denoising (role -> "module:Class"), for
     # topologies that split them off (config.schema.TOPOLOGIES); a topology whose roles
     # a family lacks is refused at resolve.

@@ -83,6 +83,7 @@ QWEN_IMAGE_FAMILIES: tuple[ModelFamily, ...] = (
             prompt_encoder="_get_qwen_prompt_embeds",
         ),
         features=Features(
+            output_extras=("alpha",),
             quantization_ignored_layers=(
                 "img_in",
                 "txt_in.*",
@@ -90,7 +91,7 @@ QWEN_IMAGE_FAMILIES: tuple[ModelFamily, ...] = (
                 "modulation.*",
                 "norm_out.*",
                 "proj_out",
-            )
+            ),
         ),
     ),
 )

@@ -38,7 +38,12 @@ def family_support(family: ModelFamily) -> tuple[str, ...]:
     return (
         f"`{family.class_name}`",
         family.implementation,
-        f"{family.defaults.modality}s",
+        f"{family.defaults.modality}s"
+        + (
+            f" ({', '.join(family.features.output_extras)})"
+            if family.features.output_extras
+            else ""
+        ),
         ", ".join(family.features.edits) or "-",
         "per request" if family.features.lora_check else "-",
         ", ".join(caches) or "-",

@@ -94,6 +94,7 @@ VIDEO_FAMILIES: tuple[ModelFamily, ...] = (
             text_window_multiple=128,
         ),
         features=Features(
+            output_extras=("audio",),
             quantization_ignored_layers=(
                 "proj_in",
                 "audio_proj_in",
@@ -104,7 +105,7 @@ VIDEO_FAMILIES: tuple[ModelFamily, ...] = (
                 "time_embed.*",
                 "audio_time_embed.*",
                 "av_cross_attn_*",
-            )
+            ),
         ),
     ),
     # HunyuanVideo-1.5: joint attention over [video, text] tokens (a dense per-sample

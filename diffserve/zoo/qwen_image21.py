@@ -66,7 +66,16 @@ PROCESSOR_NEEDS = TORCHVISION_PROCESSORS[QWEN3_VL_PROCESSOR_CLASS]
 QWEN_IMAGE21_KINDS: dict[str, str] = {
     "tiny-qwen-image-21": "~1.2M-parameter Qwen-Image-2.1-shaped model (Qwen3-VL "
     "text encoder, block-causal single-stream DiT with prefix KV cache, RGBA VAE) "
-    "for tests and demos (seconds to build)"
+    "for tests and demos (seconds to build)",
+    # Benchmarks only (benchmarks/qwen_image21_native.py), not a make-model kind: the
+    # real head (128 wide, its RoPE axes) at 8 heads and 6 layers.
+    "small-qwen-image-21": "~85M-parameter Qwen-Image-2.1-shaped transformer (the "
+    "tiny text encoder and VAE) for benchmarks",
+}
+# The transformer of each kind (layers, heads, head width).
+TRANSFORMER_SIZES: dict[str, dict[str, int]] = {
+    "tiny-qwen-image-21": {"layers": 2, "heads": 2, "head_dim": 32},
+    "small-qwen-image-21": {"layers": 6, "heads": 8, "head_dim": 128},
 }
 
 
@@ -134,7 +143,7 @@ def _write_pipeline(kind: str, out: Path, *, seed: int) -> None:
     FlowMatchEulerDiscreteScheduler(**QWEN_IMAGE21_SCHEDULER_CONFIG).save_pretrained(
         str(out / "scheduler")
     )
-    transformer = qwen_image21_transformer(layers=2, heads=2, head_dim=32)
+    transformer = qwen_image21_transformer(**TRANSFORMER_SIZES[kind])
     factories: dict[str, Callable[[], Any]] = {
         "text_encoder": _text_encoder_factory(vocab_size, out / "processor"),
         "vae": lambda: AutoencoderKLQwenImage21(**QWEN_IMAGE21_VAE_CONFIG),

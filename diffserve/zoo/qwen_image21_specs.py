@@ -87,8 +87,9 @@ def qwen_image21_transformer(
     *, layers: int, heads: int, head_dim: int
 ) -> dict[str, Any]:
     """QwenImage21Transformer2DModel (real: 32 layers of 32 heads x 128); the RoPE axes
-    split the head as the real (16, 56, 56) splits 128, a quarter of each."""
-    assert head_dim == 32, "axes_dims_rope below splits a 32-wide head"
+    split the head as the real (16, 56, 56) splits 128 (a 32-wide head: a quarter of
+    each)."""
+    assert head_dim % 32 == 0, "the RoPE axes split the head as 1/8, 7/16, 7/16"
     return {
         "patch_size": 1,  # real: latents unpatched, one token per 16x16 pixels
         "in_channels": 64,  # real: the VAE's z_dim
@@ -98,7 +99,8 @@ def qwen_image21_transformer(
         "num_attention_heads": heads,
         "context_in_dim": QWEN3_VL_TEXT_HIDDEN,
         "mlp_ratio": 3,  # real
-        "axes_dims_rope": [4, 14, 14],  # (frame, height, width)
+        # (frame, height, width)
+        "axes_dims_rope": [head_dim // 8, head_dim * 7 // 16, head_dim * 7 // 16],
         "eps": 1e-6,  # real
         "causal_condition": True,  # real; required by the prefix KV cache
     }

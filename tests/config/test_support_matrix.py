@@ -20,9 +20,12 @@ GENERIC_FIXTURES = {
     "QwenImagePipeline": "tiny_qwen_image_dir",
     "QwenImageEditPipeline": "tiny_qwen_image_edit_dir",
     "QwenImageEditPlusPipeline": "tiny_qwen_image_edit_plus_dir",
+    "QwenImage21Pipeline": "tiny_qwen_image21_dir",
     "ZImagePipeline": "tiny_z_image_dir",
     "Flux2KleinPipeline": "tiny_flux2_klein_dir",
     "Flux2Pipeline": "tiny_flux2_dir",
+    "LTX2Pipeline": "tiny_ltx2_dir",
+    "HunyuanVideo15Pipeline": "tiny_hunyuan_video15_dir",
 }
 
 
