@@ -1,16 +1,18 @@
 """Deploy settings proven at runtime: the YAML's backends reach a worker that really
 serves requests.
 
-For native FLUX on each executor (uni, mp, ray), for tiny SD3, Qwen-Image and
-FLUX.2-klein on the generic path (diffusers' own pipeline classes with their denoiser on
-our kernels) on uni and mp, and for native Wan (two experts, video) on uni and mp, the
-deploy YAML is the only source of dtype, linear_backend, attention_backend,
-enforce_eager, the executor and the worker extension. ``BackendProbe`` (below) runs
-inside the worker: in ``before_load`` it installs itself as a kernel observer
-(``worker.observe_kernels``), so every backend object the model is built with is
-recorded and its kernel method counted at call time (delegating to the original); in
-``after_load`` it checks every Linear/Attention of the transformer uses a wrapped
-backend and hooks the transformer's forward to record each output.
+For native FLUX on each executor (uni, mp, ray), for tiny SD3, Qwen-Image, FLUX.2-klein,
+Qwen-Image-2.1 (RGBA images), LTX-2 (a video and its audio) and HunyuanVideo-1.5 on the
+generic path (diffusers' own pipeline classes with their denoiser on our kernels) on uni
+and mp, and for native Wan (two experts, video) on uni and mp, the deploy YAML is the
+only source of dtype, linear_backend, attention_backend, enforce_eager, the executor and
+the worker extension. ``BackendProbe`` (below) runs inside the worker: in
+``before_load`` it installs itself as a kernel observer (``worker.observe_kernels``), so
+every backend object the model is built with is recorded and its kernel method counted
+at call time (delegating to the original); in ``after_load`` it checks every
+Linear/Attention of the transformer uses a wrapped backend and hooks the transformer's
+forward to record each output. Per model, the request, the forwards it runs and what
+comes back are in ``runtime_models.py``.
 """
 
 from __future__ import annotations
@@ -22,8 +24,9 @@ from typing import Any
 import pytest
 import torch
 from e2e_utils import pid_alive
+from runtime_models import MODELS, audio, output_bytes, pixels
 
-from diffserve import Engine, GenerationRequest
+from diffserve import Engine
 from diffserve.worker.extension import WorkerExtension
 
 pytestmark = pytest.mark.e2e
@@ -60,7 +63,8 @@ class BackendProbe(WorkerExtension):
         from diffserve.layers.linear.module import Linear
 
         # The native pipeline's transformer (Wan: each expert), or the diffusers
-        # denoiser of the generic path.
+        # denoiser of the generic path (LTX-2's returns (video, audio): the first is
+        # recorded).
         experts = getattr(worker.pipeline, "experts", None)
         transformers = (
             list(experts.transformers.values())
@@ -120,11 +124,17 @@ class BackendProbe(WorkerExtension):
 
 
 def deploy_yaml(tmp_path: Any, executor: str, **extra: Any) -> str:
+    # batch_invariant false: one backend call per Linear/Attention call, so the probe's
+    # kernel calls and the attestation's module calls agree one for one (with it, a
+    # module splits an input whose dim 0 is over 1 into one backend call per row yet
+    # counts one call: layers/per_sample.py; LTX-2's CFG batch, Qwen-Image-2.1's
+    # timestep pair).
     lines = [
         "dtype: float32",
         "linear_backend: torch",
         "attention_backend: sdpa",
         "enforce_eager: true",
+        "batch_invariant: false",
         f"distributed_executor_backend: {executor}",
         f"worker_extension_cls: {BackendProbe.__module__}.BackendProbe",
         *(f"{k}: {v}" for k, v in extra.items()),
@@ -132,46 +142,6 @@ def deploy_yaml(tmp_path: Any, executor: str, **extra: Any) -> str:
     path = tmp_path / f"deploy-{executor}.yaml"
     path.write_text("\n".join(lines) + "\n")
     return str(path)
-
-
-REQUEST = dict(
-    prompt="a fox",
-    height=128,
-    width=128,
-    num_inference_steps=2,
-    guidance_scale=0.0,
-    seed=42,
-    n=1,
-    max_sequence_length=64,
-)
-# Wan (tiny-wan22, two experts): 9 frames; of the 2 steps, the first is the high-noise
-# expert's, the second the low-noise one's (boundary 875; the schedule's timesteps 999
-# and 750).
-VIDEO = dict(num_frames=9)
-
-
-# Per model: the fixture that builds it and the denoiser output of one step at 128x128
-# (batch 1).
-MODELS = {
-    "flux": ("tiny_flux_dir", [1, 64, 64]),
-    "sd3": ("tiny_sd3_dir", [1, 16, 16, 16]),
-    "wan": ("tiny_wan22_dir", [1, 16, 3, 16, 16]),
-    # 8x8 tokens of 2x2 packed latents: Qwen-Image's 16 channels, FLUX.2's 32.
-    "qwen": ("tiny_qwen_image_dir", [1, 64, 64]),
-    "klein": ("tiny_flux2_klein_dir", [1, 64, 128]),
-}
-FAMILIES = {
-    "flux": "FluxPipeline",
-    "sd3": "StableDiffusion3Pipeline",
-    "wan": "WanPipeline",
-    "qwen": "QwenImagePipeline",
-    "klein": "Flux2KleinPipeline",
-}
-GENERIC = ("sd3", "qwen", "klein")
-
-
-def request_for(model: str) -> GenerationRequest:
-    return GenerationRequest(**REQUEST, **(VIDEO if model == "wan" else {}))
 
 
 @pytest.fixture(
@@ -188,6 +158,12 @@ def request_for(model: str) -> GenerationRequest:
         ("qwen", "mp"),
         ("klein", "uni"),
         ("klein", "mp"),
+        ("qwen21", "uni"),
+        ("qwen21", "mp"),
+        ("ltx2", "uni"),
+        ("ltx2", "mp"),
+        ("hunyuan15", "uni"),
+        ("hunyuan15", "mp"),
     ],
     ids=lambda p: f"{p[0]}-{p[1]}",
 )
@@ -196,7 +172,7 @@ def engine(request: Any, tmp_path_factory: Any) -> Any:
     # The session's local Ray, started only when a ray test is selected.
     if executor == "ray":
         request.getfixturevalue("ray_session")
-    model_dir = request.getfixturevalue(MODELS[model][0])
+    model_dir = request.getfixturevalue(MODELS[model].fixture)
     # env={}: no DIFFSERVE_* variable of the machine running the tests can change what
     # is proven.
     eng = Engine(
@@ -213,9 +189,9 @@ def engine(request: Any, tmp_path_factory: Any) -> Any:
 def run_and_check(engine: Engine) -> tuple[Any, dict[str, Any]]:
     """One request with counters reset through RPC first; asserts everything the issue
     demands."""
-    model = engine.test_model  # type: ignore[attr-defined]
+    model = MODELS[engine.test_model]  # type: ignore[attr-defined]
     assert engine.collective_rpc("reset") == [None]
-    out = engine.generate(request_for(model))
+    out = engine.generate(model.generation_request())
     report = engine.collective_rpc("report")[0]
     assert set(report["linear"]) == {"torch"} and report["linear"]["torch"] > 0, report[
         "linear"
@@ -226,19 +202,24 @@ def run_and_check(engine: Engine) -> tuple[Any, dict[str, Any]]:
     # The engine's own attestation agrees call for call with what the probe saw.
     assert out.attestation["linear"] == report["linear"]
     assert out.attestation["attention"] == report["attention"]
-    assert out.attestation["transformer_forwards"] == 2
-    assert len(report["forwards"]) == 2
-    for shape, finite in report["forwards"]:
-        assert shape == MODELS[model][1] and finite
-    assert out.attestation["model_family"] == FAMILIES[model]
+    assert out.attestation["transformer_forwards"] == model.forwards
+    # Each forward's output in order: its shape, and all of it finite.
+    assert [(list(shape), finite) for shape, finite in report["forwards"]] == [
+        (shape, True) for shape in model.forward_shapes
+    ]
+    assert out.attestation["model_family"] == model.family
     assert out.attestation["implementation"] == (
-        "generic" if model in GENERIC else "native"
+        "generic" if model.generic else "native"
     )
-    if model == "wan":
-        assert [v.shape for v in out.videos] == [(9, 128, 128, 3)] and not out.images
-        assert out.attestation["experts"]["steps"] == ["transformer", "transformer_2"]
-    else:
-        assert len(out.images) == 1 and out.images[0].size == (128, 128)
+    pixels(model, out)  # an image or a video's frames, of the request's size
+    audio(model, out)  # LTX-2's waveform; none from the silent ones
+    # The family's own entries, on the keys the table names.
+    for key, expected in model.attested.items():
+        got = out.attestation[key]
+        assert {k: got.get(k) for k in expected} == expected, (key, got)
+    # The YAML's batch_invariant: false reached the worker (a native family attests
+    # its stage's; the generic path never claims it).
+    assert out.attestation["batch_invariant"] is False
     assert out.seeds == [42]
     assert set(out.timings) >= {"queue", "encode", "denoise", "decode"}
     return out, report
@@ -251,6 +232,7 @@ def test_yaml_backends_reach_the_worker_that_serves(engine: Engine) -> None:
         "linear_backend",
         "attention_backend.default",
         "enforce_eager",
+        "batch_invariant",
         "distributed_executor_backend",
         "worker_extension_cls",
     ):
@@ -309,24 +291,24 @@ def test_negative_control_forced_backend_name_fails_the_check(engine: Engine) ->
     run_and_check(engine)  # restored: the same check passes again
 
 
-_IMAGES: dict[tuple[str, str], bytes] = {}
+_OUTPUTS: dict[tuple[str, str], bytes] = {}
 
 
 def test_same_seed_same_bytes_on_every_executor(engine: Engine, tmp_path: Any) -> None:
-    model = engine.test_model  # type: ignore[attr-defined]
-
-    def pixels(out: Any) -> bytes:
-        return out.videos[0].tobytes() if model == "wan" else out.images[0].tobytes()
-
-    _IMAGES[model, engine.executor_name] = pixels(engine.generate(request_for(model)))
-    if (model, "uni") not in _IMAGES:
-        # Only this parameter was selected (-k): make the uni image here so the
+    name = engine.test_model  # type: ignore[attr-defined]
+    model = MODELS[name]
+    _OUTPUTS[name, engine.executor_name] = output_bytes(
+        model, engine.generate(model.generation_request())
+    )
+    if (name, "uni") not in _OUTPUTS:
+        # Only this parameter was selected (-k): make the uni output here so the
         # comparison still runs.
         with Engine(
-            str(engine.test_model_dir),
-            deploy_config=deploy_yaml(tmp_path, "uni"),  # type: ignore[attr-defined]
+            str(engine.test_model_dir),  # type: ignore[attr-defined]
+            deploy_config=deploy_yaml(tmp_path, "uni"),
             env={},
         ) as uni:
-            _IMAGES[model, "uni"] = pixels(uni.generate(request_for(model)))
-    assert _IMAGES[model, engine.executor_name] == _IMAGES[model, "uni"]
-    assert len(_IMAGES[model, "uni"]) == 128 * 128 * 3 * (9 if model == "wan" else 1)
+            _OUTPUTS[name, "uni"] = output_bytes(
+                model, uni.generate(model.generation_request())
+            )
+    assert _OUTPUTS[name, engine.executor_name] == _OUTPUTS[name, "uni"]

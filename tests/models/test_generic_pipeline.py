@@ -34,9 +34,9 @@ FAMILIES = {
 PROMPT = "a red fox in the snow"
 
 
-def psnr(a: np.ndarray, b: np.ndarray) -> float:
+def psnr(a: np.ndarray, b: np.ndarray, peak: float = 255.0) -> float:
     mse = float(((a.astype(np.float64) - b.astype(np.float64)) ** 2).mean())
-    return float("inf") if mse == 0 else 10 * np.log10(255.0**2 / mse)
+    return float("inf") if mse == 0 else 10 * np.log10(peak**2 / mse)
 
 
 def build(model_dir: Path, **fields: Any) -> GenericPipeline:
@@ -346,16 +346,44 @@ def test_the_compute_thread_ends_with_its_pipeline(tiny_sd3_dir: Path) -> None:
     assert not alive()
 
 
-@pytest.mark.parametrize("family", ["qwen", "zimage", "klein", "flux2dev"])
+# W8A8 int8 per language-model family: its fixture, the request beyond make_request's
+# (a video's frames; HunyuanVideo-1.5 at 32x32, its text window short) and what one
+# request returns: [frames,] height, width, channels.
+INT8_FAMILIES: dict[str, tuple[str, dict[str, Any], tuple[int, ...]]] = {
+    "qwen": ("tiny_qwen_image_dir", {}, (64, 64, 3)),
+    "zimage": ("tiny_z_image_dir", {}, (64, 64, 3)),
+    "klein": ("tiny_flux2_klein_dir", {}, (64, 64, 3)),
+    "flux2dev": ("tiny_flux2_dir", {}, (64, 64, 3)),
+    "qwen21": ("tiny_qwen_image21_dir", {}, (64, 64, 4)),  # RGBA
+    "ltx2": ("tiny_ltx2_dir", {"num_frames": 9, "fps": 24}, (9, 64, 64, 3)),
+    "hunyuan15": (
+        "tiny_hunyuan_video15_dir",
+        dict(height=32, width=32, num_frames=5, max_sequence_length=32),
+        (5, 32, 32, 3),
+    ),
+}
+
+
+@pytest.mark.parametrize("family", list(INT8_FAMILIES))
 def test_int8_quantization_runs_on_the_language_model_families(
     family: str, request: Any
 ) -> None:
     # The support matrix claims every quantization method for every family; W8A8 int8 on
-    # the new ones here.
-    fixture, _ = FAMILIES[family]
-    pipe = build(request.getfixturevalue(fixture), quantization="int8")
-    image = pipe(make_request(num_inference_steps=2)).images[0].numpy()
-    assert image.shape == (64, 64, 3) and image.std() > 0
+    # the new ones here, against the same request in float32: the image (a video: all
+    # its frames) within the 40 dB bfloat16 is held to, LTX-2's audio too.
+    fixture, fields, shape = INT8_FAMILIES[family]
+    model_dir = request.getfixturevalue(fixture)
+    want = build(model_dir)(make_request(num_inference_steps=2, **fields))
+    pipe = build(model_dir, quantization="int8")
+    got = pipe(make_request(num_inference_steps=2, **fields))
+    frames = got.images[0].numpy()
+    assert frames.shape == shape and frames.std() > 0
+    assert psnr(frames, want.images[0].numpy()) >= 40.0
+    assert (got.audio is not None) == (family == "ltx2")
+    if got.audio is not None:
+        # The waveforms [n, channels, samples] in [-1, 1]: the same sound.
+        assert got.audio.shape == want.audio.shape and got.audio.shape[1] == 2
+        assert psnr(got.audio, want.audio, peak=2.0) >= 40.0
     counts = pipe.kernel_counters.snapshot()["linear"]
     assert counts.get("int8_dynamic", 0) > 0, counts
     assert pipe.weights["transformer"].quantization is not None

@@ -118,6 +118,20 @@ def test_hunyuan_video_15_frames_match_plain_diffusers(
             ),
             on_progress=lambda event: steps.append(event.step),
         )
+        # Guidance 0 is no CFG, as on every family: one forward a step (diffusers'
+        # guider would run both branches and keep the unconditional one).
+        unguided = engine.generate(
+            GenerationRequest(
+                prompt=PROMPT,
+                height=32,
+                width=32,
+                num_inference_steps=2,
+                guidance_scale=0.0,
+                num_frames=1,
+                max_sequence_length=32,
+            )
+        )
+        assert unguided.attestation["transformer_forwards"] == 2
         with pytest.raises(RequestError, match="4k\\+1"):
             engine.generate(GenerationRequest(prompt=PROMPT, num_frames=6))
     # The scheduler's step reported each step.

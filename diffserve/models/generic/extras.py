@@ -55,8 +55,10 @@ class PipelineExtras:
         scale = batch[0].guidance_scale
         if self.guider and scale is not None:
             # The guider is a component: the batch's own scale, set on the compute
-            # thread that runs every batch.
-            self.pipe.guider = self.pipe.guider.new(guidance_scale=scale)
+            # thread that runs every batch. A scale of 1 or less is no CFG, as on every
+            # other family (diffusers' guider turns CFG off at exactly 1.0 only: at 0 it
+            # would run both branches and return the unconditional one).
+            self.pipe.guider = self.pipe.guider.new(guidance_scale=max(1.0, scale))
         window = batch[0].max_sequence_length
         if self.text_window is not None and window:
             setattr(self.pipe, self.text_window, window)
