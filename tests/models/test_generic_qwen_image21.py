@@ -75,6 +75,7 @@ def reference(
     return (np.asarray(image) * 255).round().astype(np.uint8)
 
 
+@pytest.mark.numerics
 @pytest.mark.parametrize("guidance", [1.0, 4.0], ids=["unguided", "true-cfg"])
 def test_rgba_images_match_plain_diffusers_and_the_prefix_cache_is_read(
     engine: Any, plain: Any, guidance: float
@@ -106,6 +107,7 @@ def test_rgba_images_match_plain_diffusers_and_the_prefix_cache_is_read(
     assert a["transformer_forwards"] == branches * STEPS
 
 
+@pytest.mark.numerics
 def test_the_cache_reads_what_a_full_forward_would_compute(plain: Any) -> None:
     """The negative control of the prefix cache: diffusers' own uncached path
     (``use_kv_cache=False``: every step runs text and image through every block) makes

@@ -49,6 +49,7 @@ def frames_uint8(frames: Any) -> np.ndarray:
     return (np.asarray(frames) * 255).round().astype(np.uint8)
 
 
+@pytest.mark.numerics
 def test_ltx2_frames_and_audio_match_plain_diffusers(tiny_ltx2_dir: Path) -> None:
     request = dict(height=64, width=64, num_inference_steps=2, guidance_scale=3.0)
     with serve(tiny_ltx2_dir) as engine:
@@ -96,6 +97,7 @@ def test_ltx2_frames_and_audio_match_plain_diffusers(tiny_ltx2_dir: Path) -> Non
     assert abs(audio.shape[1] / 24000 - 9 / 24) < 0.1
 
 
+@pytest.mark.numerics
 def test_hunyuan_video_15_frames_match_plain_diffusers(
     tiny_hunyuan_video15_dir: Path,
 ) -> None:
