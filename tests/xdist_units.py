@@ -56,6 +56,11 @@ LONG_FIRST = (
     "tests/executor/test_executor_semantics.py",
     "tests/models/test_vae_tiling.py",
     "tests/adversarial/test_worker_faults.py",
+    # Qwen-Image-2.1, LTX-2 and HunyuanVideo-1.5 (issue 64): a served pair of video
+    # models, and plain-diffusers references beside an engine (~30-60 s each).
+    "tests/entrypoints/jobs/test_video_audio.py",
+    "tests/models/test_generic_qwen_image21.py",
+    "tests/models/test_generic_video_families.py",
 )
 # A test of a Ray-using module runs on Ray when its name or parameter id says so:
 # test_ray_..., ..._ray_..., [ray], [flux-ray]. The module's other tests stay a unit of
