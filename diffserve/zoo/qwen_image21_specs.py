@@ -23,6 +23,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from diffserve.zoo.qwen_image_specs import QWEN_IMAGE_SCHEDULER_CONFIG
+
 # The text model's width = the transformer's context_in_dim (Qwen3-VL-8B's 4096 in the
 # real one).
 QWEN3_VL_TEXT_HIDDEN = 64
@@ -44,22 +46,7 @@ SAMPLE_SIGMAS: list[float] | None = None
 # stretched to a terminal sigma of 0.02. These override calculate_shift's fallbacks
 # (0.5 / 1.15 over 256..4096). The stretch makes a one-step grid NaN (its single sigma
 # 1.0 is scaled by 0 / 0): two steps at least.
-QWEN_IMAGE21_SCHEDULER_CONFIG: dict[str, Any] = {
-    "base_image_seq_len": 256,
-    "base_shift": 0.5,
-    "invert_sigmas": False,
-    "max_image_seq_len": 8192,
-    "max_shift": 0.9,
-    "num_train_timesteps": 1000,
-    "shift": 1.0,
-    "shift_terminal": 0.02,
-    "stochastic_sampling": False,
-    "time_shift_type": "exponential",
-    "use_beta_sigmas": False,
-    "use_dynamic_shifting": True,
-    "use_exponential_sigmas": False,
-    "use_karras_sigmas": False,
-}
+QWEN_IMAGE21_SCHEDULER_CONFIG: dict[str, Any] = dict(QWEN_IMAGE_SCHEDULER_CONFIG)
 
 # AutoencoderKLQwenImage21 at a 24th of the real widths (96 / 144). Everything else
 # mirrors the real checkpoint: z_dim 64, dim_mult of five levels (16x spatial), residual

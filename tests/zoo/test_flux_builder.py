@@ -9,6 +9,7 @@ from pathlib import Path
 
 import programs
 import pytest
+from tree_files import tree_files
 
 from diffserve.errors import ConfigError
 
@@ -22,14 +23,6 @@ WEIGHT_FILES = (
 
 def _cli(*args: str | Path) -> subprocess.CompletedProcess[str]:
     return programs.run("diffserve.entrypoints.cli", *args, timeout=240)
-
-
-def _files(root: Path) -> dict[str, bytes]:
-    return {
-        str(p.relative_to(root)): p.read_bytes()
-        for p in sorted(root.rglob("*"))
-        if p.is_file()
-    }
 
 
 @pytest.fixture(scope="module")
@@ -136,7 +129,7 @@ def test_same_seed_is_byte_identical_across_processes(
 ) -> None:
     # The fixture was built in this process, the CLI one in another (different hash
     # seed).
-    built, fixture = _files(cli_built_dir), _files(tiny_flux_dir)
+    built, fixture = tree_files(cli_built_dir), tree_files(tiny_flux_dir)
     assert sorted(built) == sorted(fixture)
     assert set(WEIGHT_FILES) <= set(built)
     differing = [name for name in built if built[name] != fixture[name]]
@@ -148,8 +141,8 @@ def test_different_seed_changes_every_weight_file_only(
 ) -> None:
     from diffserve.zoo.flux import build_flux_model
 
-    other = _files(build_flux_model("tiny-flux", tmp_path / "seed1", seed=1))
-    base = _files(tiny_flux_dir)
+    other = tree_files(build_flux_model("tiny-flux", tmp_path / "seed1", seed=1))
+    base = tree_files(tiny_flux_dir)
     differing = {name for name in base if base[name] != other[name]}
     assert differing == {*WEIGHT_FILES, "diffserve_model.json"}
 
@@ -191,11 +184,11 @@ def test_non_empty_dir_without_force_is_rejected_and_untouched(tmp_path: Path) -
     )
     assert "--force" in lines[0]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]
-    assert _files(target) == {"notes.txt": b"keep me"}
+    assert tree_files(target) == {"notes.txt": b"keep me"}
     # --force replaces models only, never arbitrary data.
     proc = _cli("make-model", "tiny-flux", target, "--force")
     assert proc.returncode == 1 and "refusing to delete" in proc.stderr
-    assert _files(target) == {"notes.txt": b"keep me"}
+    assert tree_files(target) == {"notes.txt": b"keep me"}
 
 
 def test_unwritable_dir_is_rejected_without_leftovers(tmp_path: Path) -> None:
@@ -234,7 +227,7 @@ def test_force_replaces_a_previous_model(tmp_path: Path, tiny_flux_dir: Path) ->
     with pytest.raises(ConfigError, match="not empty"):
         build_flux_model("tiny-flux", target, seed=0)
     build_flux_model("tiny-flux", target, seed=0, force=True)
-    assert _files(target) == _files(tiny_flux_dir)
+    assert tree_files(target) == tree_files(tiny_flux_dir)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["m"]
     assert (target.stat().st_mode & 0o777) == (tiny_flux_dir.stat().st_mode & 0o777)
 

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from tree_files import tree_files
 
 from diffserve.errors import ConfigError
 
@@ -19,14 +20,6 @@ WEIGHTS = {
     "text_encoder/model.safetensors",
     "text_encoder_2/model.safetensors",
 }
-
-
-def _files(root: Path) -> dict[str, bytes]:
-    return {
-        str(p.relative_to(root)): p.read_bytes()
-        for p in sorted(root.rglob("*"))
-        if p.is_file()
-    }
 
 
 @pytest.fixture(scope="module")
@@ -112,7 +105,7 @@ def test_system_turn_is_the_real_template_length(pipe: Any) -> None:
 
 
 def test_weights_are_safetensors_only(model_dir: Path) -> None:
-    files = set(_files(model_dir))
+    files = set(tree_files(model_dir))
     assert {f for f in files if f.endswith(".safetensors")} == WEIGHTS
     assert not [
         f for f in files if f.endswith((".bin", ".pt", ".pth", ".ckpt", ".pkl"))
@@ -135,14 +128,14 @@ def test_same_seed_identical_other_seed_changes_weights(
 
     from diffserve.zoo.hunyuan_video15 import build_hunyuan_video15_model
 
-    base = _files(model_dir)
+    base = tree_files(model_dir)
     torch.manual_seed(1234)
     rng_before = torch.random.get_rng_state()
-    again = _files(build_hunyuan_video15_model(KIND, tmp_path / "again", seed=0))
+    again = tree_files(build_hunyuan_video15_model(KIND, tmp_path / "again", seed=0))
     assert torch.equal(rng_before, torch.random.get_rng_state())
     assert sorted(again) == sorted(base)
     assert [name for name in base if base[name] != again[name]] == []
-    other = _files(build_hunyuan_video15_model(KIND, tmp_path / "seed1", seed=1))
+    other = tree_files(build_hunyuan_video15_model(KIND, tmp_path / "seed1", seed=1))
     assert sorted(other) == sorted(base)
     assert {name for name in base if base[name] != other[name]} == {
         *WEIGHTS,

@@ -8,6 +8,7 @@ import json
 from pathlib import Path
 
 import pytest
+from tree_files import tree_files
 
 from diffserve.errors import ConfigError
 
@@ -21,14 +22,6 @@ WEIGHTS = {
 }
 
 
-def _files(root: Path) -> dict[str, bytes]:
-    return {
-        str(p.relative_to(root)): p.read_bytes()
-        for p in sorted(root.rglob("*"))
-        if p.is_file()
-    }
-
-
 @pytest.fixture(scope="module")
 def ltx2_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     from diffserve.zoo.ltx2 import build_ltx2_model
@@ -39,7 +32,7 @@ def ltx2_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def test_the_build_is_safetensors_with_its_marker(ltx2_dir: Path) -> None:
-    files = set(_files(ltx2_dir))
+    files = set(tree_files(ltx2_dir))
     assert files >= WEIGHTS
     assert not [f for f in files if f.endswith((".bin", ".pt", ".pth", ".ckpt"))]
     marker = json.loads((ltx2_dir / "diffserve_model.json").read_text())
@@ -61,9 +54,9 @@ def test_rebuilds_are_byte_identical_and_the_seed_changes_every_weight(
 ) -> None:
     from diffserve.zoo.ltx2 import build_ltx2_model
 
-    again = _files(build_ltx2_model("tiny-ltx2", tmp_path / "again", seed=0))
-    assert again == _files(ltx2_dir)
-    other = _files(build_ltx2_model("tiny-ltx2", tmp_path / "other", seed=1))
+    again = tree_files(build_ltx2_model("tiny-ltx2", tmp_path / "again", seed=0))
+    assert again == tree_files(ltx2_dir)
+    other = tree_files(build_ltx2_model("tiny-ltx2", tmp_path / "other", seed=1))
     assert other.keys() == again.keys()
     assert {f for f in again if other[f] != again[f]} == WEIGHTS | {
         "diffserve_model.json"

@@ -19,6 +19,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from tree_files import tree_files
 
 from diffserve.errors import ConfigError
 
@@ -30,14 +31,6 @@ WEIGHTS = {
     "transformer/diffusion_pytorch_model.safetensors",
     "vae/diffusion_pytorch_model.safetensors",
 }
-
-
-def _files(root: Path) -> dict[str, bytes]:
-    return {
-        str(p.relative_to(root)): p.read_bytes()
-        for p in sorted(root.rglob("*"))
-        if p.is_file()
-    }
 
 
 @pytest.fixture(scope="module")
@@ -91,15 +84,17 @@ def test_rebuild_is_byte_identical_and_the_seed_changes_only_weights(
 ) -> None:
     from diffserve.zoo.qwen_image21 import build_qwen_image21_model
 
-    files = _files(model_dir)
+    files = tree_files(model_dir)
     assert set(files) >= WEIGHTS
     assert not [
         name
         for name in files
         if name.endswith((".bin", ".pt", ".pth", ".ckpt", ".pkl"))
     ]
-    assert _files(build_qwen_image21_model(KIND, tmp_path / "again", seed=0)) == files
-    other = _files(build_qwen_image21_model(KIND, tmp_path / "other", seed=1))
+    assert (
+        tree_files(build_qwen_image21_model(KIND, tmp_path / "again", seed=0)) == files
+    )
+    other = tree_files(build_qwen_image21_model(KIND, tmp_path / "other", seed=1))
     assert other.keys() == files.keys()
     changed = {name for name in files if other[name] != files[name]}
     assert changed == WEIGHTS | {"diffserve_model.json"}
