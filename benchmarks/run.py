@@ -33,6 +33,7 @@ from benchmarks import (  # noqa: E402
     overhead,
     parallel,
     quantization,
+    qwen_image21_native,
     replicas,
     stages,
     step_cache,
@@ -126,6 +127,11 @@ MEASUREMENTS = (
         "s. Mixed traffic: step-level batching of mixed sizes, steps, cache "
         "thresholds and adapters",
         mixed_traffic.measure,
+    ),
+    (
+        "qwen21",
+        "t. Qwen-Image-2.1: the generic path, and would a native path pay?",
+        qwen_image21_native.measure,
     ),
 )
 

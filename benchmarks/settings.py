@@ -113,6 +113,9 @@ class Settings:
         Case("tiny-sd3", 128, 4),
         Case("small-sd3", 256, 4),
     )
+    # Qwen-Image-2.1 (section t): the generic path vs diffusers, and the profile that
+    # bounds what a native path could gain.
+    qwen21_case: Case = Case("small-qwen-image-21", 256, 4)
     # Per-request LoRA (section k): one adapter vs the base per image; 8 clients with 4
     # adapters vs base.
     lora_case: Case = Case("small-flux", 256, 4)
@@ -234,6 +237,7 @@ SMOKE = Settings(
     mixed_batch_invariant=True,
     mixed_closed_both=False,
     generic_cases=(Case("tiny-sd3", 64, 2),),
+    qwen21_case=Case("tiny-qwen-image-21", 64, 2),
     lora_case=Case("tiny-flux", 64, 2),
     lora_images=8,
     cache_trained_case=Case("toy-shapes", 64, 8),

@@ -36,6 +36,7 @@ SECTION_KEYS = (
     "cache_video",
     "ar_stage",
     "mixed",
+    "qwen21",
 )
 
 
