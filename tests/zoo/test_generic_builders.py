@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 
 # The FLUX builder tests' CLI runner and file snapshot.
-from test_flux_builder import _cli, _files
+from test_flux_builder import _cli
+from tree_files import tree_files
 
 from diffserve.errors import ConfigError
 
@@ -199,7 +200,7 @@ def test_weights_are_safetensors_only(
     request: pytest.FixtureRequest, fixture: str, weights: set[str]
 ) -> None:
     root: Path = request.getfixturevalue(fixture)
-    files = set(_files(root))
+    files = set(tree_files(root))
     assert {f for f in files if f.endswith(".safetensors")} == weights
     assert not [
         f for f in files if f.endswith((".bin", ".pt", ".pth", ".ckpt", ".pkl"))
@@ -215,7 +216,7 @@ def test_cli_builds_byte_identical_tiny_sd3(tmp_path: Path, sd3_dir: Path) -> No
     proc = _cli("make-model", "tiny-sd3", out)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == str(out)
-    built, fixture = _files(out), _files(sd3_dir)
+    built, fixture = tree_files(out), tree_files(sd3_dir)
     assert sorted(built) == sorted(fixture)
     assert [name for name in built if built[name] != fixture[name]] == []
 
@@ -227,13 +228,17 @@ def test_same_seed_identical_other_seed_changes_weights(
 
     from diffserve.zoo.generic import build_generic_model
 
-    base = _files(pixart_dir)
+    base = tree_files(pixart_dir)
     torch.manual_seed(1234)
     rng_before = torch.random.get_rng_state()
-    again = _files(build_generic_model("tiny-pixart-sigma", tmp_path / "again", seed=0))
+    again = tree_files(
+        build_generic_model("tiny-pixart-sigma", tmp_path / "again", seed=0)
+    )
     assert torch.equal(rng_before, torch.random.get_rng_state())
     assert again == base
-    other = _files(build_generic_model("tiny-pixart-sigma", tmp_path / "seed1", seed=1))
+    other = tree_files(
+        build_generic_model("tiny-pixart-sigma", tmp_path / "seed1", seed=1)
+    )
     assert sorted(other) == sorted(base)
     assert {name for name in base if base[name] != other[name]} == {
         *PIXART_WEIGHTS,

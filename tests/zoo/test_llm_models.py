@@ -16,7 +16,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 import pytest
-from test_flux_builder import _files  # the FLUX builder tests' file snapshot
+from tree_files import tree_files
 
 from diffserve.zoo.llm.prompt_grammar import (
     DEFAULT_BACKGROUND,
@@ -83,7 +83,7 @@ def cli_rebuilt(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def test_a_rebuild_in_another_process_is_byte_identical(
     built: dict[str, Path], cli_rebuilt: Path, kind: str
 ) -> None:
-    here, there = _files(built[kind]), _files(cli_rebuilt / kind)
+    here, there = tree_files(built[kind]), tree_files(cli_rebuilt / kind)
     assert set(here) == set(there) == FILES  # safetensors only, json included
     assert [name for name in here if here[name] != there[name]] == []
     marker = json.loads(here["diffserve_model.json"])
@@ -96,8 +96,8 @@ def test_another_seed_changes_only_the_weights(
     from diffserve.zoo.llm.build import build_tiny_llm
 
     seed0, seed1 = (
-        _files(built["tiny-qwen3"]),
-        _files(build_tiny_llm("tiny-qwen3", tmp_path / "m", seed=1)),
+        tree_files(built["tiny-qwen3"]),
+        tree_files(build_tiny_llm("tiny-qwen3", tmp_path / "m", seed=1)),
     )
     assert sorted(name for name in seed0 if seed0[name] != seed1[name]) == [
         "diffserve_model.json",
@@ -108,7 +108,7 @@ def test_another_seed_changes_only_the_weights(
 def test_make_model_copies_the_shipped_toy_prompter(cli_rebuilt: Path) -> None:
     from diffserve.zoo.llm.build import toy_prompter_dir
 
-    assert _files(cli_rebuilt / "toy-prompter") == _files(toy_prompter_dir())
+    assert tree_files(cli_rebuilt / "toy-prompter") == tree_files(toy_prompter_dir())
 
 
 @pytest.mark.parametrize(
@@ -343,7 +343,7 @@ def test_training_runs_end_to_end_on_a_tiny_budget(
     out = train_toy_prompter(
         tmp_path / "p", PrompterTrainConfig(max_steps=3, eval_every=3, threads=1)
     )
-    assert set(_files(out)) == FILES | {"training.json"}
+    assert set(tree_files(out)) == FILES | {"training.json"}
     log = json.loads((out / "training.json").read_text(encoding="utf-8"))
     assert (
         log["steps"] == 3

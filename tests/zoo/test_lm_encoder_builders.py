@@ -10,7 +10,7 @@ import json
 from pathlib import Path
 
 import pytest
-from test_flux_builder import _files  # the FLUX builder tests' file snapshot
+from tree_files import tree_files
 
 WEIGHTS = {
     "transformer/diffusion_pytorch_model.safetensors",
@@ -240,8 +240,8 @@ def test_cli_rebuild_is_byte_identical_and_safetensors_only(
     cli_rebuilt: Path, kind: str, request: pytest.FixtureRequest
 ) -> None:
     built, fixture = (
-        _files(cli_rebuilt / kind),
-        _files(request.getfixturevalue(KINDS[kind])),
+        tree_files(cli_rebuilt / kind),
+        tree_files(request.getfixturevalue(KINDS[kind])),
     )
     assert sorted(built) == sorted(fixture)
     assert [name for name in built if built[name] != fixture[name]] == []
