@@ -8,7 +8,9 @@ from dataclasses import dataclass
 
 from diffserve.config import canonical as c
 from diffserve.config import structured as sv
+from diffserve.config.manifest_schema import ProvenanceConfig
 from diffserve.config.options import opt, section
+from diffserve.config.webhooks_schema import WebhooksConfig
 
 
 @dataclass(frozen=True)
@@ -200,4 +202,12 @@ class ServerConfig:
     )
     autoscaling: AutoscalingConfig = section(
         AutoscalingConfig, "Ray Serve replicas (--ray-serve only)", "autoscaling_"
+    )
+    webhooks: WebhooksConfig = section(
+        WebhooksConfig, "signed video job webhooks (docs/webhooks.md)", "webhooks_"
+    )
+    provenance: ProvenanceConfig = section(
+        ProvenanceConfig,
+        "signed manifest in every output (docs/provenance.md)",
+        "provenance_",
     )

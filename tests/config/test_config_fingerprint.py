@@ -90,6 +90,11 @@ OTHER = {
     "job_store": "sqlite:////srv/jobs.sqlite3",
     "artifact_dir": "/srv/videos",
     "requeue_interrupted": True,
+    "webhooks_endpoints": "https://hooks.example.com/diffserve",
+    "webhooks_allowed_hosts": "hooks.example.com",
+    "webhooks_secrets_file": "/srv/webhook-secrets",
+    "provenance_enabled": False,
+    "provenance_key_file": "/srv/provenance.pem",
 }
 # Settings that only exist next to another one: both fingerprints are taken with these
 # set.
