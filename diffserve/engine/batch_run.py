@@ -10,6 +10,7 @@ core decides what that means for the engine (``EngineCore.replica_lost``).
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any, Protocol
 
 from diffserve.engine.outcome import Outcome
@@ -160,7 +161,9 @@ class BatchRun:
         self._deliver_ok(finals)
         return Outcome.OK, None
 
-    def _on_step(self, step: int, total: int, progress: tuple = ()) -> None:
+    def _on_step(
+        self, step: int, total: int, progress: tuple = (), previews: tuple = ()
+    ) -> None:
         if self.watch is not None:
             self.watch.stepped(step, total)
         steps = dict(progress)
@@ -171,9 +174,17 @@ class BatchRun:
                 state.steps_done = steps.get(state.request_id, step)
                 # A step-level batch mixes step counts: each request's own total.
                 own = state.request.num_inference_steps if steps else None
-                state.sink(
-                    ProgressEvent(state.request_id, state.steps_done, own or total)
-                )
+                event = ProgressEvent(state.request_id, state.steps_done, own or total)
+                state.sink(event)
+                for preview in previews:
+                    if preview.request_id == state.request_id:
+                        state.sink(
+                            replace(
+                                event,
+                                preview=preview.images,
+                                preview_index=preview.index,
+                            )
+                        )
 
     def _on_partial(self, outputs: list[RequestResult]) -> None:
         # Requests that finished together: their stats first, then their results (as for

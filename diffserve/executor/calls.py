@@ -118,7 +118,7 @@ class CallTable:
 def _callback(call: PendingCall, reply: Reply) -> None:
     try:
         if reply.kind == "step" and call.on_step is not None:
-            call.on_step(reply.step, reply.total_steps, reply.progress)
+            call.on_step(reply.step, reply.total_steps, reply.progress, reply.previews)
         elif reply.kind == "partial" and call.on_partial is not None:
             call.on_partial(reply.value)
     except Exception:  # a broken consumer must not kill the reader thread

@@ -74,6 +74,9 @@ class PipelineCapabilities:
     # Pixels per side of one latent token of the denoiser (VAE downsampling x patch):
     # the cost model's unit (``step_tokens``).
     token_pixels: int = 16
+    # It decodes partial images of its running latents while it denoises
+    # (``GenerationRequest.partial_images``).
+    partial_images: bool = False
 
     @property
     def modality(self) -> Modality:
@@ -154,5 +157,11 @@ class PipelineCapabilities:
                 f"{self.family} ({self.implementation}) does not edit "
                 "images on this deployment",
                 param="image",
+            )
+        if request.partial_images and not self.partial_images:
+            raise RequestError(
+                f"{self.family} ({self.implementation}) does not decode partial images "
+                "on this deployment; leave partial_images at 0",
+                param="partial_images",
             )
         self.modality.check(request, self)

@@ -56,6 +56,8 @@ class Reply:
     # ``step``). partial: ``value`` holds the results of requests that finished while
     # the batch goes on.
     progress: tuple[tuple[str, int], ...] = ()
+    # step: the partial images decoded after it (``types.results.Preview``).
+    previews: tuple[Any, ...] = ()
     error_type: str = ""
     message: str = ""
     traceback: str = ""

@@ -19,6 +19,7 @@ from diffserve.types.request_checks import (
     MAX_FPS,
     MAX_FRAMES,
     MAX_GUIDANCE_SCALE,
+    MAX_PARTIAL_IMAGES,
     MAX_SEED,
     MAX_TRUE_CFG_SCALE,
     check_edit_inputs,
@@ -113,6 +114,9 @@ class GenerationRequest:
     # request that names no ``num_frames``: admission makes it the nearest clip the
     # model makes at the fps that runs.
     seconds: float | None = None
+    # Partial images (0..3): the running latents decoded at evenly spaced steps and sent
+    # as progress events before the result (image models that preview; 0: none).
+    partial_images: int = 0
     # What the engine adds on the request's way (never from a client: the HTTP, job and
     # CLI mappers leave it).
     carried: Carried = field(default_factory=lambda: Carried())
@@ -207,6 +211,16 @@ def _check_fields(request: GenerationRequest) -> None:
             f"num_inference_steps={request.num_inference_steps!r} must "
             "be an integer >= 1",
             param="num_inference_steps",
+        )
+    if (
+        not isinstance(request.partial_images, int)
+        or isinstance(request.partial_images, bool)
+        or not 0 <= request.partial_images <= MAX_PARTIAL_IMAGES
+    ):
+        raise RequestError(
+            f"partial_images={request.partial_images!r} must be an integer in "
+            f"[0, {MAX_PARTIAL_IMAGES}]",
+            param="partial_images",
         )
     if request.num_frames is not None and (
         not isinstance(request.num_frames, int)
@@ -326,3 +340,7 @@ class ProgressEvent:
     request_id: str
     step: int
     total_steps: int
+    # A partial image decoded after this step: uint8 ``[n, H, W, 3]`` (one per image of
+    # the request) and its 0-based number; None on a plain progress event.
+    preview: Any = None
+    preview_index: int = -1

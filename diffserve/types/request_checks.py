@@ -20,6 +20,7 @@ MAX_CACHE_THRESHOLD = 100.0
 MAX_FRAMES = 10_000
 MAX_FPS = 240
 MAX_INPUT_IMAGES = 4  # images per edit request (the HTTP layer may bound it lower)
+MAX_PARTIAL_IMAGES = 3  # OpenAI's bound on a streamed request's partial images
 
 
 def check_edit_inputs(

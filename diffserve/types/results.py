@@ -29,6 +29,18 @@ class StepEvent:
     step: int
     total_steps: int
     progress: tuple[tuple[str, int], ...] = ()
+    # Partial images decoded after this step (``GenerationRequest.partial_images``).
+    previews: tuple[Preview, ...] = ()
+
+
+@dataclass(frozen=True)
+class Preview:
+    """Request ``request_id``'s partial image number ``index`` (0-based): its running
+    latents decoded, uint8 ``[n, H, W, 3]`` on CPU (one per image of the request)."""
+
+    request_id: str
+    index: int
+    images: torch.Tensor
 
 
 @dataclass

@@ -121,7 +121,9 @@ class CommandLoop:
         # tracing is on here.
         trace = batch_trace(command.batch or [], self._trace_attributes)
 
-        def on_step(step: int, total: int, progress: tuple = ()) -> None:
+        def on_step(
+            step: int, total: int, progress: tuple = (), previews: tuple = ()
+        ) -> None:
             trace.step(step, total, progress)
             self._send(
                 Reply(
@@ -131,6 +133,7 @@ class CommandLoop:
                     step=step,
                     total_steps=total,
                     progress=progress,
+                    previews=previews,
                 )
             )
 

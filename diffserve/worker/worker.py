@@ -189,7 +189,9 @@ class Worker:
                                 self._attest(event.outputs, counters, len(batch), start)
                             )
                         continue
-                    on_step(event.step, event.total_steps, event.progress)
+                    on_step(
+                        event.step, event.total_steps, event.progress, event.previews
+                    )
                     if stop_agreed(self.parallel, should_stop(), self.device, counters):
                         self._record_cancel(batch, event)
                         return None

@@ -29,6 +29,7 @@ ASSETS = {
     "/": "text/html",
     "/static/playground.css": "text/css",
     "/static/playground.js": "text/javascript",
+    "/static/playground-stream.js": "text/javascript",
     "/static/playground-video.js": "text/javascript",
     "/static/playground-defaults.js": "text/javascript",
     "/static/playground-models.js": "text/javascript",
@@ -296,6 +297,31 @@ def test_generate_shows_progress_images_and_proof(page, server, tmp_path) -> Non
     ]
     # No script error, no CSP violation (the 401s are the wrong-key probe)
     assert not severe, severe
+
+
+def test_partial_images_show_while_denoising_then_the_result(page, server) -> None:
+    unlock(page, server)
+    fill(page, prompt="a kite", width="64", height="48", steps="6", n="1", previews="2")
+    # Every partial image the preview box shows, in order.
+    page.execute_script("""window.seenPreviews = [];
+        const img = document.getElementById('preview');
+        new MutationObserver(() => window.seenPreviews.push(img.dataset.index))
+            .observe(img, {attributes: true, attributeFilter: ['src']});""")
+    before = len(page.find_elements("css selector", "#gallery li.card"))
+    by_id(page, "generate").click()
+    wait(
+        page,
+        lambda d: text(d, "status").startswith("Done"),
+        message=text(page, "error") or text(page, "status"),
+    )
+    assert page.execute_script("return window.seenPreviews") == ["0", "1"]
+    assert by_id(page, "preview").is_displayed()
+    assert text(page, "preview-caption") == "partial image 2 of 2 (image 1)"
+    cards = page.find_elements("css selector", "#gallery li.card")
+    assert len(cards) == before + 1
+    newest = cards[0].find_element("css selector", "dd[data-field='steps']").text
+    assert newest == "6"
+    fill(page, previews="0")
 
 
 def test_api_errors_show_the_error_message(page, server) -> None:

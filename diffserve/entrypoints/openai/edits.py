@@ -46,7 +46,14 @@ EDITS_PATH = "/v1/images/edits"
 IMAGE_FIELDS = frozenset({"image", "image[]"})
 UNSUPPORTED_EDIT_PARAMS = UNSUPPORTED_OPENAI_PARAMS | {"input_fidelity", "markup"}
 INT_FIELDS = frozenset(
-    {"n", "output_compression", "num_inference_steps", "seed", "max_sequence_length"}
+    {
+        "n",
+        "output_compression",
+        "num_inference_steps",
+        "seed",
+        "max_sequence_length",
+        "partial_images",
+    }
 )
 FLOAT_FIELDS = frozenset(
     {"guidance_scale", "true_cfg_scale", "cache_threshold", "strength"}

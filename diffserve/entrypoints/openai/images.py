@@ -24,6 +24,7 @@ from diffserve import __version__
 from diffserve.engine.client import AsyncEngineClient
 from diffserve.entrypoints.api_errors import APIError, request_id_from, to_api_error
 from diffserve.entrypoints.openai.encoding import MIME_TYPES, encode_all
+from diffserve.entrypoints.openai.image_events import image_events
 from diffserve.entrypoints.openai.image_store import ImageStore
 from diffserve.entrypoints.openai.metrics import ServerMetrics
 from diffserve.entrypoints.openai.protocol import (
@@ -38,8 +39,9 @@ from diffserve.entrypoints.openai.served import ServedModel, ServedModels
 from diffserve.entrypoints.openai.streaming import (
     Events,
     GuardedStream,
+    abort_quietly,
+    admit,
     aiter_events,
-    sse,
 )
 from diffserve.errors import RequestAbortedError
 from diffserve.logging import get_logger
@@ -290,46 +292,35 @@ class ImagesHandler:
     ) -> AsyncIterator[str]:
         started[0] = True
         finished = False
+        shape = image_events(
+            gen, body.partial_images, body.output_format, body.output_compression
+        )
         self.metrics.inflight.inc()
         try:
             event = await first
             while True:
                 if isinstance(event, ProgressEvent):
-                    yield sse(
-                        {
-                            "type": "progress",
-                            "request_id": gen.request_id,
-                            "step": event.step,
-                            "total_steps": event.total_steps,
-                        }
-                    )
+                    for line in await shape.progress(event):
+                        yield line
                 elif isinstance(event, RequestOutput):
                     payload = await self._respond(request, body, gen, event, received)
                     finished = True
-                    yield sse({"type": "result", **payload})
-                    yield "data: [DONE]\n\n"
+                    for line in shape.result(payload):
+                        yield line
                     return
                 event = await events.__anext__()
         except StopAsyncIteration:
             finished = True
-            yield sse(
-                {
-                    "type": "error",
-                    **to_api_error(
-                        RequestAbortedError(
-                            f"request {gen.request_id} ended without an output"
-                        )
-                    ).body(),
-                }
+            yield shape.error(
+                to_api_error(
+                    RequestAbortedError(
+                        f"request {gen.request_id} ended without an output"
+                    )
+                ).body()
             )
         except Exception as exc:  # noqa: BLE001 - after the 200 header, errors travel as an event
             finished = True
-            yield sse(
-                {
-                    "type": "error",
-                    **to_api_error(exc, request_id_from(gen.request_id)).body(),
-                }
-            )
+            yield shape.error(to_api_error(exc, request_id_from(gen.request_id)).body())
         finally:
             self.metrics.inflight.dec()
             first.cancel()  # no-op once done; stops waiting for a request still queued
@@ -340,41 +331,6 @@ class ImagesHandler:
                 with anyio.CancelScope(shield=True):
                     logger.info("stream closed early; aborting %s", gen.request_id)
                     await abort_quietly(engine, gen.request_id)
-
-
-async def admit(
-    engine: AsyncEngineClient, request_id: str, events: Events
-) -> asyncio.Future[ProgressEvent | RequestOutput]:
-    """Submit the request and return the future of its first event.
-
-    The engine admits (validates, enqueues) synchronously inside the first
-    ``__anext__``, before it waits for an event: one loop turn is enough to raise
-    admission errors here, so they keep their HTTP status (400, 429, 503), while a
-    queued stream gets its 200 header at once instead of after the wait.
-    """
-    first = asyncio.ensure_future(anext_or_abort(engine, request_id, events))
-    await asyncio.sleep(0)
-    if first.done():
-        first.result()  # raises the admission error, if any
-    return first
-
-
-async def anext_or_abort(
-    engine: AsyncEngineClient, request_id: str, events: Events
-) -> ProgressEvent | RequestOutput:
-    try:
-        return await events.__anext__()
-    except StopAsyncIteration as exc:
-        raise RequestAbortedError(
-            f"request {request_id} ended without an output"
-        ) from exc
-
-
-async def abort_quietly(engine: AsyncEngineClient, request_id: str) -> None:
-    try:
-        await engine.abort(request_id)
-    except Exception as exc:  # noqa: BLE001 - a failed abort must not mask the original outcome
-        logger.warning("abort of %s failed: %s", request_id, exc)
 
 
 def jsonable(value: Any) -> Any:

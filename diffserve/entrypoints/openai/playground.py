@@ -29,6 +29,10 @@ FILES = {
     "/": ("playground.html", "text/html; charset=utf-8"),
     "/static/playground.css": ("playground.css", "text/css; charset=utf-8"),
     "/static/playground.js": ("playground.js", "text/javascript; charset=utf-8"),
+    "/static/playground-stream.js": (
+        "playground-stream.js",
+        "text/javascript; charset=utf-8",
+    ),
     "/static/playground-video.js": (
         "playground-video.js",
         "text/javascript; charset=utf-8",

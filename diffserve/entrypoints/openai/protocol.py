@@ -22,6 +22,7 @@ from diffserve.types.request import GenerationRequest
 from diffserve.types.request_checks import (
     MAX_CACHE_THRESHOLD,
     MAX_GUIDANCE_SCALE,
+    MAX_PARTIAL_IMAGES,
     MAX_SEED,
     MAX_TRUE_CFG_SCALE,
 )
@@ -37,7 +38,6 @@ UNSUPPORTED_OPENAI_PARAMS = frozenset(
         "moderation",
         "quality",
         "style",
-        "partial_images",
         "complexity",
         "frame_count",
         "frame_duration_ms",
@@ -96,6 +96,9 @@ class ImageGenerationRequest(BaseModel):
     # written; unset: rewrite it.
     rewrite_prompt: bool | None = None
     stream: bool = False
+    # With ``stream``: OpenAI's streaming shape, with this many partial images (0..3)
+    # decoded from the running latents before each image's ``completed`` event.
+    partial_images: int | None = Field(default=None, ge=0, le=MAX_PARTIAL_IMAGES)
 
 
 class ImageEditRequest(ImageGenerationRequest):
@@ -215,6 +218,17 @@ def to_generation_request(
     are checked once, and unset fields filled with the deployment's defaults, at engine
     admission. ``images``/``mask``: an edit's decoded inputs (``uploads.py``); ``size``
     stays unset without one, so admission takes the first image's size."""
+    if body.partial_images is not None and not body.stream:
+        raise RequestError(
+            "partial_images streams its images: send stream: true with it",
+            param="partial_images",
+        )
+    if body.partial_images is not None and body.response_format != "b64_json":
+        raise RequestError(
+            "a stream with partial_images sends b64_json images; leave "
+            "response_format unset",
+            param="response_format",
+        )
     given: dict[str, Any] = {"request_id": request_id}
     if images:
         given.update(images=tuple(images), mask=mask)

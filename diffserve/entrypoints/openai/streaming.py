@@ -4,6 +4,7 @@ left before the stream began."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
@@ -12,7 +13,11 @@ import anyio
 from fastapi.responses import StreamingResponse
 
 from diffserve.engine.client import AsyncEngineClient
+from diffserve.errors import RequestAbortedError
+from diffserve.logging import get_logger
 from diffserve.types.request import GenerationRequest, ProgressEvent, RequestOutput
+
+logger = get_logger(__name__)
 
 # What one request's engine run yields: its progress events, then its output.
 Events = AsyncIterator[ProgressEvent | RequestOutput]
@@ -50,5 +55,42 @@ def aiter_events(engine: AsyncEngineClient, gen: GenerationRequest) -> Events:
     return engine.generate(gen).__aiter__()
 
 
-def sse(obj: dict[str, Any]) -> str:
-    return f"data: {json.dumps(obj, separators=(',', ':'))}\n\n"
+def sse(obj: dict[str, Any], event: str | None = None) -> str:
+    """One server-sent event (named when ``event`` is given)."""
+    data = json.dumps(obj, separators=(",", ":"))
+    return f"event: {event}\ndata: {data}\n\n" if event else f"data: {data}\n\n"
+
+
+async def admit(
+    engine: AsyncEngineClient, request_id: str, events: Events
+) -> asyncio.Future[ProgressEvent | RequestOutput]:
+    """Submit the request and return the future of its first event.
+
+    The engine admits (validates, enqueues) synchronously inside the first
+    ``__anext__``, before it waits for an event: one loop turn is enough to raise
+    admission errors here, so they keep their HTTP status (400, 429, 503), while a
+    queued stream gets its 200 header at once instead of after the wait.
+    """
+    first = asyncio.ensure_future(anext_or_abort(engine, request_id, events))
+    await asyncio.sleep(0)
+    if first.done():
+        first.result()  # raises the admission error, if any
+    return first
+
+
+async def anext_or_abort(
+    engine: AsyncEngineClient, request_id: str, events: Events
+) -> ProgressEvent | RequestOutput:
+    try:
+        return await events.__anext__()
+    except StopAsyncIteration as exc:
+        raise RequestAbortedError(
+            f"request {request_id} ended without an output"
+        ) from exc
+
+
+async def abort_quietly(engine: AsyncEngineClient, request_id: str) -> None:
+    try:
+        await engine.abort(request_id)
+    except Exception as exc:  # noqa: BLE001 - a failed abort must not mask the original outcome
+        logger.warning("abort of %s failed: %s", request_id, exc)

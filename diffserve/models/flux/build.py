@@ -271,4 +271,6 @@ def flux_capabilities(parts: FluxComponents) -> PipelineCapabilities:
         batch_invariant=parts.transformer.kernels.batch_invariant
         and (parts.encoders is None or parts.encoders.per_prompt),
         default_cache_threshold=parts.stage.cache.request_threshold,
+        # The VAE is here to decode previews, unless a decoding stage holds it.
+        partial_images=not parts.decoded_elsewhere,
     )

@@ -34,6 +34,7 @@ from diffserve.models.memory import PhasePeaks
 from diffserve.models.runner.branches import BranchCaches, Guidance, idle
 from diffserve.models.runner.groups import Group, by_group
 from diffserve.models.runner.hooks import Decoded, Prepared, Schedule
+from diffserve.models.runner.previews import take_previews
 from diffserve.models.runner.results import finished_results
 from diffserve.models.runner.rows import LiveRows
 from diffserve.models.stepcache.policy import BranchCache, CacheSettings
@@ -211,12 +212,18 @@ class NativeRunner(Pipeline):
                 self._join(groups[shape], joining, guidance, peaks)
             for group in groups.values():
                 self._advance(group, guidance, peaks)
+            previews = tuple(
+                preview
+                for group in groups.values()
+                for preview in take_previews(self, group.live, group.plan)
+            )
             yield StepEvent(
                 step=max(s for g in groups.values() for s in g.live.steps),
                 total_steps=max(
                     m.schedule.steps for g in groups.values() for m in g.live.members
                 ),
                 progress=tuple(p for g in groups.values() for p in g.live.progress()),
+                previews=previews,
             )
             for shape, group in list(groups.items()):
                 done = group.live.finished()

@@ -34,6 +34,7 @@ class Member:
     schedule: Any  # the family's Schedule for this request
     joined: float = field(default_factory=time.perf_counter)
     encode_ms: float = 0.0
+    start_step: int = 0  # an edit of strength < 1 starts into its schedule
 
     @property
     def rows(self) -> range:
@@ -69,7 +70,13 @@ class LiveRows:
     ) -> None:
         for request, schedule in zip(requests, schedules, strict=True):
             self.members.append(
-                Member(request, self.rows, schedule, encode_ms=encode_ms)
+                Member(
+                    request,
+                    self.rows,
+                    schedule,
+                    encode_ms=encode_ms,
+                    start_step=prepared.start_step,
+                )
             )
             self.steps += [prepared.start_step] * request.n
         if self.latents is None:

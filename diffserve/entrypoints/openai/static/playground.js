@@ -147,11 +147,15 @@
     }
     const loras = lorasField();
     if (loras.length) body.loras = loras;
+    if (previewCount() > 0) body.partial_images = previewCount();
     const seed = $("seed-random").checked ? "" : $("seed").value.trim();
     if (seed !== "" && !/^[0-9]+$/.test(seed)) body.seed = seed;
     const json = JSON.stringify(body);
     return seed !== "" && /^[0-9]+$/.test(seed) ? `${json.slice(0, -1)},"seed":${seed}}` : json;
   }
+
+  // Partial images asked for: the stream then comes in OpenAI's shape (partial_image, completed events).
+  const previewCount = () => numberField("previews") || 0;
 
   // "name:scale, name" -> [{name, scale}] (scale 1 when absent).
   const lorasField = () => $("loras").value.split(",").map((s) => s.trim()).filter(Boolean).map((item) => {
@@ -176,13 +180,9 @@
     if (seed !== "") form.append("seed", seed);
     const loras = lorasField();
     if (loras.length) form.append("loras", JSON.stringify(loras));
+    if (previewCount() > 0) form.append("partial_images", String(previewCount()));
     return form;
   }
-
-  // JSON.parse keeping integers beyond 2^53 exact, as digit strings (source text access, where supported).
-  const parseExact = (text) => JSON.parse(text, (key, value, context) =>
-    (typeof value === "number" && !Number.isSafeInteger(value) && Number.isInteger(value)
-      && context && /^[0-9]+$/.test(context.source) ? context.source : value));
 
   function setProgress(step, total) {
     const bar = $("progress");
@@ -239,30 +239,19 @@
     if (controller) controller.abort();
   }
 
-  // Server-sent events over fetch (EventSource cannot POST or send the key): "data: <json>" blocks.
+  // The stream, in either shape (playground-stream.js); a request that ended without a result is an error.
   async function readStream(resp, prompt) {
-    const reader = resp.body.getReader();
-    const decoder = new TextDecoder();
-    let buffer = "";
-    let ended = false; // a result or an error event arrived
-    for (;;) {
-      const { value, done } = await reader.read();
-      if (done) break;
-      buffer += decoder.decode(value, { stream: true }).replace(/\r\n?/g, "\n");
-      let end;
-      while ((end = buffer.indexOf("\n\n")) >= 0) {
-        const block = buffer.slice(0, end);
-        buffer = buffer.slice(end + 2);
-        const data = block.split("\n").filter((l) => l.startsWith("data:")).map((l) => l.slice(5).trim()).join("\n");
-        if (data === "[DONE]") return;
-        if (data) ended = handleEvent(parseExact(data), prompt) || ended;
-      }
-    }
+    const ended = await window.diffserveStream.read(resp, (event) => handleEvent(event, prompt));
     if (!ended) showError("The stream ended before a result arrived.");
   }
 
   // True once the request has ended (a result or an error).
   function handleEvent(event, prompt) {
+    if (/^image_(generation|edit)\.partial_image$/.test(event.type)) {
+      window.diffserveStream.showPreview(event, previewCount());
+      status(`Denoising: partial image ${event.partial_image_index + 1} of ${previewCount()}…`);
+      return false;
+    }
     if (event.type === "progress") {
       setProgress(event.step, event.total_steps);
       status(`Denoising ${event.request_id}…`);
@@ -284,12 +273,7 @@
   }
 
   // --- gallery -------------------------------------------------------------------------------------
-  function b64ToBlob(b64, type) {
-    const bin = atob(b64);
-    const bytes = new Uint8Array(bin.length);
-    for (let i = 0; i < bin.length; i += 1) bytes[i] = bin.charCodeAt(i);
-    return new Blob([bytes], { type });
-  }
+  const b64ToBlob = (b64, type) => window.diffserveStream.b64ToBlob(b64, type);
 
   const counts = (byBackend) => Object.entries(byBackend || {}).map(([b, c]) => `${b} × ${c}`).join(", ") || "none";
 
