@@ -1,7 +1,7 @@
 """The features users combine, as one request each, attested as such: LoRA-patched,
-step-cached requests on worker processes with Ulysses=2 (int8 weights), with true CFG
-split over two ranks (int8 weight-only), and as an image edit, each against the same
-request on one in-process rank; int8 weights on two replicas. Edits on parallel layouts
+step-cached requests streaming a partial image on worker processes with Ulysses=2 (int8
+weights), with true CFG split over two ranks (int8 weight-only), and as an image edit,
+each against the same request on one in-process rank; int8 weights on two replicas. Edits on parallel layouts
 are refused (400 ``image``), not run wrong."""
 
 from __future__ import annotations
@@ -84,7 +84,11 @@ def test_lora_cache_and_parallel_in_one_request(
     with engine(
         tiny_flux_dir, lora, distributed_executor_backend="mp", **layout
     ) as parallel:
-        out = parallel.generate(GenerationRequest(**request))
+        previews: list = []
+        out = parallel.generate(
+            GenerationRequest(**request, partial_images=1),
+            on_progress=lambda e: previews.append(e) if e.preview is not None else None,
+        )
         if layout:
             with pytest.raises(RequestError) as info:
                 parallel.generate(
@@ -119,7 +123,12 @@ def test_lora_cache_and_parallel_in_one_request(
     )
     # Ranks exchanged tensors only on a parallel layout.
     assert bool(att["collectives"]) == bool(layout)
-    # The same request on one rank.
+    # Its partial image crossed the process boundary from rank 0 (the Ulysses shards
+    # gathered first).
+    assert [(e.preview_index, tuple(e.preview.shape)) for e in previews] == [
+        (0, (1, 64, 64, 3))
+    ]
+    # The same request on one rank (with no partial image).
     assert psnr(out.images[0], reference.images[0]) >= 40
     assert psnr(out.images[0], base.images[0]) < 40  # and the adapter really applied
 
