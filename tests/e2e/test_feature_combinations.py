@@ -1,8 +1,8 @@
 """The features users combine, as one request each, attested as such: LoRA-patched,
 step-cached requests streaming a partial image on worker processes with Ulysses=2 (int8
 weights), with true CFG split over two ranks (int8 weight-only), and as an image edit,
-each against the same request on one in-process rank; int8 weights on two replicas. Edits on parallel layouts
-are refused (400 ``image``), not run wrong."""
+each against the same request on one in-process rank; int8 weights on two replicas.
+Edits on parallel layouts are refused (400 ``image``), not run wrong."""
 
 from __future__ import annotations
 
