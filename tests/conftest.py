@@ -47,6 +47,9 @@ def pytest_configure(config: pytest.Config) -> None:
     os.environ[_CACHE_ROOT_ENV] = root
     os.environ["DIFFSERVE_CACHE_DIR"] = os.path.join(root, "diffserve")
     os.environ["TORCHINDUCTOR_CACHE_DIR"] = os.path.join(root, "inductor")
+    # State (the provenance signing key made on first use, a video job store without
+    # state_dir) too: an in-process generate or app never writes ~/.local/state.
+    os.environ["XDG_STATE_HOME"] = os.path.join(root, "state")
     config.stash[_CACHE_ROOT] = root
 
 

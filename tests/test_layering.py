@@ -34,6 +34,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("ar",),
     ("engine",),
     ("zoo",),
+    ("provenance",),
     ("entrypoints",),
     ("ray_serve",),
 )

@@ -22,7 +22,7 @@ class ProvenanceConfig:
     )
     key_file: str = opt(
         "",
-        "PEM file of the Ed25519 signing key (empty: state_dir/provenance-ed25519.pem, "
-        "created on first use)",
+        "PEM file of the Ed25519 signing key, which must exist (empty: "
+        "state_dir/provenance-ed25519.pem, created on first use)",
         sv.normalize_optional_dir,
     )

@@ -18,7 +18,15 @@ from diffserve.errors import DiffserveError, ModelLoadError
 from diffserve.logging import configure_logging
 
 # Order is the order shown in --help.
-COMMAND_MODULES = ("serve", "generate", "config", "models", "make_model", "bench")
+COMMAND_MODULES = (
+    "serve",
+    "generate",
+    "verify",
+    "config",
+    "models",
+    "make_model",
+    "bench",
+)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -11,10 +11,15 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from diffserve.entrypoints.commands.generate_args import add_generate_parser
 from diffserve.logging import get_logger
+
+if TYPE_CHECKING:
+    from diffserve.config.resolved import ResolvedConfig
+    from diffserve.provenance.keys import Signing
+    from diffserve.types.request import GenerationRequest, RequestOutput
 
 logger = get_logger(__name__)
 
@@ -166,6 +171,7 @@ async def _generate(
         "config_fingerprint": output_obj.config_fingerprint,
         "size": f"{output_obj.width}x{output_obj.height}",
     }
+    signing = _signing(config, request, output_obj)
     if output_obj.videos:
         await asyncio.to_thread(
             _write_videos,
@@ -173,10 +179,11 @@ async def _generate(
             output,
             fmt,
             {**metadata, "model": str(config.model)},
+            signing,
         )
         return 0
     blobs = await asyncio.to_thread(
-        encode_all, output_obj.images, output_obj.seeds, fmt, None, metadata
+        encode_all, output_obj.images, output_obj.seeds, fmt, None, metadata, signing
     )
     paths = output_paths(output, len(blobs))
     for path, blob, seed in zip(paths, blobs, output_obj.seeds, strict=True):
@@ -260,13 +267,42 @@ def _lora_choices(values: list[str], kwargs: dict[str, Any]) -> list[str]:
     return files
 
 
+def _signing(
+    config: ResolvedConfig, request: GenerationRequest, output_obj: RequestOutput
+) -> Signing | None:
+    """What signs the files (``server.provenance``: the same key as a server on this
+    machine's state_dir), or None when provenance is off."""
+    from diffserve import __version__
+    from diffserve.entrypoints.provenance_keys import signer_for
+    from diffserve.provenance.facts import from_output
+    from diffserve.provenance.keys import Signing
+
+    signer = signer_for(config.server)
+    if signer is None:
+        return None
+    generation = from_output(
+        output_obj,
+        model=str(config.model),
+        prompt=request.prompt,
+        seed=0,  # each output's own
+        negative_prompt=request.negative_prompt,
+        edit=bool(request.images),
+    )
+    return Signing(signer, generation, __version__)
+
+
 def _write_videos(
-    output_obj: Any, output: Path, fmt: str, metadata: dict[str, str]
+    output_obj: Any,
+    output: Path,
+    fmt: str,
+    metadata: dict[str, str],
+    signing: Signing | None = None,
 ) -> None:
-    """Each video as an MP4 (``out.mp4``; ``out-0.mp4``... for several) or its frames as
-    PNGs (``DIR/``; ``DIR/0/``... for several), with the seed, frames and fps beside the
-    request's metadata."""
+    """Each video as an MP4 (``out.mp4``; ``out-0.mp4``... for several; signed with
+    ``signing``) or its frames as PNGs (``DIR/``; ``DIR/0/``... for several), with the
+    seed, frames and fps beside the request's metadata."""
     from diffserve.entrypoints.video_encoding import encode_mp4, write_frames, write_wav
+    from diffserve.provenance.video import sign_mp4
 
     n = len(output_obj.videos)
     audios = output_obj.audios or [None] * n
@@ -288,9 +324,22 @@ def _write_videos(
         else:
             target = output_paths(output, n)[index]
             target.parent.mkdir(parents=True, exist_ok=True)
-            target.write_bytes(
-                encode_mp4(video, output_obj.fps, tags, audio=audio, sample_rate=rate)
+            data = encode_mp4(
+                video, output_obj.fps, tags, audio=audio, sample_rate=rate
             )
+            if signing is not None:
+                data = sign_mp4(
+                    data,
+                    signing.for_seed(seed),
+                    {
+                        "width": output_obj.width,
+                        "height": output_obj.height,
+                        "frames": output_obj.num_frames,
+                        "fps": output_obj.fps,
+                        "audio": audio is not None,
+                    },
+                )
+            target.write_bytes(data)
         sound = f", audio at {rate} Hz" if audio is not None else ""
         print(
             f"wrote {target} ({output_obj.num_frames} frames of "

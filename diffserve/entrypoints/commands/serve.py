@@ -118,6 +118,7 @@ def run(args: argparse.Namespace) -> int:
     # Heavy imports here, never at module import: `diffserve --help` must stay fast.
     from diffserve.config.cli_args import config_kwargs_from_args
     from diffserve.entrypoints.api_key import resolve_api_key
+    from diffserve.entrypoints.provenance_keys import signer_for
     from diffserve.entrypoints.served_models import serving_models
 
     # Before the model is built: a key given twice (or an unreadable key file) fails at
@@ -135,6 +136,9 @@ def run(args: argparse.Namespace) -> int:
     models = serving_models(args.model, kwargs, args.served_model_name)
     config = models[0].config
     assert config is not None
+    # The signing key before any model loads: a bad key_file fails at once (it is read
+    # once per process, then shared by the images API and the video job runner).
+    signer_for(config.server)
     if args.ray_serve:
         return _run_front("ray_serve", models, api_key, args)
     _warn_unused_autoscaling(config)

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from diffserve.entrypoints.video_encoding import encode_mp4
+from diffserve.provenance.keys import Signing
 
 SPRITE_TILES = 16  # frames in a sprite sheet, at most
 SPRITE_COLUMNS = 4
@@ -21,11 +22,27 @@ def write_mp4(
     metadata: dict[str, str],
     audio: Any = None,
     sample_rate: int = 0,
+    signing: Signing | None = None,
 ) -> None:
-    """The MP4, with ``audio`` as its AAC track when the model made sound."""
-    path.write_bytes(
-        encode_mp4(frames, fps, metadata, audio=audio, sample_rate=sample_rate)
-    )
+    """The MP4, with ``audio`` as its AAC track when the model made sound, signed with
+    ``signing`` (docs/provenance.md)."""
+    data = encode_mp4(frames, fps, metadata, audio=audio, sample_rate=sample_rate)
+    if signing is not None:
+        from diffserve.provenance.video import sign_mp4
+
+        count, height, width = frames.shape[:3]
+        data = sign_mp4(
+            data,
+            signing,
+            {
+                "width": int(width),
+                "height": int(height),
+                "frames": int(count),
+                "fps": int(fps),
+                "audio": audio is not None,
+            },
+        )
+    path.write_bytes(data)
 
 
 def write_thumbnail(path: Path, frames: Any) -> None:

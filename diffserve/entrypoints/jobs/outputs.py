@@ -6,9 +6,12 @@ from __future__ import annotations
 
 from typing import Any
 
+from diffserve import __version__
 from diffserve.entrypoints.jobs import media
 from diffserve.entrypoints.jobs.artifacts import INPUT, ArtifactDir
 from diffserve.entrypoints.jobs.store import Job
+from diffserve.provenance.facts import from_output
+from diffserve.provenance.keys import Signer, Signing
 from diffserve.tracing.attributes import VIDEO_JOB
 from diffserve.tracing.spans import span
 from diffserve.types.request import RequestOutput
@@ -20,11 +23,16 @@ class ArtifactWriteError(Exception):
 
 
 def publish(
-    artifacts: ArtifactDir, job: Job, output: RequestOutput, owner: str
+    artifacts: ArtifactDir,
+    job: Job,
+    output: RequestOutput,
+    owner: str,
+    signer: Signer | None = None,
 ) -> dict[str, Any]:
     """Write the three files (blocking; a worker thread), then the result the row
-    keeps."""
+    keeps. The MP4 is signed with ``signer`` (None: provenance is off)."""
     frames = output.videos[0]
+    signing = _signing(job, output, signer)
     audio = output.audios[0] if output.audios else None
     tags = {
         "prompt": job.prompt,
@@ -40,7 +48,13 @@ def publish(
                 job.id,
                 "video",
                 lambda path: media.write_mp4(
-                    path, frames, output.fps, tags, audio, output.audio_sample_rate
+                    path,
+                    frames,
+                    output.fps,
+                    tags,
+                    audio,
+                    output.audio_sample_rate,
+                    signing,
                 ),
             )
         artifacts.publish(
@@ -64,6 +78,20 @@ def publish(
         "revised_prompt": output.revised_prompt,
         "attestation": jsonable(output.attestation),
     }
+
+
+def _signing(job: Job, output: RequestOutput, signer: Signer | None) -> Signing | None:
+    if signer is None:
+        return None
+    generation = from_output(
+        output,
+        model=job.model,
+        prompt=job.prompt,
+        seed=output.seeds[0],
+        negative_prompt=job.request.get("negative_prompt"),
+        edit=bool(job.request.get("has_input")),
+    )
+    return Signing(signer, generation, __version__)
 
 
 def read_input(artifacts: ArtifactDir, job_id: str) -> Any:

@@ -37,6 +37,7 @@ from diffserve.entrypoints.jobs.job_request import from_row
 from diffserve.entrypoints.jobs.outputs import ArtifactWriteError, publish, read_input
 from diffserve.entrypoints.jobs.store import Job, JobStore
 from diffserve.logging import get_logger
+from diffserve.provenance.keys import Signer
 from diffserve.tracing.attributes import MODEL, REQUEST_ID, VIDEO_JOB
 from diffserve.tracing.spans import span
 from diffserve.types.request import ProgressEvent, RequestOutput
@@ -61,6 +62,8 @@ class RunnerSettings:
     ttl_s: float  # 0: finished jobs are kept
     requeue: bool
     poll_s: float = 0.5
+    # The key every finished MP4's provenance manifest is signed with (None: unsigned).
+    signer: Signer | None = None
 
 
 class JobRunner:
@@ -245,7 +248,12 @@ class JobRunner:
                     output = await self._generate(job, request_id, progress)
                     progress[0] = DENOISE_SHARE + 5
                     result = await asyncio.to_thread(
-                        publish, self.artifacts, job, output, self.settings.owner
+                        publish,
+                        self.artifacts,
+                        job,
+                        output,
+                        self.settings.owner,
+                        self.settings.signer,
                     )
             heartbeat.cancel()
             done = await asyncio.to_thread(

@@ -1,14 +1,18 @@
 """Encode generated images as PNG / JPEG / WEBP bytes.
 
 PNGs carry the prompt, seed, steps and config fingerprint as text chunks so a file found
-later on disk still says how to reproduce it. Encoding is CPU work: callers run it off
-the event loop.
+later on disk still says how to reproduce it; with ``provenance``, every format carries
+a signed manifest too (diffserve/provenance, docs/provenance.md). Encoding is CPU work:
+callers run it off the event loop.
 """
 
 from __future__ import annotations
 
 import io
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from diffserve.provenance.keys import Signing
 
 MIME_TYPES = {"png": "image/png", "jpeg": "image/jpeg", "webp": "image/webp"}
 # Quality used for lossy formats when the request gives no output_compression (OpenAI's
@@ -34,22 +38,37 @@ def encode_image(
     *,
     compression: int | None = None,
     metadata: dict[str, str] | None = None,
+    manifest: str | None = None,
 ) -> bytes:
     """Encode one PIL image. ``compression`` (0-100) is the quality of jpeg/webp and,
-    for png, maps onto zlib levels 0-9 (png stays lossless)."""
+    for png, maps onto zlib levels 0-9 (png stays lossless). ``manifest``: a signed
+    provenance manifest to embed."""
     from PIL import PngImagePlugin
+
+    from diffserve.provenance.images import add_to_png, save_options
 
     buf = io.BytesIO()
     if output_format == "png":
         info = PngImagePlugin.PngInfo()
         for key, value in (metadata or {}).items():
             info.add_text(key, clip_text(str(value)))
+        add_to_png(info, manifest)
         level = 6 if compression is None else round(compression * 9 / 100)
         image.save(buf, format="PNG", pnginfo=info, compress_level=level)
     elif output_format == "jpeg":
-        opaque(image).save(buf, format="JPEG", quality=_quality(compression))
+        opaque(image).save(
+            buf,
+            format="JPEG",
+            quality=_quality(compression),
+            **save_options("jpeg", manifest),
+        )
     elif output_format == "webp":
-        image.save(buf, format="WEBP", quality=_quality(compression))
+        image.save(
+            buf,
+            format="WEBP",
+            quality=_quality(compression),
+            **save_options("webp", manifest),
+        )
     else:  # protocol.py only admits the three formats above
         raise ValueError(f"unsupported output_format {output_format!r}")
     return buf.getvalue()
@@ -80,14 +99,42 @@ def encode_all(
     output_format: str,
     compression: int | None,
     base_metadata: dict[str, str],
+    provenance: Signing | None = None,
 ) -> list[bytes]:
-    """Encode every image of a request, each PNG tagged with its own seed."""
+    """Encode every image of a request, each PNG tagged with its own seed; with
+    ``provenance``, each signed."""
     return [
-        encode_image(
+        encode_one(
             img,
             output_format,
-            compression=compression,
-            metadata={**base_metadata, "seed": str(seed)},
+            compression,
+            {**base_metadata, "seed": str(seed)},
+            None if provenance is None else provenance.for_seed(seed),
         )
         for img, seed in zip(images, seeds, strict=True)
     ]
+
+
+def encode_one(
+    image: Any,
+    output_format: str,
+    compression: int | None,
+    metadata: dict[str, str],
+    provenance: Signing | None,
+) -> bytes:
+    """One image, signed when ``provenance`` is given."""
+
+    def encode(manifest: str | None) -> bytes:
+        return encode_image(
+            image,
+            output_format,
+            compression=compression,
+            metadata=metadata,
+            manifest=manifest,
+        )
+
+    if provenance is None:
+        return encode(None)
+    from diffserve.provenance.images import sign_image
+
+    return sign_image(image, output_format, encode, provenance)

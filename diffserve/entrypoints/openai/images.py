@@ -36,6 +36,7 @@ from diffserve.entrypoints.openai.protocol import (
     to_generation_request,
 )
 from diffserve.entrypoints.openai.served import ServedModel, ServedModels
+from diffserve.entrypoints.openai.signing import image_signing
 from diffserve.entrypoints.openai.streaming import (
     Events,
     GuardedStream,
@@ -226,6 +227,7 @@ class ImagesHandler:
                 body.output_format,
                 body.output_compression,
                 metadata,
+                image_signing(self.models, body.model, gen, output),
             )
         done = time.perf_counter()
         # Engine phases, plus what the server adds: image encoding and the total it

@@ -23,6 +23,7 @@ import openai
 import pytest
 from PIL import Image
 
+from diffserve.provenance.verify import verify_bytes
 from diffserve.zoo.toy_motion.checker import read_clip
 from diffserve.zoo.toy_motion.grammar import parse_prompt
 
@@ -240,6 +241,11 @@ def test_a_json_job_runs_to_completed_and_downloads_as_mp4_thumbnail_and_sprites
     assert answer.content[4:8] == b"ftyp"
     frames, tags, fps = decode_mp4(answer.content)
     assert frames.shape == (17, 64, 64, 3) and fps == 8 and tags["seed"] == "3"
+    # The job's MP4 carries its signed provenance manifest, bound to its packets.
+    verdict = verify_bytes(answer.content)
+    assert verdict.valid, verdict.reason
+    assert verdict.generation["seed"] == 3
+    assert verdict.generation["config_fingerprint"] == run["config_fingerprint"]
     # What the MP4 shows, through H.264: the prompt's background, object colour and
     # direction (shape is the statistical test's, tests/zoo/test_toy_motion_model.py:
     # one clip may miss it).
