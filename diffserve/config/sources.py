@@ -34,9 +34,18 @@ logger = get_logger(__name__)
 
 ENV_PREFIX = "DIFFSERVE_"
 # DIFFSERVE_* variables that are read elsewhere and are not config fields.
-# Tracing/settings.py.
+# Tracing/settings.py; WEBHOOK_SECRETS: entrypoints/webhooks/signing.py (a secret, so
+# never a config value: the config is fingerprinted and shown).
 NON_CONFIG_ENV: frozenset[str] = frozenset(
-    {"LOG_LEVEL", "CACHE_DIR", "API_KEY", "CPU_BF16", "CPU_KIND", "TRACE_STEPS"}
+    {
+        "LOG_LEVEL",
+        "CACHE_DIR",
+        "API_KEY",
+        "CPU_BF16",
+        "CPU_KIND",
+        "TRACE_STEPS",
+        "WEBHOOK_SECRETS",
+    }
 )
 _DECK_KEYS = ("base_config", "platforms", "model")
 

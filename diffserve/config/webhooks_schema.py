@@ -83,3 +83,10 @@ class WebhooksConfig:
         c.float_normalizer(0.1, 600.0),
         kind="float",
     )
+    in_progress_events: bool = opt(
+        False,
+        "also send video.in_progress when a job starts running (off: only "
+        "video.completed and video.failed)",
+        c.normalize_bool,
+        kind="bool",
+    )

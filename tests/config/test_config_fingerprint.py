@@ -93,6 +93,7 @@ OTHER = {
     "webhooks_endpoints": "https://hooks.example.com/diffserve",
     "webhooks_allowed_hosts": "hooks.example.com",
     "webhooks_secrets_file": "/srv/webhook-secrets",
+    "webhooks_in_progress_events": True,
     "provenance_enabled": False,
     "provenance_key_file": "/srv/provenance.pem",
 }

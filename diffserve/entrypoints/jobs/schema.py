@@ -1,6 +1,7 @@
-"""The job store's one schema, versioned: ``video_jobs`` (one row per job) and
-``diffserve_schema`` (the applied migration). Each migration is applied once, in order,
-inside one transaction, on SQLite and PostgreSQL alike."""
+"""The job store's one schema, versioned: ``video_jobs`` (one row per job),
+``webhook_events`` (the webhook outbox: one row per event and endpoint, ``outbox.py``)
+and ``diffserve_schema`` (the applied migration). Each migration is applied once, in
+order, inside one transaction, on SQLite and PostgreSQL alike."""
 
 from __future__ import annotations
 
@@ -51,6 +52,31 @@ jobs = Table(
 Index("video_jobs_created", jobs.c.created_at, jobs.c.id)
 Index("video_jobs_status", jobs.c.status)
 
+webhook_events = Table(
+    "webhook_events",
+    metadata,
+    # "evt_" + 128 random bits in hex: the webhook-id header of every attempt
+    Column("id", String(64), primary_key=True),
+    Column("job_id", String(64), nullable=False),  # no foreign key: outlives the job
+    Column("url", Text, nullable=False),
+    Column("event", String(64), nullable=False),  # video.completed | video.failed | ...
+    Column("payload", Text, nullable=False),  # the signed body, fixed at creation
+    Column(
+        "status", String(16), nullable=False
+    ),  # pending | delivering | delivered | dead
+    Column("attempts", Integer, nullable=False),
+    Column("next_attempt_at", Float, nullable=False),  # unix seconds
+    Column("claimed_by", String(128)),  # the instance delivering the current attempt
+    Column("claim_until", Float),
+    Column("last_error", Text),
+    Column("last_status", Integer),  # the receiver's last HTTP status
+    Column("created_at", Float, nullable=False),
+    Column("delivered_at", Float),
+)
+Index("webhook_events_due", webhook_events.c.status, webhook_events.c.next_attempt_at)
+Index("webhook_events_job", webhook_events.c.job_id)
+Index("webhook_events_created", webhook_events.c.created_at, webhook_events.c.id)
+
 schema_version = Table(
     "diffserve_schema", metadata, Column("version", Integer, nullable=False)
 )
@@ -60,8 +86,12 @@ def _create_v1(connection: Any) -> None:
     metadata.create_all(connection, tables=[jobs])
 
 
+def _create_v2(connection: Any) -> None:
+    metadata.create_all(connection, tables=[webhook_events])
+
+
 # Append only: a released migration never changes (stores in the field have applied it).
-MIGRATIONS: tuple[Callable[[Any], None], ...] = (_create_v1,)
+MIGRATIONS: tuple[Callable[[Any], None], ...] = (_create_v1, _create_v2)
 
 
 # PostgreSQL advisory lock key of the migration ("diffserv" in ASCII): instances that
@@ -107,3 +137,13 @@ def _migrate_once(engine: Any) -> int:
             step(connection)
             connection.execute(schema_version.update().values(version=version))
         return len(MIGRATIONS)
+
+
+def sqlite_pragmas(connection: Any, _record: Any) -> None:
+    """WAL: readers never block the writer and a crash leaves the last committed
+    state."""
+    cursor = connection.cursor()
+    cursor.execute("PRAGMA journal_mode=WAL")
+    cursor.execute("PRAGMA synchronous=NORMAL")
+    cursor.execute("PRAGMA foreign_keys=ON")
+    cursor.close()

@@ -10,17 +10,24 @@ from __future__ import annotations
 import json
 import secrets
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from sqlalchemy import and_, create_engine, event, or_, select
 
-from diffserve.entrypoints.jobs.schema import jobs, migrate
+from diffserve.entrypoints.jobs.schema import jobs, migrate, sqlite_pragmas
 from diffserve.logging import get_logger
 
 logger = get_logger(__name__)
 
 QUEUED, IN_PROGRESS, COMPLETED, FAILED = "queued", "in_progress", "completed", "failed"
 FINISHED = (COMPLETED, FAILED)
+
+
+class EventWriter(Protocol):
+    """Writes a status change's webhook events in its transaction (``outbox.py``)."""
+
+    def write(self, connection: Any, job_id: str, status: str) -> int: ...
+    def committed(self) -> None: ...
 
 
 class IdempotencyConflict(Exception):
@@ -78,7 +85,7 @@ class JobStore:
         self.url = url
         if url.startswith("sqlite"):
             self.engine = create_engine(url, connect_args={"timeout": timeout_s})
-            event.listen(self.engine, "connect", _sqlite_pragmas)
+            event.listen(self.engine, "connect", sqlite_pragmas)
         else:
             self.engine = create_engine(
                 url,
@@ -87,6 +94,8 @@ class JobStore:
                 connect_args={"connect_timeout": max(1, int(timeout_s))},
             )
         self.version = migrate(self.engine)
+        # Webhooks (outbox.py): a status change writes its events in its transaction.
+        self.events: EventWriter | None = None
 
     def close(self) -> None:
         self.engine.dispose()
@@ -208,7 +217,10 @@ class JobStore:
         """``in_progress``: the first denoise step ran on ``owner``, which holds the
         lease."""
         return self._update(
-            self._held(job_id, owner), status=IN_PROGRESS, lease_until=now + lease_s
+            self._held(job_id, owner),
+            job_id,
+            status=IN_PROGRESS,
+            lease_until=now + lease_s,
         )
 
     def heartbeat(
@@ -233,6 +245,7 @@ class JobStore:
         (``artifacts.ArtifactDir.publish``)."""
         return self._update(
             self._held(job_id, owner),
+            job_id,
             status=COMPLETED,
             progress=100,
             completed_at=now,
@@ -259,6 +272,7 @@ class JobStore:
             where = and_(where, jobs.c.owner == owner)
         return self._update(
             where,
+            job_id,
             status=FAILED,
             error_code=code,
             error_message=message,
@@ -299,12 +313,12 @@ class JobStore:
             else:
                 changed = self._update(
                     still,
+                    job_id,
                     status=FAILED,
                     error_code="server_restart",
                     completed_at=now,
-                    error_message="the server running this "
-                    "job stopped before it "
-                    "finished",
+                    error_message="the server running this job stopped "
+                    "before it finished",
                     expires_at=expires_at,
                     owner=None,
                     lease_until=None,
@@ -373,19 +387,13 @@ class JobStore:
             jobs.c.id == job_id, jobs.c.owner == owner, jobs.c.status.not_in(FINISHED)
         )
 
-    def _update(self, where: Any, **values: Any) -> bool:
+    def _update(self, where: Any, job_id: str | None = None, **values: Any) -> bool:
+        # With job_id: a status change, and its events commit with it or not at all.
         with self.engine.begin() as connection:
-            return (
-                connection.execute(jobs.update().where(where).values(**values)).rowcount
-                == 1
-            )
-
-
-def _sqlite_pragmas(connection: Any, _record: Any) -> None:
-    """WAL: readers never block the writer and a crash leaves the last committed
-    state."""
-    cursor = connection.cursor()
-    cursor.execute("PRAGMA journal_mode=WAL")
-    cursor.execute("PRAGMA synchronous=NORMAL")
-    cursor.execute("PRAGMA foreign_keys=ON")
-    cursor.close()
+            statement = jobs.update().where(where).values(**values)
+            won = connection.execute(statement).rowcount == 1
+            if won and job_id is not None and self.events is not None:
+                self.events.write(connection, job_id, values["status"])
+        if won and job_id is not None and self.events is not None:
+            self.events.committed()
+        return won

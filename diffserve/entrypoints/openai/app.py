@@ -101,7 +101,7 @@ def create_app(
         max_pixels=server.max_pixels,
         max_field_bytes=max(65536, 4 * server.max_prompt_chars + 1024),
     )
-    videos = video_jobs(served, server, instance_name)
+    videos = video_jobs(served, server, instance_name, metrics)
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
@@ -114,12 +114,12 @@ def create_app(
             await model.host.start(after=previous)
             previous = model.host
         if videos is not None:
-            await videos.runner.start()
+            await videos.start()
         try:
             yield
         finally:
             if videos is not None:
-                await videos.runner.stop()
+                await videos.stop()
             for model in served:
                 await model.host.shutdown()
             await asyncio.to_thread(stop_tracing)

@@ -144,6 +144,13 @@ class ServerMetrics:
             "(queued, running or being encoded)",
             registry=r,
         )
+        self.webhook_deliveries = Counter(
+            "diffserve_webhook_deliveries",
+            "Webhook delivery attempts by outcome (delivered, retry: failed and due "
+            "again, dead: failed for the last time)",
+            ["outcome"],
+            registry=r,
+        )
         self.inflight = Gauge(
             "diffserve_inflight_requests",
             "Generation requests being served",
@@ -164,6 +171,9 @@ class ServerMetrics:
             "Engine replicas still serving (below num_replicas: degraded)",
             registry=r,
         )
+
+    def webhook_outcome(self, outcome: str) -> None:
+        self.webhook_deliveries.labels(outcome=outcome).inc()
 
     def bind_models(self, models: Iterable[ModelState]) -> None:
         """Gauges read live from the engines at scrape time: the server's totals (queue

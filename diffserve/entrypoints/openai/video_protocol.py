@@ -75,6 +75,9 @@ class VideoCreateRequest(BaseModel):
     # false: skip the deployment's AR stages (kind: ar) and draw from the prompt as
     # written; unset: rewrite it.
     rewrite_prompt: bool | None = None
+    # where this job's events are POSTed too (a host in server.webhooks.allowed_hosts;
+    # docs/webhooks.md)
+    webhook_url: str | None = Field(default=None, min_length=1, max_length=2048)
 
     def seconds_value(self) -> float | None:
         """``seconds`` as a number, or a 400 naming it."""

@@ -14,14 +14,22 @@ from diffserve.config.server_schema import ServerConfig
 from diffserve.entrypoints.jobs.runner import JobRunner, RunnerSettings
 from diffserve.entrypoints.jobs.setup import open_artifacts, open_job_store
 from diffserve.entrypoints.openai.answers import answered
+from diffserve.entrypoints.openai.metrics import ServerMetrics
 from diffserve.entrypoints.openai.served import ServedModels
+from diffserve.entrypoints.openai.video_protocol import video_object
 from diffserve.entrypoints.openai.videos import VIDEOS_PATH, VideosHandler
+from diffserve.entrypoints.openai.webhook_routes import add_webhook_routes
+from diffserve.entrypoints.provenance_keys import signer_for
+from diffserve.entrypoints.webhooks.setup import Webhooks, configured
 
 __all__ = ["VIDEOS_PATH", "add_video_routes", "video_jobs"]
 
 
 def video_jobs(
-    models: ServedModels, server: ServerConfig, instance_name: str | None
+    models: ServedModels,
+    server: ServerConfig,
+    instance_name: str | None,
+    metrics: ServerMetrics | None = None,
 ) -> VideosHandler | None:
     """The videos API of a server with a video model (None when every model makes
     images), one job store and runner for all its video models. ``instance_name``: this
@@ -39,8 +47,18 @@ def video_jobs(
         deadline_s=float(server.job_deadline_s),
         ttl_s=float(server.video_ttl_s),
         requeue=server.requeue_interrupted,
+        signer=signer_for(server),
     )
     runner = JobRunner(store, artifacts, hosts, settings)
+    webhooks = None
+    if configured(server.webhooks):
+        webhooks = Webhooks(
+            store,
+            server.webhooks,
+            owner=settings.owner,
+            render=video_object,
+            on_outcome=metrics.webhook_outcome if metrics is not None else None,
+        )
     return VideosHandler(
         models,
         store,
@@ -48,6 +66,7 @@ def video_jobs(
         runner,
         max_pixels=server.max_pixels,
         max_field_bytes=max(65536, 4 * server.max_prompt_chars + 1024),
+        webhooks=webhooks,
     )
 
 
@@ -71,3 +90,6 @@ def add_video_routes(app: FastAPI, videos: VideosHandler) -> None:
     @app.get(VIDEOS_PATH + "/{video_id}/content")
     async def video_content(video_id: str, request: Request) -> Response:
         return await answered(request, lambda: videos.content(video_id, request))
+
+    if videos.webhooks is not None:
+        add_webhook_routes(app, videos.webhooks)

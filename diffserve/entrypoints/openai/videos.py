@@ -41,6 +41,8 @@ from diffserve.entrypoints.openai.video_protocol import (
     video_object,
 )
 from diffserve.entrypoints.request_fields import to_request
+from diffserve.entrypoints.webhooks.setup import Webhooks
+from diffserve.entrypoints.webhooks.urls import WebhookURLError
 from diffserve.errors import RequestError
 from diffserve.tracing.attributes import MODEL, VIDEO_JOB
 from diffserve.tracing.spans import annotate
@@ -65,13 +67,26 @@ class VideosHandler:
         *,
         max_pixels: int,
         max_field_bytes: int,
+        webhooks: Webhooks | None = None,
     ) -> None:
         self.models = models
         self.store = store
         self.artifacts = artifacts
         self.runner = runner
+        self.webhooks = webhooks
         self.max_input_pixels = input_pixel_limit(max_pixels)
         self.max_field_bytes = max_field_bytes
+
+    async def start(self) -> None:
+        await self.runner.start()
+        if self.webhooks is not None:
+            await self.webhooks.start()
+
+    async def stop(self) -> None:
+        # Deliveries first: the runner's stop closes the store they use.
+        if self.webhooks is not None:
+            await self.webhooks.stop()
+        await self.runner.stop()
 
     # -- create
     # ----------------------------------------------------------------------------------
@@ -106,6 +121,9 @@ class VideosHandler:
             else f"{(admitted.num_frames or 0) / max(1, admitted.fps or 1):g}"
         )
         fields = to_row(admitted, seconds=seconds, has_input=image is not None)
+        if body.webhook_url is not None:
+            await self._check_webhook_url(body.webhook_url)
+            fields["webhook_url"] = body.webhook_url
         try:
             job, created = await asyncio.to_thread(
                 self.store.create,
@@ -155,6 +173,19 @@ class VideosHandler:
                 code="invalid_multipart",
             ) from None
 
+    async def _check_webhook_url(self, url: str) -> None:
+        """A 400 for a ``webhook_url`` this server will not call (webhooks/urls.py)."""
+        try:
+            if self.webhooks is None:
+                raise WebhookURLError(
+                    "this server accepts no webhook_url (server.webhooks is not set)"
+                )
+            await asyncio.to_thread(self.webhooks.check_url, url)
+        except WebhookURLError as exc:
+            raise APIError(
+                400, str(exc), param="webhook_url", code="invalid_webhook_url"
+            ) from None
+
     def _decode_reference(self, data: bytes) -> Any:
         image = open_image(data, "input_reference", max_pixels=self.max_input_pixels)
         return to_rgb_array(image, "input_reference")
@@ -177,7 +208,12 @@ class VideosHandler:
     # ----------------------------------------------------------------------------------
 
     async def retrieve(self, video_id: str) -> Response:
-        return JSONResponse(video_object(await self._job(video_id)))
+        video = video_object(await self._job(video_id))
+        if self.webhooks is not None:
+            # Delivery state of the job's events (docs/webhooks.md), where configured.
+            events = await asyncio.to_thread(self.webhooks.for_job, video_id)
+            video["webhooks"] = [event.public() for event in events]
+        return JSONResponse(video)
 
     async def list(self, request: Request) -> Response:
         query = request.query_params

@@ -16,6 +16,7 @@ from pg_server import postgres_bin, postgres_server
 from sqlalchemy import text
 
 from diffserve.entrypoints.jobs.artifacts import ArtifactDir
+from diffserve.entrypoints.jobs.schema import MIGRATIONS
 from diffserve.entrypoints.jobs.store import (
     COMPLETED,
     FAILED,
@@ -75,17 +76,19 @@ def test_the_schema_is_migrated_once_and_sqlite_runs_in_wal(
     job_id = create(first, 1.0)
     first.close()
     again = JobStore(url)  # reopening applies nothing twice and keeps the rows
-    assert again.version == 1 and again.get(job_id) is not None
+    assert again.version == len(MIGRATIONS) and again.get(job_id) is not None
     with again.engine.connect() as connection:
         assert connection.execute(
             text("SELECT version FROM diffserve_schema")
-        ).all() == [(1,)]
+        ).all() == [(len(MIGRATIONS),)]
     again.close()
     if not url.startswith("sqlite"):
         return
     with sqlite3.connect(tmp_path / "jobs.sqlite3") as raw:
         assert raw.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
-        assert raw.execute("SELECT version FROM diffserve_schema").fetchall() == [(1,)]
+        assert raw.execute("SELECT version FROM diffserve_schema").fetchall() == [
+            (len(MIGRATIONS),)
+        ]
 
 
 def test_instances_starting_together_migrate_a_fresh_database_once(url: str) -> None:
@@ -97,11 +100,11 @@ def test_instances_starting_together_migrate_a_fresh_database_once(url: str) -> 
     with ThreadPoolExecutor(4) as pool:
         opened = list(pool.map(lambda _: JobStore(url), range(4)))
     try:
-        assert [s.version for s in opened] == [1] * 4
+        assert [s.version for s in opened] == [len(MIGRATIONS)] * 4
         with opened[0].engine.connect() as connection:
             assert connection.execute(
                 text("SELECT version FROM diffserve_schema")
-            ).all() == [(1,)]
+            ).all() == [(len(MIGRATIONS),)]
         assert (
             create(opened[1], 1.0) and opened[2].get(create(opened[3], 2.0)) is not None
         )
