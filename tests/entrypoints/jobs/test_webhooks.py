@@ -198,17 +198,23 @@ def test_an_event_out_of_attempts_is_dead_lettered_and_retried_by_hand(
     store.close()
 
 
+@pytest.mark.parametrize("target", ["metadata", "another allowed host"])
 def test_a_redirect_is_a_failed_attempt_never_followed(
-    tmp_path: Path, hooks: Receiver
+    tmp_path: Path, hooks: Receiver, target: str
 ) -> None:
     store = open_store(tmp_path)
-    webhooks = attach(store, config(hooks, max_attempts=1))
-    hooks.mode = "redirect"
+    with receiver() as other:
+        allowed = (hooks.url.removeprefix("http://"), other.url.removeprefix("http://"))
+        webhooks = attach(store, config(hooks, max_attempts=1, allowed_hosts=allowed))
+        hooks.mode = "redirect"
+        if target != "metadata":
+            hooks.redirect_to = other.url + "/elsewhere"
 
-    async def scenario() -> list:
-        return await settled(webhooks, finish(store))
+        async def scenario() -> list:
+            return await settled(webhooks, finish(store))
 
-    (row,) = run(webhooks, scenario)
+        (row,) = run(webhooks, scenario)
+        assert other.deliveries == []  # not even to a host the policy allows
     assert (row.status, row.last_status) == (DEAD, 302)
     assert "redirect not followed" in (row.last_error or "")
     assert len(hooks.deliveries) == 1  # and nothing else was requested

@@ -35,6 +35,7 @@ class Receiver:
         self.mode = "ok"
         self.script: list[str] = []  # modes for the next requests, then ``mode``
         self.hang_s = 30.0
+        self.redirect_to = "http://169.254.169.254/latest"  # where ``redirect`` points
         self.deliveries: list[Delivery] = []
         self.arrived = threading.Condition()
         self.release = threading.Event()
@@ -90,7 +91,7 @@ def _handler(receiver: Receiver) -> type[BaseHTTPRequestHandler]:
                     self.send_response(500)
                 elif mode == "redirect":
                     self.send_response(302)
-                    self.send_header("Location", "http://169.254.169.254/latest")
+                    self.send_header("Location", receiver.redirect_to)
                 else:
                     self.send_response(204)
                 self.send_header("Content-Length", "0")
