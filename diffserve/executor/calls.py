@@ -16,7 +16,7 @@ from diffserve.types.messages import Reply
 
 logger = get_logger(__name__)
 
-StepCallback = Callable[..., None]  # (step, total_steps, progress)
+StepCallback = Callable[..., None]  # (step, total_steps, progress, previews)
 PartialCallback = Callable[[Any], None]
 
 

@@ -239,7 +239,7 @@ def test_lines_logged_off_the_request_task_carry_its_trace(
         ):
             log.warning("engine")
             call = calls.open(
-                1, on_step=lambda step, total, progress: log.warning("step %d", step)
+                1, on_step=lambda step, *_: log.warning("step %d", step)
             )
         reader = threading.Thread(
             target=calls.deliver,
