@@ -238,9 +238,7 @@ def test_lines_logged_off_the_request_task_carry_its_trace(
             [GenerationRequest(prompt="p", seed=1, request_id="warmup"), request]
         ):
             log.warning("engine")
-            call = calls.open(
-                1, on_step=lambda step, *_: log.warning("step %d", step)
-            )
+            call = calls.open(1, on_step=lambda step, *_: log.warning("step %d", step))
         reader = threading.Thread(
             target=calls.deliver,
             args=(Reply("step", call.call_id, 0, step=1, total_steps=1),),
