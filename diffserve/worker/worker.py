@@ -156,7 +156,7 @@ class Worker:
         joins: Callable[[], list[GenerationRequest]] | None = None,
         on_partial: Callable[[list[RequestResult]], None] | None = None,
     ) -> list[RequestResult] | None:
-        """Run one batch. ``on_step(step, total, progress)`` is called after every
+        """Run one batch. ``on_step(step, total, progress, previews)`` is called after every
         denoise step; when ``should_stop()`` turns true between steps the pipeline
         generator is closed and ``None`` is returned (cancelled). Step-level batching:
         ``joins`` adds requests at step boundaries and ``on_partial`` gets the results
