@@ -156,8 +156,8 @@ class Worker:
         joins: Callable[[], list[GenerationRequest]] | None = None,
         on_partial: Callable[[list[RequestResult]], None] | None = None,
     ) -> list[RequestResult] | None:
-        """Run one batch. ``on_step(step, total, progress, previews)`` is called after every
-        denoise step; when ``should_stop()`` turns true between steps the pipeline
+        """Run one batch. ``on_step(step, total, progress, previews)`` is called after
+        every denoise step; when ``should_stop()`` turns true between steps the pipeline
         generator is closed and ``None`` is returned (cancelled). Step-level batching:
         ``joins`` adds requests at step boundaries and ``on_partial`` gets the results
         of requests that finish while the batch goes on (their attestation: the run so
