@@ -28,20 +28,28 @@ _HOST = re.compile(
 )
 
 
+def comma_list(value: Any, what: str, hint: str) -> list[str]:
+    """A list setting's items: a YAML list, or comma-separated text (flags,
+    environment), stripped, empty ones dropped; ``None`` is none."""
+    if value is None:
+        return []
+    if isinstance(value, (list, tuple)):
+        value = ",".join(str(v) for v in value)
+    if not isinstance(value, str):
+        raise ConfigError(f"{value!r} is not {what}", hint=hint)
+    return [item.strip() for item in value.split(",") if item.strip()]
+
+
 def normalize_host_list(value: Any) -> tuple[str, ...]:
     """``Host`` header values (``example.com``, ``127.0.0.1:8000``, ``*.corp``), a list
     or comma-separated (flags, environment); canonical: a tuple, lower-cased, duplicates
     dropped. Empty: any host."""
-    if value is None:
-        return ()
-    if isinstance(value, (list, tuple)):
-        value = ",".join(str(v) for v in value)
-    if not isinstance(value, str):
-        raise ConfigError(
-            f"{value!r} is not a host list",
-            hint='write hosts like "localhost,127.0.0.1"',
+    hosts = [
+        h.lower()
+        for h in comma_list(
+            value, "a host list", 'write hosts like "localhost,127.0.0.1"'
         )
-    hosts = [h.strip().lower() for h in value.split(",") if h.strip()]
+    ]
     bad = [h for h in hosts if not _HOST.match(h)]
     if bad:
         raise ConfigError(

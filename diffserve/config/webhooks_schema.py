@@ -15,23 +15,12 @@ from diffserve.errors import ConfigError
 
 def normalize_url_list(value: Any) -> tuple[str, ...]:
     """http(s) URLs, a list or comma-separated; duplicates dropped."""
-    if value is None:
-        return ()
-    if isinstance(value, (list, tuple)):
-        value = ",".join(str(v) for v in value)
-    if not isinstance(value, str):
-        raise ConfigError(
-            f"{value!r} is not a URL list",
-            hint='write URLs like "https://hooks.example.com/diffserve"',
-        )
-    urls = [u.strip() for u in value.split(",") if u.strip()]
+    hint = 'write URLs like "https://hooks.example.com/diffserve"'
+    urls = sv.comma_list(value, "a URL list", hint)
     for url in urls:
         parts = urlsplit(url)
         if parts.scheme not in ("http", "https") or not parts.hostname:
-            raise ConfigError(
-                f"{url!r} is not an http(s) URL",
-                hint='write URLs like "https://hooks.example.com/diffserve"',
-            )
+            raise ConfigError(f"{url!r} is not an http(s) URL", hint=hint)
     return tuple(dict.fromkeys(urls))
 
 

@@ -26,6 +26,7 @@ from diffserve.entrypoints.jobs.artifacts import INPUT, JOB_ID, VARIANTS, Artifa
 from diffserve.entrypoints.jobs.job_request import to_row
 from diffserve.entrypoints.jobs.runner import JobRunner
 from diffserve.entrypoints.jobs.store import COMPLETED, IdempotencyConflict, JobStore
+from diffserve.entrypoints.openai.list_query import check_names, list_page, page_limit
 from diffserve.entrypoints.openai.served import ServedModels
 from diffserve.entrypoints.openai.uploads import (
     input_pixel_limit,
@@ -217,45 +218,25 @@ class VideosHandler:
 
     async def list(self, request: Request) -> Response:
         query = request.query_params
-        unknown = sorted(set(query) - {"after", "limit", "order"})
-        if unknown:
-            raise RequestError(
-                f"unknown query parameter {unknown[0]!r}",
-                param=unknown[0],
-                code="unknown_parameter",
-            )
+        check_names(query, {"after", "limit", "order"})
         order = query.get("order", "desc")
         if order not in ("asc", "desc"):
             raise RequestError(
                 f"order={order[:20]!r} must be asc or desc", param="order"
             )
-        limit_text = query.get("limit", "20")
-        if not limit_text.isdigit() or not 1 <= int(limit_text) <= 100:
-            raise RequestError(
-                f"limit={limit_text[:20]!r} must be an integer in [1, 100]",
-                param="limit",
-            )
+        limit = page_limit(query)
         after = query.get("after")
         if after is not None and not JOB_ID.fullmatch(after):
             raise RequestError(f"after={after[:80]!r} is not a video id", param="after")
         try:
             jobs, more = await asyncio.to_thread(
-                self.store.page, after=after, limit=int(limit_text), order=order
+                self.store.page, after=after, limit=limit, order=order
             )
         except KeyError:
             raise RequestError(
                 f"after={after!r}: no such video", param="after"
             ) from None
-        data = [video_object(job) for job in jobs]
-        return JSONResponse(
-            {
-                "object": "list",
-                "data": data,
-                "first_id": data[0]["id"] if data else None,
-                "last_id": data[-1]["id"] if data else None,
-                "has_more": more,
-            }
-        )
+        return JSONResponse(list_page([video_object(job) for job in jobs], more))
 
     async def content(self, video_id: str, request: Request) -> Response:
         variant = request.query_params.get("variant", "video")

@@ -13,6 +13,7 @@ from fastapi.responses import JSONResponse, Response
 from diffserve.entrypoints.api_errors import APIError
 from diffserve.entrypoints.jobs.outbox import STATUSES
 from diffserve.entrypoints.openai.answers import answered
+from diffserve.entrypoints.openai.list_query import check_names, list_page, page_limit
 from diffserve.entrypoints.webhooks.setup import Webhooks
 from diffserve.errors import RequestError
 
@@ -22,43 +23,24 @@ EVENT_ID = re.compile(r"evt_[0-9a-f]{32}")
 
 async def list_events(webhooks: Webhooks, request: Request) -> Response:
     query = request.query_params
-    unknown = sorted(set(query) - {"status", "after", "limit"})
-    if unknown:
-        raise RequestError(
-            f"unknown query parameter {unknown[0]!r}",
-            param=unknown[0],
-            code="unknown_parameter",
-        )
+    check_names(query, {"status", "after", "limit"})
     status = query.get("status")
     if status is not None and status not in STATUSES:
         raise RequestError(
             f"status={status[:20]!r} must be one of {', '.join(STATUSES)}",
             param="status",
         )
-    limit_text = query.get("limit", "20")
-    if not limit_text.isdigit() or not 1 <= int(limit_text) <= 100:
-        raise RequestError(
-            f"limit={limit_text[:20]!r} must be an integer in [1, 100]", param="limit"
-        )
+    limit = page_limit(query)
     after = query.get("after")
     if after is not None and not EVENT_ID.fullmatch(after):
         raise RequestError(f"after={after[:80]!r} is not an event id", param="after")
     try:
         events, more = await asyncio.to_thread(
-            webhooks.outbox.page, status=status, after=after, limit=int(limit_text)
+            webhooks.outbox.page, status=status, after=after, limit=limit
         )
     except KeyError:
         raise RequestError(f"after={after!r}: no such event", param="after") from None
-    data = [event.public() for event in events]
-    return JSONResponse(
-        {
-            "object": "list",
-            "data": data,
-            "first_id": data[0]["id"] if data else None,
-            "last_id": data[-1]["id"] if data else None,
-            "has_more": more,
-        }
-    )
+    return JSONResponse(list_page([event.public() for event in events], more))
 
 
 async def retry_event(webhooks: Webhooks, event_id: str) -> Response:

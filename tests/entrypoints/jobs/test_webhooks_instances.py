@@ -6,14 +6,9 @@ from __future__ import annotations
 
 import asyncio
 import time
-import uuid
 from collections import Counter
-from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 
-import pytest
-from pg_server import postgres_bin, postgres_server
 from test_webhooks import SECRET, attach, config, finish, settled
 from webhook_receiver import receiver, verified
 
@@ -21,29 +16,6 @@ from diffserve.entrypoints.jobs.outbox import DELIVERED
 from diffserve.entrypoints.jobs.store import JobStore
 
 EVENTS = 24
-
-
-@pytest.fixture(scope="module")
-def postgres() -> Iterator[str]:
-    if postgres_bin() is None:
-        pytest.skip("PostgreSQL is not installed here (make postgres installs it)")
-    with postgres_server() as base:
-        yield base
-
-
-@pytest.fixture(params=["sqlite", "postgresql"])
-def url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
-    if request.param == "sqlite":
-        return f"sqlite:///{tmp_path / 'jobs.sqlite3'}"
-    import psycopg
-
-    base = request.getfixturevalue("postgres")
-    name = f"hooks_{uuid.uuid4().hex[:12]}"
-    with psycopg.connect(
-        base.replace("postgresql+psycopg", "postgresql") + "/postgres", autocommit=True
-    ) as admin:
-        admin.execute(f'CREATE DATABASE "{name}"')
-    return f"{base}/{name}"
 
 
 def test_two_instances_make_every_attempt_exactly_once(url: str) -> None:
