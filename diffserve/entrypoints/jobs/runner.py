@@ -36,6 +36,7 @@ from diffserve.entrypoints.jobs.artifacts import ArtifactDir
 from diffserve.entrypoints.jobs.job_request import from_row
 from diffserve.entrypoints.jobs.outputs import ArtifactWriteError, publish, read_input
 from diffserve.entrypoints.jobs.store import Job, JobStore
+from diffserve.entrypoints.jobs.wakeup import wait_awake
 from diffserve.logging import get_logger
 from diffserve.provenance.keys import Signer
 from diffserve.tracing.attributes import MODEL, REQUEST_ID, VIDEO_JOB
@@ -149,9 +150,7 @@ class JobRunner:
 
     async def _loop(self) -> None:
         while True:
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), self.settings.poll_s)
-            self._wake.clear()
+            await wait_awake(self._wake, self.settings.poll_s)
             try:
                 if time.monotonic() - self._last_sweep >= SWEEP_EVERY_S:
                     self._last_sweep = time.monotonic()

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 import httpx
 
 from diffserve.entrypoints.jobs.outbox import Outbox, WebhookEvent
+from diffserve.entrypoints.jobs.wakeup import wait_awake
 from diffserve.entrypoints.webhooks.signing import Signer
 from diffserve.entrypoints.webhooks.urls import UrlPolicy, WebhookURLError
 from diffserve.logging import get_logger
@@ -124,9 +125,7 @@ class Dispatcher:
                 await self.dispatch()
             except Exception as exc:  # noqa: BLE001 - a store outage must not end the loop; it retries
                 logger.error("webhook dispatch: %s: %s", type(exc).__name__, exc)
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), self.settings.poll_s)
-            self._wake.clear()
+            await wait_awake(self._wake, self.settings.poll_s)
 
     async def dispatch(self) -> int:
         """Claim the due events there is room for and start delivering them; how many
