@@ -24,6 +24,7 @@ from diffserve.types.request_checks import (
     MAX_TRUE_CFG_SCALE,
     check_edit_inputs,
     check_float,
+    check_int,
     lora_pairs,
 )
 
@@ -212,34 +213,11 @@ def _check_fields(request: GenerationRequest) -> None:
             "be an integer >= 1",
             param="num_inference_steps",
         )
-    if (
-        not isinstance(request.partial_images, int)
-        or isinstance(request.partial_images, bool)
-        or not 0 <= request.partial_images <= MAX_PARTIAL_IMAGES
-    ):
-        raise RequestError(
-            f"partial_images={request.partial_images!r} must be an integer in "
-            f"[0, {MAX_PARTIAL_IMAGES}]",
-            param="partial_images",
-        )
-    if request.num_frames is not None and (
-        not isinstance(request.num_frames, int)
-        or isinstance(request.num_frames, bool)
-        or not 1 <= request.num_frames <= MAX_FRAMES
-    ):
-        raise RequestError(
-            f"num_frames={request.num_frames!r} must be an integer "
-            f"in [1, {MAX_FRAMES}]",
-            param="num_frames",
-        )
-    if request.fps is not None and (
-        not isinstance(request.fps, int)
-        or isinstance(request.fps, bool)
-        or not 1 <= request.fps <= MAX_FPS
-    ):
-        raise RequestError(
-            f"fps={request.fps!r} must be an integer in [1, {MAX_FPS}]", param="fps"
-        )
+    check_int(request.partial_images, "partial_images", 0, MAX_PARTIAL_IMAGES)
+    if request.num_frames is not None:
+        check_int(request.num_frames, "num_frames", 1, MAX_FRAMES)
+    if request.fps is not None:
+        check_int(request.fps, "fps", 1, MAX_FPS)
     if request.seconds is not None:
         check_float(request.seconds, "seconds", 0.0, float(MAX_FRAMES))
         if request.seconds <= 0:

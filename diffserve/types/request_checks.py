@@ -119,6 +119,18 @@ def lora_pairs(value: Any) -> tuple[tuple[str, float], ...]:
     return tuple(pairs)
 
 
+def check_int(value: object, name: str, low: int, high: int) -> None:
+    """An integer (not a bool) in ``[low, high]``."""
+    if (
+        not isinstance(value, int)
+        or isinstance(value, bool)
+        or not low <= value <= high
+    ):
+        raise RequestError(
+            f"{name}={value!r} must be an integer in [{low}, {high}]", param=name
+        )
+
+
 def check_float(value: object, name: str, low: float, high: float) -> None:
     """A finite number in ``[low, high]``: inf and NaN pass every ``<`` comparison, so
     test them first."""
