@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 from procs import pid_alive
@@ -54,6 +55,18 @@ def generate_together(
     for thread in threads:
         thread.join(timeout)
     return outs
+
+
+def wait_until(
+    predicate: Callable[[], bool], timeout: float, interval: float = 0.05
+) -> bool:
+    """Poll ``predicate`` until it holds or ``timeout`` seconds pass; its last value."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(interval)
+    return predicate()
 
 
 def wait_gone(pids: list[int], seconds: float) -> bool:

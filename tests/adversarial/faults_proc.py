@@ -6,10 +6,9 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
-import time
-from collections.abc import Callable
 from pathlib import Path
 
+from background import wait_until
 from procs import pid_alive, worker_children
 
 __all__ = [
@@ -23,17 +22,6 @@ __all__ = [
 ]
 
 HERE = Path(__file__).resolve().parent
-
-
-def wait_until(
-    predicate: Callable[[], bool], timeout: float, interval: float = 0.05
-) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(interval)
-    return predicate()
 
 
 def wait_gone(pids: list[int], timeout: float) -> list[int]:

@@ -17,7 +17,7 @@ from typing import Any
 
 import httpx
 import pytest
-from background import generate_in_background
+from background import generate_in_background, wait_until
 from e2e_utils import pid_alive
 from procs import worker_children
 from prometheus_client.parser import text_string_to_metric_families
@@ -103,15 +103,6 @@ def in_thread(
     engine: Engine, req: GenerationRequest, started: threading.Event | None = None
 ) -> tuple[threading.Thread, dict[str, Any]]:
     return generate_in_background(engine, req, timeout=120, started=started)
-
-
-def wait_until(predicate: Any, timeout: float) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.05)
-    return predicate()
 
 
 SEEDS = list(range(200, 208))
