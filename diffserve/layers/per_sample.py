@@ -11,6 +11,11 @@ sample: every call then has exactly the shape of the request run alone, whatever
 batch, on every CPU kind and dtype, without relying on a kernel heuristic. It is still
 one counted call per module.
 
+Elementwise ops stay whole-batch: they never mix rows, and a row comes out as it does
+alone as long as its element count is a multiple of two vector widths (ATen finishes a
+tensor's tail with scalar code, which rounds ``exp`` differently): 64 values covers
+every CPU kind and dtype, and every real model width is one (docs/engine.md).
+
 On CPU a batch of ``b`` already costs about ``b`` x one image, so the split costs little
 there (measured in docs/engine.md, "Batch invariance"); on accelerators, where batching
 makes an image cheaper, a deployment may set ``batch_invariant: false`` and accept
