@@ -12,6 +12,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from diffserve.config.platform import cpu_kind
 from diffserve.layers.linear.quantized import (
     Int8DynamicLinearBackend,
     backend_class,
@@ -38,7 +39,27 @@ def snr_db(out: torch.Tensor, ref: torch.Tensor) -> float:
     return float(10 * torch.log10(ref.pow(2).mean() / (out - ref).pow(2).mean()))
 
 
+def _vnni_emulated_away() -> bool:
+    """An emulated kind without VNNI (AVX2) on a CPU that has it. ATen sends
+    ``torch._int_mm`` to oneDNN when the hardware has VNNI (it asks cpuinfo, not
+    ``ATEN_CPU_CAPABILITY``), and oneDNN capped below VNNI (``ONEDNN_MAX_CPU_ISA=AVX2``)
+    then returns wrong sums (measured on Intel AMX: max error 86105 on a 256-deep
+    product; torchao's own int8 path the same). A real AVX2 CPU takes ATen's exact
+    reference GEMM, so the emulation cannot stand for it here."""
+    kind = cpu_kind()
+    if not kind.emulated_on or kind.name != "AVX2":
+        return False
+    with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as fh:
+        flags = fh.read()
+    return any(flag in flags for flag in ("avx512_vnni", "avx_vnni", "amx_int8"))
+
+
 @pytest.mark.numerics
+@pytest.mark.skipif(
+    _vnni_emulated_away(),
+    reason="torch._int_mm is wrong under ONEDNN_MAX_CPU_ISA=AVX2 on a VNNI CPU "
+    "(an emulation artifact; the main run checks this kind's int8 GEMM natively)",
+)
 def test_int8_gemm_never_probes_repr_nor_torchaos_dispatch() -> None:
     from torchao.quantization.quantize_.workflows.int8 import int8_tensor
 
