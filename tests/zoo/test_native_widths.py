@@ -34,6 +34,7 @@ def test_hidden_width_is_a_multiple_of_64(name: str) -> None:
     assert width % 64 == 0, f"{name}: hidden width {width}"
 
 
+@pytest.mark.numerics
 def test_a_row_of_a_batch_is_computed_as_alone_at_that_width() -> None:
     # The rule at work: a SiLU over three 64-wide rows gives each row exactly what the
     # row gives alone, in both dtypes, on whatever CPU kind runs this.
