@@ -5,12 +5,15 @@ object."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any
+import asyncio
+import re
+from collections.abc import Callable, Mapping
+from typing import Any, TypeVar
 
 from diffserve.errors import RequestError
 
 DEFAULT_LIMIT, MAX_LIMIT = 20, 100
+Row = TypeVar("Row")
 
 
 def check_names(query: Mapping[str, str], allowed: set[str]) -> None:
@@ -41,3 +44,27 @@ def list_page(data: list[dict[str, Any]], more: bool) -> dict[str, Any]:
         "last_id": data[-1]["id"] if data else None,
         "has_more": more,
     }
+
+
+async def fetch_page(
+    query: Mapping[str, str],
+    page: Callable[..., tuple[list[Row], bool]],
+    *,
+    id_pattern: re.Pattern[str],
+    noun: str,
+    **filters: Any,
+) -> tuple[list[Row], bool]:
+    """One page from a store's ``page(after=, limit=, **filters)`` (run off the event
+    loop): ``limit`` checked, ``after`` an id of the ``noun``'s shape that the store
+    knows, else a 400 naming ``after``."""
+    limit = page_limit(query)
+    after = query.get("after")
+    if after is not None and not id_pattern.fullmatch(after):
+        article = "an" if noun[0] in "aeiou" else "a"
+        raise RequestError(
+            f"after={after[:80]!r} is not {article} {noun} id", param="after"
+        )
+    try:
+        return await asyncio.to_thread(page, after=after, limit=limit, **filters)
+    except KeyError:
+        raise RequestError(f"after={after!r}: no such {noun}", param="after") from None

@@ -26,7 +26,7 @@ from diffserve.entrypoints.jobs.artifacts import INPUT, JOB_ID, VARIANTS, Artifa
 from diffserve.entrypoints.jobs.job_request import to_row
 from diffserve.entrypoints.jobs.runner import JobRunner
 from diffserve.entrypoints.jobs.store import COMPLETED, IdempotencyConflict, JobStore
-from diffserve.entrypoints.openai.list_query import check_names, list_page, page_limit
+from diffserve.entrypoints.openai.list_query import check_names, fetch_page, list_page
 from diffserve.entrypoints.openai.served import ServedModels
 from diffserve.entrypoints.openai.uploads import (
     input_pixel_limit,
@@ -224,18 +224,9 @@ class VideosHandler:
             raise RequestError(
                 f"order={order[:20]!r} must be asc or desc", param="order"
             )
-        limit = page_limit(query)
-        after = query.get("after")
-        if after is not None and not JOB_ID.fullmatch(after):
-            raise RequestError(f"after={after[:80]!r} is not a video id", param="after")
-        try:
-            jobs, more = await asyncio.to_thread(
-                self.store.page, after=after, limit=limit, order=order
-            )
-        except KeyError:
-            raise RequestError(
-                f"after={after!r}: no such video", param="after"
-            ) from None
+        jobs, more = await fetch_page(
+            query, self.store.page, id_pattern=JOB_ID, noun="video", order=order
+        )
         return JSONResponse(list_page([video_object(job) for job in jobs], more))
 
     async def content(self, video_id: str, request: Request) -> Response:

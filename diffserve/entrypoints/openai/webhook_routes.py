@@ -13,7 +13,7 @@ from fastapi.responses import JSONResponse, Response
 from diffserve.entrypoints.api_errors import APIError
 from diffserve.entrypoints.jobs.outbox import STATUSES
 from diffserve.entrypoints.openai.answers import answered
-from diffserve.entrypoints.openai.list_query import check_names, list_page, page_limit
+from diffserve.entrypoints.openai.list_query import check_names, fetch_page, list_page
 from diffserve.entrypoints.webhooks.setup import Webhooks
 from diffserve.errors import RequestError
 
@@ -30,16 +30,9 @@ async def list_events(webhooks: Webhooks, request: Request) -> Response:
             f"status={status[:20]!r} must be one of {', '.join(STATUSES)}",
             param="status",
         )
-    limit = page_limit(query)
-    after = query.get("after")
-    if after is not None and not EVENT_ID.fullmatch(after):
-        raise RequestError(f"after={after[:80]!r} is not an event id", param="after")
-    try:
-        events, more = await asyncio.to_thread(
-            webhooks.outbox.page, status=status, after=after, limit=limit
-        )
-    except KeyError:
-        raise RequestError(f"after={after!r}: no such event", param="after") from None
+    events, more = await fetch_page(
+        query, webhooks.outbox.page, id_pattern=EVENT_ID, noun="event", status=status
+    )
     return JSONResponse(list_page([event.public() for event in events], more))
 
 

@@ -25,6 +25,7 @@ import programs
 import pytest
 from procs import worker_children
 from server_process import ServerProcess
+from video_requests import LONG, SHORT
 
 HERE = Path(__file__).resolve().parent
 # The worker pauses after every step (paced_steps.py): the long jobs below sleep through
@@ -41,14 +42,6 @@ server:
   video_ttl_s: 5
   job_deadline_s: 8
 """
-SHORT = {
-    "prompt": "a ball",
-    "size": "64x48",
-    "num_frames": 5,
-    "num_inference_steps": 2,
-    "seed": 1,
-}
-LONG = {**SHORT, "num_inference_steps": 100000}  # runs until something stops it
 
 
 @dataclass

@@ -17,6 +17,7 @@ import httpx
 import pytest
 from pg_server import postgres_bin, postgres_server
 from server_process import ServerProcess
+from video_requests import SHORT
 
 DEPLOY = """
 dtype: float32
@@ -28,13 +29,6 @@ server:
   job_lease_s: 3
   requeue_interrupted: true
 """
-SHORT = {
-    "prompt": "a ball",
-    "size": "64x48",
-    "num_frames": 5,
-    "num_inference_steps": 2,
-    "seed": 1,
-}
 
 
 @pytest.fixture(scope="module")

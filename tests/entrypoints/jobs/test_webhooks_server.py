@@ -17,18 +17,12 @@ from typing import Any
 import httpx
 import pytest
 from server_process import ServerProcess
+from video_requests import SHORT
 from webhook_receiver import Receiver, receiver, verified
 
 from diffserve.entrypoints.webhooks.signing import SECRETS_ENV
 
 SECRET = "whsec_" + "c2VydmVyIHNpZGUgc2VjcmV0LCAzMiBieXRlcyBsb25n"
-SHORT = {
-    "prompt": "a ball",
-    "size": "64x48",
-    "num_frames": 5,
-    "num_inference_steps": 2,
-    "seed": 1,
-}
 
 
 @dataclass
