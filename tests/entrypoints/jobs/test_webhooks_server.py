@@ -161,6 +161,31 @@ def test_a_dead_letter_is_visible_and_retried(harness: Harness) -> None:
     assert len(mine) == 3 and mine[-1].answer == "ok"
     payload = verified(mine[-1], SECRET)
     assert payload["data"]["id"] == video_id
+    _events_page_through(harness.server.url + "/v1/webhooks/events")
+
+
+def _events_page_through(url: str) -> None:
+    """The events list pages by its ``after`` cursor, one event a page, to the same
+    ids as one page; a cursor of another shape or of no event is a 400 naming it."""
+    whole = httpx.get(url, params={"limit": 100}, timeout=30).json()["data"]
+    assert whole
+    paged: list[str] = []
+    after: dict[str, str] = {}
+    for _ in range(len(whole)):  # a cursor that did not move would page forever
+        page = httpx.get(url, params={"limit": 1, **after}, timeout=30).json()
+        paged += [event["id"] for event in page["data"]]
+        if not page["has_more"]:
+            break
+        after = {"after": page["last_id"]}
+    assert paged == [event["id"] for event in whole]
+    for cursor, message in (
+        ("vid_0", "is not an event id"),
+        ("evt_" + "0" * 32, "no such event"),
+    ):
+        answer = httpx.get(url, params={"after": cursor}, timeout=30)
+        assert answer.status_code == 400, answer.text
+        error = answer.json()["error"]
+        assert error["param"] == "after" and message in error["message"], error
 
 
 def test_a_server_killed_mid_delivery_delivers_again_after_restart(
