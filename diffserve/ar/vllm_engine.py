@@ -33,6 +33,8 @@ from diffserve.logging import get_logger
 logger = get_logger(__name__)
 
 PROBE = "diffserve.ar.probe.AttestationProbe"
+WARMUP_ID = "diffserve-warmup"
+WARMUP_PROMPT = "warm up"
 # vLLM reads these at start from the environment (its envs module): set for the start
 # only, one start at a time.
 _START_LOCK = threading.Lock()
@@ -178,6 +180,26 @@ class VllmEngine:
             request_id, {"prompt_token_ids": ids}, self.sampling.clone()
         )
         self.running[request_id] = _Running(time.monotonic())
+        return ids
+
+    def warm_up(self) -> list[int]:
+        """Draw one short text now: vLLM's first step sets up what every later one
+        reuses (on CPU with ranks, an inductor compile of its vocab-parallel embedding's
+        mask: seconds, more with a cold compile cache), which the first request would
+        otherwise pay. Its forward counters are reset; returns the warm-up prompt's
+        token ids (a decode stage's handover drops its KV files)."""
+        sampling = self.sampling.clone()
+        # Two tokens (the prefill step and one decode step), or the stage's minimum.
+        sampling.max_tokens = min(
+            sampling.max_tokens or 2, max(2, sampling.min_tokens or 0)
+        )
+        ids = self.prompt_ids(WARMUP_PROMPT)
+        self.engine.add_request(WARMUP_ID, {"prompt_token_ids": ids}, sampling)
+        # No deadline of its own: two tokens take a bounded number of steps, and a
+        # hung worker blocks ``step`` itself (vLLM's executor times that out).
+        while self.engine.has_unfinished_requests():
+            self.engine.step()
+        self.counts()
         return ids
 
     def step(self) -> list[ArOutput]:

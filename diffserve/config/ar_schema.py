@@ -112,6 +112,12 @@ AR_KEYS: Mapping[str, tuple[c.Normalizer, Any, str]] = {
         "seconds one request may spend in this stage "
         "(then it fails with 503 naming the stage)",
     ),
+    "warmup": (
+        c.normalize_bool,
+        True,
+        "draw one short rewrite at start, before the stage reports ready, so the "
+        "first request does not pay vLLM's first-step costs",
+    ),
 }
 # vLLM's engine settings diffserve normalizes (the rest pass as plain data): key ->
 # normalizer.
@@ -218,6 +224,7 @@ class ArStageConfig:
     kv_connector: str = DEFAULT_KV_CONNECTOR
     kv_connector_extra_config: Mapping[str, Any] = field(default_factory=FrozenDict)
     timeout_s: float = 120.0
+    warmup: bool = True
 
     @property
     def executor(self) -> str:

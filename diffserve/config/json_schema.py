@@ -187,6 +187,7 @@ def _ar_entry() -> dict[str, Any]:
         "kv_connector": {"type": "string"},
         "kv_connector_extra_config": {"type": "object"},
         "timeout_s": {"type": "number", "minimum": 1},
+        "warmup": {"type": "boolean"},
     }
     for key, (_, _, doc) in AR_KEYS.items():
         own[key] = {**own[key], "description": doc}

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from diffserve.ar.chat import revised_text
 from diffserve.ar.kv_handover import KvHandover
 from diffserve.ar.vllm_engine import ArOutput, VllmEngine
-from diffserve.config.vllm_args import vllm_version
+from diffserve.engine.ar_replica import ArReplica
 from diffserve.engine.scheduler import RequestState, Scheduler
 from diffserve.engine.stage_loop import QueuedStage
 from diffserve.errors import ModelLoadError, RequestError, StageUnavailableError
@@ -44,15 +44,6 @@ logger = get_logger(__name__)
 class ArHost(Protocol):
     @property
     def stopping(self) -> threading.Event: ...
-
-
-class ArReplica:
-    def __init__(self, index: int, engine: VllmEngine) -> None:
-        self.index = index
-        self.engine = engine
-        self.out: BaseException | None = None
-        self.inflight: dict[str, tuple[RequestState, list[int]]] = {}
-        self.finished_since_count = 0
 
 
 class ArStage(QueuedStage):
@@ -93,13 +84,14 @@ class ArStage(QueuedStage):
             engine = VllmEngine(self.stage, extra)
             try:
                 engine.start()
+                warmup_ms = self._warm(engine) if self.stage.warmup else None
             except Exception as exc:
                 engine.shutdown()
                 raise ModelLoadError(
                     f"{self.describe()}: vLLM could not start {self.stage.model}: "
                     f"{type(exc).__name__}: {exc}"
                 ) from exc
-            self.replicas.append(ArReplica(index, engine))
+            self.replicas.append(ArReplica(index, engine, warmup_ms))
         for replica in self.replicas:
             self._thread(
                 self._loop,
@@ -107,6 +99,18 @@ class ArStage(QueuedStage):
                 f"diffserve-ar{self.stage.stage_id}-replica-{replica.index}",
             )
         self._thread(self._watch, None, f"diffserve-ar{self.stage.stage_id}-watchdog")
+
+    def _warm(self, engine: VllmEngine) -> float:
+        """One warm-up rewrite (``warmup: true``), never counted or attested. A prefill
+        stage starts before its decode stage, so the decode's warm-up loads the KV the
+        prefill's stored, and its own folder drops those files as after a request."""
+        started = time.monotonic()
+        ids = engine.warm_up()
+        if self.stage.role == "decode" and self.handover is not None:
+            self.handover.release(ids, int(engine.attestation[0]["block_size"]))
+        took_ms = round((time.monotonic() - started) * 1000.0, 3)
+        logger.info("%s: warmed up in %.0f ms", self.describe(), took_ms)
+        return took_ms
 
     def _thread(self, target: Callable[..., None], arg: Any, name: str) -> None:
         thread = threading.Thread(
@@ -206,7 +210,7 @@ class ArStage(QueuedStage):
             self.handover.release(ids, int(replica.engine.attestation[0]["block_size"]))
         if state.finished:
             return
-        entry = self._entry(replica, output)
+        entry = replica.entry(self.stage, self.config.fingerprint, output)
         if counts is not None:
             entry["worker_counts"] = {
                 "ranks": counts,
@@ -235,54 +239,6 @@ class ArStage(QueuedStage):
             self.hand_on(state)
         except Exception as exc:  # noqa: BLE001 - a full or closed next queue fails the request, not the loop
             state.finish(exc)
-
-    def _entry(self, replica: ArReplica, output: ArOutput) -> dict[str, Any]:
-        first = replica.engine.attestation[0]
-        kv_transfer = None
-        if first.get("kv_connector") is not None:
-            kv_transfer = {
-                **first["kv_connector"],
-                "tokens_loaded": output.cached_tokens
-                if self.stage.role == "decode"
-                else 0,
-                "tokens_saved": len(output.prompt_token_ids)
-                if self.stage.role == "prefill"
-                else 0,
-            }
-        return {
-            "stage_id": self.stage.stage_id,
-            "role": self.stage.role,
-            "engine": "vllm",
-            "vllm_version": vllm_version(),
-            "replica": replica.index,
-            "worker_pids": [a["worker_pid"] for a in replica.engine.attestation],
-            "workers": [dict(a) for a in replica.engine.attestation],
-            **{
-                key: first[key]
-                for key in (
-                    "model_class",
-                    "dtype",
-                    "enforce_eager",
-                    "max_num_seqs",
-                    "max_model_len",
-                    "tensor_parallel_size",
-                    "enable_expert_parallel",
-                    "distributed_executor_backend",
-                    "attention_backend",
-                    "moe_experts",
-                    "kv_cache_blocks",
-                    "block_size",
-                    "enable_prefix_caching",
-                )
-            },
-            "kv_transfer": kv_transfer,
-            "prompt_tokens": len(output.prompt_token_ids),
-            "output_tokens": output.output_tokens,
-            "finish_reason": output.finish_reason,
-            "first_token_ms": output.first_token_ms,
-            "total_ms": output.total_ms,
-            "config_fingerprint": self.config.fingerprint,
-        }
 
     # -- faults
     # ----------------------------------------------------------------------------------

@@ -78,6 +78,12 @@ def test_the_issues_deploy_file_resolves(
         config.source_of("stages.0.kv_cache_memory_bytes").layer == "platform-default"
     )
     assert not config.is_explicit("stages.0.kv_cache_memory_bytes")
+    # Warmed up unless the file says otherwise; the default never poses as explicit.
+    assert ar.warmup is True and not config.is_explicit("stages.0.warmup")
+    cold = run(deploy_config=path, stage_overrides={"0": {"warmup": "false"}})
+    assert cold.ar_stages[0].warmup is False
+    assert cold.source_of("stages.0.warmup").layer == "cli_stage"
+    assert cold.fingerprint != config.fingerprint
 
 
 def test_precedence_overlays_and_stage_overrides(
@@ -214,6 +220,7 @@ def test_explain_and_fingerprint(tmp_path: Path, flux_model: Path, llm: Path) ->
             None,
         ),
         ("max_model_len: 8", "max_model_len", "below the minimum 16", None),
+        ("warmup: {enabled: true}", "warmup", "is not a boolean", "use true or false"),
     ],
 )
 def test_bad_ar_keys_are_errors_naming_key_rule_and_fix(
