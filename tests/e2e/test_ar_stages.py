@@ -316,6 +316,9 @@ def test_prefill_and_decode_hand_the_prompts_kv_over(
     decode = {**ar_entry(llms["qwen3"], "uni", role="decode", **pair), "stage_id": 1}
     engine = engine_for(tmp_path / "pd", tiny_flux_dir, prefill, decode)
     try:
+        # Both halves warmed up at start: the prefill engine stored the warm-up
+        # prompt's KV for the decode engine to load (a named folder keeps it).
+        assert len(list(storage.iterdir())) == 1
         handed = engine.generate(GenerationRequest(prompt="a red circle", seed=7))
         first, second = handed.attestation["ar"]
         assert (first["role"], second["role"]) == ("prefill", "decode")
@@ -347,6 +350,42 @@ def test_prefill_and_decode_hand_the_prompts_kv_over(
         assert corrupted.revised_prompt != handed.revised_prompt
     finally:
         engine.shutdown()
+
+
+def test_diffserves_own_kv_folder_keeps_only_prompts_in_flight(
+    llms: dict[str, Path], tmp_path: Path
+) -> None:
+    """A pair without shared_storage_path gets a private folder: a prompt's files go
+    once its decode loaded them (the warm-up's included), the folder at close; a folder
+    the deploy file names is left as vLLM leaves it. (``llms``: vLLM imported.)"""
+    from diffserve.ar.kv_handover import KvHandover
+    from diffserve.config.ar_schema import ArStageConfig
+
+    def pair_of(**extra: Any) -> KvHandover:
+        return KvHandover(
+            ArStageConfig(
+                stage_id=0, role="prefill", model="llm", kv_connector_extra_config=extra
+            )
+        )
+
+    ids = list(range(70))
+    owned, named = pair_of(), pair_of(shared_storage_path=str(tmp_path / "named"))
+    own_folder = owned.folder
+    assert own_folder is not None and own_folder.is_dir()
+    kept = []
+    for handover in (owned, named):
+        files = handover.files_of(ids, 32)
+        assert files is not None and files.parent == handover.folder
+        files.mkdir(parents=True)
+        (files / "model.layers.0.self_attn.attn.safetensors").write_bytes(b"kv")
+        handover.release(ids, 32)
+        kept.append(files.exists())
+        # Named by the full blocks only (64 of 70 tokens, the last one never stored).
+        assert handover.files_of([*ids[:64], 1, 2, 3, 4, 5, 6], 32) == files
+    assert kept == [False, True]
+    owned.close()
+    named.close()
+    assert not own_folder.exists() and (tmp_path / "named").is_dir()
 
 
 def test_a_model_that_does_not_load_names_the_stage(
