@@ -101,16 +101,21 @@ class ArStage(QueuedStage):
         self._thread(self._watch, None, f"diffserve-ar{self.stage.stage_id}-watchdog")
 
     def _warm(self, engine: VllmEngine) -> float:
-        """One warm-up rewrite (``warmup: true``), never counted or attested. A prefill
-        stage starts before its decode stage, so the decode's warm-up loads the KV the
-        prefill's stored, and its own folder drops those files as after a request."""
+        """One warm-up rewrite (``warmup: true``), in no count; what it took (ms) is
+        attested. A prefill stage starts before its decode stage, so the decode's
+        warm-up loads the KV the prefill's stored, and drops those files as after a
+        request."""
         started = time.monotonic()
-        ids = engine.warm_up()
-        if self.stage.role == "decode" and self.handover is not None:
-            self.handover.release(ids, int(engine.attestation[0]["block_size"]))
+        self._kv_loaded(engine, engine.warm_up())
         took_ms = round((time.monotonic() - started) * 1000.0, 3)
         logger.info("%s: warmed up in %.0f ms", self.describe(), took_ms)
         return took_ms
+
+    def _kv_loaded(self, engine: VllmEngine, prompt_token_ids: list[int]) -> None:
+        """A decode stage loaded this prompt's KV: the handover may drop its files."""
+        if self.stage.role == "decode" and self.handover is not None:
+            block_size = int(engine.attestation[0]["block_size"])
+            self.handover.release(prompt_token_ids, block_size)
 
     def _thread(self, target: Callable[..., None], arg: Any, name: str) -> None:
         thread = threading.Thread(
@@ -206,8 +211,7 @@ class ArStage(QueuedStage):
         if state is None:
             return
         self.scheduler.done([state])
-        if self.stage.role == "decode" and self.handover is not None:
-            self.handover.release(ids, int(replica.engine.attestation[0]["block_size"]))
+        self._kv_loaded(replica.engine, ids)
         if state.finished:
             return
         entry = replica.entry(self.stage, self.config.fingerprint, output)
